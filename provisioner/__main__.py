@@ -1,0 +1,3 @@
+from provisioner.cli import main
+
+main()

@@ -1,0 +1,95 @@
+"""The command line: parse, call the library, render, map errors to exit codes.
+
+Exit codes: 0 ok, 1 the operation failed or the cluster is unhealthy,
+2 bad input (usage, inventory, configuration), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import click
+import typer
+from rich.markup import escape
+
+from provisioner.cli import lab as lab_cli
+from provisioner.cli.common import state
+from provisioner.errors import ProvisionerError
+
+app = typer.Typer(
+    name="provisioner",
+    help="From an inventory of machines you own to a verified Ray cluster for RLlib training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(lab_cli.app, name="lab")
+
+
+def _register_optional() -> None:
+    """Command groups that land with later features register themselves here."""
+    import importlib
+
+    for module in ("doctor", "image", "cluster", "jobs"):
+        try:
+            mod = importlib.import_module(f"provisioner.cli.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"provisioner.cli.{module}":
+                raise
+            continue
+        mod.register(app)
+
+
+_register_optional()
+
+
+def _report_bug(exc: BaseException) -> Path:
+    handle, name = tempfile.mkstemp(prefix="provisioner-crash-", suffix=".txt")
+    with open(handle, "w") as f:
+        f.write("".join(traceback.format_exception(exc)))
+    return Path(name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `provisioner` console script; exits with the contract's codes."""
+    sys.exit(run(argv))
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI in-process and return its exit code (tests call this)."""
+    err = state.output.err if state.output else None
+    try:
+        result = app(args=argv, prog_name="provisioner", standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except ProvisionerError as exc:
+        out = state.output
+        console = out.err if out else err
+        line = f"[bold red]error:[/bold red] {escape(str(exc))}"
+        if console is not None:
+            console.print(line, markup=True, highlight=False)
+            if exc.fix:
+                console.print(f"[bold]fix:[/bold] {escape(exc.fix)}", markup=True, highlight=False)
+        else:
+            print(f"error: {exc}", file=sys.stderr)
+            if exc.fix:
+                print(f"fix: {exc.fix}", file=sys.stderr)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return 2 if exc.exit_code in (1, 2) else exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: keep the traceback in a file, show one line
+        path = _report_bug(exc)
+        print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"the full traceback is in {path}; please report it", file=sys.stderr)
+        return 1

@@ -1,0 +1,195 @@
+"""`provisioner lab ...`: a local cluster of simulated nodes, and faults to inject into it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from provisioner.cli.common import JsonOption, output
+from provisioner.lab import faults
+from provisioner.lab.config import LabConfig
+from provisioner.lab.nodes import info, lab_down, lab_status, lab_up, load_config, load_lab
+
+app = typer.Typer(
+    help="A local lab: N simulated nodes (containers with sshd and dockerd).", no_args_is_help=True
+)
+fault_app = typer.Typer(
+    help="Inject faults into lab nodes (each has its undo).", no_args_is_help=True
+)
+app.add_typer(fault_app, name="fault")
+
+NameOption = Annotated[
+    str | None, typer.Option("--name", help="Lab name (env PROVISIONER_LAB_NAME; default 'lab').")
+]
+SubnetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--subnet", help="Lab subnet (env PROVISIONER_LAB_SUBNET; default 10.250.0.0/24)."
+    ),
+]
+NodeArg = Annotated[str, typer.Argument(help="Node name, index (0 = head) or address.")]
+
+
+@app.command("up")
+def up(
+    nodes: Annotated[int, typer.Option("--nodes", "-n", help="Number of nodes (1 head).")] = 3,
+    name: NameOption = None,
+    subnet: SubnetOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Create (or repair) the lab and write its inventory, key and known_hosts."""
+    out = output(json_)
+    cfg = LabConfig.from_env(name=name, subnet=subnet, nodes=nodes)
+    with out.step(f"lab {cfg.name}: {cfg.nodes} nodes on {cfg.subnet}"):
+        lab = lab_up(cfg, out.progress)
+    if json_:
+        out.emit(lab.to_json())
+        return
+    table = Table("node", "role", "address", "user", title=f"lab {lab.name}")
+    for n in lab.nodes:
+        table.add_row(n.name, n.role, n.address, n.user)
+    out.out.print(table)
+    out.say(f"inventory:   {lab.inventory}\nkey:         {lab.key}\nknown_hosts: {lab.known_hosts}")
+    out.say(f"try: provisioner doctor -i {lab.inventory}")
+
+
+@app.command("down")
+def down(name: NameOption = None, json_: JsonOption = False) -> None:
+    """Remove every container, network and directory the lab made."""
+    out = output(json_)
+    cfg = LabConfig.from_env(name=name)
+    removed = lab_down(cfg, out.progress)
+    if json_:
+        out.emit({"removed": removed})
+    else:
+        out.say("\n".join(removed) if removed else f"lab {cfg.name}: nothing to remove")
+
+
+@app.command("status")
+def status(name: NameOption = None, json_: JsonOption = False) -> None:
+    """Each node's container, sshd and dockerd; exit 1 when any is not healthy."""
+    out = output(json_)
+    cfg = load_config(name)
+    lab = info(cfg)
+    rows = lab_status(cfg)
+    active = [f.key() for f in faults.active(lab)]
+    healthy = all(r["container"] == "running" and r["sshd"] and r["dockerd"] for r in rows)
+    if json_:
+        out.emit({**lab.to_json(), "status": rows, "faults": active, "healthy": healthy})
+    else:
+        table = Table("node", "address", "container", "sshd", "dockerd", title=f"lab {lab.name}")
+        for r in rows:
+            table.add_row(
+                r["name"], r["address"], r["container"], _mark(r["sshd"]), _mark(r["dockerd"])
+            )
+        out.out.print(table)
+        if active:
+            out.say("active faults: " + ", ".join(active))
+    if not healthy:
+        raise typer.Exit(1)
+
+
+def _mark(ok: bool) -> str:
+    return "[green]ok[/green]" if ok else "[red]no[/red]"
+
+
+def _done(json_: bool, what: str) -> None:
+    out = output(json_)
+    if json_:
+        out.emit({"done": what})
+    else:
+        out.say(what)
+
+
+@fault_app.command("stop")
+def fault_stop(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
+    """Stop a node (power off). Undo: `lab fault start`."""
+    lab = load_lab(name)
+    faults.stop(lab, lab.node(node))
+    _done(json_, f"stopped {lab.node(node).name}")
+
+
+@fault_app.command("start")
+def fault_start(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
+    """Start a stopped node and wait for its sshd and dockerd."""
+    lab = load_lab(name)
+    faults.start(lab, lab.node(node))
+    _done(json_, f"started {lab.node(node).name}")
+
+
+@fault_app.command("cut")
+def fault_cut(a: NodeArg, b: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
+    """Drop all traffic between two nodes. Undo: `lab fault uncut A B`."""
+    lab = load_lab(name)
+    faults.cut(lab, lab.node(a), lab.node(b))
+    _done(json_, f"cut {lab.node(a).name} <-> {lab.node(b).name}")
+
+
+@fault_app.command("uncut")
+def fault_uncut(a: NodeArg, b: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
+    """Restore traffic between two nodes."""
+    lab = load_lab(name)
+    faults.uncut(lab, lab.node(a), lab.node(b))
+    _done(json_, f"restored {lab.node(a).name} <-> {lab.node(b).name}")
+
+
+@fault_app.command("occupy")
+def fault_occupy(
+    node: NodeArg, port: int, name: NameOption = None, json_: JsonOption = False
+) -> None:
+    """Hold a TCP port on a node with a foreign listener. Undo: `lab fault release`."""
+    lab = load_lab(name)
+    faults.occupy(lab, lab.node(node), port)
+    _done(json_, f"port {port} held on {lab.node(node).name}")
+
+
+@fault_app.command("release")
+def fault_release(
+    node: NodeArg, port: int, name: NameOption = None, json_: JsonOption = False
+) -> None:
+    """Free a port held by `lab fault occupy`."""
+    lab = load_lab(name)
+    faults.release(lab, lab.node(node), port)
+    _done(json_, f"port {port} released on {lab.node(node).name}")
+
+
+@fault_app.command("delay")
+def fault_delay(node: NodeArg, ms: int, name: NameOption = None, json_: JsonOption = False) -> None:
+    """Add latency to every packet a node sends (tc netem). Undo: `lab fault undelay`."""
+    lab = load_lab(name)
+    faults.delay(lab, lab.node(node), ms)
+    _done(json_, f"{lab.node(node).name}: +{ms} ms")
+
+
+@fault_app.command("undelay")
+def fault_undelay(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
+    """Remove added latency."""
+    lab = load_lab(name)
+    faults.undelay(lab, lab.node(node))
+    _done(json_, f"{lab.node(node).name}: latency removed")
+
+
+@fault_app.command("hang")
+def fault_hang(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
+    """Make a node's sshd accept connections but never answer. Undo: `lab fault unhang`."""
+    lab = load_lab(name)
+    faults.hang(lab, lab.node(node))
+    _done(json_, f"{lab.node(node).name}: sshd frozen")
+
+
+@fault_app.command("unhang")
+def fault_unhang(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
+    """Let a frozen sshd answer again."""
+    lab = load_lab(name)
+    faults.unhang(lab, lab.node(node))
+    _done(json_, f"{lab.node(node).name}: sshd answering")
+
+
+@fault_app.command("clear")
+def fault_clear(name: NameOption = None, json_: JsonOption = False) -> None:
+    """Undo every fault recorded for the lab."""
+    lab = load_lab(name)
+    undone = faults.clear(lab)
+    _done(json_, "undone: " + (", ".join(f.key() for f in undone) or "nothing"))

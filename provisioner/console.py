@@ -1,0 +1,61 @@
+"""Consoles for the CLI: results on stdout, progress and messages on stderr.
+
+Library code never prints; it reports progress through a `Reporter` callback
+that the CLI gives it. With `--json`, stdout carries exactly one JSON document.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from rich.console import Console
+
+# A reporter receives one line of progress (e.g. "node-1: loading image 40%").
+Reporter = Callable[[str], None]
+
+
+def quiet(_: str) -> None:
+    """A reporter that drops everything (library default)."""
+
+
+@dataclass
+class Output:
+    """The CLI's view of the terminal, injected so tests can capture it."""
+
+    json_mode: bool = False
+    stdout: TextIO = field(default_factory=lambda: sys.stdout)
+    stderr: TextIO = field(default_factory=lambda: sys.stderr)
+
+    def __post_init__(self) -> None:
+        self.out = Console(file=self.stdout, highlight=False, soft_wrap=True)
+        self.err = Console(file=self.stderr, highlight=False, soft_wrap=True)
+        self._started = time.monotonic()
+
+    def progress(self, line: str) -> None:
+        """One line of progress on stderr, with the time since the command started."""
+        elapsed = time.monotonic() - self._started
+        self.err.print(f"[dim]{elapsed:6.1f}s[/dim] {line}", markup=True, highlight=False)
+
+    def say(self, text: str) -> None:
+        """Human output on stdout (suppressed in --json mode)."""
+        if not self.json_mode:
+            self.out.print(text)
+
+    def emit(self, document: Any) -> None:
+        """The one JSON document of a --json command."""
+        self.stdout.write(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n")
+        self.stdout.flush()
+
+    @contextmanager
+    def step(self, what: str) -> Iterator[None]:
+        """Show the start and end of a slow step on stderr."""
+        self.progress(f"{what} ...")
+        t0 = time.monotonic()
+        yield
+        self.progress(f"{what}: done in {time.monotonic() - t0:.1f}s")

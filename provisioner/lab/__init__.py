@@ -1,0 +1,1 @@
+"""The lab: several real nodes (containers with their own sshd and dockerd) on one machine."""

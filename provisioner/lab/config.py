@@ -1,0 +1,199 @@
+"""Pure facts about a lab: names, addresses, paths, the inventory it writes."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from provisioner.errors import InputError
+
+LAB_USER = "lab"
+LABEL = "io.provisioner.lab"
+DEFAULT_NAME = "lab"
+DEFAULT_SUBNET = "10.250.0.0/24"
+FIRST_HOST = 10  # node i gets the subnet's address .10 + i
+MAX_NODES = 32
+_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
+
+
+def state_root() -> Path:
+    """Where provisioner keeps state: $PROVISIONER_STATE_DIR or ~/.local/state/provisioner."""
+    env = os.environ.get("PROVISIONER_STATE_DIR")
+    if env:
+        return Path(env).expanduser().resolve()
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base).expanduser().resolve() / "provisioner"
+
+
+@dataclass(frozen=True)
+class LabNode:
+    """One simulated machine."""
+
+    name: str
+    address: str
+    role: str  # "head" | "worker"
+    user: str = LAB_USER
+
+    @property
+    def container(self) -> str:
+        return self.name
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "address": self.address, "user": self.user, "role": self.role}
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """What a lab is made of; everything else is derived from it."""
+
+    name: str = DEFAULT_NAME
+    subnet: str = DEFAULT_SUBNET
+    nodes: int = 3
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @classmethod
+    def from_env(
+        cls, name: str | None = None, subnet: str | None = None, nodes: int = 3
+    ) -> LabConfig:
+        return cls(
+            name=name or os.environ.get("PROVISIONER_LAB_NAME") or DEFAULT_NAME,
+            subnet=subnet or os.environ.get("PROVISIONER_LAB_SUBNET") or DEFAULT_SUBNET,
+            nodes=nodes,
+        )
+
+    @property
+    def prefix(self) -> str:
+        return f"provisioner-{self.name}"
+
+    @property
+    def network(self) -> str:
+        return self.prefix
+
+    @property
+    def gateway(self) -> str:
+        return str(ipaddress.ip_network(self.subnet)[1])
+
+    @property
+    def state_dir(self) -> Path:
+        return state_root() / f"lab-{self.name}"
+
+    @property
+    def key(self) -> Path:
+        return self.state_dir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.state_dir / "known_hosts"
+
+    @property
+    def inventory(self) -> Path:
+        return self.state_dir / "inventory.yaml"
+
+    def node_storage(self, node: LabNode) -> Path:
+        return self.state_dir / "nodes" / node.name / "docker"
+
+    def lab_nodes(self) -> tuple[LabNode, ...]:
+        net = ipaddress.ip_network(self.subnet)
+        return tuple(
+            LabNode(
+                name=f"{self.prefix}-{i}",
+                address=str(net[FIRST_HOST + i]),
+                role="head" if i == 0 else "worker",
+            )
+            for i in range(self.nodes)
+        )
+
+
+def validate(cfg: LabConfig) -> None:
+    if not _NAME_RE.match(cfg.name):
+        raise InputError(
+            f"invalid lab name {cfg.name!r}",
+            "use 1-20 characters: lowercase letters, digits and '-', starting with a letter",
+        )
+    try:
+        net = ipaddress.ip_network(cfg.subnet)
+    except ValueError as exc:
+        raise InputError(
+            f"invalid lab subnet {cfg.subnet!r}: {exc}", "use e.g. 10.250.0.0/24"
+        ) from exc
+    if not isinstance(net, ipaddress.IPv4Network) or not net.is_private:
+        raise InputError(
+            f"lab subnet {cfg.subnet!r} must be a private IPv4 network", "use e.g. 10.250.0.0/24"
+        )
+    if not 1 <= cfg.nodes <= MAX_NODES:
+        raise InputError(f"--nodes must be between 1 and {MAX_NODES}, got {cfg.nodes}")
+    if net.num_addresses < FIRST_HOST + cfg.nodes + 2:
+        raise InputError(f"lab subnet {cfg.subnet} is too small for {cfg.nodes} nodes", "use a /24")
+
+
+def inventory_document(cfg: LabConfig) -> dict[str, Any]:
+    """The inventory, in provisioner's own format, that describes the lab's nodes."""
+    nodes = cfg.lab_nodes()
+    return {
+        "cluster": cfg.name,
+        "ssh": {
+            "user": LAB_USER,
+            "key": cfg.key.name,
+            "port": 22,
+            "known_hosts": cfg.known_hosts.name,
+            "host_key_policy": "strict",
+            "connect_timeout": 10,
+        },
+        "head": {"name": nodes[0].name, "address": nodes[0].address},
+        "workers": [{"name": n.name, "address": n.address} for n in nodes[1:]],
+    }
+
+
+def known_hosts_lines(address: str, host_keys: str) -> list[str]:
+    """known_hosts lines for one node from the contents of its /etc/ssh/ssh_host_*_key.pub."""
+    lines = []
+    for raw in host_keys.splitlines():
+        parts = raw.split()
+        if len(parts) >= 2 and parts[0].startswith(("ssh-", "ecdsa-")):
+            lines.append(f"{address} {parts[0]} {parts[1]}")
+    return lines
+
+
+def node_run_args(cfg: LabConfig, node: LabNode, image: str) -> list[str]:
+    """`docker run` arguments for one lab node (the lab recipe's verified flags)."""
+    return [
+        "run",
+        "-d",
+        "--init",
+        "--name",
+        node.container,
+        "--hostname",
+        node.name,
+        "--network",
+        cfg.network,
+        "--ip",
+        node.address,
+        "--label",
+        f"{LABEL}={cfg.name}",
+        "--label",
+        f"{LABEL}.role={node.role}",
+        # --privileged fails where the bounding set lacks CAP_SYS_RESOURCE: all caps but that.
+        "--cap-add",
+        "ALL",
+        "--cap-drop",
+        "SYS_RESOURCE",
+        "--security-opt",
+        "seccomp=unconfined",
+        "--security-opt",
+        "apparmor=unconfined",
+        "--security-opt",
+        "systempaths=unconfined",
+        "-v",
+        "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        "-v",
+        f"{cfg.node_storage(node)}:/var/lib/docker:rw",
+        "-v",
+        f"{cfg.state_dir / 'authorized_keys'}:/lab/authorized_keys:ro",
+        image,
+    ]

@@ -1,0 +1,204 @@
+"""Faults to inject into lab nodes, each with its undo.
+
+Faults are applied from the host with `docker exec` (the lab's own control path),
+recorded in the lab's faults.json so that `lab fault clear` can undo them all.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from provisioner.errors import InputError, LabError
+from provisioner.lab.config import LabNode
+from provisioner.lab.engine import docker_cli, exec_rc
+from provisioner.lab.nodes import LabInfo, wait_ready
+
+TAG = "provisioner-fault"
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    node: str
+    arg: str = ""
+
+    def key(self) -> str:
+        return f"{self.kind}:{self.node}:{self.arg}"
+
+
+def _record(lab: LabInfo, fault: Fault, active: bool) -> None:
+    path = lab.state_dir / "faults.json"
+    faults = _load(path)
+    faults.pop(fault.key(), None)
+    if active:
+        faults[fault.key()] = {"kind": fault.kind, "node": fault.node, "arg": fault.arg}
+    path.write_text(json.dumps(faults, indent=1) + "\n")
+
+
+def _load(path: Path) -> dict[str, dict[str, str]]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def active(lab: LabInfo) -> list[Fault]:
+    return [Fault(**f) for f in _load(lab.state_dir / "faults.json").values()]
+
+
+def _run(node: LabNode, script: str) -> str:
+    rc, out = exec_rc(node.container, script)
+    if rc != 0:
+        raise LabError(f"{node.name}: fault command failed (exit {rc}): {out.strip()[-300:]}")
+    return out
+
+
+# --- stop / start ------------------------------------------------------------------------
+
+
+def stop(lab: LabInfo, node: LabNode) -> None:
+    """Power a node off (its container stops; disk and host keys are kept)."""
+    docker_cli(["stop", "-t", "3", node.container], timeout=60)
+    _record(lab, Fault("stop", node.name), True)
+
+
+def start(lab: LabInfo, node: LabNode) -> None:
+    """Power a node back on and wait for its sshd and dockerd."""
+    docker_cli(["start", node.container], timeout=60)
+    wait_ready(node)
+    _record(lab, Fault("stop", node.name), False)
+
+
+# --- cut / uncut traffic between two nodes ----------------------------------------------
+
+
+def _cut_rules(peer: str) -> list[str]:
+    comment = f"-m comment --comment {TAG}"
+    return [f"INPUT -s {peer} {comment} -j DROP", f"OUTPUT -d {peer} {comment} -j DROP"]
+
+
+def cut(lab: LabInfo, a: LabNode, b: LabNode) -> None:
+    """Drop all traffic between two nodes, in both directions (iptables in each node)."""
+    if a == b:
+        raise InputError("cut needs two different nodes")
+    for node, peer in ((a, b), (b, a)):
+        for rule in _cut_rules(peer.address):
+            _run(node, f"iptables -C {rule} 2>/dev/null || iptables -I {rule}")
+    _record(lab, Fault("cut", a.name, b.name), True)
+
+
+def uncut(lab: LabInfo, a: LabNode, b: LabNode) -> None:
+    for node, peer in ((a, b), (b, a)):
+        for rule in _cut_rules(peer.address):
+            _run(node, f"while iptables -C {rule} 2>/dev/null; do iptables -D {rule}; done")
+    _record(lab, Fault("cut", a.name, b.name), False)
+
+
+# --- occupy / release a TCP port ----------------------------------------------------------
+
+_LISTENER = (
+    "import socket,sys,time\n"
+    "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(8)\n"
+    "time.sleep(10**8)\n"
+)
+
+
+def occupy(lab: LabInfo, node: LabNode, port: int) -> None:
+    """Hold a TCP port on a node with a listener that is not Ray."""
+    if not 1 <= port <= 65535:
+        raise InputError(f"port must be 1-65535, got {port}")
+    pidfile = f"/run/{TAG}-port-{port}.pid"
+    script = (
+        f"python3 -c {shlex.quote(_LISTENER)} {port} >/dev/null 2>&1 & echo $! > {pidfile}; "
+        f"for i in $(seq 50); do ss -ltn | grep -q ':{port} ' && exit 0; sleep 0.1; done; exit 1"
+    )
+    _run(node, script)
+    _record(lab, Fault("occupy", node.name, str(port)), True)
+
+
+def release(lab: LabInfo, node: LabNode, port: int) -> None:
+    pidfile = f"/run/{TAG}-port-{port}.pid"
+    _run(node, f"[ -f {pidfile} ] && kill $(cat {pidfile}) 2>/dev/null; rm -f {pidfile}; true")
+    _record(lab, Fault("occupy", node.name, str(port)), False)
+
+
+# --- delay / undelay a node's link --------------------------------------------------------
+
+_PROXY_PORT = 2299
+_PROXY_PID = f"/run/{TAG}-delay.pid"
+_REDIRECT = (
+    f"PREROUTING -p tcp --dport 22 -m comment --comment {TAG} -j REDIRECT --to-ports {_PROXY_PORT}"
+)
+
+
+def delay(lab: LabInfo, node: LabNode, ms: int) -> None:
+    """Add `ms` of round-trip latency to a node's link.
+
+    With sch_netem in the kernel: `tc netem` on the node's eth0 (every packet it sends).
+    Without it (common on cloud and sandbox kernels): a user-space proxy that delays the
+    node's SSH traffic, reached through an iptables REDIRECT of inbound port 22.
+    """
+    if not 0 < ms <= 10_000:
+        raise InputError(f"delay must be 1-10000 ms, got {ms}")
+    undelay(lab, node)
+    rc, out = exec_rc(node.container, f"tc qdisc replace dev eth0 root netem delay {ms}ms")
+    if rc == 0:
+        _record(lab, Fault("delay", node.name, f"netem:{ms}"), True)
+        return
+    if "unknown" not in out:
+        raise LabError(f"{node.name}: tc netem failed: {out.strip()[-300:]}")
+    _run(
+        node,
+        f"python3 /usr/local/lib/lab-delay-proxy.py {_PROXY_PORT} {ms} >/dev/null 2>&1 & "
+        f"echo $! > {_PROXY_PID}; "
+        f"for i in $(seq 50); do ss -ltn | grep -q ':{_PROXY_PORT} ' && break; sleep 0.1; done; "
+        f"iptables -t nat -I {_REDIRECT}",
+    )
+    _record(lab, Fault("delay", node.name, f"ssh-proxy:{ms}"), True)
+
+
+def undelay(lab: LabInfo, node: LabNode) -> None:
+    _run(
+        node,
+        "tc qdisc del dev eth0 root 2>/dev/null; "
+        f"while iptables -t nat -C {_REDIRECT} 2>/dev/null; "
+        f"do iptables -t nat -D {_REDIRECT}; done; "
+        f"[ -f {_PROXY_PID} ] && kill $(cat {_PROXY_PID}) 2>/dev/null; rm -f {_PROXY_PID}; true",
+    )
+    for f in active(lab):
+        if f.kind == "delay" and f.node == node.name:
+            _record(lab, f, False)
+
+
+# --- hang / unhang sshd -------------------------------------------------------------------
+
+
+def hang(lab: LabInfo, node: LabNode) -> None:
+    """Freeze the node's sshd listener: TCP connections are accepted but never answered."""
+    _run(node, "kill -STOP $(cat /run/sshd.pid)")
+    _record(lab, Fault("hang", node.name), True)
+
+
+def unhang(lab: LabInfo, node: LabNode) -> None:
+    _run(node, "kill -CONT $(cat /run/sshd.pid)")
+    _record(lab, Fault("hang", node.name), False)
+
+
+def clear(lab: LabInfo) -> list[Fault]:
+    """Undo every recorded fault; return what was undone."""
+    undone = []
+    for f in active(lab):
+        node = lab.node(f.node)
+        if f.kind == "stop":
+            start(lab, node)
+        elif f.kind == "cut":
+            uncut(lab, node, lab.node(f.arg))
+        elif f.kind == "occupy":
+            release(lab, node, int(f.arg))
+        elif f.kind == "delay":
+            undelay(lab, node)
+        elif f.kind == "hang":
+            unhang(lab, node)
+        undone.append(f)
+    return undone

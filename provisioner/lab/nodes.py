@@ -1,0 +1,233 @@
+"""Bring the lab's nodes up and down: network, containers, keys, inventory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from docker.errors import NotFound
+
+from provisioner.console import Reporter, quiet
+from provisioner.errors import InputError, LabError
+from provisioner.lab.config import (
+    LABEL,
+    LabConfig,
+    LabNode,
+    inventory_document,
+    known_hosts_lines,
+    node_run_args,
+)
+from provisioner.lab.engine import client, docker_cli, exec_rc
+from provisioner.lab.images import ensure_node_image
+from provisioner.lab.keys import ensure_keypair
+
+READY_TIMEOUT = 90.0
+
+
+@dataclass(frozen=True)
+class LabInfo:
+    """A running lab: where its inventory, key and known_hosts are, and its nodes."""
+
+    name: str
+    state_dir: Path
+    inventory: Path
+    key: Path
+    known_hosts: Path
+    nodes: tuple[LabNode, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "inventory": str(self.inventory),
+            "key": str(self.key),
+            "known_hosts": str(self.known_hosts),
+            "nodes": [n.to_json() for n in self.nodes],
+        }
+
+    def node(self, ref: str) -> LabNode:
+        """A node by name, index (0 = head) or address."""
+        for i, n in enumerate(self.nodes):
+            if ref in (n.name, n.address, str(i)):
+                return n
+        names = ", ".join(n.name for n in self.nodes)
+        raise InputError(f"no lab node {ref!r}", f"use one of: {names} (or an index 0..)")
+
+
+def info(cfg: LabConfig) -> LabInfo:
+    return LabInfo(
+        name=cfg.name,
+        state_dir=cfg.state_dir,
+        inventory=cfg.inventory,
+        key=cfg.key,
+        known_hosts=cfg.known_hosts,
+        nodes=cfg.lab_nodes(),
+    )
+
+
+def load_config(name: str | None = None) -> LabConfig:
+    """The configuration of the lab that `lab up` made under this name (reads lab.json)."""
+    probe = LabConfig.from_env(name=name)
+    record = probe.state_dir / "lab.json"
+    if not record.exists():
+        raise InputError(f"no lab named {probe.name!r} is up", "run `provisioner lab up`")
+    data = json.loads(record.read_text())
+    return LabConfig(name=data["name"], subnet=data["subnet"], nodes=data["nodes"])
+
+
+def load_lab(name: str | None = None) -> LabInfo:
+    """The lab that `lab up` made under this name."""
+    return info(load_config(name))
+
+
+def lab_up(cfg: LabConfig, report: Reporter = quiet) -> LabInfo:
+    """Create or repair the lab; a running, healthy lab is left as it is."""
+    _check_not_resized(cfg)
+    image = ensure_node_image(report)
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    cfg.state_dir.chmod(0o700)
+    pub = ensure_keypair(cfg.key, f"provisioner-{cfg.name}")
+    (cfg.state_dir / "authorized_keys").write_text(pub + "\n")
+    _ensure_network(cfg)
+    nodes = cfg.lab_nodes()
+    for node in nodes:
+        _ensure_node(cfg, node, image, report)
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        list(pool.map(lambda n: wait_ready(n, report), nodes))
+    _write_known_hosts(cfg, nodes)
+    cfg.inventory.write_text(
+        "# Written by `provisioner lab up`: the lab's nodes in provisioner's inventory format.\n"
+        + yaml.safe_dump(inventory_document(cfg), sort_keys=False)
+    )
+    (cfg.state_dir / "lab.json").write_text(
+        json.dumps({"name": cfg.name, "subnet": cfg.subnet, "nodes": cfg.nodes}) + "\n"
+    )
+    return info(cfg)
+
+
+def _check_not_resized(cfg: LabConfig) -> None:
+    record = cfg.state_dir / "lab.json"
+    if record.exists():
+        data = json.loads(record.read_text())
+        if data.get("subnet") != cfg.subnet:
+            raise InputError(
+                f"lab {cfg.name!r} already runs on {data.get('subnet')}, not {cfg.subnet}",
+                "run `provisioner lab down` first, or use another --name",
+            )
+
+
+def _ensure_network(cfg: LabConfig) -> None:
+    c = client()
+    try:
+        net = c.networks.get(cfg.network)
+    except NotFound:
+        ipam = {"Driver": "default", "Config": [{"Subnet": cfg.subnet, "Gateway": cfg.gateway}]}
+        c.api.create_network(
+            cfg.network, driver="bridge", ipam=ipam, labels={LABEL: cfg.name}, check_duplicate=True
+        )
+        return
+    configs = net.attrs.get("IPAM", {}).get("Config") or [{}]
+    if configs[0].get("Subnet") != cfg.subnet:
+        raise LabError(
+            f"docker network {cfg.network} exists with subnet {configs[0].get('Subnet')}",
+            f"remove it (`docker network rm {cfg.network}`) or choose another lab --name",
+        )
+
+
+def _ensure_node(cfg: LabConfig, node: LabNode, image: str, report: Reporter) -> None:
+    c = client()
+    try:
+        existing = c.containers.get(node.container)
+    except NotFound:
+        existing = None
+    if existing is not None:
+        if existing.image is not None and image in existing.image.tags:
+            if existing.status != "running":
+                report(f"{node.name}: starting")
+                existing.start()
+            return
+        report(f"{node.name}: recipe changed, recreating")
+        existing.remove(force=True)
+    storage = cfg.node_storage(node)
+    storage.mkdir(parents=True, exist_ok=True)
+    report(f"{node.name}: creating at {node.address}")
+    docker_cli(node_run_args(cfg, node, image), timeout=120)
+
+
+def wait_ready(node: LabNode, report: Reporter = quiet, timeout: float = READY_TIMEOUT) -> None:
+    """Wait until the node's sshd answers with a banner and its dockerd answers."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _ssh_banner(node.address) and exec_rc(node.container, "docker info >/dev/null")[0] == 0:
+            return
+        time.sleep(0.5)
+    _, log = exec_rc(node.container, "tail -n 5 /var/log/dockerd.log /var/log/sshd.log")
+    raise LabError(
+        f"{node.name}: sshd or dockerd not ready after {timeout:.0f}s; last log lines: "
+        f"{log[-600:]}",
+        f"inspect with `docker logs {node.container}`; `provisioner lab down` then `lab up`",
+    )
+
+
+def _ssh_banner(address: str) -> bool:
+    try:
+        with socket.create_connection((address, 22), timeout=2) as s:
+            s.settimeout(2)
+            return s.recv(8).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def _write_known_hosts(cfg: LabConfig, nodes: tuple[LabNode, ...]) -> None:
+    lines: list[str] = []
+    for node in nodes:
+        rc, keys = exec_rc(node.container, "cat /etc/ssh/ssh_host_*_key.pub")
+        if rc != 0:
+            raise LabError(f"{node.name}: cannot read its host keys: {keys[-200:]}")
+        lines += known_hosts_lines(node.address, keys)
+    cfg.known_hosts.write_text("\n".join(lines) + "\n")
+
+
+def lab_down(cfg: LabConfig, report: Reporter = quiet) -> list[str]:
+    """Remove every container, network and directory this lab made; return what was removed."""
+    c = client()
+    removed: list[str] = []
+    for container in c.containers.list(all=True, filters={"label": f"{LABEL}={cfg.name}"}):
+        report(f"removing container {container.name}")
+        container.remove(force=True)
+        removed.append(f"container {container.name}")
+    for net in c.networks.list(names=[cfg.network]):
+        if net.name == cfg.network and net.attrs.get("Labels", {}).get(LABEL) == cfg.name:
+            net.remove()
+            removed.append(f"network {net.name}")
+    if cfg.state_dir.exists():
+        shutil.rmtree(cfg.state_dir)
+        removed.append(f"directory {cfg.state_dir}")
+    return removed
+
+
+def lab_status(cfg: LabConfig) -> list[dict[str, Any]]:
+    """Per node: container state, sshd banner, dockerd answering."""
+    c = client()
+    rows = []
+    for node in cfg.lab_nodes():
+        try:
+            state = c.containers.get(node.container).status
+        except NotFound:
+            state = "absent"
+        running = state == "running"
+        rows.append(
+            {
+                **node.to_json(),
+                "container": state,
+                "sshd": running and _ssh_banner(node.address),
+                "dockerd": running and exec_rc(node.container, "docker info >/dev/null")[0] == 0,
+            }
+        )
+    return rows
