@@ -11,9 +11,9 @@ import tempfile
 import traceback
 from pathlib import Path
 
-import click
 import typer
 from rich.markup import escape
+from typer.exceptions import TyperException
 
 from provisioner.cli import lab as lab_cli
 from provisioner.cli.common import state
@@ -77,14 +77,18 @@ def run(argv: list[str] | None = None) -> int:
             if exc.fix:
                 print(f"fix: {exc.fix}", file=sys.stderr)
         return exc.exit_code
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         return exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("interrupted", file=sys.stderr)
         return 130
-    except click.ClickException as exc:
-        exc.show()
-        return 2 if exc.exit_code in (1, 2) else exc.exit_code
+    except TyperException as exc:  # usage errors: unknown command, bad option value
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            print(f"error: {exc.format_message()}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -1,0 +1,27 @@
+"""Test-wide fixtures: the user's own ~/.ssh and home are hidden from every test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from provisioner.lab.config import state_root
+
+# Where labs keep their state is fixed before HOME is hidden, so that a lab made by an
+# earlier run (or by `make lab`) is found and reused.
+os.environ.setdefault("PROVISIONER_STATE_DIR", str(state_root()))
+
+
+@pytest.fixture(autouse=True)
+def hidden_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    yield home

@@ -1,0 +1,89 @@
+"""The lab's pure parts: addresses, inventory, docker arguments, validation."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from provisioner.errors import InputError
+from provisioner.lab.config import (
+    LabConfig,
+    inventory_document,
+    known_hosts_lines,
+    node_run_args,
+)
+from tests.cli import cli
+
+
+def test_nodes_get_fixed_addresses_head_first() -> None:
+    cfg = LabConfig(name="t", subnet="10.250.7.0/24", nodes=3)
+    nodes = cfg.lab_nodes()
+    assert [(n.name, n.address, n.role) for n in nodes] == [
+        ("provisioner-t-0", "10.250.7.10", "head"),
+        ("provisioner-t-1", "10.250.7.11", "worker"),
+        ("provisioner-t-2", "10.250.7.12", "worker"),
+    ]
+    assert cfg.network == "provisioner-t" and cfg.gateway == "10.250.7.1"
+
+
+def test_inventory_document_is_strict_and_relative() -> None:
+    cfg = LabConfig(name="t", subnet="10.250.7.0/24", nodes=2)
+    doc = inventory_document(cfg)
+    assert doc["ssh"]["host_key_policy"] == "strict"
+    assert doc["ssh"]["key"] == "id_ed25519" and doc["ssh"]["known_hosts"] == "known_hosts"
+    assert doc["head"] == {"name": "provisioner-t-0", "address": "10.250.7.10"}
+    assert doc["workers"] == [{"name": "provisioner-t-1", "address": "10.250.7.11"}]
+    assert yaml.safe_load(yaml.safe_dump(doc)) == doc
+
+
+def test_known_hosts_lines_take_each_key_type() -> None:
+    pubs = (
+        "ssh-ed25519 AAAAC3Nz root@n0\n"
+        "ecdsa-sha2-nistp256 AAAAE2Vj root@n0\n"
+        "ssh-rsa AAAAB3Nz root@n0\n"
+        "garbage\n"
+    )
+    assert known_hosts_lines("10.250.7.10", pubs) == [
+        "10.250.7.10 ssh-ed25519 AAAAC3Nz",
+        "10.250.7.10 ecdsa-sha2-nistp256 AAAAE2Vj",
+        "10.250.7.10 ssh-rsa AAAAB3Nz",
+    ]
+
+
+def test_node_run_args_pin_address_and_avoid_privileged() -> None:
+    cfg = LabConfig(name="t", subnet="10.250.7.0/24", nodes=1)
+    args = node_run_args(cfg, cfg.lab_nodes()[0], "img:1")
+    assert "--privileged" not in args
+    assert args[args.index("--ip") + 1] == "10.250.7.10"
+    assert args[args.index("--cap-drop") + 1] == "SYS_RESOURCE"
+    assert "/sys/fs/cgroup:/sys/fs/cgroup:rw" in args
+    assert args[-1] == "img:1"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"name": "Bad Name"}, "invalid lab name"),
+        ({"name": "-x"}, "invalid lab name"),
+        ({"subnet": "8.8.8.0/24"}, "private IPv4"),
+        ({"subnet": "nonsense"}, "invalid lab subnet"),
+        ({"nodes": 0}, "between 1 and"),
+        ({"subnet": "10.250.0.0/29", "nodes": 3}, "too small"),
+    ],
+)
+def test_bad_lab_settings_are_input_errors(kwargs: dict[str, object], needle: str) -> None:
+    with pytest.raises(InputError, match=needle):
+        LabConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_cli_bad_input_exits_2_without_traceback() -> None:
+    r = cli("lab", "up", "--nodes", "0")
+    assert r.exit_code == 2
+    assert "between 1 and" in r.stderr and "Traceback" not in r.stderr
+    r = cli("lab", "up", "--nodes", "many")
+    assert r.exit_code == 2 and "Traceback" not in r.stderr
+
+
+def test_cli_unknown_command_exits_2() -> None:
+    r = cli("frobnicate")
+    assert r.exit_code == 2
