@@ -1,0 +1,68 @@
+"""A Jobs API client that carries the cluster's token, with Ray's errors translated.
+
+The token goes in the `Authorization: Bearer` header given explicitly to
+`JobSubmissionClient`, never through process-wide variables or ~/.ray/auth_token, so one
+process can talk to several clusters and a test can talk without a token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from provisioner.errors import InputError, OperationError
+
+
+class AuthRefused(OperationError):
+    """The dashboard refused the request: token missing or wrong."""
+
+
+def read_token(path: Path) -> str:
+    """The token in `path`, checked: present, not empty."""
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise InputError(
+            f"cannot read the cluster's token file {path}: {exc.strerror}",
+            "run `provisioner up` first (it creates the token), or pass --token-file",
+        ) from exc
+    if not token:
+        raise InputError(f"the token file {path} is empty", "run `provisioner up` to make one")
+    return token
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    """The HTTP headers Ray's token authentication expects (none without a token)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def connect(dashboard_url: str, token_path: Path | None) -> Any:
+    """A `JobSubmissionClient` for `dashboard_url`, authenticated with the token in `token_path`."""
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    token = read_token(token_path) if token_path is not None else None
+    try:
+        client = JobSubmissionClient(dashboard_url, headers=auth_headers(token))
+        client.list_jobs()  # the version probe does not always need the token; this does
+    except AuthenticationError as exc:
+        raise refused(dashboard_url, token is not None) from exc
+    except ConnectionError as exc:
+        raise OperationError(
+            f"cannot reach Ray's Jobs API at {dashboard_url}",
+            "check that the cluster is up (`provisioner status`) and the tunnel is open",
+        ) from exc
+    return client
+
+
+def refused(dashboard_url: str, had_token: bool) -> AuthRefused:
+    """The error for a request the cluster refused for authentication."""
+    if had_token:
+        return AuthRefused(
+            f"the cluster at {dashboard_url} refused the token (authentication failed)",
+            "the local token does not match the cluster's; run `provisioner up` to reinstall it",
+        )
+    return AuthRefused(
+        f"the cluster at {dashboard_url} requires a token and none was sent",
+        "submit with the cluster's token (`provisioner submit -i INVENTORY` finds it)",
+    )

@@ -1,0 +1,60 @@
+"""The plots of a job's results, drawn on the client with matplotlib (never in the image).
+
+Uses matplotlib's object API (`Figure`), not pyplot: no global state, no display needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from provisioner.jobs.tables import column, read_rows
+
+TRAINING_PNG = "training.png"
+SCALING_PNG = "scaling.png"
+
+
+def training_plot(metrics_csv: Path, out: Path) -> Path:
+    """Mean episode return against env steps."""
+    rows = read_rows(metrics_csv)
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    ax.plot(column(rows, "env_steps"), column(rows, "episode_return_mean"), marker="o")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("mean episode return")
+    ax.set_title(f"training: {metrics_csv.parent.name}")
+    ax.grid(alpha=0.3)
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def scaling_plot(scaling_csv: Path, out: Path) -> Path:
+    """Env steps per second and time to target against the number of env runners."""
+    rows = read_rows(scaling_csv)
+    runners = column(rows, "env_runners")
+    fig = Figure(figsize=(9, 4), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    left.plot(runners, column(rows, "env_steps_per_s"), marker="o")
+    left.set_xlabel("env runners")
+    left.set_ylabel("env steps / s")
+    left.set_title("throughput")
+    right.plot(runners, column(rows, "time_to_target_s"), marker="o", color="tab:orange")
+    right.set_xlabel("env runners")
+    right.set_ylabel("seconds")
+    right.set_title("time to target return")
+    for ax in (left, right):
+        ax.set_xticks(runners)
+        ax.grid(alpha=0.3)
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def plot_results(job_dir: Path) -> list[Path]:
+    """Every plot the files in `job_dir` allow: training.png, scaling.png."""
+    made: list[Path] = []
+    if (job_dir / "metrics.csv").is_file():
+        made.append(training_plot(job_dir / "metrics.csv", job_dir / TRAINING_PNG))
+    if (job_dir / "scaling.csv").is_file():
+        made.append(scaling_plot(job_dir / "scaling.csv", job_dir / SCALING_PNG))
+    return made
