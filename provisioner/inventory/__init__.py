@@ -1,0 +1,23 @@
+"""The inventory: which machines, how to reach them, and Ray's settings for them."""
+
+from provisioner.inventory.loader import load_inventory
+from provisioner.inventory.models import (
+    HostKeyPolicy,
+    Inventory,
+    Node,
+    RayPorts,
+    Role,
+    SSHSettings,
+    state_root,
+)
+
+__all__ = [
+    "HostKeyPolicy",
+    "Inventory",
+    "Node",
+    "RayPorts",
+    "Role",
+    "SSHSettings",
+    "load_inventory",
+    "state_root",
+]

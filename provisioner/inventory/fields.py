@@ -1,0 +1,212 @@
+"""Field tables and the validators every inventory format shares.
+
+Values that end up in shell commands (names, addresses, users) are checked against
+strict patterns here, so hostile values never reach a node; builders still quote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from provisioner.errors import InventoryError
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$")
+_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
+_CLUSTER = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+# One table per settings schema: name -> what it holds (used for errors and docs).
+TOP_FIELDS = {
+    "cluster": "the cluster's name ([a-z0-9-])",
+    "ssh": "SSH defaults for every node",
+    "head": "the head node: an address or {name, address, ...}",
+    "workers": "a list of worker nodes: addresses or {name, address, ...}",
+    "image": "the image pin: {lock: PATH}",
+    "ray": "Ray settings: {ports, shm_size, object_store_memory}",
+}
+SSH_FIELDS = {
+    "user": "login user",
+    "key": "private key file (relative to the inventory)",
+    "port": "SSH port (1-65535)",
+    "known_hosts": "known_hosts file(s) checked besides ~/.ssh/known_hosts",
+    "host_key_policy": "strict | accept-new",
+    "jump": "jump host as user@host:port",
+    "connect_timeout": "seconds to wait for a connection",
+}
+NODE_FIELDS = {
+    "name": "the node's name",
+    "address": "IP address or DNS name",
+    "user": "login user (overrides ssh.user)",
+    "port": "SSH port (overrides ssh.port)",
+    "key": "private key file (overrides ssh.key)",
+    "jump": "jump host (overrides ssh.jump)",
+    "resources": "Ray resources: {NAME: number}",
+    "labels": "Ray labels: {NAME: text}",
+}
+IMAGE_FIELDS = {"lock": "the image lock file written by `provisioner image build`"}
+RAY_FIELDS = {
+    "ports": "Ray's ports: {gcs, dashboard, client, ...}",
+    "shm_size": "size of /dev/shm for the Ray container (bytes or 8GiB)",
+    "object_store_memory": "object store size (bytes or 4GiB)",
+}
+
+
+@dataclass(frozen=True)
+class Where:
+    """A place in an inventory file."""
+
+    path: Path
+    line: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}" if self.line else str(self.path)
+
+    def at(self, line: int) -> Where:
+        return Where(self.path, line)
+
+    def error(self, field: str, message: str, fix: str) -> InventoryError:
+        return InventoryError(f"{field}: {message}", fix, where=str(self))
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The valid key closest to a typo, if any is close."""
+    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def check_keys(
+    mapping: Mapping[Any, Any], table: Mapping[str, str], where: Where, prefix: str
+) -> None:
+    """Refuse keys not in `table`, suggesting the closest valid one."""
+    for key in mapping:
+        if key in table:
+            continue
+        line = mapping.line_of(key) if hasattr(mapping, "line_of") else where.line
+        field = f"{prefix}{key}"
+        guess = closest(str(key), table)
+        valid = ", ".join(table)
+        fix = f"did you mean '{prefix}{guess}'?" if guess else f"valid keys here: {valid}"
+        raise where.at(line).error(field, f"unknown key (expected one of: {valid})", fix)
+
+
+def check_name(value: Any, where: Where, field: str) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise where.error(
+            field,
+            "expected a name of letters, digits, '.', '_' or '-' (not starting with '-'),"
+            f" got {value!r}",
+            "use a plain host name such as gpu-01",
+        )
+    return value
+
+
+def check_address(value: Any, where: Where, field: str) -> str:
+    if isinstance(value, str):
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            if _HOSTNAME.match(value) and not value.startswith("-"):
+                return value
+    raise where.error(
+        field,
+        f"expected an IP address or DNS name, got {value!r}",
+        "write an address such as 10.0.0.5 or a name such as gpu-01.lab.example",
+    )
+
+
+def check_user(value: Any, where: Where, field: str) -> str:
+    if not isinstance(value, str) or not _USER.match(value):
+        raise where.error(
+            field,
+            f"expected a login name (letters, digits, '.', '_', '-'), got {value!r}",
+            "write the user name you log in with, e.g. ubuntu",
+        )
+    return value
+
+
+def check_cluster(value: Any, where: Where, field: str) -> str:
+    if not isinstance(value, str) or not _CLUSTER.match(value):
+        raise where.error(
+            field,
+            f"expected lowercase letters, digits and '-', got {value!r}",
+            "name the cluster like my-cluster",
+        )
+    return value
+
+
+def check_port(value: Any, where: Where, field: str) -> int:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise where.error(field, f"expected a port number 1-65535, got {value!r}", "use e.g. 22")
+    return value
+
+
+def check_number(value: Any, where: Where, field: str, *, zero_ok: bool = False) -> float:
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    bad = isinstance(value, bool) or not isinstance(value, int | float)
+    if bad or value < 0 or (value == 0 and not zero_ok):
+        raise where.error(field, f"expected a positive number, got {value!r}", "use e.g. 10")
+    return float(value)
+
+
+def check_jump(value: Any, where: Where, field: str) -> str | None:
+    if value is None:
+        return None
+    text = str(value)
+    user, _, rest = text.rpartition("@")
+    host, _, port = rest.partition(":")
+    if user:
+        check_user(user, where, field)
+    check_address(host, where, field)
+    if port:
+        check_port(port, where, field)
+    return text
+
+
+def check_size(value: Any, where: Where, field: str) -> int | None:
+    """Bytes from an integer or a size such as 8GiB / 512m."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise where.error(
+            field, f"expected a size such as 8GiB or 4000000000, got {value!r}", "use e.g. 8GiB"
+        )
+    number, unit = float(match.group(1)), match.group(2).lower()
+    return int(number * 1024 ** "_kmgt".index(unit or "_"))
+
+
+def check_string_map(value: Any, where: Where, field: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise where.error(
+            field, f"expected a mapping of names to text, got {value!r}", "e.g. {zone: a}"
+        )
+    return {k: str(v) for k, v in value.items()}
+
+
+def check_resource_map(value: Any, where: Where, field: str) -> dict[str, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise where.error(
+            field, f"expected a mapping of names to numbers, got {value!r}", "e.g. {GPU: 2}"
+        )
+    return {k: check_number(v, where, f"{field}.{k}", zero_ok=True) for k, v in value.items()}
+
+
+HOST_KEY_POLICIES_TEXT = "strict or accept-new"

@@ -1,0 +1,117 @@
+"""The inventory's data model: what the rest of the tool knows about the machines."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Literal
+
+Role = Literal["head", "worker"]
+HostKeyPolicy = Literal["strict", "accept-new"]
+HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new")
+
+
+def state_root() -> Path:
+    """Where provisioner keeps its state: $PROVISIONER_STATE_DIR or ~/.local/state/provisioner."""
+    explicit = os.environ.get("PROVISIONER_STATE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    return Path.home() / ".local" / "state" / "provisioner"
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    """How to reach one node over SSH."""
+
+    user: str
+    port: int = 22
+    key: Path | None = None
+    # Project known_hosts files, checked in addition to ~/.ssh/known_hosts; the first
+    # one records keys accepted under host_key_policy "accept-new".
+    known_hosts: tuple[Path, ...] = ()
+    host_key_policy: HostKeyPolicy = "strict"
+    jump: str | None = None  # user@host:port of a jump host
+    connect_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class RayPorts:
+    """Every port Ray uses on a node. Ray leaves several random; we pin them all.
+
+    Defaults of Ray itself: gcs 6379, dashboard 8265, client 10001, dashboard agent
+    http 52365, worker ports 10002-19999. Fixed by provisioner (Ray picks random ones):
+    object manager 8076, node manager 8077, dashboard agent grpc 8078, runtime env
+    agent 8079, metrics export 8090.
+    """
+
+    gcs: int = 6379
+    dashboard: int = 8265
+    client: int = 10001
+    dashboard_agent_grpc: int = 8078
+    dashboard_agent_http: int = 52365
+    metrics_export: int = 8090
+    node_manager: int = 8077
+    object_manager: int = 8076
+    runtime_env_agent: int = 8079
+    min_worker: int = 10002
+    max_worker: int = 19999
+
+    def named(self) -> dict[str, int]:
+        """The single ports by name (the worker range excluded)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("min_worker", "max_worker")
+        }
+
+    @property
+    def worker_range(self) -> range:
+        return range(self.min_worker, self.max_worker + 1)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine of the cluster."""
+
+    name: str
+    address: str
+    role: Role
+    ssh: SSHSettings
+    resources: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_head(self) -> bool:
+        return self.role == "head"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The cluster as the user described it."""
+
+    path: Path
+    cluster: str
+    head: Node
+    workers: tuple[Node, ...]
+    ports: RayPorts = field(default_factory=RayPorts)
+    image_lock: Path | None = None
+    shm_size: int | None = None  # bytes; None: about 30% of the node's memory
+    object_store_memory: int | None = None  # bytes; None: Ray's default
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """Every node, head first."""
+        return (self.head, *self.workers)
+
+    def node(self, name: str) -> Node:
+        """The node called `name` (or with that address)."""
+        for node in self.nodes:
+            if name in (node.name, node.address):
+                return node
+        raise KeyError(name)
+
+    @property
+    def state_dir(self) -> Path:
+        """This cluster's own state: the Ray token, accepted host keys, ..."""
+        return state_root() / "clusters" / self.cluster

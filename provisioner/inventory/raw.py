@@ -1,0 +1,51 @@
+"""What an inventory file says, before SSH config and defaults fill the gaps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provisioner.inventory.fields import Where
+from provisioner.inventory.models import RayPorts
+
+
+@dataclass
+class RawSSH:
+    """SSH settings given explicitly (None: not said, so ~/.ssh/config or a default applies)."""
+
+    user: str | None = None
+    port: int | None = None
+    key: Path | None = None
+    jump: str | None = None
+
+
+@dataclass
+class RawHost:
+    name: str
+    address: str
+    where: Where
+    ssh: RawSSH = field(default_factory=RawSSH)
+    resources: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RawInventory:
+    path: Path
+    cluster: str
+    head: RawHost
+    workers: list[RawHost]
+    ssh: RawSSH = field(default_factory=RawSSH)
+    known_hosts: tuple[Path, ...] = ()
+    host_key_policy: str = "strict"
+    connect_timeout: float = 10.0
+    ports: RayPorts = field(default_factory=RayPorts)
+    image_lock: Path | None = None
+    shm_size: int | None = None
+    object_store_memory: int | None = None
+
+
+def relative_path(base: Path, value: str) -> Path:
+    """A path from an inventory: ~ expanded, relative to the inventory's folder."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (base.parent / path)

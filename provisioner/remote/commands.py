@@ -1,0 +1,62 @@
+"""Remote commands as data: pure builders that quote every value.
+
+Every value from an inventory or a user goes through shlex.quote before it reaches a
+shell. Secrets can be masked for display with `masked`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping
+
+
+def command(*argv: str | int) -> str:
+    """One command line from its words, each quoted."""
+    return " ".join(shlex.quote(str(word)) for word in argv)
+
+
+def pipeline(*commands: str) -> str:
+    """Commands joined by pipes (each already built)."""
+    return " | ".join(commands)
+
+
+def all_of(*commands: str) -> str:
+    """Commands run in order, stopping at the first failure."""
+    return " && ".join(f"{{ {c}; }}" if "|" in c or ";" in c else c for c in commands)
+
+
+def with_env(env: Mapping[str, str], cmd: str) -> str:
+    """`cmd` with environment variables set (names checked, values quoted)."""
+    for name in env:
+        if not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise ValueError(f"not an environment variable name: {name!r}")
+    assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
+    return f"env {assignments} {cmd}" if assignments else cmd
+
+
+def sudo(cmd: str) -> str:
+    """`cmd` as root, failing at once instead of asking for a password."""
+    return f"sudo -n sh -c {shlex.quote(cmd)}"
+
+
+def login_shell(cmd: str) -> str:
+    """`cmd` in a login interactive bash, the way Ray's cluster launcher runs commands."""
+    return f"bash --login -i -c {shlex.quote(cmd)}"
+
+
+def script(interpreter: str = "bash", args: Iterable[str | int] = ()) -> str:
+    """Run a script fed on stdin (`bash -s -- ARGS`), so its text never shows in `ps`."""
+    extra = command(*args)
+    return (
+        f"{interpreter} -s -- {extra}".rstrip()
+        if interpreter == "bash"
+        else f"{interpreter} - {extra}".rstrip()
+    )
+
+
+def masked(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every secret (and its quoted form) replaced by ***."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(shlex.quote(secret), "***").replace(secret, "***")
+    return text

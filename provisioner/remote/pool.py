@@ -1,0 +1,68 @@
+"""Connections to the inventory's nodes, made on first use and reused until closed."""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+
+from provisioner.errors import ProvisionerError
+from provisioner.inventory import Inventory, Node
+from provisioner.remote.session import Session
+
+
+class Pool:
+    """`with Pool(inventory) as pool: pool.session(node).run(...)`; closes every session on exit.
+
+    A node whose connection failed keeps failing with the same error for the pool's
+    life, so later steps do not wait for the same timeout again.
+    """
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.inventory = inventory
+        self._sessions: dict[str, Session] = {}
+        self._failures: dict[str, ProvisionerError] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _lock(self, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(name, threading.Lock())
+
+    def session(self, node: Node) -> Session:
+        """The node's session, connecting on first use (raises ConnectError)."""
+        with self._lock(node.name):
+            if node.name in self._failures:
+                raise self._failures[node.name]
+            if node.name not in self._sessions:
+                try:
+                    self._sessions[node.name] = Session.connect(node)
+                except ProvisionerError as exc:
+                    self._failures[node.name] = exc
+                    raise
+            return self._sessions[node.name]
+
+    def forget(self, node: Node) -> None:
+        """Drop the node's session (or remembered failure) so the next use reconnects."""
+        with self._lock(node.name):
+            session = self._sessions.pop(node.name, None)
+            self._failures.pop(node.name, None)
+        if session is not None:
+            session.close()
+
+    def close(self) -> None:
+        with self._guard:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        for session in sessions:
+            session.close()

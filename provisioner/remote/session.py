@@ -1,0 +1,308 @@
+"""One SSH connection to one node, reused across the steps of a command."""
+
+from __future__ import annotations
+
+import select
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import paramiko
+
+from provisioner.errors import ProvisionerError, RemoteError
+from provisioner.inventory import Node
+from provisioner.remote.forward import serve_forward
+from provisioner.remote.hostkeys import VerifyPolicy, load_known_hosts
+from provisioner.remote.results import Result
+from provisioner.remote.translate import CONNECT_ERRORS, translate
+
+_CHUNK = 1 << 16
+_POLL = 1.0  # seconds between checks of a quiet channel; data wakes us at once
+
+
+def _client(node: Node, accept_record: Path | None) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    load_known_hosts(client, node.ssh.known_hosts)
+    accept = node.ssh.host_key_policy == "accept-new"
+    client.set_missing_host_key_policy(VerifyPolicy(node.name, accept, accept_record))
+    return client
+
+
+def _jump_target(jump: str, default_user: str) -> tuple[str, str, int]:
+    user, _, rest = jump.rpartition("@")
+    host, _, port = rest.partition(":")
+    return user or default_user, host, int(port or 22)
+
+
+def _open(
+    node: Node, address: str, port: int, user: str, sock: paramiko.Channel | None
+) -> paramiko.SSHClient:
+    settings = node.ssh
+    record_to = settings.known_hosts[0] if settings.known_hosts else None
+    client = _client(node, record_to)
+    t = settings.connect_timeout
+    try:
+        client.connect(
+            hostname=address,
+            port=port,
+            username=user,
+            key_filename=str(settings.key) if settings.key else None,
+            look_for_keys=settings.key is None,
+            allow_agent=True,
+            timeout=t,
+            banner_timeout=t,
+            auth_timeout=t,
+            channel_timeout=t,
+            sock=sock,
+        )
+    except CONNECT_ERRORS as exc:
+        client.close()
+        raise translate(
+            exc,
+            host=node.name,
+            address=address,
+            port=port,
+            user=user,
+            key=settings.key,
+            known_hosts=settings.known_hosts,
+            timeout=t,
+        ) from None
+    return client
+
+
+class Session:
+    """A live SSH connection to `node`. Use Pool to get one; close() when done."""
+
+    def __init__(
+        self, node: Node, client: paramiko.SSHClient, jump: paramiko.SSHClient | None = None
+    ) -> None:
+        self.node = node
+        self._client = client
+        self._jump = jump
+        self._sftp: paramiko.SFTPClient | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def connect(cls, node: Node) -> Session:
+        """Connect (through the jump host if any), verifying the host key."""
+        jump_client = None
+        sock = None
+        if node.ssh.jump:
+            user, host, port = _jump_target(node.ssh.jump, node.ssh.user)
+            jump_client = _open(node, host, port, user, None)
+            try:
+                transport = jump_client.get_transport()
+                assert transport is not None
+                sock = transport.open_channel(
+                    "direct-tcpip",
+                    (node.address, node.ssh.port),
+                    ("127.0.0.1", 0),
+                    timeout=node.ssh.connect_timeout,
+                )
+            except CONNECT_ERRORS as exc:
+                jump_client.close()
+                raise RemoteError(
+                    node.name,
+                    f"jump host {node.ssh.jump} cannot reach {node.address}:{node.ssh.port}: {exc}",
+                    "check the address from the jump host (ssh JUMP nc -z ADDRESS PORT)",
+                    kind="jump",
+                ) from None
+        try:
+            client = _open(node, node.address, node.ssh.port, node.ssh.user, sock)
+        except ProvisionerError:
+            if jump_client:
+                jump_client.close()
+            raise
+        return cls(node, client, jump_client)
+
+    @property
+    def host(self) -> str:
+        return self.node.name
+
+    def _transport(self) -> paramiko.Transport:
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError(
+                self.host,
+                "the SSH connection was closed",
+                "run the command again",
+                kind="connection-lost",
+            )
+        return transport
+
+    def run(self, command: str, *, timeout: float, stdin: bytes | None = None) -> Result:
+        """Run `command` through the login user's shell; never raises for a non-zero exit."""
+        chunks = [stdin] if stdin is not None else None
+        return self._execute(command, chunks, None, timeout)
+
+    def run_streaming_stdin(
+        self,
+        command: str,
+        chunks: Iterable[bytes],
+        *,
+        on_bytes: Callable[[int], None] | None = None,
+        timeout: float,
+    ) -> Result:
+        """Run `command` feeding `chunks` to its stdin; `on_bytes(total_sent)` after each chunk."""
+        return self._execute(command, chunks, on_bytes, timeout)
+
+    def _execute(
+        self,
+        command: str,
+        chunks: Iterable[bytes] | None,
+        on_bytes: Callable[[int], None] | None,
+        timeout: float,
+    ) -> Result:
+        started = time.time()
+        deadline = time.monotonic() + timeout
+        try:
+            channel = self._transport().open_session(timeout=timeout)
+            channel.exec_command(command)
+        except CONNECT_ERRORS as exc:
+            raise self._lost(exc) from None
+        sender = _Sender(channel, chunks, on_bytes) if chunks is not None else None
+        if sender is None:
+            channel.shutdown_write()
+        try:
+            out, err, first = _collect(channel, deadline)
+            if sender is not None:
+                sender.join(max(0.0, deadline - time.monotonic()))
+                if sender.error is not None and not channel.exit_status_ready():
+                    raise self._lost(sender.error)
+            if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError
+        except TimeoutError:
+            channel.close()
+            shown = command.splitlines()[0][:100] if command else ""
+            raise RemoteError(
+                self.host,
+                f"command did not finish within {timeout:g}s: {shown}",
+                "check the node's load, or retry with a longer timeout",
+                kind="command-timeout",
+            ) from None
+        except CONNECT_ERRORS as exc:
+            raise self._lost(exc) from None
+        finally:
+            channel.close()
+        return Result(
+            host=self.host,
+            command=command,
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            exit_code=channel.exit_status,
+            started=started,
+            first_byte=first,
+            finished=time.time(),
+        )
+
+    def _lost(self, exc: BaseException) -> RemoteError:
+        return RemoteError(
+            self.host,
+            f"the SSH connection broke: {exc or type(exc).__name__}",
+            "check the node is still up and reachable, then run again",
+            kind="connection-lost",
+        )
+
+    @contextmanager
+    def forward(self, local_port: int, remote_host: str, remote_port: int) -> Iterator[int]:
+        """Forward 127.0.0.1:local_port (0: any free port) to remote_host:remote_port as seen
+        from the node; yields the local port actually bound."""
+        with serve_forward(self._transport(), local_port, remote_host, remote_port) as port:
+            yield port
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        with self._lock:
+            if self._sftp is None:
+                try:
+                    self._sftp = self._client.open_sftp()
+                except CONNECT_ERRORS as exc:
+                    raise self._lost(exc) from None
+            return self._sftp
+
+    def sftp_get(self, remote: str, local: Path) -> None:
+        """Copy a file from the node."""
+        try:
+            self._sftp_client().get(remote, str(local))
+        except FileNotFoundError:
+            raise RemoteError(
+                self.host, f"{remote} does not exist on the node", None, kind="sftp"
+            ) from None
+        except CONNECT_ERRORS as exc:
+            raise RemoteError(
+                self.host, f"cannot fetch {remote}: {exc}", None, kind="sftp"
+            ) from None
+
+    def sftp_put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
+        """Copy a file to the node (optionally setting its mode, e.g. 0o600 for secrets)."""
+        try:
+            sftp = self._sftp_client()
+            sftp.put(str(local), remote)
+            if mode is not None:
+                sftp.chmod(remote, mode)
+        except CONNECT_ERRORS as exc:
+            raise RemoteError(
+                self.host, f"cannot write {remote}: {exc}", None, kind="sftp"
+            ) from None
+
+    def close(self) -> None:
+        with suppress(Exception):
+            if self._sftp is not None:
+                self._sftp.close()
+        self._client.close()
+        if self._jump is not None:
+            self._jump.close()
+
+
+def _collect(channel: paramiko.Channel, deadline: float) -> tuple[bytes, bytes, float | None]:
+    """Read stdout and stderr until the remote side closes them, or raise TimeoutError."""
+    out, err = bytearray(), bytearray()
+    first: float | None = None
+    while True:
+        while channel.recv_ready():
+            data = channel.recv(_CHUNK)
+            if data and first is None:
+                first = time.time()
+            out += data
+        while channel.recv_stderr_ready():
+            err += channel.recv_stderr(_CHUNK)
+        if (
+            (channel.eof_received or channel.closed)
+            and not channel.recv_ready()
+            and not channel.recv_stderr_ready()
+        ):
+            return bytes(out), bytes(err), first
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        select.select([channel], [], [], min(remaining, _POLL))
+
+
+class _Sender(threading.Thread):
+    """Feeds stdin in the background so output is drained while we send."""
+
+    def __init__(
+        self,
+        channel: paramiko.Channel,
+        chunks: Iterable[bytes],
+        on_bytes: Callable[[int], None] | None,
+    ) -> None:
+        super().__init__(daemon=True)
+        self.channel = channel
+        self.chunks = chunks
+        self.on_bytes = on_bytes
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        sent = 0
+        try:
+            for chunk in self.chunks:
+                self.channel.sendall(chunk)
+                sent += len(chunk)
+                if self.on_bytes is not None:
+                    self.on_bytes(sent)
+            self.channel.shutdown_write()
+        except (TimeoutError, OSError, EOFError, paramiko.SSHException) as exc:
+            self.error = exc
