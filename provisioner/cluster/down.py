@@ -1,0 +1,77 @@
+"""Take the cluster down: collect logs, stop workers then the head, check the ports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from provisioner import logs
+from provisioner.cluster import commands
+from provisioner.console import Reporter, quiet
+from provisioner.inventory import Inventory, Node
+from provisioner.remote import Pool, fan_out
+
+
+@dataclass
+class DownResult:
+    removed: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    ports_busy: dict[str, list[int]] = field(default_factory=dict)
+    logs: logs.Collected | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not self.ports_busy
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "removed": self.removed,
+            "errors": self.errors,
+            "ports_busy": self.ports_busy,
+            "ok": self.ok,
+            "logs": self.logs.to_json() if self.logs else None,
+        }
+
+
+def ray_ports(inventory: Inventory, node: Node) -> list[int]:
+    """The single ports Ray listens on for this node's role (worker range excluded)."""
+    named = inventory.ports.named()
+    if node.role == "worker":
+        for head_only in ("gcs", "dashboard", "client"):
+            named.pop(head_only, None)
+    return sorted(named.values())
+
+
+def parse_ports(stdout: str) -> list[int]:
+    return sorted({int(x) for x in stdout.split() if x.isdigit()})
+
+
+def bring_down(
+    pool: Pool,
+    inventory: Inventory,
+    *,
+    logs_dir: Path | None,
+    report: Reporter = quiet,
+) -> DownResult:
+    """Idempotent: nodes without a container are fine; unreachable nodes are errors."""
+    result = DownResult()
+    if logs_dir is not None:
+        result.logs = logs.collect(pool, inventory, logs_dir, report=report)
+    remove = commands.remove_container_command(inventory.cluster)
+
+    def stop(node: Node) -> list[int]:
+        report(f"{node.name}: removing the Ray container")
+        session = pool.session(node)
+        session.run(remove, timeout=60).check()
+        check = session.run(commands.ports_in_use_command(ray_ports(inventory, node)), timeout=20)
+        return parse_ports(check.stdout)
+
+    for stage in (list(inventory.workers), [inventory.head]):
+        group = fan_out(stage, stop, deadline=90)
+        for name, busy in group.results.items():
+            result.removed.append(name)
+            if busy:
+                result.ports_busy[name] = busy
+        result.errors.update({k: str(v) for k, v in group.errors.items()})
+    return result

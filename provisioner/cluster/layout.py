@@ -1,0 +1,45 @@
+"""Where a cluster's things live: container names, node paths, container paths.
+
+One place for the names that `up`, `status`, `down`, `logs` and `render` must agree on.
+Paths on a node are relative to the SSH user's home and written for a POSIX shell
+(`"$HOME"/...`), so they work for any user without asking the node first.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+# Inside the container.
+CONTAINER_TOKEN_PATH = "/run/provisioner/auth_token"
+CONTAINER_RAY_DIR = "/tmp/ray"
+CONTAINER_SESSION_LOGS = f"{CONTAINER_RAY_DIR}/session_latest/logs"
+
+# Docker labels put on every container this tool starts.
+LABEL_CLUSTER = "provisioner.cluster"
+LABEL_ROLE = "provisioner.role"
+
+
+def container_name(cluster: str) -> str:
+    """The Ray container's name on every node of `cluster` (also `ray up`'s container_name)."""
+    return f"ray-{cluster}"
+
+
+def node_dir(cluster: str) -> str:
+    """The cluster's directory on a node, relative to the SSH user's home."""
+    return f".provisioner/clusters/{cluster}"
+
+
+def node_path(cluster: str, *parts: str) -> str:
+    """A shell word for a path under the cluster's node directory (expands $HOME)."""
+    rel = "/".join((node_dir(cluster), *parts))
+    return '"$HOME"/' + shlex.quote(rel)
+
+
+def node_token_path(cluster: str) -> str:
+    """Shell word: the token file on a node (0600, owned by the SSH user)."""
+    return node_path(cluster, "auth_token")
+
+
+def node_ray_dir(cluster: str) -> str:
+    """Shell word: the node directory mounted as Ray's /tmp/ray (logs survive the container)."""
+    return node_path(cluster, "ray")

@@ -1,0 +1,85 @@
+"""Runs INSIDE the head's Ray container (sent on stdin to `python -`); not imported locally.
+
+`python - nodes ADDRESS`      -> the GCS's view of every node
+`python - place ADDRESS SECS` -> one task pinned to each alive node (placement probe)
+
+Prints one line `PROVISIONER_PROBE <json>` on stdout. The token reaches Ray through the
+container's RAY_AUTH_TOKEN_PATH; nothing secret is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import sys
+import time
+from typing import Any
+
+MARK = "PROVISIONER_PROBE "
+
+
+def _emit(document: Any) -> None:
+    sys.stdout.write(MARK + json.dumps(document) + "\n")
+    sys.stdout.flush()
+
+
+def _nodes(ray: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "node_id": n["NodeID"],
+            "ip": n["NodeManagerAddress"],
+            "alive": bool(n["Alive"]),
+            "resources": n.get("Resources", {}),
+            "labels": n.get("Labels", {}),
+        }
+        for n in ray.nodes()
+    ]
+
+
+def _where() -> dict[str, Any]:
+    import ray
+
+    ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    return {"ip": ip, "hostname": socket.gethostname()}
+
+
+def _place(ray: Any, timeout: float) -> list[dict[str, Any]]:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    where = ray.remote(num_cpus=0)(_where)
+    alive = [n for n in _nodes(ray) if n["alive"]]
+    refs = {
+        n["ip"]: where.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["node_id"], soft=False)
+        ).remote()
+        for n in alive
+    }
+    results: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    for ip, ref in refs.items():
+        try:
+            got = ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+            results.append({"ip": ip, "ok": got["ip"] == ip, "ran_on": got["ip"]})
+        except Exception as exc:
+            results.append({"ip": ip, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    return results
+
+
+def main(argv: list[str]) -> int:
+    mode, address = argv[0], argv[1]
+    import ray
+
+    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    try:
+        if mode == "nodes":
+            _emit({"nodes": _nodes(ray)})
+        else:
+            _emit({"placement": _place(ray, float(argv[2]))})
+    finally:
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,139 @@
+"""Render a cluster.yaml for Ray's cluster launcher (local provider) from an inventory.
+
+The file starts Ray with the same ports and flags as `provisioner up`, runs the pinned
+image without pulling, turns token authentication on, and is checked with the installed
+Ray's own `prepare_config` and `validate_config` before anyone writes it.
+The token itself is not in the file: only the local path of the token file, which
+Ray's launcher copies (mode 0600 kept) to every node as a file mount.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provisioner.cluster import commands, layout
+from provisioner.errors import InputError
+from provisioner.inventory import Inventory, Node
+
+HEADER = """\
+# Ray cluster launcher config rendered by `provisioner render` from {inventory}.
+# Use: ray up -y {name}   (and `ray down -y {name}`); the image must be on every node
+# (`provisioner image push`). The token file below is copied to every node, mode 0600.
+"""
+
+# Runs on each node before `ray start`, so a stale Ray from an earlier run never holds a port.
+_STOP = "ray stop --force >/dev/null 2>&1 || true"
+
+
+def _start(inventory: Inventory, node: Node, *, extra: list[str]) -> str:
+    args = commands.ray_start_args(inventory, node, block=False)
+    if node.role == "worker":
+        # One command serves every worker: the node's own address is detected by Ray.
+        args = [a for a in args if not a.startswith("--node-ip-address=")]
+    # `extra` is trusted text (it may hold a ~ for the shell to expand).
+    return " ".join([shlex.join(args), *extra])
+
+
+def _worker_template(inventory: Inventory) -> Node | None:
+    """A worker whose resources and labels every worker shares (one shared start command)."""
+    if not inventory.workers:
+        return None
+    first = inventory.workers[0]
+    for w in inventory.workers[1:]:
+        if w.resources != first.resources or w.labels != first.labels:
+            raise InputError(
+                "workers differ in resources or labels; Ray's local provider starts every "
+                "worker with one command",
+                "give all workers the same resources/labels, or use `provisioner up`",
+                where=str(inventory.path),
+            )
+    return first
+
+
+def run_options(inventory: Inventory) -> list[str]:
+    """`docker run` options: host networking is Ray's own; these add shm, token, logs."""
+    options = [f"-e {k}={shlex.quote(v)}" for k, v in commands.CONTAINER_ENV.items()]
+    options.append(f"-v {layout.node_ray_dir(inventory.cluster)}:{layout.CONTAINER_RAY_DIR}")
+    if inventory.shm_size:
+        options.append(f"--shm-size={int(inventory.shm_size)}")
+    return options
+
+
+def build_config(inventory: Inventory, image: str, token_path: Path) -> dict[str, Any]:
+    """The cluster.yaml document (before Ray's defaults are merged in)."""
+    head = inventory.head
+    key = head.ssh.key
+    if key is None:
+        raise InputError(
+            "the inventory names no SSH key; Ray's launcher needs one",
+            "set ssh.key in the inventory",
+            where=str(inventory.path),
+        )
+    worker = _worker_template(inventory)
+    n = len(inventory.workers)
+    return {
+        "cluster_name": inventory.cluster,
+        "min_workers": n,
+        "max_workers": n,
+        "upscaling_speed": float(max(n, 1)),
+        "idle_timeout_minutes": 5,
+        "provider": {
+            "type": "local",
+            "head_ip": head.address,
+            "worker_ips": [w.address for w in inventory.workers],
+        },
+        "auth": {"ssh_user": head.ssh.user, "ssh_private_key": str(Path(key).resolve())},
+        "docker": {
+            "image": image,
+            "container_name": layout.container_name(inventory.cluster),
+            "pull_before_run": False,
+            "run_options": run_options(inventory),
+        },
+        "file_mounts": {layout.CONTAINER_TOKEN_PATH: str(Path(token_path).resolve())},
+        "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False,
+        "rsync_exclude": [],
+        "rsync_filter": [],
+        "initialization_commands": [],
+        "setup_commands": [],
+        "head_setup_commands": [],
+        "worker_setup_commands": [],
+        "head_start_ray_commands": [
+            _STOP,
+            _start(inventory, head, extra=["--autoscaling-config=~/ray_bootstrap_config.yaml"]),
+        ],
+        "worker_start_ray_commands": [_STOP, _start(inventory, worker, extra=[])] if worker else [],
+    }
+
+
+def validate(config: dict[str, Any], *, where: str) -> dict[str, Any]:
+    """Check `config` with the installed Ray's own code; return the prepared config."""
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    sink = io.StringIO()  # Ray's cli_logger prints; the library must not.
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            prepared: dict[str, Any] = prepare_config(config)
+            validate_config(prepared)
+    except (Exception, SystemExit) as exc:
+        detail = str(exc) or sink.getvalue().strip() or type(exc).__name__
+        raise InputError(
+            f"Ray rejects the rendered cluster config: {detail}",
+            "check the inventory's addresses, ssh user/key and ports",
+            where=where,
+        ) from exc
+    return prepared
+
+
+def render(inventory: Inventory, image: str, token_path: Path) -> str:
+    """The validated cluster.yaml text."""
+    config = build_config(inventory, image, token_path)
+    validate(config, where=str(inventory.path))
+    body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=1000)
+    return HEADER.format(inventory=inventory.path, name="cluster.yaml") + body

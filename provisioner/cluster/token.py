@@ -1,0 +1,72 @@
+"""The cluster's authentication token: generated locally, 0600, given to Ray by path.
+
+The token never appears on a command line, in cluster.yaml, in logs or in --json output:
+it travels to nodes on the stdin of an SSH command and reaches Ray through
+`RAY_AUTH_TOKEN_PATH`, a file mounted read-only into the container.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from provisioner.cluster import layout
+from provisioner.errors import InputError
+from provisioner.inventory import Inventory
+
+TOKEN_FILE = "auth_token"
+
+
+def local_token_path(inventory: Inventory) -> Path:
+    """Where this machine keeps the cluster's token (inside the inventory's state dir)."""
+    return Path(inventory.state_dir) / TOKEN_FILE
+
+
+def ensure_token(inventory: Inventory) -> Path:
+    """Return the token file's path, creating a new random token (mode 0600) if there is none."""
+    path = local_token_path(inventory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        check_token_file(path)
+        return path
+    token = secrets.token_hex(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    return path
+
+
+def check_token_file(path: Path) -> None:
+    """Refuse a token file that others can read or that is empty."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise InputError(
+            f"the token file {path} has mode {mode:o}; others can read it",
+            f"chmod 600 {path}",
+        )
+    if not path.read_text().strip():
+        raise InputError(f"the token file {path} is empty", f"remove {path}; `up` makes a new one")
+
+
+def read_token(inventory: Inventory) -> str:
+    """The token's value (for HTTP clients that need it in a header)."""
+    path = local_token_path(inventory)
+    if not path.exists():
+        raise InputError(
+            f"no token for cluster {inventory.cluster!r} at {path}",
+            "run `provisioner up` first; it creates the token",
+        )
+    check_token_file(path)
+    return path.read_text().strip()
+
+
+def install_command(cluster: str) -> str:
+    """Shell command writing stdin to the node's token file with mode 0600."""
+    target = layout.node_token_path(cluster)
+    directory = layout.node_path(cluster)
+    return (
+        f"umask 077 && mkdir -p {directory} && cat > {target}.new && "
+        f"chmod 600 {target}.new && mv -f {target}.new {target}"
+    )

@@ -1,0 +1,223 @@
+"""Bring the cluster up: token, head, workers in parallel, wait for all to join, probe.
+
+Idempotent: a node whose container runs the pinned image and whose Ray is alive is left
+alone; a dead worker is restarted alone; a restarted head brings its workers back too.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from provisioner.cluster import commands, headprobe, layout, status, token
+from provisioner.cluster.status import ClusterStatus, ContainerFacts
+from provisioner.console import Reporter, quiet
+from provisioner.errors import OperationError, ProvisionerError
+from provisioner.inventory import Inventory, Node
+from provisioner.remote import Pool, Session, fan_out
+
+
+@dataclass
+class UpResult:
+    started: list[str] = field(default_factory=list)  # node names whose container was (re)started
+    unchanged: list[str] = field(default_factory=list)
+    status: ClusterStatus | None = None
+    placement: list[dict[str, Any]] = field(default_factory=list)
+    totals: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.started)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "started": self.started,
+            "unchanged": self.unchanged,
+            "changed": self.changed,
+            "placement": self.placement,
+            "totals": self.totals,
+            "seconds": round(self.seconds, 1),
+            "status": self.status.to_json() if self.status else None,
+        }
+
+
+def install_token(pool: Pool, inventory: Inventory, *, deadline: float = 30) -> None:
+    """Create the token locally if needed and write it to every node (0600, via stdin)."""
+    path = token.ensure_token(inventory)
+    data = path.read_bytes()
+    command = token.install_command(inventory.cluster)
+
+    def one(node: Node) -> None:
+        pool.session(node).run(command, timeout=deadline, stdin=data).check()
+
+    group = fan_out(inventory.nodes, one, deadline=deadline)
+    _raise_first(group.errors, "could not install the cluster token")
+
+
+def _raise_first(errors: dict[str, ProvisionerError], what: str) -> None:
+    if not errors:
+        return
+    names = ", ".join(sorted(errors))
+    first = next(iter(errors.values()))
+    raise OperationError(f"{what} on {names}: {first}", first.fix or "run `provisioner doctor`")
+
+
+def needs_start(
+    facts: ContainerFacts | None, image_id: str | None, alive: bool, *, head_restarted: bool
+) -> bool:
+    """Pure: should this node's container be (re)started?"""
+    if facts is None or not facts.running or head_restarted or not alive:
+        return True
+    return status.image_matches(facts, image_id) is False
+
+
+def start_node(session: Session, inventory: Inventory, node: Node, image: str) -> None:
+    """Replace the node's Ray container with a fresh one running `image`."""
+    session.run(commands.remove_container_command(inventory.cluster), timeout=60).check()
+    session.run(commands.docker_run_command(inventory, node, image), timeout=60).check()
+
+
+def wait_for_gcs(session: Session, inventory: Inventory, *, timeout: float) -> None:
+    """Poll the head until its GCS port accepts connections (from the head itself)."""
+    host, port = inventory.head.address, inventory.ports.gcs
+    probe = f"timeout 1 bash -c {shlex.quote(f'</dev/tcp/{host}/{port}')}"
+    check_running = (
+        f"docker inspect -f '{{{{.State.Running}}}}' {layout.container_name(inventory.cluster)}"
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if session.run(probe, timeout=10).ok:
+            return
+        running = session.run(check_running, timeout=10)
+        if running.ok and running.stdout.strip() == "false":
+            break
+        time.sleep(0.5)
+    raise OperationError(
+        f"the GCS did not open {host}:{port} within {timeout:.0f}s",
+        "see `provisioner logs` (gcs_server.out, raylet.out, container log)",
+        where=inventory.head.name,
+    )
+
+
+def wait_for_nodes(
+    session: Session, inventory: Inventory, *, timeout: float, report: Reporter
+) -> list[dict[str, Any]]:
+    """Poll the GCS until every inventory address is alive; return its last node list."""
+    expected = {n.address for n in inventory.nodes}
+    deadline = time.monotonic() + timeout
+    nodes: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    while True:
+        try:
+            nodes = headprobe.gcs_nodes(session, inventory)
+        except ProvisionerError as exc:
+            report(f"{inventory.head.name}: GCS not answering yet ({exc.message[:80]})")
+        alive = headprobe.alive_addresses(nodes) & expected
+        for address in sorted(alive - seen):
+            report(f"{inventory.node(address).name}: joined ({address})")
+        seen |= alive
+        if alive == expected or time.monotonic() >= deadline:
+            return nodes
+        time.sleep(1.0)
+
+
+def totals(nodes: list[dict[str, Any]]) -> dict[str, float]:
+    """Sum of CPUs, memory (GiB), GPUs over alive nodes."""
+    alive = [n for n in nodes if n.get("alive")]
+    res = [n.get("resources", {}) for n in alive]
+    return {
+        "nodes": len(alive),
+        "cpus": sum(r.get("CPU", 0) for r in res),
+        "memory_gib": round(sum(r.get("memory", 0) for r in res) / 2**30, 1),
+        "gpus": sum(r.get("GPU", 0) for r in res),
+    }
+
+
+def not_joined_report(pool: Pool, inventory: Inventory, missing: list[Node]) -> str:
+    """Tail of the raylet and container logs of every node that did not join."""
+    from provisioner import logs
+
+    parts: list[str] = []
+    group = fan_out(missing, lambda n: logs.tail_node(pool.session(n), inventory), deadline=30)
+    for node in missing:
+        text = group.results.get(node.name) or f"(no logs: {group.errors.get(node.name)})"
+        causes = logs.triage_text(text)
+        hint = "; ".join(sorted({f.cause for f in causes})) or "no known error pattern found"
+        parts.append(f"--- {node.name} ({node.address}): likely cause: {hint}\n{text}")
+    return "\n".join(parts)
+
+
+def bring_up(
+    pool: Pool,
+    inventory: Inventory,
+    image: str,
+    *,
+    image_id: str | None = None,
+    join_timeout: float = 120,
+    probe: bool = True,
+    report: Reporter = quiet,
+) -> UpResult:
+    """Start what is missing, wait until every node joined, run the placement probe."""
+    t0 = time.monotonic()
+    result = UpResult()
+    install_token(pool, inventory)
+    before = status.gather(pool, inventory, image_id=image_id, report=report)
+    head = inventory.head
+    head_session = pool.session(head)
+    facts = before.facts
+    head_state = before.node(head.name)
+    head_alive = head_state.ray_alive and before.gcs_error is None
+    head_restart = needs_start(facts.get(head.name), image_id, head_alive, head_restarted=False)
+    if head_restart:
+        report(f"{head.name}: starting the head container")
+        start_node(head_session, inventory, head, image)
+        result.started.append(head.name)
+        wait_for_gcs(head_session, inventory, timeout=60)
+        report(f"{head.name}: GCS is up at {commands.head_address(inventory)}")
+    else:
+        result.unchanged.append(head.name)
+    to_start = [
+        w
+        for w in inventory.workers
+        if needs_start(
+            facts.get(w.name),
+            image_id,
+            before.node(w.name).ray_alive,
+            head_restarted=head_restart,
+        )
+    ]
+    result.unchanged += [w.name for w in inventory.workers if w not in to_start]
+
+    def start_worker(node: Node) -> None:
+        report(f"{node.name}: starting the worker container")
+        start_node(pool.session(node), inventory, node, image)
+
+    group = fan_out(to_start, start_worker, deadline=120)
+    result.started += [w.name for w in to_start if w.name in group.results]
+    _raise_first(group.errors, "could not start the Ray container")
+    nodes = wait_for_nodes(head_session, inventory, timeout=join_timeout, report=report)
+    alive = headprobe.alive_addresses(nodes)
+    missing = [n for n in inventory.nodes if n.address not in alive]
+    if missing:
+        names = ", ".join(n.name for n in missing)
+        raise OperationError(
+            f"{len(missing)} node(s) did not join within {join_timeout:.0f}s: {names}\n"
+            + not_joined_report(pool, inventory, missing),
+            "fix the cause above, then run `provisioner up` again (it restarts only those nodes)",
+        )
+    if probe:
+        report("placement probe: one task on each node")
+        result.placement = headprobe.placement(head_session, inventory)
+        bad = [p for p in result.placement if not p.get("ok")]
+        if bad or len(result.placement) != len(inventory.nodes):
+            raise OperationError(
+                f"the placement probe did not reach every node: {bad or result.placement}",
+                "see `provisioner logs` for worker crashes on those nodes",
+            )
+    result.totals = totals(nodes)
+    result.status = status.gather(pool, inventory, image_id=image_id)
+    result.seconds = time.monotonic() - t0
+    return result

@@ -1,0 +1,209 @@
+"""Collect every node's Ray and container logs; name the known errors found in them."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import tarfile
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from provisioner.cluster import layout
+from provisioner.console import Reporter, quiet
+from provisioner.inventory import Inventory, Node
+from provisioner.remote import Pool, Session, fan_out
+
+
+@dataclass(frozen=True)
+class Pattern:
+    name: str
+    regex: re.Pattern[str]
+    cause: str
+    fix: str
+    min_count: int = 1  # occurrences in one file before it counts (for loops)
+
+
+PATTERNS: tuple[Pattern, ...] = (
+    Pattern(
+        "address-in-use",
+        re.compile(r"Errno 98|[Aa]ddress already in use"),
+        "a Ray port is taken by a stale Ray or another service",
+        "run `provisioner down`, then `provisioner doctor` to see which process holds the port",
+    ),
+    Pattern(
+        "version-mismatch",
+        re.compile(r"[Vv]ersion mismatch|does not match the version|RuntimeError: Version"),
+        "Ray or Python versions differ between nodes or between client and cluster",
+        "run every node from the pinned image (`provisioner image push`, then `up`)",
+    ),
+    Pattern(
+        "authentication",
+        re.compile(
+            r"UNAUTHENTICATED|[Aa]uthentication (?:token|failed|error)|AuthenticationError"
+            r"|Invalid authentication token|Missing authentication token"
+        ),
+        "a process reached the cluster without the right token",
+        "run `provisioner up` again (it installs the token on every node); "
+        "clients need RAY_AUTH_MODE=token and the token",
+    ),
+    Pattern(
+        "oom-kill",
+        re.compile(r"OutOfMemoryError|killed due to memory|[Oo]ut of memory|OOMKilled|oom-kill"),
+        "a process was killed for lack of memory",
+        "use fewer or smaller workers per node, or give the nodes more memory",
+    ),
+    Pattern(
+        "lost-heartbeat",
+        re.compile(
+            r"missed too many heartbeats|failed to send heartbeat|health check failed"
+            r"|marked as dead|node .* is dead|Failed to connect to GCS"
+        ),
+        "a node lost contact with the GCS (network cut, firewall, or the head went away)",
+        "run `provisioner doctor` (port matrix between nodes), then `provisioner up`",
+    ),
+    Pattern(
+        "worker-crash",
+        re.compile(r"SIGSEGV|Segmentation fault|worker died|Worker crashed|core dumped"),
+        "a Ray worker process crashed",
+        "read the worker's log named here; `provisioner submit` reruns the job",
+    ),
+    Pattern(
+        "launcher-adding-loop",
+        re.compile(r"Adding \d+ node\(s\) of type local\.cluster\.node"),
+        "Ray's launcher keeps asking the local provider for workers it never starts",
+        "use a cluster.yaml from `provisioner render` (fresh state on the head), "
+        "or `provisioner up`",
+        min_count=3,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    node: str
+    file: str
+    line: int
+    pattern: str
+    cause: str
+    fix: str
+    excerpt: str
+    count: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def triage_lines(lines: Iterable[str], *, node: str = "", file: str = "") -> list[Finding]:
+    """Known error patterns in one file: the first line of each, with the count."""
+    first: dict[str, tuple[int, str]] = {}
+    counts: dict[str, int] = {}
+    for number, line in enumerate(lines, start=1):
+        for p in PATTERNS:
+            if p.regex.search(line):
+                counts[p.name] = counts.get(p.name, 0) + 1
+                first.setdefault(p.name, (number, line.strip()[:300]))
+    found = []
+    for p in PATTERNS:
+        if counts.get(p.name, 0) >= p.min_count:
+            number, excerpt = first[p.name]
+            found.append(
+                Finding(node, file, number, p.name, p.cause, p.fix, excerpt, counts[p.name])
+            )
+    return found
+
+
+def triage_text(text: str) -> list[Finding]:
+    return triage_lines(text.splitlines())
+
+
+def triage_dir(root: Path) -> list[Finding]:
+    """Every known error in ROOT/NODE/** (text files only)."""
+    findings: list[Finding] = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root)
+        node = rel.parts[0]
+        try:
+            with path.open(errors="replace") as f:
+                findings += triage_lines(f, node=node, file=str(Path(*rel.parts[1:])))
+        except OSError:
+            continue
+    return findings
+
+
+def _ray_logs_dir(inventory: Inventory) -> str:
+    # session_latest is a symlink to an absolute path inside the container; resolve by name.
+    return (
+        f"cd {layout.node_ray_dir(inventory.cluster)} 2>/dev/null && "
+        "s=$(ls -d session_2* 2>/dev/null | sort | tail -n 1)"
+    )
+
+
+def collect_command(inventory: Inventory) -> str:
+    """Tar (base64) of the newest session's logs, plus the container's log, on stdout."""
+    name = layout.container_name(inventory.cluster)
+    return (
+        "t=$(mktemp -d) && trap 'rm -rf \"$t\"' EXIT && "
+        f'docker logs --timestamps {name} >"$t/container.log" 2>&1; '
+        f'( {_ray_logs_dir(inventory)} && [ -n "$s" ] && cp -r "$s/logs" "$t/ray" ); '
+        'tar -C "$t" -czf - . | base64 -w0'
+    )
+
+
+def tail_command(inventory: Inventory, lines: int = 20) -> str:
+    name = layout.container_name(inventory.cluster)
+    return (
+        f"echo '== raylet.out'; ( {_ray_logs_dir(inventory)} && "
+        f'tail -n {lines} "$s/logs/raylet.out" ); '
+        f"echo '== container log'; docker logs --tail {lines} {name} 2>&1; true"
+    )
+
+
+def tail_node(session: Session, inventory: Inventory) -> str:
+    """The last lines of a node's raylet log and container log."""
+    text: str = session.run(tail_command(inventory), timeout=20).stdout
+    return text
+
+
+def _extract(blob: str, target: Path) -> None:
+    data = base64.b64decode(blob.strip() or b"")
+    target.mkdir(parents=True, exist_ok=True)
+    if not data:
+        return
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(target, filter="data")
+
+
+@dataclass
+class Collected:
+    directory: Path
+    nodes: list[str]
+    errors: dict[str, str]
+    findings: list[Finding]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "directory": str(self.directory),
+            "nodes": self.nodes,
+            "errors": self.errors,
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+
+def collect(
+    pool: Pool, inventory: Inventory, directory: Path, *, report: Reporter = quiet
+) -> Collected:
+    """Fetch every node's logs into DIRECTORY/NODE/ and triage them."""
+
+    def one(node: Node) -> str:
+        report(f"{node.name}: collecting logs")
+        result = pool.session(node).run(collect_command(inventory), timeout=120)
+        result.check()
+        _extract(result.stdout, directory / node.name)
+        return node.name
+
+    group = fan_out(inventory.nodes, one, deadline=150)
+    errors: dict[str, str] = {k: str(v) for k, v in group.errors.items()}
+    return Collected(directory, sorted(group.results), errors, triage_dir(directory))
