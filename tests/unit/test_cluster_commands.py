@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from provisioner.cluster import commands, down, status, token, up
+from provisioner.errors import InputError
+from provisioner.inventory import Inventory, Node, SSHSettings
+
+
+def make_inventory(tmp: Path, *, workers: int = 2, **kw: object) -> Inventory:
+    key = tmp / "id_ed25519"
+    key.write_text("not a real key\n")
+    ssh = SSHSettings(user="lab", key=key)
+    head = Node("head-0", "10.250.9.10", "head", ssh, {"accel": 1.0}, {"zone": "a"})
+    nodes = tuple(
+        Node(f"worker-{i}", f"10.250.9.{10 + i}", "worker", ssh) for i in range(1, workers + 1)
+    )
+    return Inventory(path=tmp / "inventory.yaml", cluster="demo", head=head, workers=nodes, **kw)  # type: ignore[arg-type]
+
+
+def test_worker_ray_start(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path)
+    args = commands.ray_start_args(inv, inv.workers[0])
+    assert args[:4] == [
+        "ray",
+        "start",
+        "--address=10.250.9.10:6379",
+        "--node-ip-address=10.250.9.11",
+    ]
+    assert args[-2:] == ["--disable-usage-stats", "--block"]
+    assert "--dashboard-host=127.0.0.1" not in args
+
+
+def test_head_docker_run_is_quoted_and_carries_no_token(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path, shm_size=2**30)
+    cmd = commands.docker_run_command(inv, inv.head, "sha256:abc")
+    assert cmd == (
+        'mkdir -p "$HOME"/.provisioner/clusters/demo/ray && docker run -d --name ray-demo '
+        "--net=host --restart=unless-stopped --shm-size=1073741824 "
+        '-v "$HOME"/.provisioner/clusters/demo/ray:/tmp/ray '
+        '-v "$HOME"/.provisioner/clusters/demo/auth_token:/run/provisioner/auth_token:ro '
+        "-e RAY_AUTH_MODE=token -e RAY_AUTH_TOKEN_PATH=/run/provisioner/auth_token "
+        "-e RAY_USAGE_STATS_ENABLED=0 --label provisioner.cluster=demo "
+        "--label provisioner.role=head sha256:abc ray start --head "
+        "--node-ip-address=10.250.9.10 --port=6379 --dashboard-host=127.0.0.1 "
+        "--dashboard-port=8265 --ray-client-server-port=10001 --node-manager-port=8077 "
+        "--object-manager-port=8076 --runtime-env-agent-port=8079 "
+        "--dashboard-agent-grpc-port=8078 --dashboard-agent-listen-port=52365 "
+        "--metrics-export-port=8090 --min-worker-port=10002 --max-worker-port=19999 "
+        "'--resources={\"accel\": 1.0}' --labels=zone=a --disable-usage-stats --block"
+    )
+
+
+def test_default_shm_is_computed_on_the_node_like_rays_launcher(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path)
+    assert "MemAvailable" in commands.shm_size(inv)
+    assert "0.3*1.1" in commands.shm_size(inv)
+
+
+def test_token_file_is_private_and_stable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    inv = make_inventory(tmp_path)
+    path = token.ensure_token(inv)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    value = path.read_text()
+    assert len(value) == 64
+    assert token.ensure_token(inv) == path and path.read_text() == value
+    os.chmod(path, 0o644)
+    with pytest.raises(InputError, match="others can read"):
+        token.read_token(inv)
+
+
+def test_token_install_reads_stdin_never_argv() -> None:
+    cmd = token.install_command("demo")
+    assert cmd.startswith("umask 077 && mkdir -p ")
+    assert "cat > " in cmd and "chmod 600" in cmd
+
+
+def test_parse_container_facts() -> None:
+    assert status.parse_container_facts("null\n").status == "absent"
+    f = status.parse_container_facts(
+        '{"running": true, "status": "running", "image": "sha256:x", "started_at": "t",'
+        ' "restarts": 2, "exit_code": 0, "oom_killed": false}'
+    )
+    assert f.running and f.image == "sha256:x" and f.restarts == 2
+
+
+def test_assemble_counts_only_nodes_alive_at_their_inventory_address(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path)
+    run = status.ContainerFacts(status="running", image="sha256:x")
+    facts = {n.name: run for n in inv.nodes}
+    gcs = [
+        {"ip": "10.250.9.10", "alive": True, "resources": {"CPU": 2.0}},
+        {"ip": "10.250.9.11", "alive": False},
+        {"ip": "127.0.1.1", "alive": True},  # wrong address: does not count
+    ]
+    st = status.assemble(inv, facts, {}, gcs, image_id="sha256:x")
+    assert (st.alive_nodes, st.expected_nodes, st.healthy) == (1, 3, False)
+    doc = st.to_json()
+    assert doc["nodes"][0]["ray_alive"] is True and doc["nodes"][0]["image_ok"] is True
+    assert {"host", "role", "ssh_ok", "container", "image_ok", "ray_alive"} <= set(doc["nodes"][1])
+
+
+def test_needs_start() -> None:
+    ok = status.ContainerFacts(status="running", image="sha256:x")
+    assert not up.needs_start(ok, "sha256:x", True, head_restarted=False)
+    assert up.needs_start(ok, "sha256:x", True, head_restarted=True)
+    assert up.needs_start(ok, "sha256:y", True, head_restarted=False)
+    assert up.needs_start(ok, "sha256:x", False, head_restarted=False)
+    assert up.needs_start(None, "sha256:x", True, head_restarted=False)
+
+
+def test_down_checks_role_ports(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path)
+    assert 6379 in down.ray_ports(inv, inv.head)
+    assert 6379 not in down.ray_ports(inv, inv.workers[0])
+    assert down.parse_ports("6379\n8265\n") == [6379, 8265]

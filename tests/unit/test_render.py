@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioner.cluster import render
+from provisioner.errors import InputError
+from provisioner.inventory import Inventory, Node, SSHSettings
+
+
+def make_inventory(tmp: Path, *, workers: int = 2, **kw: object) -> Inventory:
+    key = tmp / "id_ed25519"
+    key.write_text("not a real key\n")
+    ssh = SSHSettings(user="lab", key=key)
+    head = Node("head-0", "10.250.9.10", "head", ssh, {"accel": 1.0}, {"zone": "a"})
+    nodes = tuple(
+        Node(f"worker-{i}", f"10.250.9.{10 + i}", "worker", ssh) for i in range(1, workers + 1)
+    )
+    return Inventory(path=tmp / "inventory.yaml", cluster="demo", head=head, workers=nodes, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def inv(tmp_path: Path):  # type: ignore[no-untyped-def]
+    return make_inventory(tmp_path)
+
+
+def test_rendered_file_passes_rays_own_validation(inv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    text = render.render(inv, "sha256:" + "a" * 64, tmp_path / "auth_token")
+    config = yaml.safe_load(text)
+    prepared = render.validate(config, where="test")
+    node_type = prepared["available_node_types"]["local.cluster.node"]
+    assert node_type["min_workers"] == node_type["max_workers"] == 2
+    assert config["provider"] == {
+        "type": "local",
+        "head_ip": "10.250.9.10",
+        "worker_ips": ["10.250.9.11", "10.250.9.12"],
+    }
+    assert config["docker"]["pull_before_run"] is False
+    assert config["docker"]["image"] == "sha256:" + "a" * 64
+    assert config["auth"]["ssh_user"] == "lab"
+
+
+def test_token_value_never_in_file_only_its_path(inv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    token = tmp_path / "auth_token"
+    token.write_text("s3cr3t-token-value")
+    text = render.render(inv, "img", token)
+    assert "s3cr3t-token-value" not in text
+    config = yaml.safe_load(text)
+    assert config["file_mounts"] == {"/run/provisioner/auth_token": str(token)}
+    assert "-e RAY_AUTH_MODE=token" in config["docker"]["run_options"]
+    assert "-e RAY_AUTH_TOKEN_PATH=/run/provisioner/auth_token" in config["docker"]["run_options"]
+
+
+def test_start_commands_use_the_same_ports_as_up(inv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    config = yaml.safe_load(render.render(inv, "img", tmp_path / "t"))
+    head = config["head_start_ray_commands"][-1]
+    worker = config["worker_start_ray_commands"][-1]
+    assert "--port=6379" in head and "--dashboard-host=127.0.0.1" in head
+    assert "--node-ip-address=10.250.9.10" in head
+    assert head.endswith("--autoscaling-config=~/ray_bootstrap_config.yaml")
+    assert worker.startswith("ray start --address=10.250.9.10:6379 ")
+    for flag in ("--node-manager-port=8077", "--object-manager-port=8076"):
+        assert flag in head and flag in worker
+    assert "--node-ip-address" not in worker
+
+
+def test_workers_with_different_resources_are_refused(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path)
+    odd = Node("w9", "10.250.9.99", "worker", inv.head.ssh, {"GPU": 1.0})
+    inv = type(inv)(inv.path, inv.cluster, inv.head, (*inv.workers, odd))
+    with pytest.raises(InputError, match="differ in resources"):
+        render.build_config(inv, "img", tmp_path / "t")
+
+
+def test_ray_rejects_a_bad_config_as_input_error(inv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    config = render.build_config(inv, "img", tmp_path / "t")
+    config["docker"]["no_such_field"] = 1
+    with pytest.raises(InputError, match="Ray rejects"):
+        render.validate(config, where="x")
