@@ -1,0 +1,112 @@
+"""The cluster's lifecycle on the lab: up, status, idempotence, repair, token, down, logs.
+
+Needs the pinned image on every lab node: the fixture below writes an inventory that
+points at the pin (images/image.lock.json, from `provisioner image build`) and runs
+`provisioner image push` once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioner.cli import run
+from provisioner.cluster import read_token, tunnel
+from provisioner.inventory import load_inventory
+from provisioner.lab.nodes import LabInfo
+
+LOCK = Path(os.environ.get("PROVISIONER_IMAGE_LOCK", "images/image.lock.json")).resolve()
+
+
+def cli(*args: str) -> tuple[int, str]:
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        code = run(list(args))
+    return code, buf.getvalue()
+
+
+def cli_json(*args: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    code, text = cli(*args, "--json")
+    return code, json.loads(text)
+
+
+@pytest.fixture(scope="module")
+def inventory(lab: LabInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    assert LOCK.exists(), f"build the image first: provisioner image build ({LOCK})"
+    data = yaml.safe_load(Path(lab.inventory).read_text())
+    data["image"] = {"lock": str(LOCK)}
+    for key in ("key", "known_hosts"):
+        data["ssh"][key] = str(Path(lab.inventory).parent / data["ssh"][key])
+    path = tmp_path_factory.mktemp("clu") / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert cli("image", "push", "-i", str(path))[0] == 0
+    yield str(path)
+    cli("down", "-i", str(path), "--no-logs")
+
+
+def test_up_from_nothing_then_second_up_changes_nothing(inventory: str) -> None:
+    code, first = cli_json("up", "-i", inventory)
+    assert code == 0, first
+    assert first["status"]["alive_nodes"] == first["status"]["expected_nodes"] == 3
+    assert all(p["ok"] for p in first["placement"]) and len(first["placement"]) == 3
+    code, st = cli_json("status", "-i", inventory)
+    assert code == 0 and st["alive_nodes"] == 3
+    assert all(n["ssh_ok"] and n["image_ok"] and n["ray_alive"] for n in st["nodes"])
+    code, second = cli_json("up", "-i", inventory)
+    assert code == 0 and second["started"] == [] and second["changed"] is False
+
+
+def test_dead_worker_is_restarted_alone(inventory: str, lab: LabInfo) -> None:
+    from tests.e2e.helpers import ssh
+
+    worker = lab.nodes[2]
+    ssh(lab, worker, "docker rm -f ray-" + load_inventory(Path(inventory)).cluster)
+    code, st = cli_json("status", "-i", inventory)
+    assert code == 1
+    dead = next(n for n in st["nodes"] if n["host"] == worker.address)
+    assert dead["container"] == "absent" and not dead["ray_alive"]
+    code, again = cli_json("up", "-i", inventory)
+    assert code == 0 and again["started"] == [worker.name]
+
+
+def test_jobs_api_needs_the_token(inventory: str) -> None:
+    inv = load_inventory(Path(inventory))
+    with tunnel(inv) as url:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}/api/jobs/", timeout=10)
+        assert refused.value.code in (401, 403)
+        request = urllib.request.Request(
+            f"{url}/api/jobs/", headers={"Authorization": f"Bearer {read_token(inv)}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as ok:
+            assert ok.status == 200
+
+
+def test_token_not_in_json_or_ps(inventory: str, lab: LabInfo) -> None:
+    from tests.e2e.helpers import ssh
+
+    secret = read_token(load_inventory(Path(inventory)))
+    _, text = cli("status", "-i", inventory, "--json")
+    assert secret not in text
+    assert secret not in ssh(lab, lab.nodes[0], "ps auxww").stdout
+
+
+def test_down_collects_logs_and_frees_ports(inventory: str, tmp_path: Path) -> None:
+    code, result = cli_json("down", "-i", inventory, "-o", str(tmp_path / "logs"))
+    assert code == 0 and result["ok"] and result["ports_busy"] == {}
+    for node in load_inventory(Path(inventory)).nodes:
+        assert (tmp_path / "logs" / node.name / "ray" / "raylet.out").exists()
+    code, st = cli_json("status", "-i", inventory)
+    assert code == 1 and st["alive_nodes"] == 0
+    assert all(n["container"] == "absent" for n in st["nodes"])
+    code, _ = cli_json("down", "-i", inventory, "--no-logs")
+    assert code == 0
