@@ -1,0 +1,200 @@
+"""`provisioner image lock|build|push|show`: the pinned cluster image."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from provisioner.cli.common import InventoryOption, JsonOption, output
+from provisioner.errors import InputError
+from provisioner.image.build import BuildOptions, build_image, default_images_dir
+from provisioner.image.lock import BUILD_TAG, CLUSTER_TAG, pin_to_dict, read_pin
+from provisioner.image.push import PushOptions, push_image
+from provisioner.image.requirements import format_lock, resolve
+from provisioner.inventory import load_inventory
+
+app = typer.Typer(
+    help="The pinned cluster image: lock, build, push to every node.", no_args_is_help=True
+)
+
+ImagesDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--images-dir",
+        help="Directory with Dockerfile, requirements.in/.lock (default: ./images).",
+        envvar="PROVISIONER_IMAGES_DIR",
+    ),
+]
+WheelhouseOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--wheelhouse",
+        help="Where the wheels live (default: IMAGES_DIR/.wheelhouse).",
+        envvar="PROVISIONER_WHEELHOUSE",
+    ),
+]
+LockFileOption = Annotated[
+    Path | None,
+    typer.Option("--lock", help="The pin to write (default: IMAGES_DIR/image.lock.json)."),
+]
+
+
+def _dirs(images_dir: Path | None, wheelhouse: Path | None) -> tuple[Path, Path]:
+    images = images_dir or default_images_dir()
+    return images, wheelhouse or images / ".wheelhouse"
+
+
+@app.command("lock")
+def lock_cmd(
+    images_dir: ImagesDirOption = None,
+    wheelhouse: WheelhouseOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Resolve requirements.in with pip into requirements.lock (exact versions and hashes)."""
+    out = output(json_)
+    images, wheels_dir = _dirs(images_dir, wheelhouse)
+    with out.step("resolving requirements.in"):
+        wheels = resolve(images / "requirements.in", wheels_dir, out.progress)
+    target = images / "requirements.lock"
+    target.write_text(format_lock(wheels, "requirements.in"))
+    if json_:
+        out.emit({"lock": str(target), "packages": {w.name: w.version for w in wheels}})
+    else:
+        out.say(f"{target}: {len(wheels)} packages")
+
+
+@app.command("build")
+def build_cmd(
+    base: Annotated[
+        str | None,
+        typer.Option(
+            "--base",
+            help="Base image already on this machine (e.g. python:3.11-slim-bookworm, pulled "
+            "by you); default: the lab's Debian base, built locally.",
+        ),
+    ] = None,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Never download: the wheelhouse must be complete.")
+    ] = False,
+    images_dir: ImagesDirOption = None,
+    wheelhouse: WheelhouseOption = None,
+    lock: LockFileOption = None,
+    tag: Annotated[str, typer.Option("--tag", help="Local tag of the built image.")] = BUILD_TAG,
+    json_: JsonOption = False,
+) -> None:
+    """Build the cluster image offline from the lock and write its pin."""
+    out = output(json_)
+    images, wheels_dir = _dirs(images_dir, wheelhouse)
+    if base is None:
+        from provisioner.lab.images import ensure_base_image
+
+        base = ensure_base_image(out.progress)
+    opts = BuildOptions(
+        images_dir=images,
+        wheelhouse=wheels_dir,
+        lock_path=lock or images / "image.lock.json",
+        base=base,
+        tag=tag,
+        offline=offline,
+    )
+    with out.step(f"building {tag}"):
+        result = build_image(opts, out.progress)
+    pin = result.pin
+    assert pin is not None
+    if json_:
+        out.emit({**pin_to_dict(pin), "lock": str(result.lock_path), "seconds": result.seconds})
+        return
+    v = pin.versions
+    out.say(
+        f"{pin.image_id}\n  {pin.size / 1e9:.2f} GB, {len(pin.layers)} layers, built in "
+        f"{result.seconds:.0f}s\n  python {v.python}, ray {v.ray}, torch {v.torch}, "
+        f"gymnasium {v.gymnasium}\n  pin: {result.lock_path}"
+    )
+
+
+@app.command("push")
+def push_cmd(
+    inventory: InventoryOption,
+    relay: Annotated[
+        bool,
+        typer.Option("--relay", help="Send once to the head, which sends on to the workers."),
+    ] = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="Send every layer, even those a node holds.")
+    ] = False,
+    parallel: Annotated[int, typer.Option("--parallel", help="Nodes at once.", min=1)] = 4,
+    retries: Annotated[
+        int, typer.Option("--retries", help="Retries after a broken stream.", min=0)
+    ] = 2,
+    lock: LockFileOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Make every node hold exactly the pinned image under the cluster tag."""
+    out = output(json_)
+    inv = load_inventory(inventory)
+    lock_path = lock or inv.image_lock
+    if lock_path is None:
+        raise InputError(
+            "the inventory names no image pin (image.lock)",
+            "run `provisioner image build`, then set `image: {lock: PATH}` in the inventory "
+            "or pass --lock",
+            where=str(inventory),
+        )
+    pin = read_pin(lock_path)
+    opts = PushOptions(
+        parallelism=parallel, retries=retries, relay=relay, full=full, tag=CLUSTER_TAG
+    )
+    with out.step(f"pushing {pin.short_id()} to {len(inv.nodes)} node(s)"):
+        report = push_image(inv, pin, opts, out.progress)
+    if json_:
+        out.emit(report.to_json())
+    else:
+        table = Table("node", "action", "layers sent", "MB sent", "MB held", "s", "via")
+        for n in report.nodes.values():
+            table.add_row(
+                n.host,
+                n.action,
+                f"{n.layers_sent}/{n.layers_total}",
+                f"{n.bytes_sent / 1e6:,.0f}",
+                f"{n.bytes_omitted / 1e6:,.0f}",
+                f"{n.seconds:.0f}",
+                n.via,
+            )
+        out.out.print(table)
+        out.say(f"sent from this machine: {report.control_bytes / 1e6:,.0f} MB")
+        for host, err in report.errors.items():
+            out.err.print(f"[bold red]{host}[/bold red]: {err.message}", highlight=False)
+            if err.fix:
+                out.err.print(f"  fix: {err.fix}", highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command("show")
+def show_cmd(
+    lock: Annotated[
+        Path | None,
+        typer.Argument(help="The pin (default: ./images/image.lock.json).", show_default=False),
+    ] = None,
+    json_: JsonOption = False,
+) -> None:
+    """Print the pin: image ID, layers, base, versions."""
+    out = output(json_)
+    pin = read_pin(lock or default_images_dir() / "image.lock.json")
+    if json_:
+        out.emit(pin_to_dict(pin))
+        return
+    v = pin.versions
+    out.say(
+        f"{pin.image_id} ({pin.size / 1e9:.2f} GB, {len(pin.layers)} layers)\n"
+        f"  base {pin.base_image} ({pin.base_image_id[:19]})\n"
+        f"  python {v.python}, ray {v.ray}, torch {v.torch}, gymnasium {v.gymnasium}\n"
+        f"  requirements sha256 {pin.requirements_sha256[:16]}, built {pin.built_at}"
+    )
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="image")

@@ -1,0 +1,213 @@
+"""`provisioner image build`: build the cluster image offline and write its pin.
+
+The build context is laid out here, not taken from a directory: the Dockerfile,
+requirements.lock, the login-shell profile snippet and exactly the wheels the lock names.
+The base image must already be on this machine: nothing here contacts a registry.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from docker.errors import APIError, ImageNotFound
+
+from provisioner.console import Reporter, quiet
+from provisioner.errors import InputError, OperationError
+from provisioner.image.lock import BUILD_TAG, Pin, Versions, layer_sizes_from_history, write_pin
+from provisioner.image.requirements import lock_sha256, parse_lock
+from provisioner.image.wheelhouse import ensure_wheels
+from provisioner.lab.engine import client
+
+CONTEXT_FILES = ("Dockerfile", "requirements.lock", "ray-profile.sh")
+# Run through a login shell, as `ray up` runs every command: this checks the PATH too.
+VERSIONS_SCRIPT = (
+    "import importlib.metadata as m, json, platform; "
+    "print(json.dumps({'python': platform.python_version(), "
+    "**{k: m.version(k) for k in ('ray', 'torch', 'gymnasium')}}))"
+)
+LOGIN_CHECK = f'command -v ray >/dev/null && python -c "{VERSIONS_SCRIPT}"'
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    images_dir: Path
+    wheelhouse: Path
+    lock_path: Path
+    base: str  # a local image (tag or ID)
+    tag: str = BUILD_TAG
+    offline: bool = False
+    target: str | None = None  # a Dockerfile stage; only the full image gets a pin
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    pin: Pin | None
+    image_id: str
+    seconds: float
+    lock_path: Path | None
+
+
+def default_images_dir() -> Path:
+    """./images when it holds a Dockerfile, else the images/ of this source checkout."""
+    here = Path.cwd() / "images"
+    if (here / "Dockerfile").is_file():
+        return here
+    return Path(__file__).resolve().parents[2] / "images"
+
+
+def check_images_dir(images_dir: Path) -> None:
+    for name in CONTEXT_FILES:
+        if not (images_dir / name).is_file():
+            raise InputError(
+                f"{name} is missing",
+                "pass --images-dir pointing at the repository's images/ directory",
+                where=str(images_dir),
+            )
+
+
+def write_context(images_dir: Path, wheels: Sequence[Path], out: IO[bytes]) -> None:
+    """The build context as a tar: fixed owners and times, so the build cache holds."""
+    with tarfile.open(fileobj=out, mode="w") as tar:
+
+        def add(path: Path, arcname: str) -> None:
+            info = tar.gettarinfo(str(path), arcname)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            info.mtime = 0
+            info.mode = 0o644
+            with path.open("rb") as f:
+                tar.addfile(info, f)
+
+        for name in CONTEXT_FILES:
+            add(images_dir / name, name)
+        for wheel in wheels:
+            add(wheel, f"wheels/{wheel.name}")
+
+
+def _base_id(base: str) -> str:
+    try:
+        return str(client().images.get(base).id)
+    except ImageNotFound:
+        raise InputError(
+            f"the base image {base!r} is not on this machine",
+            f"pull it yourself where a registry is reachable (`docker pull {base}`), or "
+            "leave out --base to use the lab's locally built Debian base",
+        ) from None
+
+
+def _docker_build(
+    context: IO[bytes], opts: BuildOptions, args: dict[str, str], report: Reporter
+) -> str:
+    image_id = ""
+    tail: list[str] = []
+    try:
+        stream = client().api.build(
+            fileobj=context,
+            custom_context=True,
+            tag=opts.tag,
+            buildargs=args,
+            target=opts.target,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            decode=True,
+        )
+        for chunk in stream:
+            if "error" in chunk:
+                raise OperationError(
+                    f"docker build failed: {str(chunk['error']).strip()}",
+                    "read the lines above; `docker build` output names the failing step. "
+                    + " | ".join(tail[-3:]),
+                )
+            aux = chunk.get("aux")
+            if isinstance(aux, dict) and "ID" in aux:
+                image_id = str(aux["ID"])
+            line = str(chunk.get("stream", "")).strip()
+            if line:
+                tail = [*tail[-5:], line[:160]]
+                if line.startswith("Step "):
+                    report(f"build: {line[:120]}")
+    except APIError as exc:
+        raise OperationError(f"docker build failed: {exc.explanation or exc}") from exc
+    if not image_id:
+        image_id = str(client().images.get(opts.tag).id)
+    return image_id
+
+
+def read_versions(image_id: str) -> Versions:
+    """Python, Ray, torch and gymnasium versions, read inside the image via a login shell."""
+    try:
+        out = client().containers.run(
+            image_id,
+            ["bash", "--login", "-c", "-i", LOGIN_CHECK],
+            remove=True,
+            network_disabled=True,
+            stdout=True,
+            stderr=False,
+        )
+    except APIError as exc:
+        raise OperationError(
+            f"the built image cannot run `ray`/`python` from a login shell: {exc}",
+            "check images/ray-profile.sh and the Dockerfile's PATH",
+        ) from exc
+    data: Any = json.loads(bytes(out).decode().strip().splitlines()[-1])
+    return Versions(
+        python=str(data["python"]),
+        ray=str(data["ray"]),
+        torch=str(data["torch"]),
+        gymnasium=str(data["gymnasium"]),
+    )
+
+
+def build_image(opts: BuildOptions, report: Reporter = quiet) -> BuildResult:
+    """Build the image from the lock and the wheelhouse; write the pin for the full image."""
+    t0 = time.monotonic()
+    check_images_dir(opts.images_dir)
+    lock_file = opts.images_dir / "requirements.lock"
+    lock_text = lock_file.read_text()
+    locked = parse_lock(lock_text, str(lock_file))
+    base_id = _base_id(opts.base)
+    wheels = ensure_wheels(locked, opts.wheelhouse, offline=opts.offline, report=report)
+    requirements_sha = lock_sha256(lock_text)
+    report(f"building {opts.tag} from {opts.base} with {len(wheels)} locked wheels")
+    with tempfile.TemporaryFile(prefix="provisioner-context-") as ctx:
+        write_context(opts.images_dir, wheels, ctx)
+        ctx.seek(0)
+        args = {"BASE": opts.base, "REQUIREMENTS_SHA256": requirements_sha}
+        image_id = _docker_build(ctx, opts, args, report)
+    if opts.target is not None:
+        return BuildResult(None, image_id, time.monotonic() - t0, None)
+    report("reading versions inside the image through a login shell")
+    versions = read_versions(image_id)
+    attrs = client().api.inspect_image(image_id)
+    layers = tuple(str(d) for d in attrs["RootFS"]["Layers"])
+    pin = Pin(
+        image_id=image_id,
+        layers=layers,
+        base_image=opts.base,
+        base_image_id=base_id,
+        requirements_sha256=requirements_sha,
+        versions=versions,
+        size=int(attrs["Size"]),
+        layer_sizes=layer_sizes_from_history(client().api.history(image_id), layers),
+        built_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        tag=opts.tag,
+    )
+    write_pin(pin, opts.lock_path)
+    return BuildResult(pin, image_id, time.monotonic() - t0, opts.lock_path)
+
+
+def context_bytes(images_dir: Path, wheels: Sequence[Path]) -> bytes:
+    """The context tar in memory (tests)."""
+    buf = io.BytesIO()
+    write_context(images_dir, wheels, buf)
+    return buf.getvalue()

@@ -1,0 +1,295 @@
+"""`provisioner image push`: make every node hold exactly the pinned image.
+
+Per node, in parallel (bounded): one round trip gathers Docker's state; a pure decision
+says send nothing, only re-tag, or send the layers the node lacks; the layers go as a
+`docker save` stream (with held layers left out) into `docker load` over the node's SSH
+session; the ID is checked and only then is the cluster tag moved. A stream that breaks
+is retried from the start on a fresh connection; the other nodes carry on.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from provisioner.console import Reporter, quiet
+from provisioner.errors import ProvisionerError, RemoteError
+from provisioner.image.lock import CLUSTER_TAG, Pin
+from provisioner.image.plan import (
+    NodePlan,
+    decide,
+    facts_script,
+    parse_facts,
+    verify_and_tag_command,
+)
+from provisioner.image.savestream import CHUNK, filter_save
+from provisioner.inventory import Inventory, Node
+from provisioner.lab.engine import client
+from provisioner.remote import Pool, Session, fan_out
+
+RETRYABLE = frozenset({"connection-lost", "load-failed", "command-timeout"})
+LOAD_COMMAND = "docker load"
+
+
+@dataclass(frozen=True)
+class PushOptions:
+    parallelism: int = 4
+    retries: int = 2  # fresh attempts after a broken stream
+    relay: bool = False
+    full: bool = False  # send every layer even if the node holds some
+    timeout: float = 1800.0  # per node
+    tag: str = CLUSTER_TAG
+
+
+@dataclass
+class NodePush:
+    """What the push did on one node."""
+
+    host: str
+    action: Literal["none", "tag", "send"]
+    layers_total: int
+    layers_sent: int = 0
+    bytes_sent: int = 0  # image bytes sent from this machine to the node
+    bytes_omitted: int = 0  # bytes of layers the node held, not sent
+    seconds: float = 0.0
+    attempts: int = 1
+    via: str = "control"  # "control", or the head's name in relay mode
+
+    def to_json(self) -> dict[str, Any]:
+        rate = self.bytes_sent / self.seconds if self.seconds > 0 else 0.0
+        return {**self.__dict__, "rate_bytes_per_s": round(rate)}
+
+
+@dataclass
+class PushReport:
+    image_id: str
+    tag: str
+    nodes: dict[str, NodePush] = field(default_factory=dict)
+    errors: dict[str, ProvisionerError] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def control_bytes(self) -> int:
+        """Image bytes that left this machine (relay: only those sent to the head)."""
+        return sum(n.bytes_sent for n in self.nodes.values() if n.via == "control")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "image_id": self.image_id,
+            "tag": self.tag,
+            "ok": self.ok,
+            "control_bytes": self.control_bytes,
+            "seconds": round(self.seconds, 1),
+            "nodes": [n.to_json() for n in self.nodes.values()],
+            "errors": [
+                {
+                    "host": host,
+                    "message": str(err),
+                    "fix": err.fix,
+                    "kind": getattr(err, "kind", ""),
+                }
+                for host, err in self.errors.items()
+            ],
+        }
+
+
+class _IterReader(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (the docker SDK's save stream)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._rest = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._rest:
+            try:
+                self._rest = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(buffer), len(self._rest))
+        buffer[:n] = self._rest[:n]
+        self._rest = self._rest[n:]
+        return n
+
+
+def save_stream(image_id: str) -> io.BufferedReader:
+    """`docker save IMAGE_ID` from the local engine, as a file."""
+    chunks = client().api.get_image(image_id, chunk_size=CHUNK)
+    return io.BufferedReader(_IterReader(iter(chunks)), buffer_size=CHUNK)
+
+
+class _Guarded:
+    """Wraps the chunk generator: an error inside it ends the stream early (so `docker
+    load` sees a truncated tar and fails) and is kept to be raised afterwards."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+        self.error: BaseException | None = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self.chunks
+        except Exception as exc:
+            self.error = exc
+
+
+class _Progress:
+    """Bytes and rate for one node, reported every few seconds."""
+
+    def __init__(self, host: str, report: Reporter, every: float = 3.0) -> None:
+        self.host, self.report, self.every = host, report, every
+        self.t0 = time.monotonic()
+        self.last = self.t0
+        self.sent = 0
+
+    def __call__(self, total: int) -> None:
+        self.sent = total
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            rate = total / max(now - self.t0, 1e-6)
+            self.report(f"{self.host}: {total / 1e6:,.0f} MB sent, {rate / 1e6:.1f} MB/s")
+
+
+def stream_layers(
+    session: Session, pin: Pin, plan: NodePlan, opts: PushOptions, report: Reporter
+) -> tuple[int, int]:
+    """Send the layers of `plan` into the node's `docker load`; (bytes sent, bytes omitted)."""
+    omitted = [0]
+
+    def on_omitted(n: int) -> None:
+        omitted[0] += n
+
+    progress = _Progress(session.host, report)
+    with save_stream(pin.image_id) as source:
+        guarded = _Guarded(filter_save(source, pin.layers, plan.first_missing, on_omitted))
+        result = session.run_streaming_stdin(
+            LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
+        )
+    if guarded.error is not None:
+        if isinstance(guarded.error, ProvisionerError):
+            raise guarded.error
+        raise RemoteError(
+            session.host,
+            f"reading the local image failed: {guarded.error}",
+            "check the local Docker engine (`docker image inspect` the pinned ID)",
+            kind="save-failed",
+        )
+    if not result.ok or pin.image_id not in result.stdout:
+        raise RemoteError(
+            session.host,
+            f"docker load did not load the pinned image: {result.tail(3) or result.stdout[-200:]}",
+            "run the push again; it starts this node from the beginning",
+            kind="load-failed",
+        )
+    return progress.sent, omitted[0]
+
+
+def gather_plan(session: Session, pin: Pin, opts: PushOptions) -> NodePlan:
+    result = session.run(facts_script(opts.tag), timeout=60).check()
+    plan = decide(pin, parse_facts(result.stdout), session.host, opts.tag)
+    if opts.full and plan.action == "send" and plan.first_missing:
+        plan = NodePlan("send", 0, pin.layers, plan.need_bytes)
+    return plan
+
+
+def verify_and_tag(session: Session, pin: Pin, tag: str) -> None:
+    session.run(verify_and_tag_command(pin.image_id, tag), timeout=60).check(
+        f"the node's Docker does not hold {pin.short_id()}; run the push again"
+    )
+
+
+def push_node(pool: Pool, node: Node, pin: Pin, opts: PushOptions, report: Reporter) -> NodePush:
+    """Make one node hold the pin under the cluster tag, retrying a broken stream."""
+    t0 = time.monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            session = pool.session(node)
+            plan = gather_plan(session, pin, opts)
+            outcome = NodePush(node.name, plan.action, len(pin.layers), attempts=attempt)
+            if plan.action == "send":
+                held = f", {plan.first_missing} held" if plan.first_missing else ""
+                report(f"{node.name}: sending {len(plan.layers_to_send)} layer(s){held}")
+                outcome.bytes_sent, outcome.bytes_omitted = stream_layers(
+                    session, pin, plan, opts, report
+                )
+                outcome.layers_sent = len(plan.layers_to_send)
+            if plan.action != "none":
+                verify_and_tag(session, pin, opts.tag)
+            outcome.seconds = time.monotonic() - t0
+            report(_summary(outcome))
+            return outcome
+        except RemoteError as exc:
+            if exc.kind not in RETRYABLE or attempt > opts.retries:
+                raise
+            report(f"{node.name}: {exc.message}; retrying from the start")
+            pool.forget(node)
+
+
+def _summary(n: NodePush) -> str:
+    if n.action == "none":
+        return f"{n.host}: already holds the pinned image; nothing sent"
+    if n.action == "tag":
+        return f"{n.host}: held the pinned image; tagged it"
+    rate = n.bytes_sent / n.seconds / 1e6 if n.seconds else 0.0
+    return (
+        f"{n.host}: loaded and verified; {n.bytes_sent / 1e6:,.0f} MB in {n.seconds:.0f}s "
+        f"({rate:.1f} MB/s), {n.bytes_omitted / 1e6:,.0f} MB held"
+    )
+
+
+def push_image(
+    inventory: Inventory,
+    pin: Pin,
+    opts: PushOptions = PushOptions(),
+    report: Reporter = quiet,
+    *,
+    pool: Pool | None = None,
+) -> PushReport:
+    """Push the pin to every node of the inventory; one node's failure stops no other."""
+    t0 = time.monotonic()
+    out = PushReport(pin.image_id, opts.tag)
+    own = pool is None
+    pool = pool or Pool(inventory)
+    try:
+        if opts.relay and inventory.workers:
+            from provisioner.image.relay import push_relayed
+
+            push_relayed(pool, inventory, pin, opts, report, out)
+        else:
+            group = fan_out(
+                inventory.nodes,
+                _bind(pool, pin, opts, report),
+                parallelism=opts.parallelism,
+                deadline=opts.timeout * (opts.retries + 1),
+            )
+            out.nodes.update(group.results)
+            out.errors.update(group.errors)
+    finally:
+        if own:
+            pool.close()
+    out.seconds = time.monotonic() - t0
+    return out
+
+
+def _bind(pool: Pool, pin: Pin, opts: PushOptions, report: Reporter) -> Callable[[Node], NodePush]:
+    lock = threading.Lock()
+
+    def locked_report(line: str) -> None:
+        with lock:
+            report(line)
+
+    return lambda node: push_node(pool, node, pin, opts, locked_report)

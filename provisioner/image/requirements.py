@@ -1,0 +1,162 @@
+"""The requirements lock: every package of the image, its exact version and wheel hash.
+
+`images/requirements.in` names what the image needs; `images/requirements.lock` is made
+from it by pip's own resolver (`pip download` of linux x86_64 CPython 3.11 wheels) and
+lists each wheel as `name==version --hash=sha256:...`, the format that
+`pip install --require-hashes` reads. Two builds from the same lock install the same
+bytes, on any day.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+from provisioner.console import Reporter, quiet
+from provisioner.errors import InputError, OperationError
+
+# The image's platform: pip resolves for it whatever machine makes the lock.
+PYTHON_VERSION = "3.11"
+PLATFORMS = (
+    "manylinux_2_36_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux_2_5_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+)
+_LINE = re.compile(
+    r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)\s+--hash=sha256:(?P<sha>[0-9a-f]{64})$"
+)
+
+
+@dataclass(frozen=True, order=True)
+class LockedWheel:
+    """One line of the lock: a distribution, its exact version, its wheel's sha256."""
+
+    name: str
+    version: str
+    sha256: str
+    filename: str = ""
+
+    def requirement(self) -> str:
+        return f"{self.name}=={self.version} --hash=sha256:{self.sha256}"
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def lock_sha256(text: str) -> str:
+    """The requirements hash the pin records: sha256 of the lock's requirement lines."""
+    lines = [w.requirement() for w in parse_lock(text, "requirements.lock")]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def format_lock(wheels: Iterable[LockedWheel], source: str) -> str:
+    """The lock file's text, sorted by name, with a header naming its source."""
+    out = [
+        f"# The exact Python packages of the cluster image, made from {source} by",
+        "# `provisioner image lock` (pip's resolver; linux x86_64, CPython 3.11).",
+        "# Do not edit: change requirements.in and run the command again.",
+    ]
+    for w in sorted(wheels, key=lambda w: (canonicalize_name(w.name), w.version)):
+        out.append(f"{w.name}=={w.version} \\\n    --hash=sha256:{w.sha256}")
+    return "\n".join(out) + "\n"
+
+
+def parse_lock(text: str, where: str) -> list[LockedWheel]:
+    """Parse a lock; every requirement must be `name==version --hash=sha256:HEX`."""
+    wheels: list[LockedWheel] = []
+    logical = text.replace("\\\n", " ")
+    for number, raw in enumerate(logical.splitlines(), start=1):
+        line = " ".join(raw.split("#", 1)[0].split())
+        if not line:
+            continue
+        m = _LINE.match(line)
+        if m is None:
+            raise InputError(
+                f"line {number}: {line!r} is not `name==version --hash=sha256:HEX`",
+                "run `provisioner image lock` to make the lock again from requirements.in",
+                where=where,
+            )
+        wheels.append(LockedWheel(m["name"], m["version"], m["sha"]))
+    if not wheels:
+        raise InputError("the lock lists no packages", "run `provisioner image lock`", where=where)
+    names = [canonicalize_name(w.name) for w in wheels]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise InputError(
+            f"the lock lists {', '.join(dupes)} more than once",
+            "run `provisioner image lock` to make the lock again",
+            where=where,
+        )
+    return wheels
+
+
+def wheels_in(directory: Path) -> list[LockedWheel]:
+    """Every wheel file in a directory, with its name, version and sha256."""
+    found: list[LockedWheel] = []
+    for path in sorted(directory.glob("*.whl")):
+        try:
+            name, version, _, _ = parse_wheel_filename(path.name)
+        except InvalidWheelFilename:
+            continue
+        found.append(LockedWheel(str(name), str(version), file_sha256(path), path.name))
+    return found
+
+
+def pip_download_args(dest: Path) -> list[str]:
+    """`pip download` for the image's platform (binary wheels only), into `dest`."""
+    args = [sys.executable, "-m", "pip", "download", "--dest", str(dest), "--only-binary=:all:"]
+    for platform in PLATFORMS:
+        args += ["--platform", platform]
+    return [*args, "--python-version", PYTHON_VERSION, "--implementation", "cp"]
+
+
+def run_pip(args: Sequence[str], report: Reporter, what: str) -> None:
+    report(what)
+    proc = subprocess.run(list(args), capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
+        raise OperationError(
+            f"{what} failed: {tail}",
+            "check that this machine reaches its Python package index (pip config list), "
+            "or bring a wheelhouse made elsewhere and pass --wheelhouse",
+        )
+
+
+def resolve(requirements_in: Path, wheelhouse: Path, report: Reporter = quiet) -> list[LockedWheel]:
+    """Resolve requirements.in with pip in a fresh directory; keep the wheels in the
+    wheelhouse (so the next build needs no download) and return them."""
+    if not requirements_in.is_file():
+        raise InputError(
+            "no such requirements file",
+            "run from the repository root or pass --images-dir",
+            where=str(requirements_in),
+        )
+    with tempfile.TemporaryDirectory(prefix="provisioner-lock-") as tmp:
+        run_pip(
+            [*pip_download_args(Path(tmp)), "-r", str(requirements_in)],
+            report,
+            f"resolving {requirements_in.name} with pip",
+        )
+        wheels = wheels_in(Path(tmp))
+        wheelhouse.mkdir(parents=True, exist_ok=True)
+        for w in wheels:
+            shutil.move(Path(tmp, w.filename), wheelhouse / w.filename)
+        return wheels
