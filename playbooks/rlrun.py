@@ -68,6 +68,8 @@ def parser(
     p.add_argument("--max-env-steps", type=int, default=max_env_steps)
     p.add_argument("--max-iterations", type=int, default=1000)
     p.add_argument("--train-batch", type=int, default=2000, help="env steps per iteration")
+    p.add_argument("--lr", type=float, default=3e-4, help="learning rate")
+    p.add_argument("--gamma", type=float, default=0.99, help="discount factor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results", type=Path, default=Path(os.environ.get(RESULTS_ENV, "results")))
     return p
@@ -93,7 +95,8 @@ def ppo_config(
             train_batch_size_per_learner=batch,
             minibatch_size=min(128, batch),
             num_epochs=6,
-            lr=3e-4,
+            lr=args.lr,
+            gamma=args.gamma,
         )
         .debugging(seed=args.seed)
     )
@@ -171,7 +174,9 @@ class Recorder:
         self.writer.close()
 
 
-def train(config: PPOConfig, budget: Budget, results: Path) -> dict[str, Any]:
+def train(
+    config: PPOConfig, budget: Budget, results: Path, *, checkpoint: bool = True
+) -> dict[str, Any]:
     """Train until the budget says stop; write every result file; return the summary."""
     algo = config.build_algo()
     recorder = Recorder(results)
@@ -193,7 +198,8 @@ def train(config: PPOConfig, budget: Budget, results: Path) -> dict[str, Any]:
                 flush=True,
             )
             reason = stop_reason(row, budget)
-        checkpoint = algo.save_to_path(str((results / "checkpoint").resolve()))
+        path = (results / "checkpoint").resolve()
+        saved = algo.save_to_path(str(path)) if checkpoint else None
         last = recorder.rows[-1]
         summary = {
             "stopped_by": reason,
@@ -206,7 +212,7 @@ def train(config: PPOConfig, budget: Budget, results: Path) -> dict[str, Any]:
             "time_to_target_s": last.time_s if reason == "target_return" else None,
             "env_runners": len(nodes),
             "nodes": sorted({n["node_ip"] for n in nodes}),
-            "checkpoint": os.path.relpath(checkpoint, results),
+            "checkpoint": os.path.relpath(saved, results) if saved else None,
         }
         (results / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary

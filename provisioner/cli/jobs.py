@@ -1,0 +1,150 @@
+"""`provisioner submit`: run a playbook on the cluster, stream it, bring its results home."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from provisioner.cli.common import JsonOption, output
+from provisioner.console import Output
+from provisioner.errors import InputError
+from provisioner.jobs import JobOutcome, make_spec, submit
+from provisioner.jobs.tables import read_rows
+
+InventoryFile = Annotated[
+    Path | None,
+    typer.Option(
+        "-i",
+        "--inventory",
+        help="Inventory file; the dashboard is reached through an SSH tunnel to its head.",
+        envvar="PROVISIONER_INVENTORY",
+    ),
+]
+AddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="A dashboard URL already reachable (e.g. from `provisioner tunnel`); no tunnel opened.",
+    ),
+]
+TokenOption = Annotated[
+    Path | None,
+    typer.Option("--token-file", help="The cluster's token (default: the inventory's)."),
+]
+ResultsOption = Annotated[
+    Path, typer.Option("--results", help="Where results/JOB/ directories are made.")
+]
+
+
+@contextmanager
+def _dashboard(
+    inventory: Path | None, address: str | None, token_file: Path | None, out: Output
+) -> Iterator[tuple[str, Path | None]]:
+    """The dashboard URL and the token path: given, or through the inventory's tunnel."""
+    if address is not None:
+        if token_file is None and inventory is None:
+            raise InputError(
+                "--address needs the cluster's token",
+                "add --token-file PATH, or -i INVENTORY to use the inventory's token",
+            )
+        yield address, token_file or _token_path(inventory)
+        return
+    if inventory is None:
+        raise InputError("no inventory given", "add -i INVENTORY (or set PROVISIONER_INVENTORY)")
+    from provisioner.cluster.tunnel import tunnel
+    from provisioner.inventory import load_inventory
+
+    inv = load_inventory(inventory)
+    with tunnel(inv) as url:
+        out.progress(f"dashboard of {inv.cluster} tunnelled to {url}")
+        yield url, token_file or _token_path(inventory)
+
+
+def _token_path(inventory: Path | None) -> Path:
+    from provisioner.cluster import token
+    from provisioner.inventory import load_inventory
+
+    assert inventory is not None
+    return token.local_token_path(load_inventory(inventory))
+
+
+def submit_cmd(
+    playbook: Annotated[Path, typer.Argument(help="The playbook, a Python file.")],
+    args: Annotated[
+        list[str] | None, typer.Argument(help="Arguments for the playbook, after `--`.")
+    ] = None,
+    inventory: InventoryFile = None,
+    address: AddressOption = None,
+    token_file: TokenOption = None,
+    results: ResultsOption = Path("results"),
+    json_: JsonOption = False,
+) -> None:
+    """Run PLAYBOOK on the cluster as a Ray job; its directory travels as the working_dir.
+
+    Streams the job's output; Ctrl-C stops the job. At the end its results (metrics,
+    checkpoint, TensorBoard events, plots) are in RESULTS/JOB/. Exit 1 if the job failed.
+    """
+    out = output(json_)
+    spec = make_spec(playbook, args or [])
+    on_line = out.progress if json_ else _echo(out)
+    with _dashboard(inventory, address, token_file, out) as (url, token_path):
+        outcome = submit(url, token_path, spec, results, on_line=on_line, report=out.progress)
+    if json_:
+        out.emit(outcome.to_json())
+    else:
+        _render(out, outcome)
+    if outcome.interrupted:
+        raise typer.Exit(130)
+    if not outcome.ok:
+        raise typer.Exit(1)
+
+
+def _echo(out: Output) -> typer.models.Any:
+    def line(text: str) -> None:
+        out.out.print(escape(text), markup=True, highlight=False)
+
+    return line
+
+
+def _render(out: Output, outcome: JobOutcome) -> None:
+    found = outcome.results
+    if not outcome.ok:
+        out.err.print(f"[bold red]job {outcome.job_id} {outcome.status}[/bold red]", markup=True)
+        for line in outcome.log_tail:
+            out.err.print(escape(line), markup=True, highlight=False)
+    for name, title in (("metrics.csv", "training"), ("scaling.csv", "scaling")):
+        if (found.directory / name).is_file():
+            out.say("")
+            out.out.print(_table(found.directory / name, title))
+    out.say(f"\njob {outcome.job_id}: {outcome.status}; results in {found.directory}")
+    for plot in found.plots:
+        out.say(f"plot: {plot}")
+    if found.missing:
+        out.say(f"no result files came home: {found.missing}")
+
+
+def _table(csv_path: Path, title: str) -> Table:
+    rows = read_rows(csv_path)
+    table = Table(title=f"{title} ({csv_path})")
+    columns = list(rows[0]) if rows else []
+    for name in columns:
+        table.add_column(name, justify="right")
+    for row in rows:
+        table.add_row(*(_cell(row[name]) for name in columns))
+    return table
+
+
+def _cell(value: float) -> str:
+    if value != value:  # NaN
+        return "-"
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("submit")(submit_cmd)
