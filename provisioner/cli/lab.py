@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -20,6 +21,7 @@ fault_app = typer.Typer(
 )
 app.add_typer(fault_app, name="fault")
 
+DEFAULT_LOCK = Path("images") / "image.lock.json"
 NameOption = Annotated[
     str | None, typer.Option("--name", help="Lab name (env PROVISIONER_LAB_NAME; default 'lab').")
 ]
@@ -37,13 +39,24 @@ def up(
     nodes: Annotated[int, typer.Option("--nodes", "-n", help="Number of nodes (1 head).")] = 3,
     name: NameOption = None,
     subnet: SubnetOption = None,
+    image_lock: Annotated[
+        Path | None,
+        typer.Option(
+            "--image-lock",
+            help="The image pin the lab's inventory refers to (default: ./images/image.lock.json "
+            "when it exists; env PROVISIONER_IMAGE_LOCK).",
+            envvar="PROVISIONER_IMAGE_LOCK",
+        ),
+    ] = None,
     json_: JsonOption = False,
 ) -> None:
     """Create (or repair) the lab and write its inventory, key and known_hosts."""
     out = output(json_)
     cfg = LabConfig.from_env(name=name, subnet=subnet, nodes=nodes)
+    if image_lock is None and DEFAULT_LOCK.exists():
+        image_lock = DEFAULT_LOCK
     with out.step(f"lab {cfg.name}: {cfg.nodes} nodes on {cfg.subnet}"):
-        lab = lab_up(cfg, out.progress)
+        lab = lab_up(cfg, out.progress, image_lock)
     if json_:
         out.emit(lab.to_json())
         return

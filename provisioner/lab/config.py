@@ -132,10 +132,10 @@ def validate(cfg: LabConfig) -> None:
         raise InputError(f"lab subnet {cfg.subnet} is too small for {cfg.nodes} nodes", "use a /24")
 
 
-def inventory_document(cfg: LabConfig) -> dict[str, Any]:
+def inventory_document(cfg: LabConfig, image_lock: Path | None = None) -> dict[str, Any]:
     """The inventory, in provisioner's own format, that describes the lab's nodes."""
     nodes = cfg.lab_nodes()
-    return {
+    doc: dict[str, Any] = {
         "cluster": cfg.name,
         "ssh": {
             "user": LAB_USER,
@@ -148,6 +148,9 @@ def inventory_document(cfg: LabConfig) -> dict[str, Any]:
         "head": {"name": nodes[0].name, "address": nodes[0].address},
         "workers": [{"name": n.name, "address": n.address} for n in nodes[1:]],
     }
+    if image_lock is not None:
+        doc["image"] = {"lock": str(image_lock.resolve())}
+    return doc
 
 
 def known_hosts_lines(address: str, host_keys: str) -> list[str]:

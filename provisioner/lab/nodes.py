@@ -86,8 +86,11 @@ def load_lab(name: str | None = None) -> LabInfo:
     return info(load_config(name))
 
 
-def lab_up(cfg: LabConfig, report: Reporter = quiet) -> LabInfo:
-    """Create or repair the lab; a running, healthy lab is left as it is."""
+def lab_up(cfg: LabConfig, report: Reporter = quiet, image_lock: Path | None = None) -> LabInfo:
+    """Create or repair the lab; a running, healthy lab is left as it is.
+
+    `image_lock`: the pin (from `provisioner image build`) the lab's inventory refers to.
+    """
     _check_not_resized(cfg)
     image = ensure_node_image(report)
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +106,7 @@ def lab_up(cfg: LabConfig, report: Reporter = quiet) -> LabInfo:
     _write_known_hosts(cfg, nodes)
     cfg.inventory.write_text(
         "# Written by `provisioner lab up`: the lab's nodes in provisioner's inventory format.\n"
-        + yaml.safe_dump(inventory_document(cfg), sort_keys=False)
+        + yaml.safe_dump(inventory_document(cfg, image_lock), sort_keys=False)
     )
     (cfg.state_dir / "lab.json").write_text(
         json.dumps({"name": cfg.name, "subnet": cfg.subnet, "nodes": cfg.nodes}) + "\n"
