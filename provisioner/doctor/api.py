@@ -1,0 +1,198 @@
+"""run_doctor: gather every node's facts, judge them here, return findings."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from provisioner.console import Reporter, quiet
+from provisioner.doctor.cluster_checks import check_clock, check_versions
+from provisioner.doctor.facts import NodeFacts
+from provisioner.doctor.findings import CATALOGUE, Finding, error, ordered, warning
+from provisioner.doctor.gather import gather_facts, run_probes, stop_listeners
+from provisioner.doctor.node_checks import (
+    check_address,
+    check_docker,
+    check_image,
+    check_resources,
+    check_shells,
+    check_sudo,
+    check_tools,
+)
+from provisioner.doctor.plan import PinFacts, Plan, plan_for
+from provisioner.doctor.port_checks import check_ports, check_stale_ray
+from provisioner.doctor.ports import judge_probes, probe_plan
+from provisioner.errors import InputError, ProvisionerError
+from provisioner.inventory import Inventory, Node
+from provisioner.remote import Pool
+
+_CONNECT_CHECK = {
+    "auth": "ssh.auth",
+    "hostkey-unknown": "ssh.hostkey",
+    "hostkey-changed": "ssh.hostkey",
+}
+
+
+@dataclass
+class DoctorReport:
+    findings: list[Finding]
+    nodes: list[str]
+    elapsed_s: float = 0.0
+    round_trips: int = 0  # commands run per node
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.errors
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "findings": [f.to_dict() for f in self.findings],
+            "nodes": self.nodes,
+            "errors": len(self.errors),
+            "warnings": sum(f.severity == "warning" for f in self.findings),
+            "healthy": self.healthy,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "round_trips_per_node": self.round_trips,
+            "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
+        }
+
+
+def connection_finding(node: Node, exc: ProvisionerError) -> Finding:
+    kind = getattr(exc, "kind", "remote")
+    check = _CONNECT_CHECK.get(kind, "ssh.connect" if kind != "command-timeout" else "doctor.facts")
+    return error(
+        check,
+        node.name,
+        exc.message,
+        f"{kind}: {node.ssh.user}@{node.address}:{node.ssh.port}",
+        exc.fix or "",
+    )
+
+
+def node_findings(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
+    """Every single-node check (pure)."""
+    findings = [
+        *check_sudo(node, facts),
+        *check_docker(node, facts),
+        *check_shells(node, facts, plan),
+        *check_image(node, facts, plan),
+        *check_ports(node, facts, plan),
+        *check_stale_ray(node, facts),
+        *check_address(node, facts),
+        *check_resources(node, facts, plan),
+        *check_clock(facts),
+        *check_tools(node, facts, plan),
+    ]
+    if not facts.complete:
+        findings.append(
+            warning(
+                "doctor.facts",
+                node.name,
+                "the fact-gathering script stopped early; some checks lack data",
+                "",
+                "run the doctor again; if it persists, check the node's shell",
+            )
+        )
+    return findings
+
+
+def read_pin_facts(inventory: Inventory) -> tuple[PinFacts | None, list[Finding]]:
+    if inventory.image_lock is None:
+        return None, []
+    from provisioner.image.lock import read_pin
+
+    try:
+        pin = read_pin(inventory.image_lock)
+    except InputError as exc:
+        return None, [
+            warning(
+                "image.present",
+                "local",
+                f"the image pin {inventory.image_lock} cannot be read: {exc.message}",
+                "",
+                exc.fix or "",
+            )
+        ]
+    arch = str(pin.extra.get("architecture", "")) if pin.extra else ""
+    return PinFacts(pin.image_id, pin.versions.python, pin.versions.ray, arch), []
+
+
+def run_doctor(
+    inventory: Inventory,
+    *,
+    report: Reporter = quiet,
+    ray_up: bool = False,
+    reachability: bool = True,
+    parallelism: int = 32,
+) -> DoctorReport:
+    """Diagnose every node; never raises for a node's failure (it becomes a finding)."""
+    started = time.monotonic()
+    pin, findings = read_pin_facts(inventory)
+    plan = plan_for(inventory, pin, ray_up=ray_up)
+    timings: dict[str, float] = {}
+    with Pool(inventory) as pool:
+        report(f"gathering facts from {len(inventory.nodes)} node(s)")
+        group = gather_facts(
+            pool,
+            inventory,
+            pin.image_id if pin else "",
+            reachability=reachability,
+            parallelism=parallelism,
+        )
+        timings["facts"] = time.monotonic() - started
+        rounds = 1
+        for node in inventory.nodes:
+            if node.name in group.errors:
+                findings.append(connection_finding(node, group.errors[node.name]))
+            else:
+                findings += node_findings(node, group.results[node.name], plan)
+        findings += check_versions(group.results, plan)
+        if reachability:
+            bound = {name: f.bound_ports for name, f in group.results.items() if f.listener_pid}
+            probes = probe_plan(list(inventory.nodes), inventory.ports, bound)
+            report(f"probing Ray's ports between {len(bound)} node(s)")
+            t0 = time.monotonic()
+            outcomes, probe_group = run_probes(pool, inventory, probes, parallelism=parallelism)
+            addresses = {n.name: n.address for n in inventory.nodes}
+            findings += judge_probes(outcomes, addresses)
+            for name, exc in probe_group.errors.items():
+                findings.append(
+                    warning(
+                        "net.reachability",
+                        name,
+                        f"probes from this node did not run: {exc.message}",
+                        "",
+                        exc.fix or "",
+                    )
+                )
+            if outcomes and not any(
+                f.check == "net.reachability" and f.severity == "error" for f in findings
+            ):
+                findings.append(
+                    Finding(
+                        "net.reachability",
+                        "ok",
+                        "cluster",
+                        f"{len(outcomes)} probes between {len(bound)} nodes all connected",
+                    )
+                )
+            stop_listeners(pool, inventory, group.results, parallelism=parallelism)
+            timings["probes"] = time.monotonic() - t0
+            rounds = 3
+    hosts = ["local", *(n.name for n in inventory.nodes), "cluster"]
+    return DoctorReport(
+        findings=ordered(findings, hosts),
+        nodes=[n.name for n in inventory.nodes],
+        elapsed_s=time.monotonic() - started,
+        round_trips=rounds,
+        timings=timings,
+    )
+
+
+__all__ = ["CATALOGUE", "DoctorReport", "run_doctor"]

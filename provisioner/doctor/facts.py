@@ -1,0 +1,240 @@
+"""A node's facts: the output of facts.sh, parsed into plain data (no judging here)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_SECTION = re.compile(r"^@@([a-z_]+)$")
+_SS_PROCESS = re.compile(r'\("([^"]+)",pid=(\d+)')
+
+
+@dataclass(frozen=True)
+class Shell:
+    """Python and Ray as one kind of shell sees them."""
+
+    path: str = ""
+    python3: str | None = None  # path
+    python3_version: str | None = None
+    ray: str | None = None  # path of the `ray` executable
+    ray_version: str | None = None
+    ray_python: str | None = None  # Python version of the interpreter `ray` runs with
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A listening TCP socket and, when known, its process."""
+
+    address: str
+    port: int
+    process: str = ""
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class Disk:
+    path: str
+    total_kb: int
+    free_kb: int
+
+
+@dataclass(frozen=True)
+class Container:
+    name: str
+    image: str
+    state: str
+    cluster_label: str
+
+
+@dataclass
+class NodeFacts:
+    """What one node told us in one round trip."""
+
+    host: str
+    clock: float | None = None
+    clock_uncertainty: float = 0.0
+    sent_at: float = 0.0
+    received_at: float = 0.0
+    user: str = ""
+    groups: tuple[str, ...] = ()
+    hostname: str = ""
+    hostname_addresses: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()
+    route_source: str | None = None
+    arch: str = ""
+    cpus: int = 0
+    mem_total_kb: int = 0
+    mem_available_kb: int = 0
+    shm_kb: int | None = None
+    sudo: str = ""
+    docker: str = ""
+    docker_ok: bool = False
+    docker_sudo: str = ""
+    docker_sudo_ok: bool = False
+    docker_socket: str = ""
+    docker_root: str = ""
+    disks: tuple[Disk, ...] = ()
+    containers: tuple[Container, ...] = ()
+    image: str = ""  # "ID os/arch" of the pinned image, or empty
+    plain: Shell = field(default_factory=Shell)
+    login: Shell = field(default_factory=Shell)
+    listening: tuple[Listener, ...] = ()
+    ray_processes: tuple[str, ...] = ()
+    ray_session: str = ""
+    rsync: str = ""
+    listener_pid: int | None = None
+    bound_ports: tuple[int, ...] = ()
+    complete: bool = False  # the script ran to its end
+
+
+def split_sections(text: str) -> dict[str, str]:
+    """'@@name' headed sections -> {name: body}."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        match = _SECTION.match(line)
+        if match:
+            current = sections.setdefault(match.group(1), [])
+        elif current is not None:
+            current.append(line)
+    return {name: "\n".join(lines).strip() for name, lines in sections.items()}
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _int(text: str, default: int = 0) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        return default
+
+
+def parse_shell(text: str) -> Shell:
+    values: dict[str, str] = {}
+    for line in _lines(text):
+        if line.startswith("%%") and "=" in line:
+            key, _, value = line[2:].partition("=")
+            values[key] = value.strip()
+    python3, _, version = values.get("python3", "").partition(" ")
+    return Shell(
+        path=values.get("path", ""),
+        python3=python3 or None,
+        python3_version=version or None,
+        ray=values.get("ray") or None,
+        ray_version=values.get("ray_version") or None,
+        ray_python=values.get("ray_python") or None,
+    )
+
+
+def parse_listening(text: str) -> tuple[Listener, ...]:
+    """`ss -Htlnp` columns 4 and 6: 'ADDR:PORT users:(("name",pid=N,fd=M))'."""
+    found = []
+    for line in _lines(text):
+        local, _, users = line.partition(" ")
+        address, _, port = local.rpartition(":")
+        if not port.isdigit():
+            continue
+        match = _SS_PROCESS.search(users)
+        process, pid = (match.group(1), int(match.group(2))) if match else ("", None)
+        found.append(Listener(address.strip("[]"), int(port), process, pid))
+    return tuple(found)
+
+
+def _docker(text: str) -> tuple[str, bool]:
+    lines = _lines(text)
+    rc = next((line[3:] for line in lines if line.startswith("rc=")), "")
+    body = "\n".join(line for line in lines if not line.startswith("rc="))
+    return body, rc == "0"
+
+
+def _disks(text: str) -> tuple[Disk, ...]:
+    disks = []
+    for line in _lines(text):
+        words = line.split()
+        if len(words) >= 5 and words[2].isdigit() and words[4].isdigit():
+            disks.append(Disk(words[0], int(words[2]), int(words[4])))
+    return tuple(disks)
+
+
+def _containers(text: str) -> tuple[Container, ...]:
+    found = []
+    for line in _lines(text):
+        parts = [*line.split("\t"), "", "", ""][:4]
+        found.append(Container(*parts))
+    return tuple(found)
+
+
+def _memory(text: str) -> dict[str, int]:
+    values = {}
+    for line in _lines(text):
+        key, _, rest = line.partition(":")
+        values[key] = _int(rest.split()[0]) if rest.split() else 0
+    return values
+
+
+def _listener(text: str) -> tuple[int | None, tuple[int, ...]]:
+    pid, bound = None, []
+    for line in _lines(text):
+        words = line.split()
+        if words[0] == "pid" and len(words) > 1:
+            pid = _int(words[1])
+        elif words[0] == "bound" and len(words) > 1:
+            bound.append(_int(words[1]))
+    return pid, tuple(bound)
+
+
+def _route_source(text: str) -> str | None:
+    words = text.split()
+    return words[words.index("src") + 1] if "src" in words[:-1] else None
+
+
+def parse_facts(host: str, text: str, sent_at: float = 0.0, received_at: float = 0.0) -> NodeFacts:
+    """Parse facts.sh's output. `sent_at`/`received_at`: when the command went out and its
+    first output came back (time.time()), to bound the node's clock offset."""
+    s = split_sections(text)
+    user_lines = _lines(s.get("user", ""))
+    memory = _memory(s.get("memory", ""))
+    shm_words = s.get("shm", "").split()
+    docker, docker_ok = _docker(s.get("docker", ""))
+    docker_sudo, docker_sudo_ok = _docker(s.get("docker_sudo", ""))
+    clock_text = s.get("clock", "")
+    pid, bound = _listener(s.get("listener", ""))
+    return NodeFacts(
+        host=host,
+        clock=float(clock_text) if re.fullmatch(r"\d+(\.\d+)?", clock_text) else None,
+        clock_uncertainty=max(0.0, (received_at - sent_at) / 2),
+        sent_at=sent_at,
+        received_at=received_at,
+        user=user_lines[0] if user_lines else "",
+        groups=tuple(user_lines[1].split()) if len(user_lines) > 1 else (),
+        hostname=s.get("hostname", ""),
+        hostname_addresses=tuple(_lines(s.get("hostname_addresses", ""))),
+        addresses=tuple(a.split("/")[0] for a in _lines(s.get("addresses", ""))),
+        route_source=_route_source(s.get("route", "")),
+        arch=s.get("arch", ""),
+        cpus=_int(s.get("cpus", "")),
+        mem_total_kb=memory.get("MemTotal", 0),
+        mem_available_kb=memory.get("MemAvailable", 0),
+        shm_kb=_int(shm_words[1]) if len(shm_words) > 1 else None,
+        sudo=s.get("sudo", ""),
+        docker=docker,
+        docker_ok=docker_ok,
+        docker_sudo=docker_sudo,
+        docker_sudo_ok=docker_sudo_ok,
+        docker_socket=s.get("docker_socket", ""),
+        docker_root=s.get("docker_root", ""),
+        disks=_disks(s.get("disk", "")),
+        containers=_containers(s.get("containers", "")),
+        image=s.get("image", ""),
+        plain=parse_shell(s.get("shell_plain", "")),
+        login=parse_shell(s.get("shell_login", "")),
+        listening=parse_listening(s.get("listening", "")),
+        ray_processes=tuple(_lines(s.get("ray_processes", ""))),
+        ray_session=s.get("ray_session", ""),
+        rsync=s.get("rsync", ""),
+        listener_pid=pid,
+        bound_ports=bound,
+        complete="end" in s,
+    )

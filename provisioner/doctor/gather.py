@@ -1,0 +1,96 @@
+"""The remote side of the doctor: three short rounds per node, whatever the number of checks.
+
+Round 1: facts.sh (all facts, then a temporary listener on Ray's ports).
+Round 2: probe.sh (TCP connections to the other nodes' listeners).
+Round 3: stop the listener.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from provisioner.doctor.facts import NodeFacts, parse_facts
+from provisioner.doctor.ports import Probe, listen_ports, parse_probe_output
+from provisioner.inventory import Inventory, Node
+from provisioner.remote import GroupResult, Pool, fan_out
+from provisioner.remote.commands import command, script
+
+FACTS_TIMEOUT_S = 60.0
+PROBE_CONNECT_S = 3.0
+LISTEN_SECONDS = 120  # the listener's own end, should round 3 never come
+
+
+def _script(name: str) -> bytes:
+    return resources.files("provisioner.doctor").joinpath(name).read_bytes()
+
+
+def _deadline(inventory: Inventory, command_timeout: float) -> float:
+    slowest = max(node.ssh.connect_timeout for node in inventory.nodes)
+    return slowest * 3 + command_timeout + 5  # TCP, banner, auth; then the command
+
+
+def gather_facts(
+    pool: Pool, inventory: Inventory, image_ref: str, *, reachability: bool, parallelism: int
+) -> GroupResult[NodeFacts]:
+    """Round 1 on every node at once."""
+    text = _script("facts.sh")
+
+    def one(node: Node) -> NodeFacts:
+        ports = (
+            ",".join(str(p) for p in listen_ports(node, inventory.ports)) if reachability else ""
+        )
+        args: list[str | int] = [
+            inventory.head.address,
+            node.address,
+            image_ref,
+            ports,
+            LISTEN_SECONDS,
+        ]
+        result = pool.session(node).run(script("bash", args), timeout=FACTS_TIMEOUT_S, stdin=text)
+        return parse_facts(
+            node.name, result.stdout, result.started, result.first_byte or result.finished
+        )
+
+    return fan_out(
+        inventory.nodes,
+        one,
+        parallelism=parallelism,
+        deadline=_deadline(inventory, FACTS_TIMEOUT_S),
+    )
+
+
+def run_probes(
+    pool: Pool, inventory: Inventory, plan: dict[str, list[Probe]], *, parallelism: int
+) -> tuple[dict[Probe, str], GroupResult[dict[Probe, str]]]:
+    """Round 2: each node tries its probes; probe -> ok|refused|timeout|error|missing."""
+    text = _script("probe.sh")
+    nodes = [node for node in inventory.nodes if plan.get(node.name)]
+
+    def one(node: Node) -> dict[Probe, str]:
+        probes = plan[node.name]
+        args: list[str | int] = [str(PROBE_CONNECT_S), *(f"{p.address}:{p.port}" for p in probes)]
+        result = pool.session(node).run(
+            script("bash", args), timeout=PROBE_CONNECT_S + 20, stdin=text
+        )
+        return parse_probe_output(node.name, probes, result.stdout)
+
+    group = fan_out(
+        nodes, one, parallelism=parallelism, deadline=_deadline(inventory, PROBE_CONNECT_S + 20)
+    )
+    outcomes: dict[Probe, str] = {}
+    for value in group.results.values():
+        outcomes.update(value)
+    return outcomes, group
+
+
+def stop_listeners(
+    pool: Pool, inventory: Inventory, facts: dict[str, NodeFacts], *, parallelism: int
+) -> None:
+    """Round 3: end the temporary listeners (they also end by themselves)."""
+    nodes = [n for n in inventory.nodes if n.name in facts and facts[n.name].listener_pid]
+
+    def one(node: Node) -> None:
+        pid = facts[node.name].listener_pid
+        pool.session(node).run(command("kill", str(pid)), timeout=10)
+
+    fan_out(nodes, one, parallelism=parallelism, deadline=_deadline(inventory, 10))
