@@ -23,6 +23,7 @@ if __name__ == "__main__":
     p = rlrun.parser(__doc__ or "", target_return=1e9, max_env_steps=50_000)
     p.add_argument("--cells", type=int, default=4)
     p.add_argument("--users", type=int, default=4)
-    p.set_defaults(lr=1e-3)
+    # Serving decisions do not change where users go next: credit a short horizon only.
+    p.set_defaults(lr=1e-3, gamma=0.5)
     p.add_argument("--horizon", type=int, default=50)
     rlrun.run(p.parse_args(), config)

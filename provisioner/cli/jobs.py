@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -30,7 +30,7 @@ AddressOption = Annotated[
     str | None,
     typer.Option(
         "--address",
-        help="A dashboard URL already reachable (e.g. from `provisioner tunnel`); no tunnel opened.",
+        help="A dashboard URL already reachable (e.g. `provisioner tunnel`); opens no tunnel.",
     ),
 ]
 TokenOption = Annotated[
@@ -105,7 +105,7 @@ def submit_cmd(
         raise typer.Exit(1)
 
 
-def _echo(out: Output) -> typer.models.Any:
+def _echo(out: Output) -> Callable[[str], None]:
     def line(text: str) -> None:
         out.out.print(escape(text), markup=True, highlight=False)
 

@@ -42,7 +42,7 @@ def test_missing_or_non_python_playbook_is_bad_input(tmp_path: Path) -> None:
         make_spec(tmp_path / "nope.py")
     other = tmp_path / "x.sh"
     other.write_text("")
-    with pytest.raises(InputError, match="not a .py file"):
+    with pytest.raises(InputError, match=r"not a \.py file"):
         make_spec(other)
 
 
