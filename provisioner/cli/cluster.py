@@ -9,14 +9,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from provisioner.cli.common import InventoryOption, JsonOption, output
+from provisioner.cli.doctor import render as render_findings
 from provisioner.cluster import down as down_mod
 from provisioner.cluster import render as render_mod
 from provisioner.cluster import status as status_mod
 from provisioner.cluster import token
 from provisioner.cluster import up as up_mod
+from provisioner.cluster.preflight import DoctorStopped
 from provisioner.cluster.tunnel import TENSORBOARD_PORT, tunnel
 from provisioner.console import Output
 from provisioner.errors import InputError
@@ -79,16 +82,39 @@ def render(
     out.progress(f"wrote {out_file}; next: ray up -y {out_file}")
 
 
-def up(inventory: InventoryOption, force: ForceOption = False, json_: JsonOption = False) -> None:
-    """Start the cluster: head, then workers in parallel; wait until all joined; probe."""
-    del force  # the doctor runs here once it lands (see the issue note)
+def up(
+    inventory: InventoryOption,
+    force: ForceOption = False,
+    no_doctor: Annotated[
+        bool, typer.Option("--no-doctor", help="Skip the doctor (it runs first by default).")
+    ] = False,
+    join_timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds to wait for every node to join.", min=1)
+    ] = 120,
+    json_: JsonOption = False,
+) -> None:
+    """Doctor, push the pin, start the head then the workers, wait until all joined, probe."""
     out = output(json_)
     inv = load_inventory(inventory)
     pin = _pin(inv)
-    with Pool(inv) as pool:
-        result = up_mod.bring_up(
-            pool, inv, pin.image_id, image_id=pin.image_id, report=out.progress
-        )
+    try:
+        with Pool(inv) as pool:
+            result = up_mod.up(
+                pool,
+                inv,
+                pin,
+                force=force,
+                doctor=not no_doctor,
+                join_timeout=join_timeout,
+                report=out.progress,
+            )
+    except DoctorStopped as stopped:
+        if json_:
+            out.emit({"stopped_by": "doctor", "doctor": stopped.preflight.to_json()})
+        else:
+            render_findings(out, stopped.preflight.report, show_ok=False)
+            out.err.print(f"[bold red]up stopped:[/bold red] {escape(stopped.fix or '')}")
+        raise typer.Exit(1) from None
     if json_:
         out.emit(result.to_json())
         return

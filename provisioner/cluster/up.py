@@ -11,10 +11,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner.cluster import commands, headprobe, layout, status, token
+from provisioner.cluster import commands, headprobe, layout, preflight, status, token
 from provisioner.cluster.status import ClusterStatus, ContainerFacts
 from provisioner.console import Reporter, quiet
 from provisioner.errors import OperationError, ProvisionerError
+from provisioner.image.lock import Pin
+from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, Session, fan_out
 
@@ -27,6 +29,9 @@ class UpResult:
     placement: list[dict[str, Any]] = field(default_factory=list)
     totals: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    doctor: preflight.Preflight | None = None
+    push: PushReport | None = None
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -40,7 +45,10 @@ class UpResult:
             "placement": self.placement,
             "totals": self.totals,
             "seconds": round(self.seconds, 1),
+            "timings_s": {k: round(v, 2) for k, v in self.timings.items()},
             "status": self.status.to_json() if self.status else None,
+            "doctor": self.doctor.to_json() if self.doctor else None,
+            "push": self.push.to_json() if self.push else None,
         }
 
 
@@ -150,6 +158,44 @@ def not_joined_report(pool: Pool, inventory: Inventory, missing: list[Node]) -> 
     return "\n".join(parts)
 
 
+def up(
+    pool: Pool,
+    inventory: Inventory,
+    pin: Pin,
+    *,
+    force: bool = False,
+    doctor: bool = True,
+    join_timeout: float = 120,
+    report: Reporter = quiet,
+) -> UpResult:
+    """The whole `up`: doctor (stop on errors unless forced), push the pin, then bring_up."""
+    t0 = time.monotonic()
+    result = UpResult()
+    if doctor:
+        facts, _ = status.container_facts(pool, inventory)
+        own = {name for name, f in facts.items() if f.status != "absent"}
+        report(f"doctor: checking {len(inventory.nodes)} node(s)")
+        result.doctor = preflight.check(inventory, own, force=force, report=report)
+        result.timings["doctor"] = time.monotonic() - t0
+    t1 = time.monotonic()
+    report(f"image: making every node hold {pin.short_id()}")
+    result.push = push_image(inventory, pin, PushOptions(), report, pool=pool)
+    result.timings["push"] = time.monotonic() - t1
+    if result.push.errors:
+        _raise_first(dict(result.push.errors), "could not push the pinned image")
+    bring_up(
+        pool,
+        inventory,
+        pin.image_id,
+        image_id=pin.image_id,
+        join_timeout=join_timeout,
+        report=report,
+        result=result,
+    )
+    result.seconds = time.monotonic() - t0
+    return result
+
+
 def bring_up(
     pool: Pool,
     inventory: Inventory,
@@ -159,10 +205,11 @@ def bring_up(
     join_timeout: float = 120,
     probe: bool = True,
     report: Reporter = quiet,
+    result: UpResult | None = None,
 ) -> UpResult:
     """Start what is missing, wait until every node joined, run the placement probe."""
     t0 = time.monotonic()
-    result = UpResult()
+    result = result if result is not None else UpResult()
     install_token(pool, inventory)
     before = status.gather(pool, inventory, image_id=image_id, report=report)
     head = inventory.head
@@ -219,5 +266,6 @@ def bring_up(
             )
     result.totals = totals(nodes)
     result.status = status.gather(pool, inventory, image_id=image_id)
+    result.timings["start"] = time.monotonic() - t0
     result.seconds = time.monotonic() - t0
     return result
