@@ -9,12 +9,13 @@ is retried from the start on a fresh connection; the other nodes carry on.
 
 from __future__ import annotations
 
-import io
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError, RemoteError
@@ -28,7 +29,7 @@ from provisioner.image.plan import (
 )
 from provisioner.image.savestream import CHUNK, filter_save
 from provisioner.inventory import Inventory, Node
-from provisioner.lab.engine import client
+from provisioner.lab.engine import need
 from provisioner.remote import Pool, Session, fan_out
 
 RETRYABLE = frozenset({"connection-lost", "load-failed", "command-timeout"})
@@ -101,32 +102,24 @@ class PushReport:
         }
 
 
-class _IterReader(io.RawIOBase):
-    """A readable file over an iterator of byte chunks (the docker SDK's save stream)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._rest = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._rest:
-            try:
-                self._rest = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(buffer), len(self._rest))
-        buffer[:n] = self._rest[:n]
-        self._rest = self._rest[n:]
-        return n
-
-
-def save_stream(image_id: str) -> io.BufferedReader:
-    """`docker save IMAGE_ID` from the local engine, as a file."""
-    chunks = client().api.get_image(image_id, chunk_size=CHUNK)
-    return io.BufferedReader(_IterReader(iter(chunks)), buffer_size=CHUNK)
+@contextmanager
+def save_stream(image_id: str) -> Iterator[IO[bytes]]:
+    """`docker save IMAGE_ID` from the local engine, as a file; the process ends with the
+    block, even when the stream is abandoned half-way."""
+    proc = subprocess.Popen(
+        [need("docker", "docker.io"), "save", image_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        bufsize=CHUNK,
+    )
+    assert proc.stdout is not None
+    try:
+        yield proc.stdout
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+        proc.wait()
 
 
 class _Guarded:

@@ -1,0 +1,117 @@
+"""Benchmark `provisioner image push` (a script, not a timed test).
+
+Measures, on the nodes of an inventory (the lab's by default):
+1. push throughput to one node, side by side with
+   `docker save IMAGE | ssh NODE docker load` through OpenSSH on the same image;
+2. the re-push time (the node already holds the pin);
+3. bytes sent from this machine for all nodes, with and without relay mode.
+Each step first removes the pinned image from the nodes it measures, so every figure is
+of a full transfer. Prints one JSON document (and writes it with --out).
+
+    .venv/bin/python scripts/bench_push.py -i ~/.local/state/provisioner/lab-img/inventory.yaml \
+        --lock images/image.lock.json [--node NAME] [--skip-fanout] [--out bench-results/push.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from provisioner.console import quiet
+from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
+from provisioner.image.push import PushOptions, push_image
+from provisioner.inventory import Inventory, Node, load_inventory
+from provisioner.remote import Pool
+
+
+def remove_pin(inv: Inventory, nodes: list[Node], pin: Pin) -> None:
+    """Remove the pinned image and the cluster tag from the nodes (containers using it stay)."""
+    with Pool(inv) as pool:
+        for node in nodes:
+            pool.session(node).run(
+                f"docker image rm -f {shlex.quote(CLUSTER_TAG)} {shlex.quote(pin.image_id)} "
+                ">/dev/null 2>&1; true",
+                timeout=120,
+            )
+
+
+def openssh_baseline(node: Node, pin: Pin) -> float:
+    """Seconds for `docker save IMAGE | ssh NODE docker load` through OpenSSH."""
+    ssh = [
+        "ssh",
+        "-p",
+        str(node.ssh.port),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=yes",
+    ]
+    if node.ssh.key:
+        ssh += ["-i", str(node.ssh.key), "-o", "IdentitiesOnly=yes"]
+    for kh in node.ssh.known_hosts:
+        ssh += ["-o", f"UserKnownHostsFile={kh}"]
+    ssh += [f"{node.ssh.user}@{node.address}", "docker load"]
+    pipeline = f"set -o pipefail; docker save {shlex.quote(pin.image_id)} | {shlex.join(ssh)}"
+    t0 = time.monotonic()
+    subprocess.run(["bash", "-c", pipeline], check=True, capture_output=True)
+    return time.monotonic() - t0
+
+
+def one_node(inv: Inventory, node: Node) -> Inventory:
+    return replace(inv, head=replace(node, role="head"), workers=())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("-i", "--inventory", type=Path, required=True)
+    parser.add_argument("--lock", type=Path, default=None)
+    parser.add_argument("--node", default=None, help="node for the one-node figures")
+    parser.add_argument("--skip-fanout", action="store_true", help="only the one-node figures")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    inv = load_inventory(args.inventory)
+    pin = read_pin(args.lock or inv.image_lock or Path("images/image.lock.json"))
+    node = inv.node(args.node) if args.node else (inv.workers or (inv.head,))[0]
+    single = one_node(inv, node)
+    results: dict[str, Any] = {"image_id": pin.image_id, "image_bytes": pin.size, "node": node.name}
+
+    remove_pin(inv, [node], pin)
+    results["openssh_seconds"] = round(openssh_baseline(node, pin), 1)
+    remove_pin(inv, [node], pin)
+    report = push_image(single, pin, PushOptions(), quiet)
+    assert report.ok, report.errors
+    sent = report.nodes[node.name]
+    results["push_seconds"] = round(sent.seconds, 1)
+    results["push_bytes"] = sent.bytes_sent
+    results["push_vs_openssh"] = round(results["openssh_seconds"] / sent.seconds, 2)
+    again = push_image(single, pin, PushOptions(), quiet)
+    results["repush_seconds"] = round(again.seconds, 2)
+    results["repush_bytes"] = again.control_bytes
+
+    if not args.skip_fanout:
+        for relay in (False, True):
+            remove_pin(inv, list(inv.nodes), pin)
+            report = push_image(inv, pin, PushOptions(relay=relay), quiet)
+            assert report.ok, report.errors
+            key = "relay" if relay else "direct"
+            results[f"{key}_nodes"] = len(inv.nodes)
+            results[f"{key}_control_bytes"] = report.control_bytes
+            results[f"{key}_seconds"] = round(report.seconds, 1)
+
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

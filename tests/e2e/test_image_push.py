@@ -1,0 +1,199 @@
+"""End to end: the pinned image pushed over SSH to the lab's real sshd and dockerd.
+
+The tests run in file order and share the lab: a node first holds an older image that
+shares the base layers, then one push reaches all three nodes (a full image to two, only
+the missing layers to the third), then re-push, re-tag, an interrupted push and relay
+mode. Every test leaves each node holding the pin under the cluster tag, as the cluster
+tests expect.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from provisioner.image.build import BuildOptions, build_image
+from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
+from provisioner.image.push import PushOptions, PushReport, push_image
+from provisioner.inventory import Inventory, Node, load_inventory
+from provisioner.lab.engine import client, exec_rc
+from provisioner.lab.images import ensure_base_image
+from provisioner.lab.nodes import LabInfo
+
+IMAGES = Path(__file__).resolve().parents[2] / "images"
+OLDER_TAG = "provisioner/ray:torch-stage"
+
+
+def build_opts(tmp: Path) -> BuildOptions:
+    return BuildOptions(
+        images_dir=IMAGES,
+        wheelhouse=IMAGES / ".wheelhouse",
+        lock_path=tmp / "image.lock.json",
+        base=ensure_base_image(print),
+    )
+
+
+@pytest.fixture(scope="module")
+def pin(tmp_path_factory: pytest.TempPathFactory) -> Pin:
+    """The image built from images/ (from the build cache when it was built before)."""
+    result = build_image(build_opts(tmp_path_factory.mktemp("pin")), print)
+    assert result.pin is not None and result.lock_path is not None
+    assert read_pin(result.lock_path) == result.pin
+    return result.pin
+
+
+@pytest.fixture(scope="module")
+def older(pin: Pin, tmp_path_factory: pytest.TempPathFactory) -> Pin:
+    """An older image: the same Dockerfile stopped after the torch layer (base layers shared)."""
+    opts = replace(build_opts(tmp_path_factory.mktemp("older")), target="torch", tag=OLDER_TAG)
+    image_id = build_image(opts, print).image_id
+    layers = tuple(client().api.inspect_image(image_id)["RootFS"]["Layers"])
+    assert layers == pin.layers[: len(layers)] and len(layers) < len(pin.layers)
+    return replace(
+        pin,
+        image_id=image_id,
+        layers=layers,
+        layer_sizes=pin.layer_sizes[: len(layers)] if pin.layer_sizes else None,
+    )
+
+
+@pytest.fixture(scope="module")
+def inventory(lab: LabInfo) -> Inventory:
+    return load_inventory(lab.inventory)
+
+
+def only(inv: Inventory, node: Node) -> Inventory:
+    return replace(inv, head=replace(node, role="head"), workers=())
+
+
+def on_node(node: Node, script: str) -> tuple[int, str]:
+    return exec_rc(node.name, script, timeout=120)
+
+
+def image_on(node: Node, ref: str) -> str:
+    rc, out = on_node(node, f"docker image inspect --format '{{{{.Id}}}}' {ref}")
+    return out.strip() if rc == 0 else ""
+
+
+def wipe(node: Node) -> None:
+    """Remove every container and image from the node's Docker (the lab's, made by tests)."""
+    rc, out = on_node(
+        node,
+        "docker ps -aq | xargs -r docker rm -f >/dev/null; "
+        "docker image ls -aq | sort -u | xargs -r docker image rm -f >/dev/null; "
+        "docker image ls -aq | wc -l",
+    )
+    assert rc == 0 and out.strip() == "0", out
+
+
+def assert_ok(report: PushReport) -> None:
+    assert report.ok, {h: str(e) for h, e in report.errors.items()}
+
+
+def test_push_reaches_every_node_sending_only_missing_layers(
+    inventory: Inventory, pin: Pin, older: Pin
+) -> None:
+    for node in inventory.nodes:
+        wipe(node)
+    third = inventory.workers[-1]
+    first = push_image(only(inventory, third), older, PushOptions(tag=OLDER_TAG), print)
+    assert_ok(first)
+    assert image_on(third, OLDER_TAG) == older.image_id
+
+    report = push_image(inventory, pin, PushOptions(), print)
+
+    assert_ok(report)
+    for node in inventory.nodes:
+        assert image_on(node, CLUSTER_TAG) == pin.image_id
+        assert image_on(node, pin.image_id) == pin.image_id
+    full = report.nodes[inventory.head.name]
+    partial = report.nodes[third.name]
+    assert full.layers_sent == len(pin.layers) and full.bytes_sent > 0.9 * pin.size
+    assert partial.layers_sent == len(pin.layers) - len(older.layers)
+    assert partial.bytes_sent < 0.7 * full.bytes_sent  # well under the full image
+    assert partial.bytes_omitted > 0.9 * older.size - 1e8
+    print(f"full {full.bytes_sent} bytes, partial {partial.bytes_sent} bytes")
+
+
+def test_a_second_push_sends_no_image_bytes(inventory: Inventory, pin: Pin) -> None:
+    report = push_image(inventory, pin, PushOptions(), print)
+    assert_ok(report)
+    assert report.control_bytes == 0
+    assert {n.action for n in report.nodes.values()} == {"none"}
+    assert report.seconds < 30
+
+
+def test_a_different_image_under_the_cluster_tag_is_corrected(
+    inventory: Inventory, pin: Pin
+) -> None:
+    node = inventory.workers[0]
+    rc, out = on_node(
+        node,
+        f"printf 'FROM {pin.image_id}\\nLABEL wrong=yes\\n' | docker build -q -t {CLUSTER_TAG} -",
+    )
+    assert rc == 0, out
+    assert image_on(node, CLUSTER_TAG) not in ("", pin.image_id)
+
+    report = push_image(inventory, pin, PushOptions(), print)
+
+    assert_ok(report)
+    assert report.nodes[node.name].action == "tag"
+    assert report.control_bytes == 0
+    assert image_on(node, CLUSTER_TAG) == pin.image_id
+
+
+def test_an_interrupted_push_leaves_no_tagged_partial_image_and_a_rerun_completes(
+    inventory: Inventory, pin: Pin
+) -> None:
+    node = inventory.workers[0]
+    wipe(node)
+    lines: list[str] = []
+    result: list[PushReport] = []
+    worker = threading.Thread(
+        target=lambda: result.append(
+            push_image(only(inventory, node), pin, PushOptions(retries=0), lines.append)
+        )
+    )
+    worker.start()
+    deadline = time.monotonic() + 120
+    while not any("MB sent" in line for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # kill the transfer: the node's `docker load` that this push started, by its PID
+    rc, out = on_node(node, "pids=$(pgrep -f '^docker load$'); [ -n \"$pids\" ] && kill $pids")
+    assert rc == 0, out
+    worker.join(300)
+
+    interrupted = result[0]
+    assert node.name in interrupted.errors, lines[-5:]
+    assert image_on(node, pin.image_id) == ""
+    assert image_on(node, CLUSTER_TAG) == ""
+
+    rerun = push_image(inventory, pin, PushOptions(), print)
+    assert_ok(rerun)
+    assert rerun.nodes[node.name].action == "send"
+    assert image_on(node, CLUSTER_TAG) == pin.image_id
+
+
+def test_relay_sends_about_one_image_from_the_control_machine(
+    inventory: Inventory, pin: Pin
+) -> None:
+    for node in inventory.nodes:
+        wipe(node)
+
+    report = push_image(inventory, pin, PushOptions(relay=True), print)
+
+    assert_ok(report)
+    for node in inventory.nodes:
+        assert image_on(node, CLUSTER_TAG) == pin.image_id
+    assert report.nodes[inventory.head.name].via == "control"
+    assert all(report.nodes[w.name].via == inventory.head.name for w in inventory.workers)
+    assert pin.size * 0.9 < report.control_bytes < pin.size * 1.1
+    for node in inventory.workers:  # the temporary key is gone again
+        _, out = on_node(
+            node, f"grep -c provisioner-relay /home/{node.ssh.user}/.ssh/authorized_keys || true"
+        )
+        assert out.strip() == "0", out
