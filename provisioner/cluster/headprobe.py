@@ -40,15 +40,30 @@ def gcs_nodes(
 
 
 def placement(
-    session: Session, inventory: Inventory, *, timeout: float = 60
+    session: Session,
+    inventory: Inventory,
+    node_ids: list[str],
+    *,
+    timeout: float = 60,
 ) -> list[dict[str, Any]]:
-    """One task pinned to each alive node: [{"ip", "ok", "ran_on"|"error"}]."""
+    """One task pinned to each of `node_ids`: [{"ip", "ok", "ran_on"|"error"}]."""
     address = commands.head_address(inventory)
-    args = ["place", address, str(timeout)]
+    args = ["place", address, str(timeout), ",".join(node_ids)]
     found: list[dict[str, Any]] = _run(session, inventory, args, timeout + 30)["placement"]
     return found
 
 
-def alive_addresses(nodes: list[dict[str, Any]]) -> set[str]:
-    """Addresses of the nodes the GCS lists as alive."""
-    return {n["ip"] for n in nodes if n.get("alive")}
+def alive_addresses(nodes: list[dict[str, Any]], stale: frozenset[str] = frozenset()) -> set[str]:
+    """Addresses of the nodes the GCS lists as alive (leaving out the node IDs in `stale`)."""
+    return set(fresh_nodes(nodes, stale))
+
+
+def fresh_nodes(
+    nodes: list[dict[str, Any]], stale: frozenset[str] = frozenset()
+) -> dict[str, dict[str, Any]]:
+    """Pure: address -> the alive node there, leaving out node IDs in `stale`.
+
+    A raylet killed with its container stays "alive" in the GCS until its health checks
+    fail (tens of seconds); its replacement registers under a new node ID meanwhile.
+    """
+    return {n["ip"]: n for n in nodes if n.get("alive") and n.get("node_id") not in stale}

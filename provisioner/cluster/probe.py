@@ -1,7 +1,7 @@
 """Runs INSIDE the head's Ray container (sent on stdin to `python -`); not imported locally.
 
 `python - nodes ADDRESS`      -> the GCS's view of every node
-`python - place ADDRESS SECS` -> one task pinned to each alive node (placement probe)
+`python - place ADDRESS SECS IDS` -> one task pinned to each node ID of IDS (comma-separated)
 
 Prints one line `PROVISIONER_PROBE <json>` on stdout. The token reaches Ray through the
 container's RAY_AUTH_TOKEN_PATH; nothing secret is printed.
@@ -44,11 +44,11 @@ def _where() -> dict[str, Any]:
     return {"ip": ip, "hostname": socket.gethostname()}
 
 
-def _place(ray: Any, timeout: float) -> list[dict[str, Any]]:
+def _place(ray: Any, timeout: float, node_ids: list[str]) -> list[dict[str, Any]]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     where = ray.remote(num_cpus=0)(_where)
-    alive = [n for n in _nodes(ray) if n["alive"]]
+    alive = [n for n in _nodes(ray) if n["alive"] and n["node_id"] in node_ids]
     refs = {
         n["ip"]: where.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(n["node_id"], soft=False)
@@ -75,7 +75,8 @@ def main(argv: list[str]) -> int:
         if mode == "nodes":
             _emit({"nodes": _nodes(ray)})
         else:
-            _emit({"placement": _place(ray, float(argv[2]))})
+            ids = [i for i in argv[3].split(",") if i] if len(argv) > 3 else []
+            _emit({"placement": _place(ray, float(argv[2]), ids)})
     finally:
         ray.shutdown()
     return 0

@@ -78,6 +78,7 @@ class ClusterStatus:
     address: str
     gcs_error: str | None = None
     facts: dict[str, ContainerFacts] = field(default_factory=dict, repr=False)
+    gcs: list[dict[str, Any]] = field(default_factory=list, repr=False)  # the GCS's node list
 
     @property
     def healthy(self) -> bool:
@@ -180,4 +181,5 @@ def assemble(
         address=commands.head_address(inventory),
         gcs_error=gcs_error,
         facts=dict(facts),
+        gcs=list(gcs),
     )

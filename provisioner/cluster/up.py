@@ -111,9 +111,14 @@ def wait_for_gcs(session: Session, inventory: Inventory, *, timeout: float) -> N
 
 
 def wait_for_nodes(
-    session: Session, inventory: Inventory, *, timeout: float, report: Reporter
+    session: Session,
+    inventory: Inventory,
+    *,
+    timeout: float,
+    report: Reporter,
+    stale: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
-    """Poll the GCS until every inventory address is alive; return its last node list."""
+    """Poll the GCS until every inventory address is alive (not as a `stale` node ID)."""
     expected = {n.address for n in inventory.nodes}
     deadline = time.monotonic() + timeout
     nodes: list[dict[str, Any]] = []
@@ -123,7 +128,7 @@ def wait_for_nodes(
             nodes = headprobe.gcs_nodes(session, inventory)
         except ProvisionerError as exc:
             report(f"{inventory.head.name}: GCS not answering yet ({exc.message[:80]})")
-        alive = headprobe.alive_addresses(nodes) & expected
+        alive = headprobe.alive_addresses(nodes, stale) & expected
         for address in sorted(alive - seen):
             report(f"{inventory.node(address).name}: joined ({address})")
         seen |= alive
@@ -242,12 +247,19 @@ def bring_up(
         report(f"{node.name}: starting the worker container")
         start_node(pool.session(node), inventory, node, image)
 
+    # Node IDs of the raylets being replaced: the GCS may list them as alive for a while.
+    replaced = {n.address for n in to_start}
+    stale = frozenset(
+        n["node_id"] for n in before.gcs if n.get("alive") and n.get("ip") in replaced
+    )
     group = fan_out(to_start, start_worker, deadline=120)
     result.started += [w.name for w in to_start if w.name in group.results]
     _raise_first(group.errors, "could not start the Ray container")
-    nodes = wait_for_nodes(head_session, inventory, timeout=join_timeout, report=report)
-    alive = headprobe.alive_addresses(nodes)
-    missing = [n for n in inventory.nodes if n.address not in alive]
+    nodes = wait_for_nodes(
+        head_session, inventory, timeout=join_timeout, report=report, stale=stale
+    )
+    fresh = headprobe.fresh_nodes(nodes, stale)
+    missing = [n for n in inventory.nodes if n.address not in fresh]
     if missing:
         names = ", ".join(n.name for n in missing)
         raise OperationError(
@@ -257,14 +269,15 @@ def bring_up(
         )
     if probe:
         report("placement probe: one task on each node")
-        result.placement = headprobe.placement(head_session, inventory)
+        ids = [fresh[n.address]["node_id"] for n in inventory.nodes]
+        result.placement = headprobe.placement(head_session, inventory, ids)
         bad = [p for p in result.placement if not p.get("ok")]
         if bad or len(result.placement) != len(inventory.nodes):
             raise OperationError(
                 f"the placement probe did not reach every node: {bad or result.placement}",
                 "see `provisioner logs` for worker crashes on those nodes",
             )
-    result.totals = totals(nodes)
+    result.totals = totals(list(fresh.values()))
     result.status = status.gather(pool, inventory, image_id=image_id)
     result.timings["start"] = time.monotonic() - t0
     result.seconds = time.monotonic() - t0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ import yaml
 from provisioner.cli import run
 from provisioner.cluster import read_token, tunnel
 from provisioner.inventory import load_inventory
+from provisioner.lab import faults
 from provisioner.lab.nodes import LabInfo
 
 LOCK = Path(os.environ.get("PROVISIONER_IMAGE_LOCK", "images/image.lock.json")).resolve()
@@ -110,3 +112,22 @@ def test_down_collects_logs_and_frees_ports(inventory: str, tmp_path: Path) -> N
     assert all(n["container"] == "absent" for n in st["nodes"])
     code, _ = cli_json("down", "-i", inventory, "--no-logs")
     assert code == 0
+
+
+def test_cut_between_worker_and_head_stops_up_within_seconds(inventory: str, lab: LabInfo) -> None:
+    head, worker = lab.nodes[0], lab.nodes[1]
+    faults.cut(lab, head, worker)
+    try:
+        t0 = time.monotonic()
+        code, result = cli_json("up", "-i", inventory)
+        elapsed = time.monotonic() - t0
+    finally:
+        faults.uncut(lab, head, worker)
+    assert code == 1 and result["stopped_by"] == "doctor", result
+    assert elapsed < 30, f"up took {elapsed:.0f}s to stop"
+    cut = [f for f in result["doctor"]["blocking"] if f["check"] == "net.reachability"]
+    assert cut, result["doctor"]["blocking"]
+    named = " ".join(f"{f['host']} {f['message']} {f['evidence']}" for f in cut)
+    assert worker.name in named or worker.address in named, named
+    code, st = cli_json("status", "-i", inventory)
+    assert code == 1 and all(n["container"] == "absent" for n in st["nodes"]), st

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from provisioner.cluster.preflight import OWN_RAY_CHECKS, split
+from provisioner.cluster import headprobe
+from provisioner.cluster.preflight import split
 from provisioner.doctor import Finding
 
 
@@ -28,5 +29,12 @@ def test_warnings_and_oks_never_block() -> None:
     assert split(findings, own_nodes=set()) == ([], [])
 
 
-def test_waived_checks_are_the_own_ray_ones() -> None:
-    assert OWN_RAY_CHECKS == {"ray.stale", "ports.free", "ports.worker_range"}
+def test_a_replaced_raylet_still_listed_alive_is_not_counted() -> None:
+    old = {"node_id": "old", "ip": "10.0.0.12", "alive": True}
+    head = {"node_id": "h", "ip": "10.0.0.10", "alive": True}
+    dead = {"node_id": "d", "ip": "10.0.0.11", "alive": False}
+    nodes = [head, old, dead]
+    assert headprobe.alive_addresses(nodes, frozenset({"old"})) == {"10.0.0.10"}
+    new = {"node_id": "new", "ip": "10.0.0.12", "alive": True}
+    fresh = headprobe.fresh_nodes([*nodes, new], frozenset({"old"}))
+    assert fresh == {"10.0.0.10": head, "10.0.0.12": new}
