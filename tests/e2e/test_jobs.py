@@ -13,10 +13,12 @@ import io
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -70,7 +72,8 @@ def _node_args() -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    home = tmp_path_factory.mktemp("rayhome")
+    # A short path: Ray's socket paths under --temp-dir must stay under 107 characters.
+    home = Path(tempfile.mkdtemp(prefix="rayjobs-"))
     token = home / "auth_token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
@@ -109,10 +112,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     finally:
         for proc in reversed(procs):
             _stop_group(proc)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _wait_for_dashboard(port: int, head: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if head.poll() is not None:
             raise RuntimeError(f"ray head exited: {log.read_text()[-2000:]}")
@@ -249,7 +253,7 @@ def test_a_playbook_that_raises_exits_1_with_its_traceback(
     bad = tmp_path / "book" / "broken.py"
     bad.parent.mkdir()
     bad.write_text("def train():\n    raise ValueError('reward is NaN')\n\ntrain()\n")
-    code, out, err = _cli(
+    code, _, err = _cli(
         [
             "submit",
             "--address",
