@@ -58,9 +58,12 @@ def _open(
             sock=sock,
         )
     except CONNECT_ERRORS as exc:
+        # paramiko's own thread may hold the real cause (e.g. no banner) behind a vaguer one
+        transport = client.get_transport()
+        inner = getattr(transport, "saved_exception", None) if transport else None
         client.close()
         raise translate(
-            exc,
+            inner if isinstance(inner, Exception) else exc,
             host=node.name,
             address=address,
             port=port,

@@ -88,10 +88,11 @@ def translate(
     if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
         return _unreachable(host, target)
     text = str(exc)
-    if "banner" in text.lower():
+    if "banner" in text.lower() or "no existing session" in text.lower():
         return ConnectError(
             host,
-            f"{target} accepted the connection but sent no SSH banner within {timeout:g}s",
+            f"{target} accepted the connection but its SSH banner and handshake did not come"
+            f" within {timeout:g}s",
             "sshd on that machine is hung or overloaded (or the port is not SSH):"
             " check it on the console",
             kind="banner-timeout",

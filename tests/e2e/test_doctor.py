@@ -1,0 +1,284 @@
+"""The doctor against the real lab: one test per fault class.
+
+Each test injects one fault, runs the doctor, and asserts that the right check fires on
+the right host and that no healthy node is blamed; every fault is undone in `finally`.
+Faults the lab does not offer are injected with `docker exec` on the node container.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioner.doctor import DoctorReport, run_doctor
+from provisioner.inventory import load_inventory
+from provisioner.lab import faults
+from provisioner.lab.config import LabNode
+from provisioner.lab.engine import exec_rc
+from provisioner.lab.nodes import LabInfo
+from tests.cli import cli
+
+
+def sh(node: LabNode, script: str) -> str:
+    rc, out = exec_rc(node.container, script)
+    assert rc == 0, f"{node.name}: {script!r} failed: {out}"
+    return out
+
+
+def doctor(inventory: Path) -> DoctorReport:
+    return run_doctor(load_inventory(inventory))
+
+
+def errors_by_host(report: DoctorReport) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for f in report.errors:
+        found.setdefault(f.host, set()).add(f.check)
+    return found
+
+
+def only_on(report: DoctorReport, severity: str, check: str) -> set[str]:
+    return {f.host for f in report.findings if f.check == check and f.severity == severity}
+
+
+# --- faults the lab does not offer, injected with docker exec ----------------------------
+
+RAYENV = "/opt/doctor-rayenv"
+
+
+@contextmanager
+def ray_in_login_shell_only(node: LabNode) -> Iterator[None]:
+    """A virtualenv holding `ray`, put on the PATH by ~/.profile (login shells) only."""
+    sh(
+        node,
+        f"python3 -m venv --without-pip {RAYENV} && "
+        f"d=$(echo {RAYENV}/lib/python3*/site-packages)/ray-2.60.0.dist-info && mkdir -p $d && "
+        "printf 'Metadata-Version: 2.1\\nName: ray\\nVersion: 2.60.0\\n' > $d/METADATA && "
+        f"printf '#!{RAYENV}/bin/python\\nprint(1)\\n' > {RAYENV}/bin/ray && "
+        f"chmod +x {RAYENV}/bin/ray && "
+        f"echo 'export PATH={RAYENV}/bin:$PATH # doctor-test' >> /home/lab/.profile",
+    )
+    try:
+        yield
+    finally:
+        sh(node, f"sed -i '/# doctor-test/d' /home/lab/.profile; rm -rf {RAYENV}")
+
+
+@contextmanager
+def other_python(node: LabNode, version: str = "3.10.12") -> Iterator[None]:
+    """python3 on the PATH (both shells) reports another version."""
+    wrapper = (
+        "#!/bin/sh\n"
+        f'case "$*" in *python_version*) echo {version}; exit 0;; esac\n'
+        'exec /usr/bin/python3 "$@"\n'
+    )
+    sh(node, f"printf '%s' '{wrapper}' > /usr/local/bin/python3 && chmod +x /usr/local/bin/python3")
+    try:
+        yield
+    finally:
+        sh(node, "rm -f /usr/local/bin/python3")
+
+
+@contextmanager
+def docker_needs_sudo(node: LabNode) -> Iterator[None]:
+    sh(node, "gpasswd -d lab docker >/dev/null")
+    try:
+        yield
+    finally:
+        sh(node, "usermod -aG docker lab")
+
+
+@contextmanager
+def hostname_on_loopback(node: LabNode) -> Iterator[None]:
+    sh(
+        node,
+        "cp /etc/hosts /root/hosts.doctor && "
+        '{ echo "127.0.1.1 $(hostname)"; cat /root/hosts.doctor; } > /etc/hosts',
+    )
+    try:
+        yield
+    finally:
+        sh(node, "cat /root/hosts.doctor > /etc/hosts && rm -f /root/hosts.doctor")
+
+
+@contextmanager
+def new_host_keys(node: LabNode) -> Iterator[None]:
+    """The node's host keys regenerated (as after a reinstall); the old ones restored after."""
+    sh(
+        node,
+        "mkdir -p /root/hostkeys.doctor && cp -p /etc/ssh/ssh_host_* /root/hostkeys.doctor/ && "
+        "rm -f /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && kill -HUP $(cat /run/sshd.pid)",
+    )
+    try:
+        yield
+    finally:
+        sh(
+            node,
+            "cp -p /root/hostkeys.doctor/* /etc/ssh/ && rm -rf /root/hostkeys.doctor && "
+            "kill -HUP $(cat /run/sshd.pid)",
+        )
+
+
+def edited_inventory(lab: LabInfo, tmp_path: Path, **ssh: object) -> Path:
+    """A copy of the lab's inventory with some ssh settings changed (paths made absolute)."""
+    document = yaml.safe_load(lab.inventory.read_text())
+    document["ssh"]["key"] = str(lab.key)
+    document["ssh"]["known_hosts"] = str(lab.known_hosts)
+    document["ssh"].update(ssh)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+# --- the tests ------------------------------------------------------------------------------
+
+
+def test_clean_lab_has_no_errors(lab: LabInfo) -> None:
+    result = cli("doctor", "-i", str(lab.inventory), "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    report = result.json()
+    assert [f for f in report["findings"] if f["severity"] == "error"] == []
+    assert report["round_trips_per_node"] == 3
+    hosts = {f["host"] for f in report["findings"] if f["check"] == "docker.access"}
+    assert hosts == {n.name for n in lab.nodes}
+    assert any(
+        f["check"] == "net.reachability" and f["severity"] == "ok" for f in report["findings"]
+    )
+
+
+def test_occupied_port_names_the_holder(lab: LabInfo) -> None:
+    head = lab.nodes[0]
+    faults.occupy(lab, head, 6379)
+    try:
+        report = doctor(lab.inventory)
+    finally:
+        faults.release(lab, head, 6379)
+    assert errors_by_host(report) == {head.name: {"ports.free"}}
+    (finding,) = report.errors
+    assert "6379" in finding.message and "python3" in finding.message
+
+
+def test_stopped_node(lab: LabInfo) -> None:
+    worker = lab.nodes[2]
+    faults.stop(lab, worker)
+    try:
+        report = doctor(lab.inventory)
+    finally:
+        faults.start(lab, worker)
+    assert errors_by_host(report) == {worker.name: {"ssh.connect"}}
+    assert report.elapsed_s < 30
+
+
+def test_traffic_cut_between_two_workers(lab: LabInfo) -> None:
+    a, b = lab.nodes[1], lab.nodes[2]
+    faults.cut(lab, a, b)
+    try:
+        report = doctor(lab.inventory)
+    finally:
+        faults.uncut(lab, a, b)
+    assert errors_by_host(report) == {a.name: {"net.reachability"}, b.name: {"net.reachability"}}
+    messages = {f.host: f.message for f in report.errors}
+    assert b.name in messages[a.name] and a.name in messages[b.name]
+
+
+def test_ray_only_in_login_shell(lab: LabInfo) -> None:
+    worker = lab.nodes[1]
+    with ray_in_login_shell_only(worker):
+        report = doctor(lab.inventory)
+    assert only_on(report, "error", "shell.env") == {worker.name}
+    (finding,) = [f for f in report.errors if f.check == "shell.env"]
+    assert "command not found" in finding.message and RAYENV in finding.fix
+
+
+def test_python_versions_differ(lab: LabInfo) -> None:
+    worker = lab.nodes[2]
+    with other_python(worker):
+        report = doctor(lab.inventory)
+    assert only_on(report, "error", "python.version") == {worker.name}
+    assert errors_by_host(report) == {worker.name: {"python.version"}}
+
+
+def test_docker_unusable_without_sudo(lab: LabInfo) -> None:
+    worker = lab.nodes[1]
+    with docker_needs_sudo(worker):
+        report = doctor(lab.inventory)
+    assert errors_by_host(report) == {worker.name: {"docker.access"}}
+    (finding,) = report.errors
+    assert "usermod -aG docker lab" in finding.fix
+
+
+def test_hostname_resolving_to_loopback(lab: LabInfo) -> None:
+    worker = lab.nodes[2]
+    with hostname_on_loopback(worker):
+        report = doctor(lab.inventory)
+    assert only_on(report, "warning", "net.hostname") == {worker.name}
+    assert "127.0.1.1" in next(
+        f.message for f in report.findings if f.check == "net.hostname" and f.severity == "warning"
+    )
+    assert report.errors == []
+
+
+def test_changed_host_key_is_refused_and_nothing_runs(lab: LabInfo) -> None:
+    worker = lab.nodes[1]
+    with new_host_keys(worker):
+        report = doctor(lab.inventory)
+    assert errors_by_host(report) == {worker.name: {"ssh.hostkey"}}
+    (finding,) = report.errors
+    assert "CHANGED" in finding.message
+    assert re.search(rf"ssh-keygen -f \S*known_hosts -R {re.escape(worker.address)}", finding.fix)
+    assert [f for f in report.findings if f.host == worker.name] == [finding]
+
+
+def test_unknown_host_keys_refused_then_recorded_with_accept_new(
+    lab: LabInfo, tmp_path: Path
+) -> None:
+    fresh = tmp_path / "known_hosts"
+    strict = edited_inventory(lab, tmp_path, known_hosts=str(fresh))
+    report = run_doctor(load_inventory(strict), reachability=False)
+    assert {f.host for f in report.errors if f.check == "ssh.hostkey"} == {
+        n.name for n in lab.nodes
+    }
+    assert not fresh.exists()
+    tofu = edited_inventory(lab, tmp_path, known_hosts=str(fresh), host_key_policy="accept-new")
+    report = run_doctor(load_inventory(tofu), reachability=False)
+    assert report.errors == []
+    recorded = fresh.read_text().splitlines()
+    assert {line.split()[0] for line in recorded} == {n.address for n in lab.nodes}
+
+
+def test_wrong_key_is_an_auth_error(lab: LabInfo, tmp_path: Path) -> None:
+    key = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    inventory = edited_inventory(lab, tmp_path, key=str(key))
+    report = run_doctor(load_inventory(inventory), reachability=False)
+    assert {f.host for f in report.errors} == {n.name for n in lab.nodes}
+    assert {f.check for f in report.errors} == {"ssh.auth"}
+    assert str(key) in report.errors[0].fix
+
+
+def test_hung_sshd_is_bounded(lab: LabInfo, tmp_path: Path) -> None:
+    worker = lab.nodes[2]
+    inventory = edited_inventory(lab, tmp_path, connect_timeout=2)
+    faults.hang(lab, worker)
+    try:
+        report = run_doctor(load_inventory(inventory), reachability=False)
+    finally:
+        faults.unhang(lab, worker)
+    assert errors_by_host(report) == {worker.name: {"ssh.connect"}}
+    assert report.elapsed_s < 15
+    (finding,) = report.errors
+    assert "banner" in finding.message or "timed out" in finding.message
+
+
+@pytest.mark.parametrize("bad", ["-oProxyCommand=touch /tmp/pwned", "a;b", "a\nb"])
+def test_hostile_address_is_exit_2(tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"cluster": "x", "head": {"address": bad}}))
+    result = cli("doctor", "-i", str(path))
+    assert result.exit_code == 2
+    assert "head.address" in result.stderr

@@ -1,0 +1,167 @@
+"""Each check's judging, against facts.sh output captured from real lab nodes.
+
+The golden files in golden/doctor/ are facts.sh's raw output on a lab node, healthy or
+with one fault injected (see tests/e2e/test_doctor.py for how each fault is made).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from provisioner.doctor.api import node_findings
+from provisioner.doctor.cluster_checks import check_clock, check_versions
+from provisioner.doctor.facts import NodeFacts, parse_facts
+from provisioner.doctor.findings import CATALOGUE, Finding, ordered
+from provisioner.doctor.plan import PinFacts, Plan
+from provisioner.inventory import Node, RayPorts, SSHSettings
+
+GOLDEN = Path(__file__).parent / "golden" / "doctor"
+SSH = SSHSettings(user="lab")
+HEAD = Node("provisioner-doc-0", "10.250.1.10", "head", SSH)
+WORKER1 = Node("provisioner-doc-1", "10.250.1.11", "worker", SSH)
+WORKER2 = Node("provisioner-doc-2", "10.250.1.12", "worker", SSH)
+PLAN = Plan(ports=RayPorts(), head=HEAD.name)
+
+
+def facts(name: str, node: Node) -> NodeFacts:
+    return parse_facts(node.name, (GOLDEN / f"{name}.txt").read_text())
+
+
+def judged(name: str, node: Node, plan: Plan = PLAN) -> list[Finding]:
+    return node_findings(node, facts(name, node), plan)
+
+
+def problems(findings: list[Finding]) -> set[tuple[str, str]]:
+    return {(f.check, f.severity) for f in findings if f.severity != "ok"}
+
+
+def test_parse_healthy_head() -> None:
+    f = facts("healthy_head", HEAD)
+    assert f.complete and f.user == "lab" and "docker" in f.groups
+    assert f.addresses and HEAD.address in f.addresses
+    assert f.route_source == HEAD.address
+    assert f.docker_ok and f.plain.python3_version and f.plain.ray is None
+    assert f.cpus >= 1 and f.mem_total_kb > 0 and f.shm_kb is not None
+    assert any(listener.port == 22 and listener.process == "sshd" for listener in f.listening)
+
+
+@pytest.mark.parametrize(("name", "node"), [("healthy_head", HEAD), ("healthy_worker", WORKER1)])
+def test_healthy_nodes_have_no_errors(name: str, node: Node) -> None:
+    findings = judged(name, node)
+    assert not [f for f in findings if f.severity == "error"]
+    assert all(f.check in CATALOGUE for f in findings)
+
+
+def test_busy_port_names_process() -> None:
+    (finding,) = [f for f in judged("port_6379_busy", HEAD) if f.severity == "error"]
+    assert finding.check == "ports.free"
+    assert "6379" in finding.message and "python3" in finding.message
+    assert "ray.ports.gcs" in finding.fix
+
+
+def test_busy_gcs_port_does_not_matter_on_a_worker() -> None:
+    findings = judged("port_6379_busy", WORKER1)  # 6379 is only the head's
+    assert ("ports.free", "error") not in problems(findings)
+
+
+def test_docker_needs_sudo() -> None:
+    findings = judged("docker_needs_sudo", WORKER1)
+    assert problems(findings) >= {("docker.access", "error")}
+    (finding,) = [f for f in findings if f.check == "docker.access"]
+    assert "sudo usermod -aG docker lab" in finding.fix
+    assert "works with sudo" in finding.message
+
+
+def test_ray_login_only_is_an_error_without_pin_and_a_warning_with() -> None:
+    findings = judged("ray_login_only", WORKER1)
+    (finding,) = [f for f in findings if f.check == "shell.env"]
+    assert finding.severity == "error" and "command not found" in finding.message
+    assert "/opt/doctor-rayenv/bin" in finding.fix
+    pinned = Plan(
+        ports=RayPorts(), head=HEAD.name, pin=PinFacts("sha256:" + "0" * 64, "3.11.2", "2.60.0")
+    )
+    (finding,) = [f for f in judged("ray_login_only", WORKER1, pinned) if f.check == "shell.env"]
+    assert finding.severity == "warning"
+
+
+def test_python_version_skew_blames_the_odd_node() -> None:
+    all_facts = {
+        HEAD.name: facts("healthy_head", HEAD),
+        WORKER1.name: facts("healthy_worker", WORKER1),
+        WORKER2.name: facts("python_3_10", WORKER2),
+    }
+    findings = check_versions(all_facts, PLAN)
+    bad = [f for f in findings if f.severity != "ok"]
+    assert [(f.check, f.host) for f in bad] == [("python.version", WORKER2.name)]
+    assert "3.10.12" in bad[0].message
+
+
+def test_hostname_on_loopback_is_a_warning() -> None:
+    findings = judged("hostname_loopback", WORKER2)
+    (finding,) = [f for f in findings if f.check == "net.hostname"]
+    assert finding.severity == "warning" and "127.0.1.1" in finding.message
+    assert WORKER2.address in finding.fix
+
+
+def test_stale_raylet() -> None:
+    (finding,) = [f for f in judged("stale_raylet", HEAD) if f.check == "ray.stale"]
+    assert finding.severity == "error" and "raylet" in finding.evidence
+
+
+def test_address_not_on_node() -> None:
+    elsewhere = Node(HEAD.name, "192.0.2.99", "head", SSH)
+    (finding,) = [f for f in judged("healthy_head", elsewhere) if f.check == "net.address"]
+    assert finding.severity == "warning" and "NAT" in finding.message
+
+
+def test_pinned_image_missing_and_arch() -> None:
+    pin = PinFacts("sha256:" + "1" * 64, "3.11.2", "2.60.0", arch="arm64")
+    plan = Plan(ports=RayPorts(), head=HEAD.name, pin=pin)
+    findings = judged("healthy_head", HEAD, plan)
+    assert ("image.present", "warning") in problems(findings)
+    assert ("image.arch", "error") in problems(findings)
+
+
+def test_shm_larger_than_memory_is_an_error() -> None:
+    plan = Plan(ports=RayPorts(), head=HEAD.name, shm_size=10**15)
+    assert ("resources.shm", "error") in problems(judged("healthy_head", HEAD, plan))
+
+
+def test_clock_offset() -> None:
+    f = facts("healthy_head", HEAD)
+    assert f.clock is not None
+    f.sent_at, f.received_at, f.clock_uncertainty = f.clock - 30.05, f.clock - 29.95, 0.05
+    (finding,) = check_clock(f)
+    assert finding.severity == "warning" and "ahead" in finding.message
+    f.sent_at, f.received_at = f.clock - 0.1, f.clock + 0.1
+    assert check_clock(f)[0].severity == "ok"
+
+
+def test_truncated_output_is_reported() -> None:
+    text = (GOLDEN / "healthy_head.txt").read_text().split("@@listening")[0]
+    findings = node_findings(HEAD, parse_facts(HEAD.name, text), PLAN)
+    assert ("doctor.facts", "warning") in problems(findings)
+
+
+def test_rsync_needed_only_for_ray_up() -> None:
+    f = facts("healthy_head", HEAD)
+    f.rsync = ""
+    plain = node_findings(HEAD, f, PLAN)
+    assert not [x for x in plain if x.check == "tools.rsync"]
+    ray_up = node_findings(HEAD, f, Plan(ports=RayPorts(), head=HEAD.name, ray_up=True))
+    assert ("tools.rsync", "error") in problems(ray_up)
+
+
+def test_ordered_groups_by_node_errors_first() -> None:
+    findings = [
+        Finding("a", "ok", "w", "m"),
+        Finding("b", "error", "w", "m"),
+        Finding("c", "warning", "h", "m"),
+    ]
+    assert [(f.host, f.severity) for f in ordered(findings, ["h", "w"])] == [
+        ("h", "warning"),
+        ("w", "error"),
+        ("w", "ok"),
+    ]

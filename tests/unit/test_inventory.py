@@ -1,0 +1,188 @@
+"""Inventory formats and validation: every mistake is an InventoryError naming file, line, field."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from provisioner.errors import InventoryError
+from provisioner.inventory import load_inventory
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    path = tmp_path / "id_ed25519"
+    path.write_text("not checked here\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+NATIVE = """\
+cluster: lab
+ssh:
+  user: lab
+  key: id_ed25519
+  known_hosts: known_hosts
+head:
+  name: head-0
+  address: 10.0.0.10
+workers:
+  - name: w-1
+    address: 10.0.0.11
+    port: 2222
+    resources: {GPU: 2}
+    labels: {zone: a}
+  - 10.0.0.12
+ray:
+  ports: {gcs: 7000}
+  shm_size: 2GiB
+"""
+
+
+def test_native(tmp_path: Path, key: Path) -> None:
+    inv = load_inventory(write(tmp_path, "inv.yaml", NATIVE))
+    assert [n.name for n in inv.nodes] == ["head-0", "w-1", "10.0.0.12"]
+    assert inv.head.ssh.key == key and inv.head.ssh.known_hosts == (tmp_path / "known_hosts",)
+    w1 = inv.node("w-1")
+    assert w1.ssh.port == 2222 and w1.resources == {"GPU": 2.0} and w1.labels == {"zone": "a"}
+    assert inv.ports.gcs == 7000 and inv.ports.dashboard == 8265 and inv.shm_size == 2 * 2**30
+    assert inv.state_dir.parts[-2:] == ("clusters", "lab")
+
+
+def error_of(tmp_path: Path, text: str, name: str = "inv.yaml") -> InventoryError:
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(write(tmp_path, name, text))
+    assert caught.value.exit_code == 2
+    return caught.value
+
+
+def test_typo_suggests_closest_key_with_line(tmp_path: Path, key: Path) -> None:
+    err = error_of(tmp_path, NATIVE.replace("known_hosts:", "known_host:"))
+    assert str(err).startswith(f"{tmp_path / 'inv.yaml'}:5: ssh.known_host")
+    assert err.fix == "did you mean 'ssh.known_hosts'?"
+
+
+def test_bad_policy(tmp_path: Path, key: Path) -> None:
+    err = error_of(tmp_path, NATIVE.replace("  user: lab", "  user: lab\n  host_key_policy: yolo"))
+    assert ":4: ssh.host_key_policy" in str(err) and "strict or accept-new" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        ("address: 10.0.0.10", "address: '-oProxyCommand=x'", "head.address"),
+        ("address: 10.0.0.10", "address: 'a;rm -rf /'", "head.address"),
+        ("user: lab", "user: 'lab$(id)'", "ssh.user"),
+        ("name: head-0", 'name: "a\\nb"', "head.name"),
+        ("cluster: lab", "cluster: Lab_1", "cluster"),
+        ("{gcs: 7000}", "{gcs: 70000}", "ray.ports.gcs"),
+    ],
+)
+def test_hostile_or_bad_values(tmp_path: Path, key: Path, old: str, new: str, field: str) -> None:
+    err = error_of(tmp_path, NATIVE.replace(old, new))
+    assert f": {field}:" in str(err)
+
+
+def test_duplicate_and_head_as_worker(tmp_path: Path, key: Path) -> None:
+    err = error_of(tmp_path, NATIVE.replace("  - 10.0.0.12", "  - 10.0.0.10"))
+    assert "head (head-0" in str(err) and "also listed as a worker" in str(err)
+    err = error_of(tmp_path, NATIVE.replace("  - 10.0.0.12", "  - {name: w-1, address: 10.0.0.13}"))
+    assert "duplicate node name" in str(err)
+
+
+def test_key_problems(tmp_path: Path, key: Path) -> None:
+    os.chmod(key, 0o644)
+    err = error_of(tmp_path, NATIVE)
+    assert "0644" in str(err) and err.fix == f"chmod 600 {key}"
+    key.unlink()
+    assert "does not exist" in str(error_of(tmp_path, NATIVE))
+
+
+def test_yaml_syntax_error_has_line(tmp_path: Path) -> None:
+    err = error_of(tmp_path, "cluster: x\nhead: [\n")
+    assert "not valid YAML" in str(err) and ":3" in str(err)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match="does not exist"):
+        load_inventory(tmp_path / "nope.yaml")
+
+
+INI = """\
+[all:vars]
+ansible_user=ubuntu
+provisioner_cluster=rack
+
+[head]
+gpu0 ansible_host=10.1.0.1
+
+[workers]
+gpu1 ansible_host=10.1.0.2 ansible_port=2200
+gpu2 ansible_host=10.1.0.3
+
+[workers:vars]
+ansible_ssh_private_key_file=id_ed25519
+"""
+
+
+def test_ansible_ini(tmp_path: Path, key: Path) -> None:
+    inv = load_inventory(write(tmp_path, "hosts.ini", INI))
+    assert (
+        inv.cluster == "rack" and inv.head.address == "10.1.0.1" and inv.head.ssh.user == "ubuntu"
+    )
+    assert inv.head.ssh.key is None and inv.node("gpu1").ssh.key == key
+    assert inv.node("gpu1").ssh.port == 2200 and inv.node("gpu2").address == "10.1.0.3"
+
+
+def test_ansible_ini_typo(tmp_path: Path) -> None:
+    err = error_of(tmp_path, INI.replace("provisioner_cluster", "provisioner_clustr"), "hosts.ini")
+    assert err.fix == "did you mean 'provisioner_cluster'?"
+
+
+ANSIBLE_YAML = """\
+all:
+  vars:
+    ansible_user: ops
+  children:
+    head:
+      hosts:
+        n0: {ansible_host: 10.2.0.1}
+    workers:
+      vars: {ansible_port: 2022}
+      hosts:
+        n1: {ansible_host: 10.2.0.2, provisioner_resources: {GPU: 1}}
+"""
+
+
+def test_ansible_yaml(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, "hosts.yaml", ANSIBLE_YAML))
+    assert inv.head.name == "n0" and inv.head.ssh.port == 22
+    assert inv.node("n1").ssh.port == 2022 and inv.node("n1").ssh.user == "ops"
+    assert inv.node("n1").resources == {"GPU": 1.0}
+
+
+def test_ssh_config_fills_gaps(tmp_path: Path, key: Path) -> None:
+    config = write(
+        tmp_path,
+        "ssh_config",
+        f"Host gpu-a\n  HostName 10.3.0.1\n  User alice\n  Port 2201\n  IdentityFile {key}\n"
+        "  ProxyJump bastion@10.3.0.254:22\n",
+    )
+    inv_path = write(tmp_path, "inv.yaml", "cluster: c\nhead: gpu-a\n")
+    inv = load_inventory(inv_path, ssh_config=config)
+    head = inv.head
+    assert (head.name, head.address, head.ssh.user, head.ssh.port) == (
+        "gpu-a",
+        "10.3.0.1",
+        "alice",
+        2201,
+    )
+    assert head.ssh.key == key and head.ssh.jump == "bastion@10.3.0.254:22"

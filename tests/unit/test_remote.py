@@ -1,0 +1,123 @@
+"""The SSH engine's pure parts: command builders, results, fan-out, error translation."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from provisioner.errors import CommandFailed, ConnectError, RemoteError
+from provisioner.inventory import Node, SSHSettings
+from provisioner.remote import Result, fan_out
+from provisioner.remote.commands import command, login_shell, masked, script, sudo, with_env
+from provisioner.remote.hostkeys import host_key_name
+from provisioner.remote.translate import translate
+
+
+def test_command_quotes_every_value() -> None:
+    assert command("docker", "load", "-i", "a b;rm -rf /") == "docker load -i 'a b;rm -rf /'"
+    assert command("echo", "$(id)") == "echo '$(id)'"
+    assert sudo("ss -tlnp") == "sudo -n sh -c 'ss -tlnp'"
+    assert login_shell("ray --version") == "bash --login -i -c 'ray --version'"
+    assert script("bash", ["10.0.0.1", "", 5]) == "bash -s -- 10.0.0.1 '' 5"
+
+
+def test_env_and_masking() -> None:
+    cmd = with_env({"RAY_AUTH_TOKEN": "s3cr et"}, "ray start")
+    assert cmd == "env RAY_AUTH_TOKEN='s3cr et' ray start"
+    assert masked(cmd, ["s3cr et"]) == "env RAY_AUTH_TOKEN=*** ray start"
+    with pytest.raises(ValueError):
+        with_env({"A;B": "x"}, "true")
+
+
+def test_result_tail_and_check() -> None:
+    good = Result("h", "true", "out\n", "", 0)
+    assert good.ok and good.check() is good
+    bad = Result("h", "make", "", "\n".join(f"line {i}" for i in range(20)), 2)
+    assert bad.tail(2) == "line 18\nline 19"
+    with pytest.raises(CommandFailed) as caught:
+        bad.check("try again")
+    assert "exited with 2" in str(caught.value) and "line 19" in str(caught.value)
+    assert caught.value.fix == "try again"
+
+
+NODES = [Node(f"n{i}", f"10.0.0.{i}", "worker", SSHSettings(user="u")) for i in range(6)]
+
+
+def test_fan_out_isolates_failures_and_bounds_time() -> None:
+    def step(node: Node) -> str:
+        if node.name == "n1":
+            raise RemoteError(node.name, "boom", kind="remote")
+        if node.name == "n2":
+            raise KeyError("bug")
+        if node.name == "n3":
+            time.sleep(5)
+        return node.name.upper()
+
+    t0 = time.monotonic()
+    group = fan_out(NODES, step, parallelism=3, deadline=0.5)
+    assert time.monotonic() - t0 < 2
+    assert group.results == {"n0": "N0", "n4": "N4", "n5": "N5"}
+    assert {k: e.kind for k, e in group.errors.items()} == {
+        "n1": "remote",
+        "n2": "internal",
+        "n3": "deadline",
+    }
+    assert not group.ok and group.failed is group.errors
+
+
+def test_fan_out_is_parallel() -> None:
+    t0 = time.monotonic()
+    group = fan_out(NODES, lambda n: time.sleep(0.3), parallelism=6, deadline=5)
+    assert group.ok and time.monotonic() - t0 < 1.0
+
+
+def tr(exc: BaseException, port: int = 22, key: Path | None = None) -> ConnectError:
+    error = translate(
+        exc, host="n", address="10.0.0.1", port=port, user="u", key=key, known_hosts=(), timeout=3
+    )
+    assert isinstance(error, ConnectError)
+    return error
+
+
+def test_translate_kinds() -> None:
+    assert tr(socket.gaierror(-2, "Name or service not known")).kind == "dns"
+    refused = paramiko.ssh_exception.NoValidConnectionsError(
+        {("10.0.0.1", 22): OSError(errno.ECONNREFUSED, "r")}
+    )
+    assert tr(refused).kind == "refused"
+    assert tr(TimeoutError()).kind == "timeout"
+    assert tr(OSError(errno.EHOSTUNREACH, "no route")).kind == "unreachable"
+    assert tr(paramiko.SSHException("Error reading SSH protocol banner")).kind == "banner-timeout"
+    auth = tr(paramiko.AuthenticationException("x"), key=Path("/k/id"))
+    assert auth.kind == "auth" and "/k/id" in (auth.fix or "")
+
+
+def test_translate_changed_host_key_gives_exact_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = paramiko.RSAKey.generate(1024)
+    new = paramiko.RSAKey.generate(1024)
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[10.0.0.1]:2222 {old.get_name()} {old.get_base64()}\n")
+    error = translate(
+        paramiko.BadHostKeyException("[10.0.0.1]:2222", new, old),
+        host="n",
+        address="10.0.0.1",
+        port=2222,
+        user="u",
+        key=None,
+        known_hosts=(known,),
+        timeout=3,
+    )
+    assert isinstance(error, ConnectError) and error.kind == "hostkey-changed"
+    assert f"ssh-keygen -f {known} -R '[10.0.0.1]:2222'" in (error.fix or "")
+
+
+def test_host_key_name() -> None:
+    assert host_key_name("10.0.0.1", 22) == "10.0.0.1"
+    assert host_key_name("10.0.0.1", 2222) == "[10.0.0.1]:2222"
