@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any, Literal
 
 from provisioner.console import Reporter, quiet
-from provisioner.errors import ProvisionerError, RemoteError
+from provisioner.errors import OperationError, ProvisionerError, RemoteError
 from provisioner.image.lock import CLUSTER_TAG, Pin
 from provisioner.image.plan import (
     NodePlan,
@@ -27,8 +28,9 @@ from provisioner.image.plan import (
     parse_facts,
     verify_and_tag_command,
 )
-from provisioner.image.savestream import CHUNK, filter_save
+from provisioner.image.savestream import CHUNK, SavedImage, partial, passthrough, read_saved
 from provisioner.inventory import Inventory, Node
+from provisioner.lab.config import state_root
 from provisioner.lab.engine import need
 from provisioner.remote import Pool, Session, fan_out
 
@@ -44,6 +46,7 @@ class PushOptions:
     full: bool = False  # send every layer even if the node holds some
     timeout: float = 1800.0  # per node
     tag: str = CLUSTER_TAG
+    cache_dir: Path | None = None  # saved images for partial sends; default: the state dir
 
 
 @dataclass
@@ -122,6 +125,56 @@ def save_stream(image_id: str) -> Iterator[IO[bytes]]:
         proc.wait()
 
 
+class SavedCache:
+    """The pinned image saved once to a file, for every partial send of a push (and of
+    later pushes: the file is kept until another pin replaces it)."""
+
+    def __init__(self, pin: Pin, directory: Path | None) -> None:
+        self.pin = pin
+        self.directory = directory or state_root() / "images"
+        self._lock = threading.Lock()
+        self._saved: SavedImage | None = None
+
+    def get(self, report: Reporter) -> SavedImage:
+        with self._lock:
+            if self._saved is None:
+                self._saved = self._load_or_save(report)
+            return self._saved
+
+    def _load_or_save(self, report: Reporter) -> SavedImage:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"{self.pin.image_id.removeprefix('sha256:')}.tar"
+        if path.exists():
+            saved = read_saved(path)
+            if saved.config == self.pin.image_id:
+                return saved
+            path.unlink()
+        for old in self.directory.glob("*.tar"):
+            old.unlink()
+        report(f"saving {self.pin.short_id()} once for partial sends: {path}")
+        tmp = path.with_suffix(".partial")
+        proc = subprocess.run(
+            [need("docker", "docker.io"), "save", "-o", str(tmp), self.pin.image_id],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise OperationError(
+                f"docker save of {self.pin.short_id()} failed: {proc.stderr.strip()[-300:]}",
+                "check the local Docker engine and free disk under " + str(self.directory),
+            )
+        tmp.rename(path)
+        saved = read_saved(path)
+        if saved.config != self.pin.image_id:
+            raise OperationError(
+                f"docker saved {saved.config[:19]}, not the pinned {self.pin.short_id()}",
+                "run `provisioner image build` again",
+            )
+        return saved
+
+
 class _Guarded:
     """Wraps the chunk generator: an error inside it ends the stream early (so `docker
     load` sees a truncated tar and fails) and is kept to be raised afterwards."""
@@ -156,17 +209,29 @@ class _Progress:
 
 
 def stream_layers(
-    session: Session, pin: Pin, plan: NodePlan, opts: PushOptions, report: Reporter
+    session: Session,
+    pin: Pin,
+    plan: NodePlan,
+    opts: PushOptions,
+    report: Reporter,
+    saved: SavedCache,
 ) -> tuple[int, int]:
-    """Send the layers of `plan` into the node's `docker load`; (bytes sent, bytes omitted)."""
+    """Send the layers of `plan` into the node's `docker load`; (bytes sent, bytes omitted).
+    A whole image streams straight from `docker save`; a partial one from the saved file."""
     omitted = [0]
 
     def on_omitted(n: int) -> None:
         omitted[0] += n
 
     progress = _Progress(session.host, report)
-    with save_stream(pin.image_id) as source:
-        guarded = _Guarded(filter_save(source, pin.layers, plan.first_missing, on_omitted))
+    if plan.first_missing == 0:
+        with save_stream(pin.image_id) as source:
+            guarded = _Guarded(passthrough(source))
+            result = session.run_streaming_stdin(
+                LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
+            )
+    else:
+        guarded = _Guarded(partial(saved.get(report), plan.first_missing, on_omitted))
         result = session.run_streaming_stdin(
             LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
         )
@@ -203,8 +268,16 @@ def verify_and_tag(session: Session, pin: Pin, tag: str) -> None:
     )
 
 
-def push_node(pool: Pool, node: Node, pin: Pin, opts: PushOptions, report: Reporter) -> NodePush:
+def push_node(
+    pool: Pool,
+    node: Node,
+    pin: Pin,
+    opts: PushOptions,
+    report: Reporter,
+    saved: SavedCache | None = None,
+) -> NodePush:
     """Make one node hold the pin under the cluster tag, retrying a broken stream."""
+    saved = saved or SavedCache(pin, opts.cache_dir)
     t0 = time.monotonic()
     attempt = 0
     while True:
@@ -217,7 +290,7 @@ def push_node(pool: Pool, node: Node, pin: Pin, opts: PushOptions, report: Repor
                 held = f", {plan.first_missing} held" if plan.first_missing else ""
                 report(f"{node.name}: sending {len(plan.layers_to_send)} layer(s){held}")
                 outcome.bytes_sent, outcome.bytes_omitted = stream_layers(
-                    session, pin, plan, opts, report
+                    session, pin, plan, opts, report, saved
                 )
                 outcome.layers_sent = len(plan.layers_to_send)
             if plan.action != "none":
@@ -280,9 +353,10 @@ def push_image(
 
 def _bind(pool: Pool, pin: Pin, opts: PushOptions, report: Reporter) -> Callable[[Node], NodePush]:
     lock = threading.Lock()
+    saved = SavedCache(pin, opts.cache_dir)
 
     def locked_report(line: str) -> None:
         with lock:
             report(line)
 
-    return lambda node: push_node(pool, node, pin, opts, locked_report)
+    return lambda node: push_node(pool, node, pin, opts, locked_report, saved)

@@ -133,7 +133,8 @@ def relay_command(pin: Pin, worker: Node, key_path: str, known_hosts: str) -> st
             "docker load",
         )
     )
-    return f"set -o pipefail; docker save {shlex.quote(pin.image_id)} | {ssh}"
+    script = f"set -o pipefail; docker save {shlex.quote(pin.image_id)} | {ssh}"
+    return f"bash -c {shlex.quote(script)}"
 
 
 @contextmanager

@@ -1,82 +1,103 @@
-"""A `docker save` stream with the layers a node already holds left out.
+"""`docker save` output, whole or with the layers a node already holds left out.
 
 `docker load` reads manifest.json and, for each layer, first looks the layer's chain up in
 its store; it opens the layer's file in the tar only when the chain is missing. So a tar
-that omits the files of layers the node holds loads as well as the full one (checked on
-Docker 20.10 by the end-to-end tests). Two layouts of `docker save` exist:
-- legacy (Docker < 25): `<v1-id>/layer.tar`, one directory per layer, written in the
-  order of the image's layers. The omitted ones are hashed on the way, so a different
-  order is caught rather than trusted;
-- OCI (Docker >= 25): `blobs/sha256/<hex>`, where a layer's digest is its diff ID.
+that omits the files of layers the node holds loads as well as the full one (the
+end-to-end tests check it on Docker 20.10).
+
+Which file holds which layer is said only by manifest.json (`Layers`, in the image's
+order), and `docker save` writes it last, with the layer directories in name order, not
+in layer order. A partial send therefore works from a saved file (kept in a cache and
+shared by every node of the push): its index is read first, then the kept members are
+copied byte for byte. Both layouts work: legacy (`<v1-id>/layer.tar`, Docker < 25) and
+OCI (`blobs/sha256/<hex>`, Docker >= 25).
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
+import json
+import posixpath
 import tarfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 from provisioner.errors import OperationError
 
 CHUNK = 1 << 20
-_LEGACY = re.compile(r"^(?:\./)?[0-9a-f]{64}/layer\.tar$")
-_BLOB = re.compile(r"^(?:\./)?blobs/sha256/([0-9a-f]{64})$")
+_END = b"\0" * (2 * tarfile.BLOCKSIZE)
 
 
-def _data(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[bytes]:
-    f = tar.extractfile(member)
-    if f is None:
-        return
-    while block := f.read(CHUNK):
+def passthrough(stream: IO[bytes]) -> Iterator[bytes]:
+    """A whole `docker save` stream, in chunks, untouched."""
+    while block := stream.read(CHUNK):
         yield block
 
 
-def filter_save(
-    stream: IO[bytes],
-    layers: Sequence[str],
-    omit_first: int,
-    on_omitted: Callable[[int], None] | None = None,
-) -> Iterator[bytes]:
-    """The tar from `stream`, without the files of `layers[:omit_first]`."""
-    omit = set(layers[:omit_first])
-    legacy_index = 0
-    with tarfile.open(fileobj=stream, mode="r|") as tar:
-        for member in tar:
-            name = member.name
-            blob = _BLOB.match(name)
-            if blob and member.isfile() and f"sha256:{blob.group(1)}" in omit:
-                _count(on_omitted, member.size)
-                continue
-            if _LEGACY.match(name) and member.isfile():
-                index = legacy_index
-                legacy_index += 1
-                if index < omit_first:
-                    _check_layer(_data(tar, member), layers[index], index)
-                    _count(on_omitted, member.size)
-                    continue
-            yield member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-            if member.isfile():
-                yield from _data(tar, member)
-                pad = -member.size % tarfile.BLOCKSIZE
-                if pad:
-                    yield b"\0" * pad
-    yield b"\0" * (2 * tarfile.BLOCKSIZE)
+@dataclass(frozen=True)
+class SavedImage:
+    """The index of a saved image file: its members and which of them hold layers."""
+
+    path: Path
+    config: str  # "sha256:<hex>": the image ID
+    layer_files: tuple[str, ...]  # manifest order: layer_files[i] holds diff ID i
+    members: tuple[tarfile.TarInfo, ...]
 
 
-def _count(on_omitted: Callable[[int], None] | None, size: int) -> None:
-    if on_omitted is not None:
-        on_omitted(size)
+def _norm(name: str) -> str:
+    return name.removeprefix("./")
 
 
-def _check_layer(blocks: Iterator[bytes], expected: str, index: int) -> None:
-    h = hashlib.sha256()
-    for block in blocks:
-        h.update(block)
-    if f"sha256:{h.hexdigest()}" != expected:
+def read_saved(path: Path) -> SavedImage:
+    """Index a `docker save` file (headers only; the data is skipped by seeking)."""
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            members = tuple(tar.getmembers())
+            manifest_file = tar.extractfile("manifest.json")
+            if manifest_file is None:
+                raise KeyError("manifest.json")
+            manifest = json.load(manifest_file)
+    except (tarfile.TarError, KeyError, json.JSONDecodeError, OSError) as exc:
         raise OperationError(
-            f"docker save wrote layer {index} out of the image's order "
-            f"(sha256:{h.hexdigest()[:12]}, expected {expected[:19]})",
-            "push with --full to send every layer",
-        )
+            f"{path} is not a readable `docker save` file ({exc})",
+            f"delete {path} and push again (it is saved anew)",
+        ) from None
+    if not isinstance(manifest, list) or len(manifest) != 1:
+        raise OperationError(f"{path}: manifest.json must describe exactly one image")
+    entry = manifest[0]
+    config = _norm(str(entry["Config"]))
+    digest = config.removeprefix("blobs/sha256/").removesuffix(".json")
+    layers = tuple(_norm(str(name)) for name in entry["Layers"])
+    return SavedImage(path, f"sha256:{digest}", layers, members)
+
+
+def partial(
+    saved: SavedImage, omit_first: int, on_omitted: Callable[[int], None] | None = None
+) -> Iterator[bytes]:
+    """The saved tar, byte for byte, without the files of its first `omit_first` layers."""
+    by_name = {_norm(m.name): m for m in saved.members}
+    needed = set(saved.layer_files[omit_first:])
+    for name in list(needed):  # a layer file may be a link to another layer's file
+        member = by_name.get(name)
+        if member is not None and member.issym():
+            target = posixpath.join(posixpath.dirname(name), member.linkname)
+            needed.add(_norm(posixpath.normpath(target)))
+    omit = set(saved.layer_files[:omit_first]) - needed
+    with saved.path.open("rb") as f:
+        for member in saved.members:
+            end = member.offset_data + (member.size if member.isfile() else 0)
+            end += -end % tarfile.BLOCKSIZE
+            if member.isfile() and _norm(member.name) in omit:
+                if on_omitted is not None:
+                    on_omitted(member.size)
+                continue
+            f.seek(member.offset)
+            remaining = end - member.offset
+            while remaining > 0:
+                block = f.read(min(CHUNK, remaining))
+                if not block:
+                    raise OperationError(f"{saved.path} ends early; delete it and push again")
+                remaining -= len(block)
+                yield block
+    yield _END

@@ -71,7 +71,9 @@ def test_relay_command_checks_host_keys_and_quotes_everything(tmp_path: Path) ->
     (tmp_path / "inv.yaml").write_text(INVENTORY)
     inv = load_inventory(tmp_path / "inv.yaml")
     pin = make_pin()
-    cmd = relay_command(pin, inv.workers[0], "/tmp/k ey", "/tmp/known")
+    outer = shlex.split(relay_command(pin, inv.workers[0], "/tmp/k ey", "/tmp/known"))
+    assert outer[:2] == ["bash", "-c"] and len(outer) == 3
+    cmd = outer[2]
     assert cmd.startswith("set -o pipefail; docker save " + pin.image_id + " | ssh ")
     assert "'/tmp/k ey'" in cmd
     assert "StrictHostKeyChecking=yes" in cmd and "UserKnownHostsFile=/tmp/known" in cmd
