@@ -104,7 +104,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     try:
         _wait_for_dashboard(dashboard, head, home / "head.log")
         worker = _start(
-            [f"--address=127.0.0.1:{gcs}", "--num-cpus=1", *_node_args()], env, home / "w.log"
+            [
+                f"--address=127.0.0.1:{gcs}",
+                "--num-cpus=1",
+                f"--temp-dir={home / 'w'}",
+                *_node_args(),
+            ],
+            env,
+            home / "w.log",
         )
         procs.append(worker)
         _wait_for_nodes(gcs, 2, env)
