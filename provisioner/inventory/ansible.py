@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -47,7 +48,15 @@ class Group:
 
 
 def _value(text: str) -> Any:
-    return int(text) if text.isdigit() else text
+    """An INI value: a number, a JSON mapping or list (as Ansible reads them), or text."""
+    if text.isdigit():
+        return int(text)
+    if text[:1] in "{[":
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return text
 
 
 def parse_ini(path: Path, text: str) -> dict[str, Group]:

@@ -186,3 +186,14 @@ def test_ssh_config_fills_gaps(tmp_path: Path, key: Path) -> None:
         2201,
     )
     assert head.ssh.key == key and head.ssh.jump == "bastion@10.3.0.254:22"
+
+
+@pytest.mark.parametrize("name", ["onprem.yaml", "ansible.ini", "ansible.yaml"])
+def test_examples_load(name: str, hidden_home: Path) -> None:
+    key = hidden_home / ".ssh" / "id_ed25519"
+    key.parent.mkdir()
+    key.write_text("x")
+    os.chmod(key, 0o600)
+    inv = load_inventory(Path(__file__).parents[2] / "inventories" / name)
+    assert inv.cluster == "rl-rack" and inv.head.name == "gpu-head"
+    assert inv.node("gpu-2").ssh.port == 2222 and inv.node("gpu-2").ssh.user == "admin"

@@ -70,10 +70,21 @@ def test_fan_out_isolates_failures_and_bounds_time() -> None:
     assert not group.ok and group.failed is group.errors
 
 
-def test_fan_out_is_parallel() -> None:
-    t0 = time.monotonic()
-    group = fan_out(NODES, lambda n: time.sleep(0.3), parallelism=6, deadline=5)
-    assert group.ok and time.monotonic() - t0 < 1.0
+def test_fan_out_runs_nodes_at_once_up_to_the_bound() -> None:
+    import threading
+
+    lock, running, peak = threading.Lock(), [0], [0]
+
+    def step(node: Node) -> None:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.3)
+        with lock:
+            running[0] -= 1
+
+    assert fan_out(NODES, step, parallelism=4, deadline=10).ok
+    assert peak[0] == 4
 
 
 def tr(exc: BaseException, port: int = 22, key: Path | None = None) -> ConnectError:
