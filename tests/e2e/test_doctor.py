@@ -106,13 +106,21 @@ def hostname_on_loopback(node: LabNode) -> Iterator[None]:
         sh(node, "cat /root/hosts.doctor > /etc/hosts && rm -f /root/hosts.doctor")
 
 
+# After SIGHUP sshd re-executes itself: wait until it answers with a banner again.
+SSHD_BACK = (
+    "for i in $(seq 100); do sleep 0.1; "
+    "(exec 3<>/dev/tcp/127.0.0.1/22 && head -c 4 <&3) 2>/dev/null | grep -q SSH && break; done"
+)
+
+
 @contextmanager
 def new_host_keys(node: LabNode) -> Iterator[None]:
     """The node's host keys regenerated (as after a reinstall); the old ones restored after."""
     sh(
         node,
         "mkdir -p /root/hostkeys.doctor && cp -p /etc/ssh/ssh_host_* /root/hostkeys.doctor/ && "
-        "rm -f /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && kill -HUP $(cat /run/sshd.pid)",
+        "rm -f /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && "
+        "kill -HUP $(cat /run/sshd.pid) && " + SSHD_BACK,
     )
     try:
         yield
@@ -120,7 +128,7 @@ def new_host_keys(node: LabNode) -> Iterator[None]:
         sh(
             node,
             "cp -p /root/hostkeys.doctor/* /etc/ssh/ && rm -rf /root/hostkeys.doctor && "
-            "kill -HUP $(cat /run/sshd.pid)",
+            "kill -HUP $(cat /run/sshd.pid) && " + SSHD_BACK,
         )
 
 
