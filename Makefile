@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PROV := $(BIN)/provisioner
 LAB_INVENTORY = $$($(PROV) lab up --json | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["inventory"])')
 
-.PHONY: help install lint typecheck unit e2e test lab lab-down demo bench clean prereqs
+.PHONY: help install lint typecheck unit e2e test lab lab-down demo bench bench-doctor clean prereqs
 
 help:
 	@echo "make install   virtualenv in $(VENV), editable install, torch pinned to the CPU build"
@@ -62,6 +62,11 @@ demo: install prereqs
 
 bench: install prereqs
 	$(BIN)/python scripts/bench.py
+
+LAB ?= lab
+bench-doctor: install prereqs
+	$(PROV) lab up --name $(LAB) >/dev/null
+	$(BIN)/python scripts/bench_doctor.py --lab $(LAB)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
