@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from provisioner.cli.common import JsonOption, output
-from provisioner.lab import faults
 from provisioner.lab.config import LabConfig
-from provisioner.lab.nodes import info, lab_down, lab_status, lab_up, load_config, load_lab
+
+if TYPE_CHECKING:
+    from provisioner.lab.nodes import LabInfo
+
+# The lab's modules import the docker SDK; they are imported when a lab command runs,
+# so that every other command starts fast.
 
 app = typer.Typer(
     help="A local lab: N simulated nodes (containers with sshd and dockerd).", no_args_is_help=True
@@ -55,6 +59,8 @@ def up(
     cfg = LabConfig.from_env(name=name, subnet=subnet, nodes=nodes)
     if image_lock is None and DEFAULT_LOCK.exists():
         image_lock = DEFAULT_LOCK
+    from provisioner.lab.nodes import lab_up
+
     with out.step(f"lab {cfg.name}: {cfg.nodes} nodes on {cfg.subnet}"):
         lab = lab_up(cfg, out.progress, image_lock)
     if json_:
@@ -72,6 +78,8 @@ def up(
 def down(name: NameOption = None, json_: JsonOption = False) -> None:
     """Remove every container, network and directory the lab made."""
     out = output(json_)
+    from provisioner.lab.nodes import lab_down
+
     cfg = LabConfig.from_env(name=name)
     removed = lab_down(cfg, out.progress)
     if json_:
@@ -84,6 +92,9 @@ def down(name: NameOption = None, json_: JsonOption = False) -> None:
 def status(name: NameOption = None, json_: JsonOption = False) -> None:
     """Each node's container, sshd and dockerd; exit 1 when any is not healthy."""
     out = output(json_)
+    from provisioner.lab import faults
+    from provisioner.lab.nodes import info, lab_status, load_config
+
     cfg = load_config(name)
     lab = info(cfg)
     rows = lab_status(cfg)
@@ -104,6 +115,12 @@ def status(name: NameOption = None, json_: JsonOption = False) -> None:
         raise typer.Exit(1)
 
 
+def _lab(name: str | None) -> LabInfo:
+    from provisioner.lab.nodes import load_lab
+
+    return load_lab(name)
+
+
 def _mark(ok: bool) -> str:
     return "[green]ok[/green]" if ok else "[red]no[/red]"
 
@@ -119,7 +136,9 @@ def _done(json_: bool, what: str) -> None:
 @fault_app.command("stop")
 def fault_stop(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
     """Stop a node (power off). Undo: `lab fault start`."""
-    lab = load_lab(name)
+    from provisioner.lab import faults
+
+    lab = _lab(name)
     faults.stop(lab, lab.node(node))
     _done(json_, f"stopped {lab.node(node).name}")
 
@@ -127,7 +146,9 @@ def fault_stop(node: NodeArg, name: NameOption = None, json_: JsonOption = False
 @fault_app.command("start")
 def fault_start(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
     """Start a stopped node and wait for its sshd and dockerd."""
-    lab = load_lab(name)
+    from provisioner.lab import faults
+
+    lab = _lab(name)
     faults.start(lab, lab.node(node))
     _done(json_, f"started {lab.node(node).name}")
 
@@ -135,7 +156,9 @@ def fault_start(node: NodeArg, name: NameOption = None, json_: JsonOption = Fals
 @fault_app.command("cut")
 def fault_cut(a: NodeArg, b: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
     """Drop all traffic between two nodes. Undo: `lab fault uncut A B`."""
-    lab = load_lab(name)
+    from provisioner.lab import faults
+
+    lab = _lab(name)
     faults.cut(lab, lab.node(a), lab.node(b))
     _done(json_, f"cut {lab.node(a).name} <-> {lab.node(b).name}")
 
@@ -143,7 +166,9 @@ def fault_cut(a: NodeArg, b: NodeArg, name: NameOption = None, json_: JsonOption
 @fault_app.command("uncut")
 def fault_uncut(a: NodeArg, b: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
     """Restore traffic between two nodes."""
-    lab = load_lab(name)
+    from provisioner.lab import faults
+
+    lab = _lab(name)
     faults.uncut(lab, lab.node(a), lab.node(b))
     _done(json_, f"restored {lab.node(a).name} <-> {lab.node(b).name}")
 
@@ -153,7 +178,9 @@ def fault_occupy(
     node: NodeArg, port: int, name: NameOption = None, json_: JsonOption = False
 ) -> None:
     """Hold a TCP port on a node with a foreign listener. Undo: `lab fault release`."""
-    lab = load_lab(name)
+    from provisioner.lab import faults
+
+    lab = _lab(name)
     faults.occupy(lab, lab.node(node), port)
     _done(json_, f"port {port} held on {lab.node(node).name}")
 
@@ -163,7 +190,9 @@ def fault_release(
     node: NodeArg, port: int, name: NameOption = None, json_: JsonOption = False
 ) -> None:
     """Free a port held by `lab fault occupy`."""
-    lab = load_lab(name)
+    from provisioner.lab import faults
+
+    lab = _lab(name)
     faults.release(lab, lab.node(node), port)
     _done(json_, f"port {port} released on {lab.node(node).name}")
 
@@ -171,7 +200,9 @@ def fault_release(
 @fault_app.command("delay")
 def fault_delay(node: NodeArg, ms: int, name: NameOption = None, json_: JsonOption = False) -> None:
     """Add latency to every packet a node sends (tc netem). Undo: `lab fault undelay`."""
-    lab = load_lab(name)
+    from provisioner.lab import faults
+
+    lab = _lab(name)
     faults.delay(lab, lab.node(node), ms)
     _done(json_, f"{lab.node(node).name}: +{ms} ms")
 
@@ -179,7 +210,9 @@ def fault_delay(node: NodeArg, ms: int, name: NameOption = None, json_: JsonOpti
 @fault_app.command("undelay")
 def fault_undelay(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
     """Remove added latency."""
-    lab = load_lab(name)
+    from provisioner.lab import faults
+
+    lab = _lab(name)
     faults.undelay(lab, lab.node(node))
     _done(json_, f"{lab.node(node).name}: latency removed")
 
@@ -187,7 +220,9 @@ def fault_undelay(node: NodeArg, name: NameOption = None, json_: JsonOption = Fa
 @fault_app.command("hang")
 def fault_hang(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
     """Make a node's sshd accept connections but never answer. Undo: `lab fault unhang`."""
-    lab = load_lab(name)
+    from provisioner.lab import faults
+
+    lab = _lab(name)
     faults.hang(lab, lab.node(node))
     _done(json_, f"{lab.node(node).name}: sshd frozen")
 
@@ -195,7 +230,9 @@ def fault_hang(node: NodeArg, name: NameOption = None, json_: JsonOption = False
 @fault_app.command("unhang")
 def fault_unhang(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
     """Let a frozen sshd answer again."""
-    lab = load_lab(name)
+    from provisioner.lab import faults
+
+    lab = _lab(name)
     faults.unhang(lab, lab.node(node))
     _done(json_, f"{lab.node(node).name}: sshd answering")
 
@@ -203,6 +240,8 @@ def fault_unhang(node: NodeArg, name: NameOption = None, json_: JsonOption = Fal
 @fault_app.command("clear")
 def fault_clear(name: NameOption = None, json_: JsonOption = False) -> None:
     """Undo every fault recorded for the lab."""
-    lab = load_lab(name)
+    from provisioner.lab import faults
+
+    lab = _lab(name)
     undone = faults.clear(lab)
     _done(json_, "undone: " + (", ".join(f.key() for f in undone) or "nothing"))
