@@ -11,8 +11,8 @@ from gymnasium.utils.env_checker import check_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "playbooks"))
 
-import rlrun  # noqa: E402
-from cell_network import CellNetwork, nearest_cell  # noqa: E402
+import rlrun
+from cell_network import CellNetwork, nearest_cell
 
 
 def test_cell_network_is_a_valid_gymnasium_env() -> None:
