@@ -51,3 +51,46 @@ def lab(lab_config: LabConfig) -> Iterator[LabInfo]:
 @pytest.fixture(scope="session")
 def lab_inventory(lab: LabInfo) -> Path:
     return lab.inventory
+
+
+IMAGES = Path(__file__).resolve().parents[2] / "images"
+
+
+@pytest.fixture(scope="session")
+def image_pin() -> Path:
+    """The cluster image built from images/ (the build cache makes a rebuild take seconds)
+    and its pin written to images/image.lock.json, as `provisioner image build` does."""
+    from provisioner.image.build import BuildOptions, build_image
+    from provisioner.lab.images import ensure_base_image
+
+    opts = BuildOptions(
+        images_dir=IMAGES,
+        wheelhouse=IMAGES / ".wheelhouse",
+        lock_path=IMAGES / "image.lock.json",
+        base=ensure_base_image(print),
+    )
+    result = build_image(opts, print)
+    assert result.lock_path is not None and result.pin is not None
+    return result.lock_path
+
+
+@pytest.fixture(scope="session")
+def cluster_inventory(lab: LabInfo, image_pin: Path) -> Iterator[Path]:
+    """The lab's inventory pointing at the pin, with the pin pushed to every node.
+
+    Ray is not started here: tests that need a cluster run `provisioner up` (idempotent,
+    so the first one starts it and the others find it healthy). `down` at the end.
+    """
+    from provisioner.cli import run
+    from provisioner.image.lock import read_pin
+    from provisioner.image.push import push_image
+    from provisioner.inventory import load_inventory
+
+    info = lab_up(
+        LabConfig(name=lab.name, subnet=E2E_SUBNET, nodes=len(lab.nodes)), print, image_pin
+    )
+    inv = load_inventory(info.inventory)
+    report = push_image(inv, read_pin(image_pin), report=print)
+    assert report.ok, report.errors
+    yield info.inventory
+    run(["down", "-i", str(info.inventory), "--no-logs"])
