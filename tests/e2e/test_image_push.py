@@ -51,14 +51,11 @@ def older(pin: Pin, tmp_path_factory: pytest.TempPathFactory) -> Pin:
     """An older image: the same Dockerfile stopped after the torch layer (base layers shared)."""
     opts = replace(build_opts(tmp_path_factory.mktemp("older")), target="torch", tag=OLDER_TAG)
     image_id = build_image(opts, print).image_id
-    layers = tuple(client().api.inspect_image(image_id)["RootFS"]["Layers"])
+    attrs = client().api.inspect_image(image_id)
+    layers = tuple(attrs["RootFS"]["Layers"])
     assert layers == pin.layers[: len(layers)] and len(layers) < len(pin.layers)
-    return replace(
-        pin,
-        image_id=image_id,
-        layers=layers,
-        layer_sizes=pin.layer_sizes[: len(layers)] if pin.layer_sizes else None,
-    )
+    sizes = pin.layer_sizes[: len(layers)] if pin.layer_sizes else None
+    return replace(pin, image_id=image_id, layers=layers, layer_sizes=sizes, size=attrs["Size"])
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +81,8 @@ def wipe(node: Node) -> None:
     rc, out = on_node(
         node,
         "docker ps -aq | xargs -r docker rm -f >/dev/null; "
-        "docker image ls -aq | sort -u | xargs -r docker image rm -f >/dev/null; "
+        "for _ in 1 2 3; do "  # children first: a parent cannot go while a child holds it
+        "docker image ls -aq | sort -u | xargs -r docker image rm -f >/dev/null 2>&1; done; "
         "docker image ls -aq | wc -l",
     )
     assert rc == 0 and out.strip() == "0", out
