@@ -25,10 +25,34 @@ HEADER = """\
 # Ray cluster launcher config rendered by `provisioner render` from {inventory}.
 # Use: ray up -y {name}   (and `ray down -y {name}`); the image must be on every node
 # (`provisioner image push`). The token file below is copied to every node, mode 0600.
+# Ray 2.60: after a first `ray down`, /tmp/ray/cluster-{cluster}.state on the machine running
+# `ray` marks the workers as torn down for good, so later `ray down`s skip them; remove that
+# file before `ray up`, or use `provisioner down -i INVENTORY` (it stops every node).
 """
 
 # Runs on each node before `ray start`, so a stale Ray from an earlier run never holds a port.
 _STOP = "ray stop --force >/dev/null 2>&1 || true"
+
+# Ray 2.60's `ray up` turns on autoscaler v2 for the head. With the local provider, v2 never
+# records the head as a running node, counts it against max_workers and then logs "Adding 1
+# node(s) of type local.cluster.node" every 5 s without starting the last worker (seen on
+# the lab). The head's `ray start` runs with v1, which records the head (and is what the
+# local provider was written for); v1 needs no variable on the machine running `ray up`.
+_AUTOSCALER_V1 = "RAY_enable_autoscaler_v2=0"
+
+
+def _forget_state(cluster: str) -> str:
+    """Remove the local provider's state file on the head before `ray start`.
+
+    /tmp/ray is on the node's disk (logs survive the container), so the state the last
+    head's autoscaler wrote would survive `ray down` and name workers "running" that are
+    not: a new head starts from a fresh state, as it would in a fresh container.
+    """
+    names = " ".join(
+        shlex.quote(f"{layout.CONTAINER_RAY_DIR}/cluster-{cluster}.{ext}")
+        for ext in ("state", "lock")
+    )
+    return f"rm -f {names}"
 
 
 def _start(inventory: Inventory, node: Node, *, extra: list[str]) -> str:
@@ -106,7 +130,9 @@ def build_config(inventory: Inventory, image: str, token_path: Path) -> dict[str
         "worker_setup_commands": [],
         "head_start_ray_commands": [
             _STOP,
-            _start(inventory, head, extra=["--autoscaling-config=~/ray_bootstrap_config.yaml"]),
+            _forget_state(inventory.cluster),
+            f"{_AUTOSCALER_V1} "
+            + _start(inventory, head, extra=["--autoscaling-config=~/ray_bootstrap_config.yaml"]),
         ],
         "worker_start_ray_commands": [_STOP, _start(inventory, worker, extra=[])] if worker else [],
     }
@@ -136,4 +162,5 @@ def render(inventory: Inventory, image: str, token_path: Path) -> str:
     config = build_config(inventory, image, token_path)
     validate(config, where=str(inventory.path))
     body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=1000)
-    return HEADER.format(inventory=inventory.path, name="cluster.yaml") + body
+    header = HEADER.format(inventory=inventory.path, name="cluster.yaml", cluster=inventory.cluster)
+    return header + body

@@ -79,3 +79,14 @@ def test_ray_rejects_a_bad_config_as_input_error(inv, tmp_path: Path) -> None:  
     config["docker"]["no_such_field"] = 1
     with pytest.raises(InputError, match="Ray rejects"):
         render.validate(config, where="x")
+
+
+def test_head_starts_with_autoscaler_v1_and_a_fresh_launcher_state(inv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    config = yaml.safe_load(render.render(inv, "img", tmp_path / "auth_token"))
+    head = config["head_start_ray_commands"]
+    start = next(c for c in head if "ray start --head" in c)
+    # `ray up` exports RAY_enable_autoscaler_v2=1 before our command; ours must win.
+    assert start.startswith("RAY_enable_autoscaler_v2=0 ray start --head ")
+    forget = head.index("rm -f /tmp/ray/cluster-demo.state /tmp/ray/cluster-demo.lock")
+    assert forget < head.index(start)
+    assert not any("autoscaler_v2" in c for c in config["worker_start_ray_commands"])
