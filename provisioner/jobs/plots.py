@@ -1,24 +1,34 @@
 """The plots of a job's results, drawn on the client with matplotlib (never in the image).
 
 Uses matplotlib's object API (`Figure`), not pyplot: no global state, no display needed.
+matplotlib is imported inside the functions that draw: the CLI imports this module and
+must start fast (matplotlib costs about 0.4 s to import).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from provisioner.jobs.tables import column, read_rows
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TRAINING_PNG = "training.png"
 SCALING_PNG = "scaling.png"
 
 
+def _figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
 def training_plot(metrics_csv: Path, out: Path) -> Path:
     """Mean episode return against env steps."""
     rows = read_rows(metrics_csv)
-    fig = Figure(figsize=(7, 4), layout="constrained")
+    fig = _figure(7, 4)
     ax = fig.subplots()
     ax.plot(column(rows, "env_steps"), column(rows, "episode_return_mean"), marker="o")
     ax.set_xlabel("env steps")
@@ -33,7 +43,7 @@ def scaling_plot(scaling_csv: Path, out: Path) -> Path:
     """Env steps per second and time to target against the number of env runners."""
     rows = read_rows(scaling_csv)
     runners = column(rows, "env_runners")
-    fig = Figure(figsize=(9, 4), layout="constrained")
+    fig = _figure(9, 4)
     left, right = fig.subplots(1, 2)
     left.plot(runners, column(rows, "env_steps_per_s"), marker="o")
     left.set_xlabel("env runners")

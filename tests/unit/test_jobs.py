@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,12 @@ def test_token_goes_in_a_bearer_header_and_a_missing_file_is_bad_input(tmp_path:
     empty.write_text("\n")
     with pytest.raises(InputError, match="empty"):
         read_token(empty)
+
+
+def test_the_cli_starts_without_importing_matplotlib() -> None:
+    # matplotlib costs ~0.4 s to import; only bringing results home needs it.
+    code = "import sys, provisioner.cli; print('matplotlib' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == "False"
