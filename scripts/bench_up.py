@@ -1,8 +1,10 @@
 """Benchmark: `provisioner up` vs `ray up` of the rendered file, same lab, image present.
 
-Each is timed from start until every node is alive (`ray status` in the head container
-lists all nodes). Usage: .venv/bin/python scripts/bench_up.py -i INVENTORY
-Not a test: prints one JSON line with both figures and the ratio.
+Each is timed from its start until `ray status`, run in the head container with the
+token, lists every node as active. Between runs everything is taken down, and Ray's
+launcher-side state file is removed so `ray up` starts as it would on a new machine.
+Usage: .venv/bin/python scripts/bench_up.py -i INVENTORY [--repeat N]
+Not a test: prints one JSON line with the figures and the ratio.
 """
 
 from __future__ import annotations
@@ -10,56 +12,95 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from provisioner.cluster import headprobe
-from provisioner.inventory import load_inventory
+from provisioner.cluster import layout
+from provisioner.inventory import Inventory, load_inventory
 from provisioner.remote import Pool
 
 PROVISIONER = [sys.executable, "-m", "provisioner"]
 RAY = str(Path(sys.executable).parent / "ray")
 
 
-def all_alive(inventory_path: Path) -> bool:
-    inv = load_inventory(inventory_path)
-    with Pool(inv) as pool:
-        try:
-            nodes = headprobe.gcs_nodes(pool.session(inv.head), inv, timeout=20)
-        except Exception:
-            return False
-    return {n.address for n in inv.nodes} <= headprobe.alive_addresses(nodes)
+def active_nodes(pool: Pool, inv: Inventory) -> int:
+    name = shlex.quote(layout.container_name(inv.cluster))
+    result = pool.session(inv.head).run(f"docker exec {name} ray status 2>&1", timeout=30)
+    text = result.stdout
+    if "Active:" not in text:
+        return 0
+    block = text.split("Active:", 1)[1].split("Pending:", 1)[0]
+    return sum(int(m) for m in re.findall(r"^\s*(\d+) \S+", block, flags=re.M))
 
 
-def timed(cmd: list[str], inventory: Path, env: dict[str, str] | None, limit: float) -> float:
+def timed(cmd: list[str], inv: Inventory, env: dict[str, str] | None, limit: float) -> float:
     t0 = time.monotonic()
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-    while not all_alive(inventory):
-        if time.monotonic() - t0 > limit:
-            return float("inf")
-        time.sleep(1)
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with Pool(inv) as pool:
+        while active_nodes(pool, inv) < len(inv.nodes):
+            if time.monotonic() - t0 > limit:
+                return float("inf")
+            time.sleep(0.5)
     return time.monotonic() - t0
+
+
+def down(inventory: str) -> None:
+    subprocess.run(
+        [*PROVISIONER, "down", "-i", inventory, "--no-logs"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("-i", "--inventory", type=Path, required=True)
     parser.add_argument("--limit", type=float, default=600)
+    parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
-    inv = str(args.inventory)
-    subprocess.run([*PROVISIONER, "down", "-i", inv, "--no-logs"], check=True)
-    ours = timed([*PROVISIONER, "up", "-i", inv], args.inventory, None, args.limit)
-    subprocess.run([*PROVISIONER, "down", "-i", inv, "--no-logs"], check=True)
+    inv_path = str(args.inventory)
+    inv = load_inventory(args.inventory)
+    from ray.autoscaler._private.local.config import get_state_path
+
+    ours: list[float] = []
+    theirs: list[float] = []
     with tempfile.TemporaryDirectory() as home:
         yaml_path = Path(home) / "cluster.yaml"
-        subprocess.run([*PROVISIONER, "render", "-i", inv, "-o", str(yaml_path)], check=True)
+        subprocess.run([*PROVISIONER, "render", "-i", inv_path, "-o", str(yaml_path)], check=True)
         env = {"HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        theirs = timed([RAY, "up", "-y", str(yaml_path)], args.inventory, env, args.limit)
-        subprocess.run([RAY, "down", "-y", str(yaml_path)], env=env, check=False)
-    print(json.dumps({"provisioner_up_s": ours, "ray_up_s": theirs, "ratio": ours / theirs}))
+        for _ in range(args.repeat):
+            down(inv_path)
+            ours.append(timed([*PROVISIONER, "up", "-i", inv_path], inv, None, args.limit))
+            down(inv_path)
+            Path(get_state_path(inv.cluster)).unlink(missing_ok=True)
+            theirs.append(timed([RAY, "up", "-y", str(yaml_path)], inv, env, args.limit))
+            subprocess.run(
+                [RAY, "down", "-y", str(yaml_path)],
+                env=env,
+                check=False,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            down(inv_path)  # Ray's `ray down` may leave workers (see render.py's header)
+            Path(get_state_path(inv.cluster)).unlink(missing_ok=True)
+    a, b = statistics.median(ours), statistics.median(theirs)
+    print(
+        json.dumps(
+            {
+                "nodes": len(inv.nodes),
+                "provisioner_up_s": [round(x, 1) for x in ours],
+                "ray_up_s": [round(x, 1) for x in theirs],
+                "median_ratio": round(a / b, 3),
+            }
+        )
+    )
     return 0
 
 

@@ -124,7 +124,8 @@ def build_config(inventory: Inventory, image: str, token_path: Path) -> dict[str
         "file_mounts_sync_continuously": False,
         "rsync_exclude": [],
         "rsync_filter": [],
-        "initialization_commands": [],
+        # As the SSH user, before Docker would create the mounted directory as root.
+        "initialization_commands": [f"mkdir -p {layout.node_ray_dir(inventory.cluster)}"],
         "setup_commands": [],
         "head_setup_commands": [],
         "worker_setup_commands": [],

@@ -62,7 +62,15 @@ def install_token(pool: Pool, inventory: Inventory, *, deadline: float = 30) -> 
         pool.session(node).run(command, timeout=deadline, stdin=data).check()
 
     group = fan_out(inventory.nodes, one, deadline=deadline)
-    _raise_first(group.errors, "could not install the cluster token")
+    if group.errors:
+        names = ", ".join(sorted(group.errors))
+        first = next(iter(group.errors.values()))
+        raise OperationError(
+            f"could not install the cluster token on {names}: {first}",
+            f"the SSH user must own ~/{layout.node_dir(inventory.cluster)} on those nodes "
+            "(Docker creates a missing mount directory as root): "
+            f"sudo chown -R {inventory.head.ssh.user} ~/.provisioner there",
+        )
 
 
 def _raise_first(errors: dict[str, ProvisionerError], what: str) -> None:
