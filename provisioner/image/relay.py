@@ -126,7 +126,7 @@ def relay_command(pin: Pin, worker: Node, key_path: str, known_hosts: str) -> st
             "-o",
             f"UserKnownHostsFile={known_hosts}",
             "-o",
-            f"ConnectTimeout={worker.ssh.connect_timeout}",
+            f"ConnectTimeout={max(1, round(worker.ssh.connect_timeout))}",
             "-o",
             "Compression=no",
             target,

@@ -77,4 +77,5 @@ def test_relay_command_checks_host_keys_and_quotes_everything(tmp_path: Path) ->
     assert cmd.startswith("set -o pipefail; docker save " + pin.image_id + " | ssh ")
     assert "'/tmp/k ey'" in cmd
     assert "StrictHostKeyChecking=yes" in cmd and "UserKnownHostsFile=/tmp/known" in cmd
+    assert "ConnectTimeout=10 " in cmd  # OpenSSH takes whole seconds only
     assert "-p 2222" in cmd and cmd.endswith("lab@10.250.9.11 'docker load'")
