@@ -121,7 +121,7 @@ def _render(out: Output, outcome: JobOutcome) -> None:
     for name, title in (("metrics.csv", "training"), ("scaling.csv", "scaling")):
         if (found.directory / name).is_file():
             out.say("")
-            out.out.print(_table(found.directory / name, title))
+            out.out.print(csv_table(found.directory / name, title))
     out.say(f"\njob {outcome.job_id}: {outcome.status}; results in {found.directory}")
     for plot in found.plots:
         out.say(f"plot: {plot}")
@@ -129,7 +129,8 @@ def _render(out: Output, outcome: JobOutcome) -> None:
         out.say(f"no result files came home: {found.missing}")
 
 
-def _table(csv_path: Path, title: str) -> Table:
+def csv_table(csv_path: Path, title: str) -> Table:
+    """A CSV of numbers a playbook wrote (metrics.csv, scaling.csv) as a table."""
     rows = read_rows(csv_path)
     table = Table(title=f"{title} ({csv_path})")
     columns = list(rows[0]) if rows else []

@@ -1,242 +1,93 @@
-"""`provisioner submit` against a real Ray cluster with token authentication on.
+"""`provisioner submit -i INVENTORY` on the lab: a real cluster started by `provisioner up`.
 
-The cluster here is two real Ray nodes (a head and a worker raylet) started on this
-machine by the fixture, in a temporary HOME, with RAY_AUTH_MODE=token: real Jobs API,
-real token check, real working_dir upload, real env runners on two nodes. Everything it
-starts is stopped by process group id at the end. The same CLI path through the SSH
-tunnel of a lab cluster is `provisioner submit -i INVENTORY` (see docs/architecture.md).
+The path is the user's: the inventory's SSH tunnel to the head's dashboard, the token
+from the inventory's state directory, the playbook's directory uploaded as the job's
+working_dir, env runners on the lab's nodes, results home through the job's log.
+Budgets are tiny (a few hundred env steps): the lab's nodes share two cores.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import secrets
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from provisioner.cli import run
-from provisioner.cli.common import state
-from provisioner.console import Output
+from provisioner.cluster.token import local_token_path
+from provisioner.cluster.tunnel import tunnel
+from provisioner.inventory import load_inventory
 from provisioner.jobs import make_spec, submit
 from provisioner.jobs.client import AuthRefused
+from provisioner.lab.nodes import LabInfo
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
-RAY = str(Path(sys.executable).parent / "ray")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass
-class LocalCluster:
-    url: str
-    token: Path
-    processes: list[subprocess.Popen[bytes]]
-
-
-def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            [RAY, "start", "--block", "--disable-usage-stats", *args],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def _node_args() -> list[str]:
-    return [
-        f"--dashboard-agent-listen-port={_free_port()}",
-        f"--dashboard-agent-grpc-port={_free_port()}",
-        f"--metrics-export-port={_free_port()}",
-        f"--runtime-env-agent-port={_free_port()}",
-    ]
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # A short path: Ray's socket paths under --temp-dir must stay under 107 characters.
-    home = Path(tempfile.mkdtemp(prefix="rayjobs-"))
-    token = home / "auth_token"
-    token.write_text(secrets.token_hex(32))
-    token.chmod(0o600)
-    env = {
-        **os.environ,
-        "HOME": str(home),
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": str(token),
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
-    gcs, dashboard = _free_port(), _free_port()
-    temp = home / "ray"
-    head = _start(
-        [
-            "--head",
-            f"--port={gcs}",
-            f"--dashboard-port={dashboard}",
-            "--num-cpus=1",
-            f"--ray-client-server-port={_free_port()}",
-            f"--temp-dir={temp}",
-            *_node_args(),
-        ],
-        env,
-        home / "head.log",
-    )
-    procs = [head]
-    try:
-        _wait_for_dashboard(dashboard, head, home / "head.log")
-        worker = _start(
-            [
-                f"--address=127.0.0.1:{gcs}",
-                "--num-cpus=1",
-                f"--temp-dir={home / 'w'}",
-                *_node_args(),
-            ],
-            env,
-            home / "w.log",
-        )
-        procs.append(worker)
-        _wait_for_nodes(gcs, 2, env)
-        yield LocalCluster(f"http://127.0.0.1:{dashboard}", token, procs)
-    finally:
-        for proc in reversed(procs):
-            _stop_group(proc)
-        shutil.rmtree(home, ignore_errors=True)
-
-
-def _wait_for_dashboard(port: int, head: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if head.poll() is not None:
-            raise RuntimeError(f"ray head exited: {log.read_text()[-2000:]}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(1)
-    raise TimeoutError("the local Ray dashboard did not come up")
-
-
-def _wait_for_nodes(gcs: int, count: int, env: dict[str, str]) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        out = subprocess.run(
-            [RAY, "status", f"--address=127.0.0.1:{gcs}"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-        if out.count("node_") >= count:
-            return
-        time.sleep(2)
-    raise TimeoutError(f"fewer than {count} Ray nodes joined")
-
-
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group this test started (ray start --block stops its Ray)."""
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _cli(args: list[str]) -> tuple[int, str, str]:
+def cli(*args: str) -> tuple[int, str, str]:
+    """The CLI in-process: exit code, stdout, stderr."""
     out, err = io.StringIO(), io.StringIO()
-    state.output = Output(stdout=out, stderr=err)
-    import provisioner.cli.common as common
-
-    original = common.output
-
-    def injected(json_mode: bool) -> Output:
-        state.output = Output(json_mode=json_mode, stdout=out, stderr=err)
-        return state.output
-
-    common.output = injected
-    import provisioner.cli.jobs as jobs_cli
-
-    jobs_cli.output = injected
-    try:
-        code = run(args)
-    finally:
-        common.output = original
-        jobs_cli.output = original
+    with redirect_stdout(out), redirect_stderr(err):
+        code = run(list(args))
     return code, out.getvalue(), err.getvalue()
 
 
-def _submit(
-    cluster: LocalCluster, results: Path, playbook: Path, *args: str
-) -> tuple[int, dict[str, object], str]:
-    code, out, err = _cli(
-        [
-            "submit",
-            "--address",
-            cluster.url,
-            "--token-file",
-            str(cluster.token),
-            "--results",
-            str(results),
-            "--json",
-            str(playbook),
-            "--",
-            *args,
-        ]
+@pytest.fixture(scope="module")
+def inventory(cluster_inventory: Path) -> str:
+    """The lab cluster, up (idempotent: the first module to need it starts it)."""
+    code, _, err = cli("up", "-i", str(cluster_inventory))
+    assert code == 0, err[-3000:]
+    return str(cluster_inventory)
+
+
+def submit_json(inventory: str, results: Path, playbook: Path, *args: str) -> tuple[int, Any, str]:
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(results), "--json", str(playbook), "--", *args
     )
     return code, json.loads(out), err
 
 
 def test_ppo_small_budget_brings_metrics_checkpoint_and_plot_home(
-    cluster: LocalCluster, tmp_path: Path
+    inventory: str, lab: LabInfo, tmp_path: Path
 ) -> None:
-    code, doc, err = _submit(
-        cluster,
+    # Three runners of one CPU each cannot all fit on the head (2 CPUs): they must spread.
+    code, doc, err = submit_json(
+        inventory,
         tmp_path,
         PLAYBOOKS / "ppo_cartpole.py",
         "--env-runners",
-        "2",
+        "3",
         "--train-batch",
-        "400",
+        "300",
         "--max-iterations",
         "2",
     )
-    assert code == 0, err
-    job = tmp_path / str(doc["job_id"])
+    assert code == 0, err[-3000:]
+    assert doc["status"] == "SUCCEEDED" and doc["results_missing"] is None
+    job = tmp_path / doc["job_id"]
     rows = (job / "metrics.csv").read_text().splitlines()
-    assert len(rows) == 3 and rows[0].startswith("iteration,env_steps,episode_return_mean")
-    assert any((job / "checkpoint").rglob("*.pkl")) or any((job / "checkpoint").rglob("*.pt"))
-    assert (job / "training.png").stat().st_size > 5000
+    assert rows[0] == "iteration,env_steps,episode_return_mean,time_s,env_steps_per_s"
+    assert [r.split(",")[0] for r in rows[1:]] == ["1", "2"]
+    assert len(json.loads((job / "metrics.json").read_text())) == 2
+    assert any(p.is_file() and p.stat().st_size > 0 for p in (job / "checkpoint").rglob("*"))
+    assert doc["summary"]["checkpoint"] == "checkpoint"
     assert list((job / "tensorboard").glob("events.out.tfevents.*"))
+    png = job / "training.png"
+    assert str(png) in doc["plots"] and png.read_bytes()[:4] == b"\x89PNG"
     runners = json.loads((job / "runners.json").read_text())
-    assert len(runners) == 2 and len({r["node_id"] for r in runners}) == 2
+    addresses = {node.address for node in lab.nodes}
+    used = {r["node_ip"] for r in runners}
+    assert len(runners) == 3 and used <= addresses and len(used) >= 2, runners
     assert "iter    2" in err  # the job's output was streamed live (stderr in --json mode)
 
 
-def test_custom_environment_trains(cluster: LocalCluster, tmp_path: Path) -> None:
-    code, doc, err = _submit(
-        cluster,
+def test_custom_environment_trains(inventory: str, tmp_path: Path) -> None:
+    code, doc, err = submit_json(
+        inventory,
         tmp_path,
         PLAYBOOKS / "ppo_cells.py",
         "--env-runners",
@@ -248,57 +99,38 @@ def test_custom_environment_trains(cluster: LocalCluster, tmp_path: Path) -> Non
         "--seed",
         "1",
     )
-    assert code == 0, err
+    assert code == 0, err[-3000:]
     summary = doc["summary"]
-    assert isinstance(summary, dict)
-    assert summary["episode_return_mean"] > summary["first_return_mean"] + 1.0
+    assert summary["iterations"] == 5
+    assert summary["episode_return_mean"] > summary["first_return_mean"] + 1.0, summary
 
 
-def test_a_playbook_that_raises_exits_1_with_its_traceback(
-    cluster: LocalCluster, tmp_path: Path
-) -> None:
+def test_a_playbook_that_raises_exits_1_with_its_traceback(inventory: str, tmp_path: Path) -> None:
     bad = tmp_path / "book" / "broken.py"
     bad.parent.mkdir()
     bad.write_text("def train():\n    raise ValueError('reward is NaN')\n\ntrain()\n")
-    code, _, err = _cli(
-        [
-            "submit",
-            "--address",
-            cluster.url,
-            "--token-file",
-            str(cluster.token),
-            "--results",
-            str(tmp_path / "r"),
-            str(bad),
-        ]
-    )
+    code, _, err = cli("submit", "-i", inventory, "--results", str(tmp_path / "r"), str(bad))
     assert code == 1
     assert "FAILED" in err and "Traceback (most recent call last):" in err
     assert "ValueError: reward is NaN" in err
+    assert (tmp_path / "r").is_dir() and list((tmp_path / "r").glob("broken-*/job.log"))
 
 
-def test_submit_without_the_token_is_refused(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_submit_without_the_token_is_refused(inventory: str, tmp_path: Path) -> None:
     spec = make_spec(PLAYBOOKS / "ppo_cartpole.py")
-    with pytest.raises(AuthRefused, match="requires a token"):
-        submit(cluster.url, None, spec, tmp_path)
     wrong = tmp_path / "wrong"
     wrong.write_text(secrets.token_hex(32))
-    with pytest.raises(AuthRefused, match="refused the token"):
-        submit(cluster.url, wrong, spec, tmp_path)
-    code, _, err = _cli(
-        [
-            "submit",
-            "--address",
-            cluster.url,
-            "--token-file",
-            str(wrong),
-            str(PLAYBOOKS / "ppo_cartpole.py"),
-        ]
-    )
+    with tunnel(load_inventory(Path(inventory))) as url:
+        with pytest.raises(AuthRefused, match="requires a token"):
+            submit(url, None, spec, tmp_path)
+        with pytest.raises(AuthRefused, match="refused the token"):
+            submit(url, wrong, spec, tmp_path)
+    code, _, err = cli("submit", "-i", inventory, "--token-file", str(wrong), str(spec.playbook))
     assert code == 1 and "refused the token" in err
+    assert not list(tmp_path.glob("ppo-cartpole-*"))  # nothing ran, nothing came home
 
 
-def test_ctrl_c_stops_the_job(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_ctrl_c_stops_the_job(inventory: str, tmp_path: Path) -> None:
     book = tmp_path / "book" / "forever.py"
     book.parent.mkdir()
     book.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
@@ -307,5 +139,9 @@ def test_ctrl_c_stops_the_job(cluster: LocalCluster, tmp_path: Path) -> None:
         if line == "started":
             raise KeyboardInterrupt
 
-    outcome = submit(cluster.url, cluster.token, make_spec(book), tmp_path, on_line=press_ctrl_c)
+    inv = load_inventory(Path(inventory))
+    with tunnel(inv) as url:
+        outcome = submit(
+            url, local_token_path(inv), make_spec(book), tmp_path, on_line=press_ctrl_c
+        )
     assert outcome.interrupted and outcome.status == "STOPPED"
