@@ -53,6 +53,26 @@ def placement(
     return found
 
 
+def join(
+    session: Session,
+    inventory: Inventory,
+    *,
+    timeout: float,
+    stale: frozenset[str] = frozenset(),
+    place: bool = True,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Wait in the head container until every inventory address has a fresh alive node,
+    then (if `place`) run the placement probe there: (the GCS's nodes, placement results).
+
+    One `ray.init` for both: on a busy head each connection costs seconds.
+    """
+    address = commands.head_address(inventory)
+    ips = ",".join(n.address for n in inventory.nodes)
+    args = ["join", address, str(timeout), ips, ",".join(sorted(stale)), "1" if place else "0"]
+    found = _run(session, inventory, args, timeout + 90)
+    return list(found["nodes"]), list(found.get("placement", []))
+
+
 def alive_addresses(nodes: list[dict[str, Any]], stale: frozenset[str] = frozenset()) -> set[str]:
     """Addresses of the nodes the GCS lists as alive (leaving out the node IDs in `stale`)."""
     return set(fresh_nodes(nodes, stale))

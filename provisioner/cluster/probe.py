@@ -2,6 +2,8 @@
 
 `python - nodes ADDRESS`      -> the GCS's view of every node
 `python - place ADDRESS SECS IDS` -> one task pinned to each node ID of IDS (comma-separated)
+`python - join ADDRESS SECS IPS STALE PLACE` -> wait until every IP has an alive node whose
+    ID is not in STALE, then (PLACE=1) the placement probe on those nodes; one ray.init
 
 Prints one line `PROVISIONER_PROBE <json>` on stdout. The token reaches Ray through the
 container's RAY_AUTH_TOKEN_PATH; nothing secret is printed.
@@ -66,6 +68,25 @@ def _place(ray: Any, timeout: float, node_ids: list[str]) -> list[dict[str, Any]
     return results
 
 
+def _join(ray: Any, timeout: float, ips: list[str], stale: list[str], place: bool) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = _nodes(ray)
+        fresh = {n["ip"]: n for n in nodes if n["alive"] and n["node_id"] not in stale}
+        if set(ips) <= set(fresh) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    document: dict[str, Any] = {"nodes": nodes}
+    if place and set(ips) <= set(fresh):
+        ids = [fresh[ip]["node_id"] for ip in ips]
+        document["placement"] = _place(ray, max(10.0, deadline - time.monotonic()), ids)
+    return document
+
+
+def _split(arg: str) -> list[str]:
+    return [x for x in arg.split(",") if x]
+
+
 def main(argv: list[str]) -> int:
     mode, address = argv[0], argv[1]
     import ray
@@ -74,6 +95,9 @@ def main(argv: list[str]) -> int:
     try:
         if mode == "nodes":
             _emit({"nodes": _nodes(ray)})
+        elif mode == "join":
+            secs, ips, stale, place = float(argv[2]), _split(argv[3]), _split(argv[4]), argv[5]
+            _emit(_join(ray, secs, ips, stale, place == "1"))
         else:
             ids = [i for i in argv[3].split(",") if i] if len(argv) > 3 else []
             _emit({"placement": _place(ray, float(argv[2]), ids)})

@@ -118,33 +118,6 @@ def wait_for_gcs(session: Session, inventory: Inventory, *, timeout: float) -> N
     )
 
 
-def wait_for_nodes(
-    session: Session,
-    inventory: Inventory,
-    *,
-    timeout: float,
-    report: Reporter,
-    stale: frozenset[str] = frozenset(),
-) -> list[dict[str, Any]]:
-    """Poll the GCS until every inventory address is alive (not as a `stale` node ID)."""
-    expected = {n.address for n in inventory.nodes}
-    deadline = time.monotonic() + timeout
-    nodes: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    while True:
-        try:
-            nodes = headprobe.gcs_nodes(session, inventory)
-        except ProvisionerError as exc:
-            report(f"{inventory.head.name}: GCS not answering yet ({exc.message[:80]})")
-        alive = headprobe.alive_addresses(nodes, stale) & expected
-        for address in sorted(alive - seen):
-            report(f"{inventory.node(address).name}: joined ({address})")
-        seen |= alive
-        if alive == expected or time.monotonic() >= deadline:
-            return nodes
-        time.sleep(1.0)
-
-
 def totals(nodes: list[dict[str, Any]]) -> dict[str, float]:
     """Sum of CPUs, memory (GiB), GPUs over alive nodes."""
     alive = [n for n in nodes if n.get("alive")]
@@ -263,10 +236,14 @@ def bring_up(
     group = fan_out(to_start, start_worker, deadline=120)
     result.started += [w.name for w in to_start if w.name in group.results]
     _raise_first(group.errors, "could not start the Ray container")
-    nodes = wait_for_nodes(
-        head_session, inventory, timeout=join_timeout, report=report, stale=stale
+    report(f"{head.name}: waiting until every node joined" + (", then probing" if probe else ""))
+    nodes, placement = headprobe.join(
+        head_session, inventory, timeout=join_timeout, stale=stale, place=probe
     )
     fresh = headprobe.fresh_nodes(nodes, stale)
+    for node in inventory.nodes:
+        if node.address in fresh:
+            report(f"{node.name}: joined ({node.address})")
     missing = [n for n in inventory.nodes if n.address not in fresh]
     if missing:
         names = ", ".join(n.name for n in missing)
@@ -276,9 +253,8 @@ def bring_up(
             "fix the cause above, then run `provisioner up` again (it restarts only those nodes)",
         )
     if probe:
-        report("placement probe: one task on each node")
-        ids = [fresh[n.address]["node_id"] for n in inventory.nodes]
-        result.placement = headprobe.placement(head_session, inventory, ids)
+        result.placement = placement
+        report(f"placement probe: {sum(bool(p.get('ok')) for p in placement)} node(s) ran a task")
         bad = [p for p in result.placement if not p.get("ok")]
         if bad or len(result.placement) != len(inventory.nodes):
             raise OperationError(
@@ -286,7 +262,10 @@ def bring_up(
                 "see `provisioner logs` for worker crashes on those nodes",
             )
     result.totals = totals(list(fresh.values()))
-    result.status = status.gather(pool, inventory, image_id=image_id)
+    after, errors = status.container_facts(pool, inventory)
+    result.status = status.assemble(
+        inventory, after, errors, list(fresh.values()), image_id=image_id
+    )
     result.timings["start"] = time.monotonic() - t0
     result.seconds = time.monotonic() - t0
     return result
