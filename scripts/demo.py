@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PROVISIONER = str(Path(sys.executable).parent / "provisioner")
 PLAYBOOK = Path("playbooks") / "ppo_cartpole.py"
 # Small enough to finish in a few minutes on two cores shared by three nodes; CartPole's
-# return climbs from ~20 to over 100 within it. Env runners: one per CPU but the driver's.
-BUDGET = ["--target-return", "150", "--max-env-steps", "30000", "--train-batch", "1000"]
+# return climbs from ~20 to a few hundred within it. Env runners: one per CPU but the driver's.
+BUDGET = ["--target-return", "300", "--max-env-steps", "25000", "--train-batch", "1000"]
 
 console = Console(stderr=True, highlight=False)
 
@@ -55,19 +55,13 @@ class Demo:
         console.rule(f"[bold]{number}. {title}")
         console.print(f"[bold cyan]$ provisioner {' '.join(args)}[/bold cyan]")
         t0 = time.monotonic()
-        done = subprocess.run(
-            [PROVISIONER, *args],
-            cwd=ROOT,
-            stdout=subprocess.PIPE if capture else None,
-            text=True,
-            check=False,
-        )
+        code, stdout = command([PROVISIONER, *args], capture)
         took = time.monotonic() - t0
         self.steps.append((title, took))
-        if done.returncode != 0:
-            raise StepFailed(title, done.returncode)
+        if code != 0:
+            raise StepFailed(title, code)
         console.print(f"[green]{title}: done in {took:.0f}s[/green]")
-        return done.stdout or ""
+        return stdout
 
     def times(self) -> Table:
         table = Table("step", "time", title="demo")
@@ -75,6 +69,22 @@ class Demo:
             table.add_row(title, f"{took:6.1f}s")
         table.add_row("[bold]total[/bold]", f"[bold]{time.monotonic() - self.started:6.1f}s[/bold]")
         return table
+
+
+def command(argv: list[str], capture: bool) -> tuple[int, str]:
+    """Run argv in the repository; on Ctrl-C, let it finish its own way (it got the
+    SIGINT too: `submit` stops the job, `up` its nodes' work) before giving up."""
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE if capture else None, text=True)
+    try:
+        stdout, _ = proc.communicate()
+    except KeyboardInterrupt:
+        try:
+            proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        raise
+    return proc.returncode, stdout or ""
 
 
 class StepFailed(Exception):

@@ -129,22 +129,40 @@ def _render(out: Output, outcome: JobOutcome) -> None:
         out.say(f"no result files came home: {found.missing}")
 
 
+# Short headers, so that the scaling table fits 80 columns (the CSV keeps the long names).
+HEADERS = {
+    "iteration": "iter",
+    "iterations": "iters",
+    "env_steps": "env steps",
+    "episode_return_mean": "return",
+    "time_s": "time s",
+    "env_steps_per_s": "steps/s",
+    "env_runners": "runners",
+    "time_to_target_s": "s to target",
+}
+
+
 def csv_table(csv_path: Path, title: str) -> Table:
     """A CSV of numbers a playbook wrote (metrics.csv, scaling.csv) as a table."""
     rows = read_rows(csv_path)
-    table = Table(title=f"{title} ({csv_path})")
+    table = Table(title=title, show_edge=False)
     columns = list(rows[0]) if rows else []
+    whole = {name: all(_whole(row[name]) for row in rows) for name in columns}
     for name in columns:
-        table.add_column(name, justify="right")
+        table.add_column(HEADERS.get(name, name), justify="right", no_wrap=True)
     for row in rows:
-        table.add_row(*(_cell(row[name]) for name in columns))
+        table.add_row(*(_cell(row[name], whole[name]) for name in columns))
     return table
 
 
-def _cell(value: float) -> str:
+def _whole(value: float) -> bool:
+    return value != value or float(value).is_integer()
+
+
+def _cell(value: float, whole: bool) -> str:
     if value != value:  # NaN
         return "-"
-    return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+    return f"{value:.0f}" if whole else f"{value:.2f}"
 
 
 def register(app: typer.Typer) -> None:

@@ -15,7 +15,10 @@ from typing import Any
 from provisioner.errors import InputError
 from provisioner.jobs import provisioner_results
 
-# Where the playbook writes, relative to the job's working directory on the head.
+# Where playbooks write, relative to the job's working directory on the head: one
+# directory per job. Ray extracts a working_dir once per content hash and gives that
+# same directory to every job with the same content, so a fixed `results/` would carry
+# one job's files (a checkpoint, metrics) into the next job's results.
 RESULTS_DIR = "results"
 RESULTS_ENV = "PROVISIONER_RESULTS_DIR"
 # Files that never travel with the working_dir (besides .gitignore'd ones, which Ray honours).
@@ -35,6 +38,11 @@ class JobSpec:
     def working_dir(self) -> Path:
         return self.playbook.parent
 
+    @property
+    def results_dir(self) -> str:
+        """This job's own results directory, relative to the working directory."""
+        return f"{RESULTS_DIR}/{self.job_id}"
+
     def entrypoint(self) -> str:
         """The shell command the head runs: the playbook, then the results shipment.
 
@@ -42,17 +50,24 @@ class JobSpec:
         """
         run = shlex.join(["python3", "-u", self.playbook.name, *self.args])
         ship = shlex.join(
-            ["python3", "-m", provisioner_results.__name__.rsplit(".", 1)[-1], "pack", RESULTS_DIR]
+            [
+                "python3",
+                "-m",
+                provisioner_results.__name__.rsplit(".", 1)[-1],
+                "pack",
+                self.results_dir,
+            ]
         )
         return f"{run}; rc=$?; {ship}; exit $rc"
 
     def runtime_env(self) -> dict[str, Any]:
-        """working_dir = the playbook's directory; the results shipper as a py_module."""
+        """working_dir = the playbook's directory; the results shipper as a py_module;
+        PROVISIONER_RESULTS_DIR = this job's results directory."""
         return {
             "working_dir": str(self.working_dir),
             "excludes": list(EXCLUDES),
             "py_modules": [str(Path(provisioner_results.__file__).parent)],
-            "env_vars": {RESULTS_ENV: RESULTS_DIR, "PYTHONUNBUFFERED": "1", **self.env},
+            "env_vars": {RESULTS_ENV: self.results_dir, "PYTHONUNBUFFERED": "1", **self.env},
         }
 
 

@@ -27,7 +27,7 @@ def test_entrypoint_quotes_arguments_and_keeps_the_playbooks_exit_status(tmp_pat
     spec = make_spec(_playbook(tmp_path), ["--x", "a b; rm -rf /"], job_id="j1")
     run, rest = spec.entrypoint().split("; rc=$?; ")
     assert shlex.split(run) == ["python3", "-u", "train me.py", "--x", "a b; rm -rf /"]
-    assert rest == "python3 -m provisioner_results pack results; exit $rc"
+    assert rest == "python3 -m provisioner_results pack results/j1; exit $rc"
 
 
 def test_runtime_env_ships_the_playbook_directory_and_the_results_packer(tmp_path: Path) -> None:
@@ -35,8 +35,20 @@ def test_runtime_env_ships_the_playbook_directory_and_the_results_packer(tmp_pat
     assert env["working_dir"] == str(tmp_path.resolve())
     assert Path(env["py_modules"][0]).name == "provisioner_results"
     assert (Path(env["py_modules"][0]) / "__main__.py").is_file()
-    assert env["env_vars"][RESULTS_ENV] == "results"
+    assert env["env_vars"][RESULTS_ENV] == "results/j1"
     assert "results/" in env["excludes"]
+
+
+def test_each_job_writes_and_ships_its_own_results_directory(tmp_path: Path) -> None:
+    # Ray gives jobs with the same working_dir content the same directory on the head:
+    # a shared results/ would ship one job's checkpoint and metrics with the next job.
+    book = _playbook(tmp_path)
+    first, second = make_spec(book, job_id="a-1"), make_spec(book, job_id="a-2")
+    assert first.working_dir == second.working_dir
+    dirs = {s.runtime_env()["env_vars"][RESULTS_ENV] for s in (first, second)}
+    assert dirs == {"results/a-1", "results/a-2"}
+    for spec in (first, second):
+        assert spec.entrypoint().endswith(f"pack {spec.results_dir}; exit $rc")
 
 
 def test_missing_or_non_python_playbook_is_bad_input(tmp_path: Path) -> None:
