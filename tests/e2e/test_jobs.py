@@ -102,6 +102,9 @@ def test_custom_environment_trains(inventory: str, tmp_path: Path) -> None:
     assert code == 0, err[-3000:]
     summary = doc["summary"]
     assert summary["iterations"] == 5
+    # Its own files only: jobs of the same playbooks/ share a working directory on the head.
+    events = list((tmp_path / doc["job_id"] / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1, events
     assert summary["episode_return_mean"] > summary["first_return_mean"] + 1.0, summary
 
 
