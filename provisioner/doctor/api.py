@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from provisioner.console import Reporter, quiet
@@ -73,6 +73,32 @@ def connection_finding(node: Node, exc: ProvisionerError) -> Finding:
         f"{kind}: {node.ssh.user}@{node.address}:{node.ssh.port}",
         exc.fix or "",
     )
+
+
+# Findings that this cluster's own running Ray container explains on its node.
+OWN_RAY_CHECKS = frozenset({"ray.stale", "ports.free", "ports.worker_range"})
+
+
+def explained_by_own_ray(findings: list[Finding], facts: NodeFacts, cluster: str) -> list[Finding]:
+    """Pure: on a node running this cluster's Ray, busy Ray ports are that Ray, not a fault.
+
+    They become warnings that say so (`provisioner up` keeps a healthy cluster; `provisioner
+    down` stops it); on any other node they stay errors.
+    """
+    own = any(c.cluster_label == cluster and c.state == "running" for c in facts.containers)
+    if not own:
+        return findings
+    return [
+        replace(
+            f,
+            severity="warning",
+            message=f"this cluster's own Ray is running here: {f.message}",
+            fix=f"nothing to do for `provisioner up`; `provisioner down` stops it ({f.fix})",
+        )
+        if f.severity == "error" and f.check in OWN_RAY_CHECKS
+        else f
+        for f in findings
+    ]
 
 
 def node_findings(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
@@ -151,7 +177,10 @@ def run_doctor(
             if node.name in group.errors:
                 findings.append(connection_finding(node, group.errors[node.name]))
             else:
-                findings += node_findings(node, group.results[node.name], plan)
+                facts = group.results[node.name]
+                findings += explained_by_own_ray(
+                    node_findings(node, facts, plan), facts, inventory.cluster
+                )
         findings += check_versions(group.results, plan)
         if reachability:
             bound = {name: f.bound_ports for name, f in group.results.items() if f.listener_pid}

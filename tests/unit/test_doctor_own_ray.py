@@ -1,0 +1,40 @@
+"""The doctor on a node that runs this cluster's own Ray: busy ports are that Ray."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from provisioner.doctor.api import explained_by_own_ray
+from provisioner.doctor.facts import Container, NodeFacts
+from provisioner.doctor.findings import Finding, error
+
+BUSY = [
+    error("ports.free", "n0", "port 6379 (gcs) is in use by gcs_server", "", "stop it"),
+    error("ray.stale", "n0", "a Ray is already running", "", "ray stop"),
+    error("docker.access", "n0", "docker needs sudo", "", "usermod -aG docker"),
+]
+
+
+def facts(*containers: Container) -> NodeFacts:
+    return replace(NodeFacts(host="n0"), containers=containers)
+
+
+def test_own_running_ray_turns_its_port_findings_into_warnings() -> None:
+    out = explained_by_own_ray(
+        BUSY, facts(Container("ray-demo", "sha256:x", "running", "demo")), "demo"
+    )
+    assert [(f.check, f.severity) for f in out] == [
+        ("ports.free", "warning"),
+        ("ray.stale", "warning"),
+        ("docker.access", "error"),
+    ]
+    assert "this cluster's own Ray" in out[0].message and "provisioner down" in out[0].fix
+
+
+def test_other_clusters_or_stopped_containers_stay_errors() -> None:
+    for c in (
+        Container("ray-other", "x", "running", "other"),
+        Container("ray-demo", "x", "exited", "demo"),
+    ):
+        out: list[Finding] = explained_by_own_ray(BUSY, facts(c), "demo")
+        assert [f.severity for f in out] == ["error"] * 3
