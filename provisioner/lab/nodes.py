@@ -92,6 +92,7 @@ def lab_up(cfg: LabConfig, report: Reporter = quiet, image_lock: Path | None = N
     `image_lock`: the pin (from `provisioner image build`) the lab's inventory refers to.
     """
     _check_not_resized(cfg)
+    image_lock = image_lock or _previous_image_lock(cfg)
     image = ensure_node_image(report)
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     cfg.state_dir.chmod(0o700)
@@ -112,6 +113,16 @@ def lab_up(cfg: LabConfig, report: Reporter = quiet, image_lock: Path | None = N
         json.dumps({"name": cfg.name, "subnet": cfg.subnet, "nodes": cfg.nodes}) + "\n"
     )
     return info(cfg)
+
+
+def _previous_image_lock(cfg: LabConfig) -> Path | None:
+    """The pin an earlier `lab up` wrote into the inventory (kept when none is given now)."""
+    try:
+        doc = yaml.safe_load(cfg.inventory.read_text())
+        lock = doc["image"]["lock"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return Path(lock) if isinstance(lock, str) else None
 
 
 def _check_not_resized(cfg: LabConfig) -> None:
