@@ -127,7 +127,20 @@ def _yaml_group(name: str, data: Any, where: Where, groups: dict[str, Group]) ->
                 "unknown key (expected hosts, vars or children)",
                 f"did you mean '{guess}'?" if guess else "use hosts, vars or children",
             )
+    for key in ("hosts", "vars", "children"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise where.error(
+                f"{name}.{key}",
+                f"expected a mapping, got {data[key]!r}",
+                "see inventories/ansible.yaml",
+            )
     for host, host_vars in (data.get("hosts") or {}).items():
+        if host_vars is not None and not isinstance(host_vars, dict):
+            raise where.error(
+                f"{name}.hosts.{host}",
+                f"expected the host's variables as a mapping, got {host_vars!r}",
+                "write e.g. gpu-01: {ansible_host: 10.0.0.5}",
+            )
         line = data["hosts"].line_of(host) if isinstance(data["hosts"], LocatedMap) else where.line
         group.hosts[str(host)] = (dict(host_vars or {}), line)
     group.vars.update(data.get("vars") or {})
