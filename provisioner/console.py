@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -36,9 +36,21 @@ class Output:
         self.out = Console(file=self.stdout, highlight=False, soft_wrap=True)
         self.err = Console(file=self.stderr, highlight=False, soft_wrap=True)
         self._started = time.monotonic()
+        self.nodes: dict[str, str] = {}  # watched node -> its last progress line
+
+    def watch_nodes(self, names: Iterable[str]) -> None:
+        """Remember each node's last progress line, to say where it stood if interrupted."""
+        self.nodes = {name: "" for name in names}
+
+    def node_states(self) -> list[str]:
+        """One line per watched node: its last reported step, or that none was reached."""
+        return [f"{name}: {last or 'no step reported yet'}" for name, last in self.nodes.items()]
 
     def progress(self, line: str) -> None:
         """One line of progress on stderr, with the time since the command started."""
+        name, sep, rest = line.partition(": ")
+        if sep and name in self.nodes:
+            self.nodes[name] = rest
         elapsed = time.monotonic() - self._started
         self.err.print(f"[dim]{elapsed:6.1f}s[/dim] {line}", markup=True, highlight=False)
 

@@ -53,6 +53,17 @@ def _report_bug(exc: BaseException) -> Path:
     return Path(name)
 
 
+def _interrupted() -> None:
+    """Ctrl-C: say so, and where each node of the command stood (its last step)."""
+    out = state.output
+    states = out.node_states() if out else []
+    print("interrupted" + (": where each node stood" if states else ""), file=sys.stderr)
+    for line in states:
+        print(f"  {line}", file=sys.stderr)
+    if states:
+        print("run the same command again: it picks up from each node's state", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `provisioner` console script; exits with the contract's codes."""
     sys.exit(run(argv))
@@ -79,8 +90,8 @@ def run(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
-    except typer.Abort:
-        print("interrupted", file=sys.stderr)
+    except (typer.Abort, KeyboardInterrupt):
+        _interrupted()
         return 130
     except TyperException as exc:  # usage errors: unknown command, bad option value
         show = getattr(exc, "show", None)
@@ -89,9 +100,6 @@ def run(argv: list[str] | None = None) -> int:
         else:
             print(f"error: {exc.format_message()}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     except Exception as exc:  # a bug: keep the traceback in a file, show one line
         path = _report_bug(exc)
         print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)

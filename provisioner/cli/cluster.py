@@ -96,6 +96,7 @@ def up(
     """Doctor, push the pin, start the head then the workers, wait until all joined, probe."""
     out = output(json_)
     inv = load_inventory(inventory)
+    out.watch_nodes(n.name for n in inv.nodes)
     pin = _pin(inv)
     try:
         with Pool(inv) as pool:
@@ -171,6 +172,7 @@ def down(
     """Collect logs, stop workers then the head, remove containers, check ports are free."""
     out = output(json_)
     inv = load_inventory(inventory)
+    out.watch_nodes(n.name for n in inv.nodes)
     target = None if no_logs else (logs_dir or _default_logs_dir(inv))
     with Pool(inv) as pool:
         result = down_mod.bring_down(pool, inv, logs_dir=target, report=out.progress)
@@ -196,6 +198,7 @@ def logs(
     """Every node's Ray session logs and container log into DIR/NODE/; known errors named."""
     out = output(json_)
     inv = load_inventory(inventory)
+    out.watch_nodes(n.name for n in inv.nodes)
     target = out_dir or _default_logs_dir(inv)
     with Pool(inv) as pool:
         got = collect(pool, inv, target, report=out.progress)

@@ -135,6 +135,7 @@ def push_cmd(
     """Make every node hold exactly the pinned image under the cluster tag."""
     out = output(json_)
     inv = load_inventory(inventory)
+    out.watch_nodes(n.name for n in inv.nodes)
     lock_path = lock or inv.image_lock
     if lock_path is None:
         raise InputError(

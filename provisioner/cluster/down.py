@@ -65,7 +65,9 @@ def bring_down(
         session = pool.session(node)
         session.run(remove, timeout=60).check()
         check = session.run(commands.ports_in_use_command(ray_ports(inventory, node)), timeout=20)
-        return parse_ports(check.stdout)
+        busy = parse_ports(check.stdout)
+        report(f"{node.name}: Ray removed" + (f"; ports still in use: {busy}" if busy else ""))
+        return busy
 
     for stage in (list(inventory.workers), [inventory.head]):
         group = fan_out(stage, stop, deadline=90)
