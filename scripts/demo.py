@@ -8,12 +8,14 @@ Runs, with each command shown before it runs and its progress as it goes:
     provisioner image build
     provisioner up -i INVENTORY                 (doctor, push the pin, start Ray, verify)
     provisioner submit -i INVENTORY playbooks/ppo_cartpole.py -- <small budget>
-    provisioner down -i INVENTORY
+    (the training table, the summary, where the plots and TensorBoard events are)
+    provisioner down -i INVENTORY               (skipped with --keep)
     provisioner lab down --name demo            (skipped with --keep)
 
-then the training table, where the plots are, and the time of each step and in all.
-On a failure it stops there and leaves the lab up to look at (the commands to inspect
-and remove it are printed). The lab is removed at the end unless --keep.
+and the time of each step and in all. By default nothing is left running (the lab's
+three nodes hold ~6 GB of images); --keep leaves the cluster up to try more on it. On a
+failure the demo stops there and leaves the lab up to look at (the commands to inspect
+and remove it are printed).
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ class StepFailed(Exception):
 def show_results(job: dict[str, Any]) -> None:
     """The training table, the summary line and where the plots are."""
     out = Console(highlight=False)
-    directory = Path(job["results_dir"])
+    directory = ROOT / job["results_dir"]
     if (directory / "metrics.csv").is_file():
         out.print(csv_table(directory / "metrics.csv", "training"))
     summary = job.get("summary") or {}
@@ -109,7 +111,7 @@ def show_results(job: dict[str, Any]) -> None:
         )
     out.print(f"results:     {directory}")
     for plot in job.get("plots", []):
-        out.print(f"plot:        {plot}")
+        out.print(f"plot:        {ROOT / plot}")
     out.print(f"tensorboard: tensorboard --logdir {directory / 'tensorboard'}")
 
 
@@ -118,13 +120,15 @@ def main(argv: list[str]) -> int:
         (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     )
     p = argparse.ArgumentParser(description="make demo: lab up, image build, up, train, down")
-    p.add_argument("--keep", action="store_true", help="leave the lab (and nothing else) up")
+    p.add_argument(
+        "--keep", action="store_true", help="leave the cluster and the lab running at the end"
+    )
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--name", default="demo", help="lab name")
     p.add_argument("--subnet", default="10.250.50.0/24", help="lab subnet")
     args = p.parse_args(own)
     demo = Demo()
-    lock = ROOT / "images" / "image.lock.json"
+    lock = Path("images") / "image.lock.json"  # commands run in the repository's root
     inventory = ""
     try:
         lab = json.loads(
@@ -141,14 +145,18 @@ def main(argv: list[str]) -> int:
         job = json.loads(
             demo.run(
                 "submit: PPO on CartPole-v1",
-                *("submit", "-i", inventory, "--results", str(ROOT / "results"), "--json"),
+                *("submit", "-i", inventory, "--results", "results", "--json"),
                 *(str(PLAYBOOK), "--"),
                 *(playbook_args or BUDGET),
                 capture=True,
             )
         )
-        demo.run("down: logs home, Ray stopped", "down", "-i", inventory)
-        if not args.keep:
+        console.rule("[bold]results")
+        show_results(job)
+        if args.keep:
+            show_kept(inventory, args.name)
+        else:
+            demo.run("down: logs home, Ray stopped", "down", "-i", inventory)
             demo.run("lab down", "lab", "down", "--name", args.name)
     except (StepFailed, KeyboardInterrupt) as exc:
         console.print(f"[bold red]demo stopped: {exc or 'interrupted'}[/bold red]")
@@ -157,12 +165,20 @@ def main(argv: list[str]) -> int:
             console.print(f"the lab is left up to look at: provisioner logs -i {inventory}")
         console.print(f"remove it with: provisioner lab down --name {args.name}")
         return exc.code if isinstance(exc, StepFailed) else 130
-    console.rule("[bold]results")
-    show_results(job)
-    if args.keep:
-        console.print(f"lab {args.name} kept: provisioner lab down --name {args.name} removes it")
     Console(highlight=False).print(demo.times())
     return 0
+
+
+def show_kept(inventory: str, name: str) -> None:
+    """What to try on the cluster --keep left running, and how to remove it."""
+    console.print(f"[bold]cluster and lab {name} kept running; try:[/bold]")
+    for line in (
+        f"provisioner status -i {inventory}",
+        f"provisioner submit -i {inventory} playbooks/ppo_cells.py -- --max-env-steps 20000",
+        f"provisioner tunnel -i {inventory}",
+        f"provisioner down -i {inventory} && provisioner lab down --name {name}",
+    ):
+        console.print(f"  {line}")
 
 
 if __name__ == "__main__":
