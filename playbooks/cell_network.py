@@ -16,7 +16,7 @@ needs it installed.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -26,10 +26,11 @@ RADIUS = 0.3
 STEP = 0.05
 
 
-class CellNetwork(gym.Env[NDArray[np.float32], NDArray[np.int64]]):
-    """Users x cells assignment with moving users; see the module docstring."""
+Action = NDArray[np.integer[Any]]
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+class CellNetwork(gym.Env[NDArray[np.float32], Action]):
+    """Users x cells assignment with moving users; see the module docstring."""
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         config = config or {}
@@ -49,7 +50,8 @@ class CellNetwork(gym.Env[NDArray[np.float32], NDArray[np.int64]]):
     def quality(self) -> NDArray[np.float64]:
         """Link quality of every user (rows) to every cell (columns)."""
         d2 = ((self.users[:, None, :] - self.cells[None, :, :]) ** 2).sum(axis=-1)
-        return np.exp(-d2 / (2 * RADIUS**2))
+        quality: NDArray[np.float64] = np.exp(-d2 / (2 * RADIUS**2))
+        return quality
 
     def observe(self) -> NDArray[np.float32]:
         return self.quality().astype(np.float32).ravel()
@@ -62,16 +64,14 @@ class CellNetwork(gym.Env[NDArray[np.float32], NDArray[np.int64]]):
         self.t = 0
         return self.observe(), {}
 
-    def throughput(self, action: NDArray[np.int64]) -> NDArray[np.float64]:
+    def throughput(self, action: Action) -> NDArray[np.float64]:
         """Each user's served throughput under `action` (one cell index per user)."""
         serving = np.asarray(action, dtype=np.int64)
         load = np.bincount(serving, minlength=self.n_cells)
         quality = self.quality()[np.arange(self.n_users), serving]
         return quality / load[serving]
 
-    def step(
-        self, action: NDArray[np.int64]
-    ) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
+    def step(self, action: Action) -> tuple[NDArray[np.float32], float, bool, bool, dict[str, Any]]:
         reward = float(self.throughput(action).mean())
         moves = self.np_random.normal(0.0, STEP, self.users.shape)
         self.users = np.clip(self.users + moves, 0.0, 1.0)

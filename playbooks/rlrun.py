@@ -11,6 +11,7 @@ the target return or the step budget, and writes into the results directory
 - `summary.json`: what the run reached, and why it stopped.
 
 It runs on the cluster, not on the client: it needs Ray, RLlib and tensorboardX only.
+(The `type: ignore[no-untyped-call]` below: those parts of Ray's API are not annotated.)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.ppo import PPOConfig
-from tensorboardX import SummaryWriter
+from tensorboardX import SummaryWriter  # type: ignore[import-untyped]
 
 RESULTS_ENV = "PROVISIONER_RESULTS_DIR"
 
@@ -77,7 +78,7 @@ def parser(
 
 def default_env_runners() -> int:
     """One env runner per CPU of the cluster, keeping one CPU for the driver's learner."""
-    cpus = int(ray.cluster_resources().get("CPU", 1))
+    cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
     return max(1, cpus - 1)
 
 
@@ -88,7 +89,7 @@ def ppo_config(
     runners = args.env_runners if args.env_runners is not None else default_env_runners()
     batch = int(args.train_batch)
     return (
-        PPOConfig()
+        PPOConfig()  # type: ignore[no-untyped-call]
         .environment(env, env_config=env_config or {})
         .env_runners(num_env_runners=runners, num_envs_per_env_runner=1)
         .training(
@@ -109,13 +110,15 @@ def runner_nodes(algo: Algorithm) -> list[dict[str, Any]]:
         ctx = ray.get_runtime_context()
         return {
             "runner": int(runner.worker_index),
-            "node_ip": ray.util.get_node_ip_address(),
+            "node_ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
             "host": socket.gethostname(),
             "node_id": ctx.get_node_id(),
         }
 
-    remote = algo.env_runner_group.num_remote_env_runners() > 0
-    found = algo.env_runner_group.foreach_env_runner(where, local_env_runner=not remote)
+    group = algo.env_runner_group
+    assert group is not None, "the algorithm was built without env runners"
+    remote = group.num_remote_env_runners() > 0
+    found = group.foreach_env_runner(where, local_env_runner=not remote)
     return sorted(found, key=lambda r: r["runner"])
 
 
@@ -190,7 +193,7 @@ def train(
         started = time.monotonic()
         reason = None
         while reason is None:
-            row = row_of(algo.train(), started)
+            row = row_of(algo.train(), started)  # type: ignore[no-untyped-call]
             recorder.add(row)
             print(
                 f"iter {row.iteration:4d}  steps {row.env_steps:8d}  "
@@ -218,7 +221,7 @@ def train(
         return summary
     finally:
         recorder.close()
-        algo.stop()
+        algo.stop()  # type: ignore[no-untyped-call]
 
 
 def run(args: argparse.Namespace, config_for: Any) -> dict[str, Any]:
