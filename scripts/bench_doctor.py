@@ -1,19 +1,30 @@
-"""Benchmark the doctor: the 3-node lab, then N SSH endpoints against an OpenSSH fan-out.
+"""Benchmark the doctor: the 3-node lab, then N SSH endpoints against OpenSSH and Ansible.
 
-    .venv/bin/python scripts/bench_doctor.py [--lab NAME] [--endpoints 50] [--parallel 32]
+    .venv/bin/python scripts/bench_doctor.py [--lab NAME] [--endpoints 100] [--parallel 100]
+        [--no-ansible]
 
-N endpoints are one extra sshd inside the lab's head node listening on N ports (each
-port is one "node" to the doctor). The baseline is `ssh HOST true` to every endpoint
-with the same parallelism. Prints one JSON document.
+N endpoints are extra sshd processes inside the lab's head node listening on N ports
+(each port is one "node" to the doctor). The baselines, at the same parallelism: `ssh HOST
+true` to every endpoint through OpenSSH, and Ansible's ad-hoc command running the doctor's
+own facts script on every endpoint (`ansible all -f N -m script -a facts.sh ...`), so both
+gather the same facts. Prints one JSON document; scripts/bench.py repeats it side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -21,27 +32,45 @@ import yaml
 from provisioner.doctor import run_doctor
 from provisioner.inventory import load_inventory
 from provisioner.lab.engine import exec_rc
-from provisioner.lab.nodes import load_lab
+from provisioner.lab.nodes import LabInfo, load_lab
 
 BASE_PORT = 2201
-
-
 PORTS_PER_SSHD = 16  # one sshd listens on at most 16 sockets
+ANSIBLE = Path(sys.executable).parent / "ansible"
 
 
-def start_endpoints(container: str, count: int) -> None:
+@dataclass(frozen=True)
+class Endpoints:
+    """N sshd endpoints on one lab node, and the files that reach them."""
+
+    lab: LabInfo
+    address: str
+    user: str
+    count: int
+    known_hosts: Path
+    inventory: Path  # native inventory for the doctor
+    ansible_inventory: Path
+
+    @property
+    def ports(self) -> range:
+        return range(BASE_PORT, BASE_PORT + self.count)
+
+
+def start_sshd(container: str, count: int) -> None:
     for first in range(0, count, PORTS_PER_SSHD):
         last = min(first + PORTS_PER_SSHD, count)
         ports = " ".join(f"-p {BASE_PORT + i}" for i in range(first, last))
         pidfile = f"/run/bench-sshd-{first}.pid"
         rc, out = exec_rc(
-            container, f"/usr/sbin/sshd -o AddressFamily=inet -o PidFile={pidfile} {ports}"
+            container,
+            f"/usr/sbin/sshd -o AddressFamily=inet -o PidFile={pidfile} "
+            f"-o MaxStartups=1000 -o MaxSessions=100 {ports}",
         )
         if rc != 0:
             raise SystemExit(f"cannot start the bench sshd: {out}")
 
 
-def stop_endpoints(container: str) -> None:
+def stop_sshd(container: str) -> None:
     exec_rc(container, "for f in /run/bench-sshd-*.pid; do kill $(cat $f); rm -f $f; done")
 
 
@@ -53,6 +82,7 @@ def bench_inventory(
     document["ssh"]["known_hosts"] = str(known_hosts)
     document["ssh"]["host_key_policy"] = "accept-new"
     document["cluster"] = "bench"
+    document.pop("image", None)  # the endpoints are one node: no image to look for
     document["head"] = {"name": f"ep-{BASE_PORT}", "address": address, "port": BASE_PORT}
     document["workers"] = [
         {"name": f"ep-{BASE_PORT + i}", "address": address, "port": BASE_PORT + i}
@@ -62,24 +92,79 @@ def bench_inventory(
     return out
 
 
-def openssh_fan_out(
-    key: Path, known_hosts: Path, user: str, address: str, count: int, parallel: int
-) -> float:
+def ansible_inventory(
+    lab: LabInfo, known_hosts: Path, address: str, user: str, count: int, out: Path
+) -> Path:
+    ssh_args = (
+        f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=accept-new "
+        "-o GlobalKnownHostsFile=/dev/null"
+    )
+    lines = ["[endpoints]"]
+    lines += [
+        f"ep-{port} ansible_host={address} ansible_port={port}"
+        for port in range(BASE_PORT, BASE_PORT + count)
+    ]
+    lines += [
+        "",
+        "[endpoints:vars]",
+        f"ansible_user={user}",
+        f"ansible_ssh_private_key_file={lab.key}",
+        f"ansible_ssh_common_args='{ssh_args}'",
+    ]
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+@contextmanager
+def endpoints(lab: LabInfo, count: int, workdir: Path) -> Iterator[Endpoints]:
+    """`count` sshd endpoints on the lab's head, their host keys recorded; removed after."""
+    head = lab.nodes[0]
+    workdir.mkdir(parents=True, exist_ok=True)
+    known = workdir / "known_hosts"
+    known.unlink(missing_ok=True)
+    stop_sshd(head.container)
+    start_sshd(head.container, count)
+    try:
+        time.sleep(0.5)
+        eps = Endpoints(
+            lab=lab,
+            address=head.address,
+            user=head.user,
+            count=count,
+            known_hosts=known,
+            inventory=bench_inventory(
+                lab.inventory, known, head.address, count, workdir / "inventory.yaml"
+            ),
+            ansible_inventory=ansible_inventory(
+                lab, known, head.address, head.user, count, workdir / "ansible.ini"
+            ),
+        )
+        openssh_fan_out(eps, min(count, 32))  # records the host keys
+        yield eps
+    finally:
+        stop_sshd(head.container)
+
+
+def openssh_fan_out(eps: Endpoints, parallel: int) -> float:
+    """Seconds for `ssh HOST true` to every endpoint, `parallel` at a time."""
+
     def one(port: int) -> tuple[int, str]:
         proc = subprocess.run(
             [
                 "ssh",
                 "-i",
-                str(key),
+                str(eps.lab.key),
                 "-p",
                 str(port),
                 "-o",
-                f"UserKnownHostsFile={known_hosts}",
+                f"UserKnownHostsFile={eps.known_hosts}",
                 "-o",
                 "StrictHostKeyChecking=accept-new",
                 "-o",
+                "GlobalKnownHostsFile=/dev/null",
+                "-o",
                 "BatchMode=yes",
-                f"{user}@{address}",
+                f"{eps.user}@{eps.address}",
                 "true",
             ],
             capture_output=True,
@@ -89,60 +174,114 @@ def openssh_fan_out(
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(parallel) as pool:
-        codes = list(pool.map(one, range(BASE_PORT, BASE_PORT + count)))
-    if any(c != 0 for c, _ in codes):
-        failed = [err for c, err in codes if c != 0]
+        codes = list(pool.map(one, eps.ports))
+    elapsed = time.monotonic() - t0
+    failed = [err for c, err in codes if c != 0]
+    if failed:
         raise SystemExit(f"OpenSSH fan-out failed on {len(failed)} endpoint(s): {failed[0]}")
-    return time.monotonic() - t0
+    return elapsed
+
+
+def doctor_fan_out(eps: Endpoints, parallel: int, *, reachability: bool) -> float:
+    """Seconds for the doctor on every endpoint (its own elapsed time, inventory load included)."""
+    t0 = time.monotonic()
+    report = run_doctor(
+        load_inventory(eps.inventory), parallelism=parallel, reachability=reachability
+    )
+    elapsed = time.monotonic() - t0
+    unreachable = [f for f in report.errors if f.check.startswith("ssh")]
+    if unreachable:
+        raise SystemExit(
+            f"doctor could not reach {len(unreachable)} endpoint(s): {unreachable[0].message}"
+        )
+    return elapsed
+
+
+def ansible_fan_out(eps: Endpoints, parallel: int) -> float:
+    """Seconds for `ansible all -f N -m script` running the doctor's facts script everywhere."""
+    facts = resources.files("provisioner.doctor").joinpath("facts.sh")
+    with tempfile.TemporaryDirectory(prefix="bench-ansible-") as home:
+        script = Path(home) / "facts.sh"
+        script.write_bytes(facts.read_bytes())
+        # same arguments as the doctor's facts round without the reachability listener
+        args = f"{script} {eps.address} {{{{ ansible_host }}}} none '' 0"
+        env = {
+            **os.environ,
+            "ANSIBLE_HOME": home,  # fresh: no ControlPersist master left from a previous run
+            "ANSIBLE_HOST_KEY_CHECKING": "False",
+            "ANSIBLE_PYTHON_INTERPRETER": "auto_silent",
+            "ANSIBLE_LOCALHOST_WARNING": "False",
+            "ANSIBLE_DEPRECATION_WARNINGS": "False",
+            "ANSIBLE_SSH_USETTY": "False",
+            "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=10s",
+            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(Path(home) / "cp"),
+        }
+        cmd = [
+            str(ANSIBLE),
+            "all",
+            "-i",
+            str(eps.ansible_inventory),
+            "-f",
+            str(parallel),
+            "-m",
+            "script",
+            "-a",
+            args,
+            "-o",
+        ]
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        elapsed = time.monotonic() - t0
+    ok = proc.stdout.count("| CHANGED") + proc.stdout.count("| SUCCESS")
+    if proc.returncode != 0 or ok < eps.count:
+        tail = (proc.stdout + proc.stderr).strip()[-600:]
+        raise SystemExit(
+            f"ansible fan-out failed (rc {proc.returncode}, {ok}/{eps.count} ok): {tail}"
+        )
+    return elapsed
+
+
+def ansible_available() -> bool:
+    return ANSIBLE.exists() or shutil.which("ansible") is not None
+
+
+def lab_doctor(lab: LabInfo, parallel: int) -> dict[str, object]:
+    report = run_doctor(load_inventory(lab.inventory), parallelism=parallel)
+    return {
+        "elapsed_s": round(report.elapsed_s, 2),
+        "errors": len(report.errors),
+        "round_trips_per_node": report.round_trips,
+        "checks_per_node": len(report.findings) // max(1, len(report.nodes)),
+        "timings_s": {k: round(v, 2) for k, v in report.timings.items()},
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--lab", default=None)
-    parser.add_argument("--endpoints", type=int, default=50)
-    parser.add_argument("--parallel", type=int, default=32)
+    parser.add_argument("--endpoints", type=int, default=100)
+    parser.add_argument("--parallel", type=int, default=100)
+    parser.add_argument("--no-ansible", action="store_true")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/provisioner-bench-doctor"))
     args = parser.parse_args()
     lab = load_lab(args.lab)
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    result: dict[str, object] = {}
-    report = run_doctor(load_inventory(lab.inventory), parallelism=args.parallel)
-    result["lab_3_nodes"] = {
-        "elapsed_s": round(report.elapsed_s, 2),
-        "errors": len(report.errors),
-        "round_trips_per_node": report.round_trips,
-        "timings_s": report.timings,
-    }
-    head = lab.nodes[0]
-    known = args.workdir / "known_hosts"
-    known.unlink(missing_ok=True)
-    start_endpoints(head.container, args.endpoints)
-    try:
-        time.sleep(0.5)
-        inventory = bench_inventory(
-            lab.inventory, known, head.address, args.endpoints, args.workdir / "inventory.yaml"
-        )
-        openssh_fan_out(
-            lab.key, known, head.user, head.address, args.endpoints, args.parallel
-        )  # record keys
-        baseline = openssh_fan_out(
-            lab.key, known, head.user, head.address, args.endpoints, args.parallel
-        )
-        inv = load_inventory(inventory)
-        full = run_doctor(inv, parallelism=args.parallel)
-        facts_only = run_doctor(inv, parallelism=args.parallel, reachability=False)
-    finally:
-        stop_endpoints(head.container)
+    result: dict[str, object] = {"lab_3_nodes": lab_doctor(lab, args.parallel)}
+    with endpoints(lab, args.endpoints, args.workdir) as eps:
+        baseline = openssh_fan_out(eps, args.parallel)
+        full = doctor_fan_out(eps, args.parallel, reachability=True)
+        facts_only = doctor_fan_out(eps, args.parallel, reachability=False)
+        ansible = None if args.no_ansible else ansible_fan_out(eps, args.parallel)
     result["endpoints"] = {
         "count": args.endpoints,
         "parallel": args.parallel,
         "openssh_true_s": round(baseline, 2),
-        "doctor_s": round(full.elapsed_s, 2),
-        "doctor_no_reachability_s": round(facts_only.elapsed_s, 2),
-        "ratio": round(full.elapsed_s / baseline, 2),
-        "ratio_no_reachability": round(facts_only.elapsed_s / baseline, 2),
-        "round_trips_per_node": full.round_trips,
-        "timings_s": {k: round(v, 2) for k, v in full.timings.items()},
+        "doctor_s": round(full, 2),
+        "doctor_no_reachability_s": round(facts_only, 2),
+        "ansible_script_facts_s": None if ansible is None else round(ansible, 2),
+        "ratio": round(full / baseline, 2),
+        "ansible_vs_doctor_no_reachability": None
+        if ansible is None
+        else round(ansible / facts_only, 2),
     }
     print(json.dumps(result, indent=2))
 

@@ -5,20 +5,26 @@ Measures, on the nodes of an inventory (the lab's by default):
    `docker save IMAGE | ssh NODE docker load` through OpenSSH on the same image;
 2. the re-push time (the node already holds the pin);
 3. bytes sent from this machine for all nodes, with and without relay mode.
-Each step first removes the pinned image from the nodes it measures, so every figure is
-of a full transfer. Prints one JSON document (and writes it with --out).
+Each step first removes the image from the nodes it measures, so every figure is of a
+full transfer. Prints one JSON document (and writes it with --out). `--small MB` pushes a
+small image made here (one layer of MB of fixed pseudo-random bytes, tag
+provisioner/bench:push) instead of the pin: the harness's smoke test uses it.
 
     .venv/bin/python scripts/bench_push.py -i ~/.local/state/provisioner/lab-img/inventory.yaml \
-        --lock images/image.lock.json [--node NAME] [--skip-fanout] [--out bench-results/push.json]
+        --lock images/image.lock.json [--node NAME] [--skip-fanout] [--small MB] \
+        [--out bench-results/push.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -30,13 +36,36 @@ from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.remote import Pool
 
+SMALL_TAG = "provisioner/bench:push"
 
-def remove_pin(inv: Inventory, nodes: list[Node], pin: Pin) -> None:
-    """Remove the pinned image and the cluster tag from the nodes (containers using it stay)."""
+
+def small_pin(pin: Pin, megabytes: int) -> Pin:
+    """A one-layer image of `megabytes` fixed pseudo-random bytes (the same ID on every run)."""
+    from provisioner.lab.engine import client
+
+    with tempfile.TemporaryDirectory(prefix="bench-small-") as tmp:
+        blob = Path(tmp) / "blob"
+        blob.write_bytes(random.Random(megabytes).randbytes(megabytes * 1024 * 1024))
+        os.utime(blob, (0, 0))
+        (Path(tmp) / "Dockerfile").write_text("FROM scratch\nCOPY blob /blob\n")
+        image, _ = client().images.build(path=tmp, tag=f"{SMALL_TAG}-{megabytes}", rm=True)
+    attrs = client().api.inspect_image(image.id)
+    return replace(
+        pin,
+        image_id=image.id,
+        layers=tuple(attrs["RootFS"]["Layers"]),
+        layer_sizes=None,
+        size=int(attrs["Size"]),
+        tag=f"{SMALL_TAG}-{megabytes}",
+    )
+
+
+def remove_pin(inv: Inventory, nodes: list[Node], pin: Pin, tag: str = CLUSTER_TAG) -> None:
+    """Remove the image and its tag from the nodes (containers using it stay)."""
     with Pool(inv) as pool:
         for node in nodes:
             pool.session(node).run(
-                f"docker image rm -f {shlex.quote(CLUSTER_TAG)} {shlex.quote(pin.image_id)} "
+                f"docker image rm -f {shlex.quote(tag)} {shlex.quote(pin.image_id)} "
                 ">/dev/null 2>&1; true",
                 timeout=120,
             )
@@ -68,43 +97,55 @@ def one_node(inv: Inventory, node: Node) -> Inventory:
     return replace(inv, head=replace(node, role="head"), workers=())
 
 
+def measure(
+    inv: Inventory, pin: Pin, node: Node, *, tag: str = CLUSTER_TAG, fanout: bool = True
+) -> dict[str, Any]:
+    """The figures for one run: OpenSSH pipeline, push, re-push, then direct and relay."""
+    single = one_node(inv, node)
+    opts = PushOptions(tag=tag)
+    results: dict[str, Any] = {"image_id": pin.image_id, "image_bytes": pin.size, "node": node.name}
+    remove_pin(inv, [node], pin, tag)
+    results["openssh_seconds"] = round(openssh_baseline(node, pin), 2)
+    remove_pin(inv, [node], pin, tag)
+    report = push_image(single, pin, opts, quiet)
+    if not report.ok:
+        raise SystemExit(f"push failed: {report.errors}")
+    sent = report.nodes[node.name]
+    results["push_seconds"] = round(sent.seconds, 2)
+    results["push_bytes"] = sent.bytes_sent
+    results["push_vs_openssh"] = round(results["openssh_seconds"] / sent.seconds, 2)
+    again = push_image(single, pin, opts, quiet)
+    results["repush_seconds"] = round(again.seconds, 2)
+    results["repush_bytes"] = again.control_bytes
+    if fanout:
+        for relay in (False, True):
+            remove_pin(inv, list(inv.nodes), pin, tag)
+            report = push_image(inv, pin, replace(opts, relay=relay), quiet)
+            if not report.ok:
+                raise SystemExit(f"push (relay={relay}) failed: {report.errors}")
+            key = "relay" if relay else "direct"
+            results[f"{key}_nodes"] = len(inv.nodes)
+            results[f"{key}_control_bytes"] = report.control_bytes
+            results[f"{key}_seconds"] = round(report.seconds, 2)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("-i", "--inventory", type=Path, required=True)
     parser.add_argument("--lock", type=Path, default=None)
     parser.add_argument("--node", default=None, help="node for the one-node figures")
     parser.add_argument("--skip-fanout", action="store_true", help="only the one-node figures")
+    parser.add_argument("--small", type=int, default=0, metavar="MB", help="a small image")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     inv = load_inventory(args.inventory)
     pin = read_pin(args.lock or inv.image_lock or Path("images/image.lock.json"))
+    if args.small:
+        pin = small_pin(pin, args.small)
     node = inv.node(args.node) if args.node else (inv.workers or (inv.head,))[0]
-    single = one_node(inv, node)
-    results: dict[str, Any] = {"image_id": pin.image_id, "image_bytes": pin.size, "node": node.name}
-
-    remove_pin(inv, [node], pin)
-    results["openssh_seconds"] = round(openssh_baseline(node, pin), 1)
-    remove_pin(inv, [node], pin)
-    report = push_image(single, pin, PushOptions(), quiet)
-    assert report.ok, report.errors
-    sent = report.nodes[node.name]
-    results["push_seconds"] = round(sent.seconds, 1)
-    results["push_bytes"] = sent.bytes_sent
-    results["push_vs_openssh"] = round(results["openssh_seconds"] / sent.seconds, 2)
-    again = push_image(single, pin, PushOptions(), quiet)
-    results["repush_seconds"] = round(again.seconds, 2)
-    results["repush_bytes"] = again.control_bytes
-
-    if not args.skip_fanout:
-        for relay in (False, True):
-            remove_pin(inv, list(inv.nodes), pin)
-            report = push_image(inv, pin, PushOptions(relay=relay), quiet)
-            assert report.ok, report.errors
-            key = "relay" if relay else "direct"
-            results[f"{key}_nodes"] = len(inv.nodes)
-            results[f"{key}_control_bytes"] = report.control_bytes
-            results[f"{key}_seconds"] = round(report.seconds, 1)
-
+    tag = pin.tag if args.small else CLUSTER_TAG
+    results = measure(inv, pin, node, tag=tag, fanout=not args.skip_fanout)
     text = json.dumps(results, indent=2)
     print(text)
     if args.out:

@@ -10,12 +10,33 @@ the target return, nodes used per run) is printed, and results/JOB/scaling.png d
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from provisioner.cli import run
 
 PLAYBOOK = Path(__file__).resolve().parents[1] / "playbooks" / "scaling.py"
+
+
+def measure(
+    inventory: Path, max_runners: int, playbook_args: list[str], results: Path, log: Path
+) -> list[dict[str, Any]]:
+    """Run this script as `provisioner submit` would; the scaling table's rows (one per count).
+
+    The job's output goes to `log`; the table comes from results/JOB/scaling.json.
+    """
+    cmd = [sys.executable, __file__, "-i", str(inventory), "--max-runners", str(max_runners)]
+    cmd += ["--results", str(results), "--", *playbook_args]
+    with open(log, "w") as out:
+        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+    tables = sorted(results.glob("*/scaling.json"), key=lambda p: p.stat().st_mtime)
+    if rc != 0 or not tables:
+        raise SystemExit(f"the scaling job failed (rc {rc}); its output: {log}")
+    rows: list[dict[str, Any]] = json.loads(tables[-1].read_text())
+    return rows
 
 
 def main(argv: list[str]) -> int:

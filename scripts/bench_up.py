@@ -51,6 +51,7 @@ def timed(cmd: list[str], inv: Inventory, env: dict[str, str] | None, limit: flo
 
 
 def down(inventory: str) -> None:
+    """`provisioner down` without collecting logs."""
     subprocess.run(
         [*PROVISIONER, "down", "-i", inventory, "--no-logs"],
         check=True,
@@ -59,28 +60,36 @@ def down(inventory: str) -> None:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("-i", "--inventory", type=Path, required=True)
-    parser.add_argument("--limit", type=float, default=600)
-    parser.add_argument("--repeat", type=int, default=1)
-    args = parser.parse_args()
-    inv_path = str(args.inventory)
-    inv = load_inventory(args.inventory)
+def provisioner_up(inv_path: Path, inv: Inventory, limit: float) -> float:
+    """Seconds for `provisioner up` (from a stopped cluster) until all nodes are listed alive."""
+    return timed([*PROVISIONER, "up", "-i", str(inv_path)], inv, None, limit)
+
+
+def forget_launcher_state(inv: Inventory) -> None:
     from ray.autoscaler._private.local.config import get_state_path
 
+    Path(get_state_path(inv.cluster)).unlink(missing_ok=True)
+
+
+def side_by_side(inv_path: Path, repeat: int, limit: float) -> tuple[list[float], list[float]]:
+    """`provisioner up` then `ray up` of the rendered file, `repeat` times; all down after."""
+    inv = load_inventory(inv_path)
     ours: list[float] = []
     theirs: list[float] = []
     with tempfile.TemporaryDirectory() as home:
         yaml_path = Path(home) / "cluster.yaml"
-        subprocess.run([*PROVISIONER, "render", "-i", inv_path, "-o", str(yaml_path)], check=True)
+        subprocess.run(
+            [*PROVISIONER, "render", "-i", str(inv_path), "-o", str(yaml_path)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         env = {"HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        for _ in range(args.repeat):
-            down(inv_path)
-            ours.append(timed([*PROVISIONER, "up", "-i", inv_path], inv, None, args.limit))
-            down(inv_path)
-            Path(get_state_path(inv.cluster)).unlink(missing_ok=True)
-            theirs.append(timed([RAY, "up", "-y", str(yaml_path)], inv, env, args.limit))
+        for _ in range(repeat):
+            down(str(inv_path))
+            ours.append(provisioner_up(inv_path, inv, limit))
+            down(str(inv_path))
+            forget_launcher_state(inv)
+            theirs.append(timed([RAY, "up", "-y", str(yaml_path)], inv, env, limit))
             subprocess.run(
                 [RAY, "down", "-y", str(yaml_path)],
                 env=env,
@@ -88,13 +97,23 @@ def main() -> int:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            down(inv_path)  # Ray's `ray down` may leave workers (see render.py's header)
-            Path(get_state_path(inv.cluster)).unlink(missing_ok=True)
+            down(str(inv_path))  # Ray's `ray down` may leave workers (see render.py's header)
+            forget_launcher_state(inv)
+    return ours, theirs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-i", "--inventory", type=Path, required=True)
+    parser.add_argument("--limit", type=float, default=600)
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    ours, theirs = side_by_side(args.inventory, args.repeat, args.limit)
     a, b = statistics.median(ours), statistics.median(theirs)
     print(
         json.dumps(
             {
-                "nodes": len(inv.nodes),
+                "nodes": len(load_inventory(args.inventory).nodes),
                 "provisioner_up_s": [round(x, 1) for x in ours],
                 "ray_up_s": [round(x, 1) for x in theirs],
                 "median_ratio": round(a / b, 3),

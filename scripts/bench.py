@@ -1,0 +1,652 @@
+"""`make bench`: every benchmark side by side with the tool users would otherwise use.
+
+    .venv/bin/python scripts/bench.py [--rows bring-up,fan-out,latency,push,training]
+        [--repeat 3] [--endpoints 100] [--delays 0,50,100] [--small-image MB] [--out DIR]
+
+One run on one lab (made here unless it exists: --lab, --subnet), each figure repeated
+(--repeat; the 1.9 GB push --push-repeat) with the median and the spread (min-max).
+Writes DIR/bench.md (a Markdown table: what was measured, on what, how to re-run it)
+and DIR/bench.json, both with the machine's cores and memory. Figures on a shared
+machine are noisy: every comparison is a ratio of runs made side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import bench_doctor
+import bench_push
+import bench_scaling
+import bench_up
+
+from provisioner.errors import InputError
+from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
+from provisioner.image.push import PushOptions, push_image
+from provisioner.inventory import load_inventory
+from provisioner.lab import faults
+from provisioner.lab.config import LabConfig
+from provisioner.lab.nodes import LabInfo, lab_down, lab_up, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUPS = ("bring-up", "fan-out", "latency", "push", "training")
+SCRIPT = ".venv/bin/python scripts/bench.py"
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- figures ---------------------------------------------------------------------------
+
+
+@dataclass
+class Figure:
+    """One measured quantity over its repeats."""
+
+    label: str
+    unit: str
+    runs: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.runs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "unit": self.unit,
+            "runs": [round(x, 3) for x in self.runs],
+            "median": round(self.median, 3),
+            "min": round(min(self.runs), 3),
+            "max": round(max(self.runs), 3),
+        }
+
+    def cell(self) -> str:
+        text = f"{self.label}: {_num(self.median)} {self.unit}"
+        if len(self.runs) > 1:
+            text += f" ({_num(min(self.runs))}–{_num(max(self.runs))})"
+        return text
+
+
+def _num(x: float) -> str:
+    if x >= 1e6:
+        return f"{x / 1e6:,.0f} M" if x >= 1e8 else f"{x / 1e6:,.1f} M"
+    return f"{x:,.0f}" if x >= 100 else f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
+@dataclass
+class Row:
+    group: str
+    benchmark: str
+    ours: Figure
+    baseline: Figure | None
+    ratio: float | None
+    ratio_text: str  # how to read the ratio
+    target: str
+    met: bool | None
+    what: str  # what was measured, on what
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rerun(self) -> str:
+        return f"{SCRIPT} --rows {self.group}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "benchmark": self.benchmark,
+            "ours": self.ours.to_json(),
+            "baseline": self.baseline.to_json() if self.baseline else None,
+            "ratio": None if self.ratio is None else round(self.ratio, 3),
+            "ratio_is": self.ratio_text,
+            "target": self.target,
+            "met": self.met,
+            "what": self.what,
+            "rerun": self.rerun,
+            **({"extra": self.extra} if self.extra else {}),
+        }
+
+
+# --- the machine and the markdown ------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    total_kb = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal:"))
+    model = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": round(total_kb / 1024 / 1024, 1),
+        "cpu": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
+    m = meta["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"{meta['finished']} · `{meta['command']}` · {m['cores']} cores ({m['cpu']}), "
+        f"{m['memory_gib']} GiB memory, load average at start "
+        f"{', '.join(str(x) for x in m['load_average_at_start'])} · lab: "
+        f"{meta['lab_nodes']} nodes (containers with sshd and dockerd on this machine) · "
+        f"repeats: {meta['repeat']} (push: {meta['push_repeat']}); "
+        "figures are the median (min–max).",
+        "",
+        "| Benchmark | provisioner | Baseline | Ratio | Target | Met | What, on what | Re-run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratio = "—" if r.ratio is None else f"{r.ratio:.2f} ({r.ratio_text})"
+        met = "—" if r.met is None else ("yes" if r.met else "**no**")
+        base = r.baseline.cell() if r.baseline else "—"
+        lines.append(
+            f"| {r.benchmark} | {r.ours.cell()} | {base} | {ratio} | {r.target} | {met} "
+            f"| {r.what} | `{r.rerun}` |"
+        )
+    lines += ["", "Everything: `make bench` (options: `" + SCRIPT + " --help`).", ""]
+    return "\n".join(lines)
+
+
+# --- the rows ---------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    lab: LabInfo
+    pin_path: Path
+    args: argparse.Namespace
+    workdir: Path
+
+    @property
+    def inventory(self) -> Path:
+        return self.lab.inventory
+
+    def pin(self) -> Pin:
+        return read_pin(self.pin_path)
+
+    def ensure_pin(self) -> None:
+        """Every node holds the pin under the cluster tag (seconds when it does already)."""
+        inv = load_inventory(self.inventory)
+        report = push_image(inv, self.pin(), PushOptions())
+        if not report.ok:
+            raise SystemExit(f"cannot push the pin to the lab: {report.errors}")
+
+    def down(self) -> None:
+        bench_up.down(str(self.inventory))
+        bench_up.forget_launcher_state(load_inventory(self.inventory))
+
+
+def rows_bring_up(ctx: Context) -> list[Row]:
+    ours, theirs = bench_up.side_by_side(ctx.inventory, ctx.args.repeat, ctx.args.limit)
+    a, b = Figure("provisioner up", "s", ours), Figure("ray up", "s", theirs)
+    ratio = a.median / b.median
+    n = len(ctx.lab.nodes)
+    return [
+        Row(
+            "bring-up",
+            f"bring-up, {n} nodes",
+            a,
+            b,
+            ratio,
+            "up / ray up",
+            "≤ 0.33",
+            ratio <= 1 / 3,
+            f"`provisioner up` vs `ray up` of the file `provisioner render` wrote, same {n}-node "
+            "lab, image present on every node; from the command's start until `ray status` "
+            "on the head lists every node alive; all down between runs",
+        )
+    ]
+
+
+def rows_fan_out(ctx: Context) -> list[Row]:
+    n, par = ctx.args.endpoints, ctx.args.parallel or ctx.args.endpoints
+    k = ctx.args.repeat
+    with bench_doctor.endpoints(ctx.lab, n, ctx.workdir / "endpoints") as eps:
+        ssh_runs: list[float] = []
+        doctor_runs: list[float] = []
+        facts_runs: list[float] = []
+        ansible_runs: list[float] = []
+        for i in range(k):  # interleaved, so a busy moment hits every tool alike
+            log(f"fan-out {i + 1}/{k}: OpenSSH, doctor, doctor (facts only), Ansible")
+            ssh_runs.append(bench_doctor.openssh_fan_out(eps, par))
+            doctor_runs.append(bench_doctor.doctor_fan_out(eps, par, reachability=True))
+            facts_runs.append(bench_doctor.doctor_fan_out(eps, par, reachability=False))
+            ansible_runs.append(bench_doctor.ansible_fan_out(eps, par))
+    ssh = Figure("`ssh HOST true`", "s", ssh_runs)
+    doctor = Figure("doctor", "s", doctor_runs)
+    facts = Figure("doctor, facts only", "s", facts_runs)
+    ansible = Figure("ansible -m script facts.sh", "s", ansible_runs)
+    on = (
+        f"{n} SSH endpoints (sshd ports on one lab node), parallelism {par} for every tool; "
+        "first connection each run (no reuse)"
+    )
+    r1 = doctor.median / ssh.median
+    r2 = ansible.median / facts.median
+    return [
+        Row(
+            "fan-out",
+            f"fan-out, {n} endpoints: doctor vs OpenSSH",
+            doctor,
+            ssh,
+            r1,
+            "doctor / ssh",
+            "≤ 2",
+            r1 <= 2,
+            f"`provisioner doctor` (facts, port listeners, reachability probes) vs OpenSSH "
+            f"`ssh HOST true` to every endpoint; {on}",
+        ),
+        Row(
+            "fan-out",
+            f"fan-out, {n} endpoints: doctor vs Ansible",
+            facts,
+            ansible,
+            r2,
+            "Ansible / doctor",
+            "≥ 5",
+            r2 >= 5,
+            "the same facts both ways: the doctor's facts round vs Ansible's ad-hoc "
+            f"`ansible all -f {par} -m script` running the doctor's own facts.sh (ansible-core, "
+            f"its default SSH connection with ControlPersist, no pty); {on}",
+        ),
+    ]
+
+
+def ssh_true_lab(lab: LabInfo) -> float:
+    """Seconds for OpenSSH `ssh NODE true` to every lab node at once."""
+
+    def one(address: str) -> int:
+        cmd = [
+            "ssh",
+            "-i",
+            str(lab.key),
+            "-o",
+            f"UserKnownHostsFile={lab.known_hosts}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            f"{lab.nodes[0].user}@{address}",
+            "true",
+        ]
+        return subprocess.run(cmd, capture_output=True, check=False).returncode
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(len(lab.nodes)) as pool:
+        codes = list(pool.map(one, [n.address for n in lab.nodes]))
+    if any(codes):
+        raise SystemExit(f"ssh to the lab failed: exit codes {codes}")
+    return time.monotonic() - t0
+
+
+def delayed(lab: LabInfo, ms: int, fn: Callable[[], float]) -> float:
+    if ms:
+        for node in lab.nodes:
+            faults.delay(lab, node, ms)
+    try:
+        return fn()
+    finally:
+        if ms:
+            for node in lab.nodes:
+                faults.undelay(lab, node)
+
+
+def rows_latency(ctx: Context) -> list[Row]:
+    lab, k, delays = ctx.lab, ctx.args.repeat, ctx.args.delays
+    n = len(lab.nodes)
+    ctx.down()
+    info = bench_doctor.lab_doctor(lab, 32)
+    checks, rounds = int(str(info["checks_per_node"])), int(str(info["round_trips_per_node"]))
+    doctor: dict[int, list[float]] = {}
+    ssh: dict[int, list[float]] = {}
+    up: dict[int, list[float]] = {}
+    inv = load_inventory(ctx.inventory)
+
+    def doctor_once() -> float:
+        t0 = time.monotonic()
+        bench_doctor.lab_doctor(lab, 32)
+        return time.monotonic() - t0
+
+    def up_once() -> float:
+        return bench_up.provisioner_up(ctx.inventory, inv, ctx.args.limit)
+
+    for ms in delays:
+        log(f"latency +{ms} ms: ssh true, doctor x{k}; up x{ctx.args.up_repeat}")
+        ssh[ms] = [delayed(lab, ms, lambda: ssh_true_lab(lab)) for _ in range(k)]
+        doctor[ms] = [delayed(lab, ms, doctor_once) for _ in range(k)]
+        runs = []
+        for _ in range(ctx.args.up_repeat):
+            ctx.down()
+            runs.append(delayed(lab, ms, up_once))
+        ctx.down()
+        up[ms] = runs
+    how = (
+        "added round-trip time on every node's SSH link: this kernel has no sch_netem, so "
+        "`provisioner lab fault delay` puts a delaying proxy in front of each node's sshd "
+        "(Ray's own traffic between nodes is not delayed)"
+    )
+    rows: list[Row] = []
+    zero = delays[0]
+    for ms in delays:
+        d0, s0, u0 = (Figure(f"+{zero} ms", "s", x[zero]) for x in (doctor, ssh, up))
+        d, s, u = (Figure(f"+{ms} ms", "s", x[ms]) for x in (doctor, ssh, up))
+        if ms == zero:
+            rows.append(
+                Row(
+                    "latency",
+                    f"latency: doctor, {n} nodes, +{ms} ms",
+                    d,
+                    s,
+                    d.median / s.median,
+                    "doctor / ssh true",
+                    "—",
+                    None,
+                    f"`provisioner doctor` on the {n}-node lab vs OpenSSH `ssh NODE true` to the "
+                    f"same nodes, no added delay; {rounds} rounds, {checks} checks per node",
+                )
+            )
+            rows.append(
+                Row(
+                    "latency",
+                    f"latency: up, {n} nodes, +{ms} ms",
+                    u,
+                    None,
+                    None,
+                    "",
+                    "—",
+                    None,
+                    f"`provisioner up` on the {n}-node lab (image present, from down), no delay",
+                )
+            )
+            continue
+        rtt = ms / 1000
+        d_rtts = (d.median - d0.median) / rtt
+        s_rtts = (s.median - s0.median) / rtt
+        u_rtts = (u.median - u0.median) / rtt
+        rows.append(
+            Row(
+                "latency",
+                f"latency: doctor, {n} nodes, +{ms} ms",
+                d,
+                s,
+                d_rtts,
+                f"added time in RTTs; `ssh true` adds {s_rtts:.1f}",
+                f"grows with its {rounds} rounds, not its {checks} checks per node",
+                d_rtts - s_rtts < checks,
+                f"{how}; doctor vs `ssh NODE true` at the same delay, both from a fresh "
+                "connection: the doctor's extra RTTs over one SSH command are its rounds",
+                {"added_s": round(d.median - d0.median, 3), "ssh_added_s": s.median - s0.median},
+            )
+        )
+        rows.append(
+            Row(
+                "latency",
+                f"latency: up, {n} nodes, +{ms} ms",
+                u,
+                u0,
+                u_rtts,
+                f"added time in RTTs (vs +{zero} ms)",
+                "—",
+                None,
+                f"{how}; `provisioner up` from down until every node is listed alive",
+                {"added_s": round(u.median - u0.median, 3)},
+            )
+        )
+    return rows
+
+
+def rows_push(ctx: Context) -> list[Row]:
+    inv = load_inventory(ctx.inventory)
+    pin = ctx.pin()
+    small = ctx.args.small_image
+    if small:
+        pin = bench_push.small_pin(pin, small)
+    tag = pin.tag if small else CLUSTER_TAG
+    node = (inv.workers or (inv.head,))[0]
+    runs = []
+    for i in range(ctx.args.push_repeat):
+        log(f"push {i + 1}/{ctx.args.push_repeat}: {pin.size / 1e6:.0f} MB image")
+        runs.append(bench_push.measure(inv, pin, node, tag=tag))
+    size = pin.size
+    ours = Figure("push", "MB/s", [size / 1e6 / r["push_seconds"] for r in runs])
+    base = Figure(
+        "docker save | ssh docker load", "MB/s", [size / 1e6 / r["openssh_seconds"] for r in runs]
+    )
+    ratio = ours.median / base.median
+    image = f"{size / 1e9:.2f} GB pin" if not small else f"{size / 1e6:.0f} MB test image"
+    repush_bytes = Figure("image bytes", "B", [float(r["repush_bytes"]) for r in runs])
+    repush_s = Figure("re-push", "s", [r["repush_seconds"] for r in runs])
+    direct = Figure("direct", "B", [float(r["direct_control_bytes"]) for r in runs])
+    relay = Figure("relay", "B", [float(r["relay_control_bytes"]) for r in runs])
+    n = len(inv.nodes)
+    relay_ratio = relay.median / size
+    return [
+        Row(
+            "push",
+            "push throughput, 1 node",
+            ours,
+            base,
+            ratio,
+            "push / OpenSSH",
+            "≥ 0.9",
+            ratio >= 0.9,
+            f"`provisioner image push` of the {image} to one lab node that holds none of it vs "
+            "`docker save IMAGE | ssh NODE docker load` through OpenSSH (image bytes / seconds)",
+            {"runs": runs},
+        ),
+        Row(
+            "push",
+            "re-push, 1 node",
+            repush_bytes,
+            None,
+            None,
+            "",
+            "0 image bytes",
+            all(x == 0 for x in repush_bytes.runs),
+            f"the same push again to the node that now holds the {image}; took "
+            f"{_num(repush_s.median)} s",
+        ),
+        Row(
+            "push",
+            f"control-machine bytes, {n} nodes",
+            relay,
+            direct,
+            relay_ratio,
+            "relay bytes / image size",
+            "≈ 1 image (≤ 1.1)",
+            relay_ratio <= 1.1,
+            f"bytes sent from this machine pushing the {image} to {n} nodes holding none of "
+            "it: with relay (the head forwards to the workers) vs direct",
+        ),
+    ]
+
+
+def rows_training(ctx: Context) -> list[Row]:
+    args = ctx.args
+    subprocess.run(
+        [sys.executable, "-m", "provisioner", "up", "-i", str(ctx.inventory)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    playbook = [
+        "--max-env-steps",
+        str(args.train_steps),
+        "--train-batch",
+        str(args.train_batch),
+        "--target-return",
+        "100000",
+    ]
+    try:
+        rows = bench_scaling.measure(
+            ctx.inventory,
+            args.runners,
+            playbook,
+            ctx.workdir / "training",
+            ctx.workdir / "training.log",
+        )
+    finally:
+        ctx.down()
+    one = next(r for r in rows if r["env_runners"] == 1)
+    top = max(rows, key=lambda r: int(r["env_runners"]))
+    a = Figure(f"{top['env_runners']} runners", "steps/s", [float(top["env_steps_per_s"])])
+    b = Figure("1 runner", "steps/s", [float(one["env_steps_per_s"])])
+    n = len(ctx.lab.nodes)
+    return [
+        Row(
+            "training",
+            f"training: env steps/s, 1 vs {top['env_runners']} env runners",
+            a,
+            b,
+            a.median / b.median,
+            f"speed-up with {top['env_runners']} runners",
+            "—",
+            None,
+            f"PPO on CartPole (playbooks/scaling.py through `provisioner submit`), "
+            f"{args.train_steps} env steps per count, batch {args.train_batch}, on the {n}-node "
+            f"lab cluster (all nodes share this machine's {os.cpu_count()} cores)",
+            {"table": rows},
+        )
+    ]
+
+
+ROWS: dict[str, Callable[[Context], list[Row]]] = {
+    "bring-up": rows_bring_up,
+    "fan-out": rows_fan_out,
+    "latency": rows_latency,
+    "push": rows_push,
+    "training": rows_training,
+}
+
+
+# --- main ---------------------------------------------------------------------------------
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rows", default=",".join(GROUPS), help="comma-separated: " + ", ".join(GROUPS))
+    p.add_argument("--lab", default=os.environ.get("PROVISIONER_LAB_NAME", "bench"))
+    p.add_argument("--subnet", default=os.environ.get("PROVISIONER_LAB_SUBNET", "10.250.60.0/24"))
+    p.add_argument("--lock", type=Path, default=ROOT / "images" / "image.lock.json")
+    p.add_argument("--repeat", type=int, default=3, help="repeats of every figure")
+    p.add_argument("--push-repeat", type=int, default=1, help="repeats of the push figures")
+    p.add_argument("--up-repeat", type=int, default=1, help="repeats of `up` per added delay")
+    p.add_argument("--endpoints", type=int, default=100)
+    p.add_argument("--parallel", type=int, default=0, help="fan-out parallelism (0: endpoints)")
+    p.add_argument("--delays", default="0,50,100", help="added RTTs in ms, the first the base")
+    p.add_argument("--small-image", type=int, default=0, metavar="MB", help="push a small image")
+    p.add_argument("--runners", type=int, default=3, help="largest env runner count")
+    p.add_argument("--train-steps", type=int, default=8000)
+    p.add_argument("--train-batch", type=int, default=1000)
+    p.add_argument("--limit", type=float, default=600, help="seconds one bring-up may take")
+    p.add_argument("--keep-lab", action="store_true", help="keep a lab made here")
+    p.add_argument("--out", type=Path, default=ROOT / "bench-results")
+    args = p.parse_args(argv)
+    args.groups = [g.strip() for g in args.rows.split(",") if g.strip()]
+    unknown = [g for g in args.groups if g not in ROWS]
+    if unknown:
+        p.error(f"unknown rows {unknown}; choose from {', '.join(GROUPS)}")
+    try:
+        args.delays = [int(x) for x in args.delays.split(",")]
+    except ValueError:
+        p.error(f"--delays: comma-separated milliseconds, got {args.delays!r}")
+    if min(args.repeat, args.push_repeat, args.up_repeat, args.endpoints, args.runners) < 1:
+        p.error("--repeat, --push-repeat, --up-repeat, --endpoints and --runners must be ≥ 1")
+    return args
+
+
+def ensure_lock(path: Path) -> Path:
+    if path.exists():
+        return path
+    from provisioner.image.build import BuildOptions, build_image
+    from provisioner.lab.images import ensure_base_image
+
+    log(f"no pin at {path}: building the image (from the build cache when it was built before)")
+    images = ROOT / "images"
+    opts = BuildOptions(
+        images_dir=images,
+        wheelhouse=images / ".wheelhouse",
+        lock_path=path,
+        base=ensure_base_image(log),
+    )
+    result = build_image(opts, log)
+    assert result.lock_path is not None
+    return result.lock_path
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    started = datetime.now(UTC)
+    meta: dict[str, Any] = {"machine": machine(), "command": " ".join(["scripts/bench.py", *argv])}
+    lock = ensure_lock(args.lock)
+    try:
+        cfg, existed = load_config(args.lab), True  # an existing lab, on its own subnet
+    except InputError:
+        cfg, existed = LabConfig(name=args.lab, subnet=args.subnet, nodes=3), False
+    log(f"lab {args.lab}: {'reusing' if existed else 'starting'}")
+    lab = lab_up(cfg, log, lock)
+    faults.clear(lab)
+    rows: list[Row] = []
+    pinned = False
+    with tempfile.TemporaryDirectory(prefix="provisioner-bench-") as tmp:
+        ctx = Context(lab, lock, args, Path(tmp))
+        # push first: with the pin itself it leaves every node holding it for the rest
+        order = sorted(args.groups, key=lambda g: (g != "push", GROUPS.index(g)))
+        try:
+            for group in order:
+                if group in ("bring-up", "latency", "training") and not pinned:
+                    log("the pin on every node")
+                    ctx.ensure_pin()
+                    pinned = True
+                log(f"{group} ...")
+                t0 = time.monotonic()
+                rows += ROWS[group](ctx)
+                pinned = pinned or (group == "push" and not args.small_image)
+                log(f"{group}: {time.monotonic() - t0:.0f} s")
+        finally:
+            faults.clear(lab)
+            if not existed and not args.keep_lab:
+                lab_down(cfg, log)
+    meta.update(
+        started=started.isoformat(timespec="seconds"),
+        finished=datetime.now(UTC).isoformat(timespec="seconds"),
+        lab_nodes=len(lab.nodes),
+        repeat=args.repeat,
+        push_repeat=args.push_repeat,
+        options={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    )
+    rows.sort(key=lambda r: GROUPS.index(r.group))
+    args.out.mkdir(parents=True, exist_ok=True)
+    doc = {**meta, "rows": [r.to_json() for r in rows]}
+    (args.out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (args.out / "bench.md").write_text(markdown(rows, meta))
+    print(markdown(rows, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

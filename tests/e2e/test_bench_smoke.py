@@ -1,0 +1,65 @@
+"""The `make bench` harness on the smallest sizes, so it cannot rot.
+
+Every row group runs once against the session lab: 3 SSH endpoints, one repeat, a
+16 MB test image instead of the pin for the push rows, 1 and 2 env runners on a tiny
+training budget. The test asserts the harness writes every row with its figures, its
+target and how to re-run it; it asserts no timing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from provisioner.lab.nodes import LabInfo
+
+BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
+
+
+def test_bench_harness_writes_every_row(
+    lab: LabInfo, image_pin: Path, cluster_inventory: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "results"
+    args = ["--lab", lab.name, "--lock", str(image_pin), "--out", str(out)]
+    args += ["--repeat", "1", "--endpoints", "3", "--delays", "0,50", "--small-image", "16"]
+    args += ["--runners", "2", "--train-steps", "1000", "--train-batch", "500"]
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["machine"]["cores"] >= 1 and doc["machine"]["memory_gib"] > 0
+    rows = {r["benchmark"]: r for r in doc["rows"]}
+    n = len(lab.nodes)
+    expected = [
+        f"bring-up, {n} nodes",
+        "fan-out, 3 endpoints: doctor vs OpenSSH",
+        "fan-out, 3 endpoints: doctor vs Ansible",
+        f"latency: doctor, {n} nodes, +0 ms",
+        f"latency: up, {n} nodes, +0 ms",
+        f"latency: doctor, {n} nodes, +50 ms",
+        f"latency: up, {n} nodes, +50 ms",
+        "push throughput, 1 node",
+        "re-push, 1 node",
+        f"control-machine bytes, {n} nodes",
+        "training: env steps/s, 1 vs 2 env runners",
+    ]
+    assert sorted(rows) == sorted(expected)
+    no_baseline = {"re-push, 1 node", f"latency: up, {n} nodes, +0 ms"}
+    for name, row in rows.items():
+        assert row["what"] and row["rerun"].endswith(f"--rows {row['group']}"), name
+        assert len(row["ours"]["runs"]) >= 1, name
+        if name in no_baseline:
+            continue
+        assert row["ours"]["median"] > 0, name
+        assert row["baseline"] is not None and row["baseline"]["median"] > 0, name
+        assert row["ratio"] is not None, name
+    assert rows["re-push, 1 node"]["ours"]["runs"] == [0.0]  # the node holds the image
+
+    table = (out / "bench.md").read_text()
+    assert f"{doc['machine']['cores']} cores" in table
+    for name in expected:
+        assert f"| {name} |" in table
