@@ -244,6 +244,15 @@ def stream_layers(
             "check the local Docker engine (`docker image inspect` the pinned ID)",
             kind="save-failed",
         )
+    if not result.ok and "no space left on device" in (result.stderr + result.stdout).lower():
+        raise RemoteError(
+            session.host,
+            f"the node's disk filled up while Docker loaded the image: {result.tail(1)}",
+            "free space on the node under Docker's root and its tmp directory "
+            "(`df -h /var/lib/docker`; `docker system prune` removes unused images), "
+            "then push again",
+            kind="no-space",
+        )
     if not result.ok or pin.image_id not in result.stdout:
         raise RemoteError(
             session.host,
