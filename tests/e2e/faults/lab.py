@@ -1,0 +1,171 @@
+"""Shared steps of the fault and security suites: the CLI as a subprocess, Ctrl-C at a
+chosen moment, lab nodes reached through the lab's own control path (docker exec)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provisioner.lab.config import LabNode
+from provisioner.lab.engine import exec_rc
+from provisioner.lab.nodes import LabInfo
+
+PROVISIONER = str(Path(sys.executable).parent / "provisioner")
+
+
+@dataclass
+class Run:
+    code: int
+    stdout: str
+    stderr: str
+    seconds: float
+    after_signal: float | None = None  # seconds from SIGINT to exit
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+    @property
+    def text(self) -> str:
+        return self.stdout + self.stderr
+
+
+def cli(*args: str, timeout: float = 300) -> Run:
+    """`provisioner ARGS` as a separate process, the way a user runs it."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [PROVISIONER, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
+
+
+def during(
+    *args: str,
+    when: str,
+    action: Callable[[subprocess.Popen[str]], None],
+    delay: float = 0.0,
+    timeout: float = 300,
+) -> Run:
+    """Run the CLI; call `action(process)` `delay` seconds after a stderr line contains
+    `when`. Fails when the line never comes (the command ended first). `after_signal`:
+    seconds from the action to the exit."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [PROVISIONER, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if when in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    acted: float | None = None
+    try:
+        while proc.poll() is None and time.monotonic() - t0 < timeout:
+            if seen.wait(0.1):
+                time.sleep(delay)
+                action(proc)
+                acted = time.monotonic()
+                break
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(5)
+    end = time.monotonic()
+    err = "".join(lines)
+    assert acted is not None, f"never saw {when!r}; the command ended first:\n{err[-2000:]}"
+    return Run(proc.returncode, out, err, end - t0, end - acted)
+
+
+def interrupt(*args: str, when: str, delay: float = 0.0, timeout: float = 300) -> Run:
+    """Ctrl-C: SIGINT to the CLI `delay` seconds after a stderr line contains `when`."""
+    return during(
+        *args,
+        when=when,
+        action=lambda p: p.send_signal(signal.SIGINT),
+        delay=delay,
+        timeout=timeout,
+    )
+
+
+def on_node(node: LabNode, script: str, timeout: float = 120) -> str:
+    """Run a script as root on a lab node (the lab's control path, not the tool's SSH)."""
+    rc, out = exec_rc(node.container, script, timeout=timeout)
+    assert rc == 0, f"{node.name}: {script[:80]}: exit {rc}: {out[-500:]}"
+    return out
+
+
+def probe(node: LabNode, script: str) -> tuple[int, str]:
+    return exec_rc(node.container, script, timeout=60)
+
+
+# After SIGHUP sshd re-executes itself: wait until it answers with a banner again.
+_SSHD_BACK = (
+    "for i in $(seq 100); do sleep 0.1; "
+    "(exec 3<>/dev/tcp/127.0.0.1/22 && head -c 4 <&3) 2>/dev/null | grep -q SSH && break; done"
+)
+
+
+@contextmanager
+def new_host_keys(node: LabNode) -> Iterator[None]:
+    """The node's host keys regenerated (as after a reinstall); the old ones restored after."""
+    on_node(
+        node,
+        "mkdir -p /root/hostkeys.faults && cp -p /etc/ssh/ssh_host_* /root/hostkeys.faults/ && "
+        "rm -f /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && "
+        "kill -HUP $(cat /run/sshd.pid) && " + _SSHD_BACK,
+    )
+    try:
+        yield
+    finally:
+        on_node(
+            node,
+            "cp -p /root/hostkeys.faults/* /etc/ssh/ && rm -rf /root/hostkeys.faults && "
+            "kill -HUP $(cat /run/sshd.pid) && " + _SSHD_BACK,
+        )
+
+
+def edited_inventory(inventory: Path, target: Path, **changes: Any) -> Path:
+    """A copy of an inventory (paths made absolute) with top-level or ssh settings changed:
+    `ssh={...}` merges into ssh, any other key replaces the top-level value."""
+    document = yaml.safe_load(inventory.read_text())
+    base = inventory.parent
+    for key in ("key", "known_hosts"):
+        if key in document["ssh"]:
+            document["ssh"][key] = str((base / document["ssh"][key]).resolve())
+    if document.get("image", {}).get("lock"):
+        document["image"]["lock"] = str((base / document["image"]["lock"]).resolve())
+    document["ssh"].update(changes.pop("ssh", {}))
+    document.update(changes)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(yaml.safe_dump(document))
+    return target
+
+
+def container_state(lab: LabInfo, node: LabNode) -> str:
+    """The cluster's Ray container on a node: its status, or `absent`."""
+    rc, out = probe(node, f"docker inspect -f '{{{{.State.Status}}}}' ray-{lab.name}")
+    return out.strip() if rc == 0 else "absent"

@@ -1,0 +1,415 @@
+"""Faults end to end on the lab: each scenario of issue 8 with its expected outcome checked.
+
+The tests run in file order on one lab cluster (its inventory points at the pin, which
+the `cluster_inventory` fixture pushed once): first the faults that need no running Ray
+(changed host key, hung sshd, full disk, Ctrl-C during a push), then those that do (Ctrl-C
+during `up`, a node dying during `up`, a worker cut off during a job, Ctrl-C during
+`down`). Every fault is undone in a `finally`. Each scenario records what it observed
+(tests/e2e/faults/record.py) for README's table (scripts/reliability_table.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from provisioner.cluster.token import read_token
+from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin, write_pin
+from provisioner.image.push import PushOptions, push_image
+from provisioner.inventory import load_inventory
+from provisioner.lab import faults
+from provisioner.lab.engine import client
+from provisioner.lab.nodes import LabInfo
+from tests.e2e.faults.lab import (
+    Run,
+    cli,
+    container_state,
+    during,
+    edited_inventory,
+    interrupt,
+    new_host_keys,
+    on_node,
+    probe,
+)
+from tests.e2e.faults.record import scenario
+
+BLOB_TAG = "provisioner-faults/blob:test"
+
+
+@pytest.fixture(scope="module")
+def inv(cluster_inventory: Path) -> Iterator[str]:
+    """The lab cluster's inventory; Ray down at the start (a kept lab may hold a cluster)."""
+    assert cli("down", "-i", str(cluster_inventory), "--no-logs").code == 0
+    yield str(cluster_inventory)
+
+
+@pytest.fixture(scope="module")
+def blob(tmp_path_factory: pytest.TempPathFactory, inv: str) -> Pin:
+    """A small one-layer image (48 MB of random bytes) pinned like the real one: cheap to
+    push over and over, and held by no node at the start."""
+    ctx = tmp_path_factory.mktemp("blob")
+    (ctx / "blob").write_bytes(os.urandom(48 << 20))
+    (ctx / "Dockerfile").write_text("FROM scratch\nCOPY blob /blob\n")
+    subprocess.run(["docker", "build", "-q", "-t", BLOB_TAG, str(ctx)], check=True, timeout=300)
+    attrs = client().api.inspect_image(BLOB_TAG)
+    pin = read_pin(load_inventory(Path(inv)).image_lock)  # type: ignore[arg-type]
+    layers = tuple(attrs["RootFS"]["Layers"])
+    return replace(
+        pin,
+        image_id=attrs["Id"],
+        layers=layers,
+        layer_sizes=(int(attrs["Size"]),),
+        size=int(attrs["Size"]),
+        tag=BLOB_TAG,
+    )
+
+
+def drop_blob(lab: LabInfo, blob: Pin) -> None:
+    for node in lab.nodes:
+        probe(node, f"docker image rm -f {blob.image_id} >/dev/null 2>&1; true")
+
+
+def image_on(node: object, ref: str) -> str:
+    rc, out = probe(node, f"docker image inspect --format '{{{{.Id}}}}' {ref}")  # type: ignore[arg-type]
+    return out.strip() if rc == 0 else ""
+
+
+def names_node(run: Run, name: str) -> bool:
+    return name in run.text
+
+
+def states_said(run: Run, lab: LabInfo) -> bool:
+    """The interrupted command said where every node stood."""
+    return "where each node stood" in run.stderr and all(
+        f"  {n.name}: " in run.stderr for n in lab.nodes
+    )
+
+
+# --- faults that need no running Ray ----------------------------------------------------
+
+
+def test_changed_host_key_is_refused_by_push_and_up(inv: str, lab: LabInfo) -> None:
+    worker = lab.nodes[2]
+    with scenario(
+        "changed host key on one node (`image push`, `up`)",
+        "refused on that node, nothing run there, the exact `ssh-keygen -R` fix shown; "
+        "other nodes served",
+    ) as s:
+        # The node loses the cluster tag (the image stays, held by another tag): a push
+        # that ran anything there would tag it again.
+        on_node(worker, f"docker tag {CLUSTER_TAG} faults/hold:1 && docker rmi {CLUSTER_TAG}")
+        try:
+            with new_host_keys(worker):
+                push = cli("image", "push", "-i", inv, "--json")
+                up = cli("up", "-i", inv, "--json")
+            assert push.code == 1, push.stderr[-2000:]
+            doc = push.json()
+            assert [e["host"] for e in doc["errors"]] == [worker.name], doc["errors"]
+            fix = doc["errors"][0]["fix"]
+            exact = f"ssh-keygen -f {lab.known_hosts} -R {worker.address}"
+            assert exact in fix, fix
+            assert {n["host"] for n in doc["nodes"]} == {n.name for n in lab.nodes[:2]}
+            assert image_on(worker, CLUSTER_TAG) == ""  # nothing ran there
+            assert up.code == 1 and up.json()["stopped_by"] == "doctor", up.stderr[-2000:]
+            blocking = up.json()["doctor"]["blocking"]
+            assert {f["host"] for f in blocking} == {worker.name}, blocking
+            assert any(f["check"] == "ssh.hostkey" and exact in f["fix"] for f in blocking)
+            assert all(container_state(lab, n) == "absent" for n in lab.nodes)
+            s.observed = (
+                f"push exit 1 in {push.seconds:.0f}s naming {worker.name} only, fix shown: "
+                f"`ssh-keygen -f KNOWN_HOSTS -R {worker.address}`; "
+                f"its image tag untouched; 2 other nodes served; up stopped by the doctor in "
+                f"{up.seconds:.0f}s with the same fix, no container started anywhere"
+            )
+        finally:  # re-tag first: untagging the only tag left would delete the image
+            again = cli("image", "push", "-i", inv)
+            on_node(worker, "docker rmi faults/hold:1 >/dev/null 2>&1; true")
+            assert again.code == 0, again.stderr[-2000:]
+
+
+def test_hung_sshd_bounds_every_command(inv: str, lab: LabInfo, tmp_path: Path) -> None:
+    worker = lab.nodes[2]
+    others = {n.name for n in lab.nodes[:2]}
+    quick = str(edited_inventory(Path(inv), tmp_path / "inv.yaml", ssh={"connect_timeout": 3}))
+    limit = 45.0
+    with scenario(
+        "an sshd that accepts but never answers (doctor, status, up, image push, logs, down)",
+        f"each command ends within its deadline (here < {limit:.0f}s, connect timeout 3s) "
+        "with exit 1 naming that node; the other nodes served",
+    ) as s:
+        faults.hang(lab, worker)
+        try:
+            runs = {
+                "doctor": cli("doctor", "-i", quick, "--json"),
+                "status": cli("status", "-i", quick, "--json"),
+                "up": cli("up", "-i", quick, "--json"),
+                "image push": cli("image", "push", "-i", quick, "--json"),
+                "logs": cli("logs", "-i", quick, "-o", str(tmp_path / "logs"), "--json"),
+                "down": cli("down", "-i", quick, "--no-logs", "--json"),
+            }
+        finally:
+            faults.unhang(lab, worker)
+        for name, run in runs.items():
+            assert run.code == 1, (name, run.stderr[-1500:])
+            assert run.seconds < limit, (name, run.seconds)
+            assert names_node(run, worker.name), (name, run.text[-1500:])
+        doctor = runs["doctor"].json()
+        assert {f["host"] for f in doctor["findings"] if f["severity"] == "error"} == {worker.name}
+        status = runs["status"].json()
+        assert {n["name"] for n in status["nodes"] if n["ssh_ok"]} == others
+        up = runs["up"].json()
+        assert {f["host"] for f in up["doctor"]["blocking"]} == {worker.name}
+        push = runs["image push"].json()
+        assert {n["host"] for n in push["nodes"]} == others
+        assert [e["host"] for e in push["errors"]] == [worker.name]
+        logs = runs["logs"].json()
+        assert set(logs["nodes"]) == others and set(logs["errors"]) == {worker.name}
+        down = runs["down"].json()
+        assert set(down["removed"]) == others and set(down["errors"]) == {worker.name}
+        s.observed = ", ".join(f"{k} {r.seconds:.0f}s" for k, r in runs.items()) + (
+            f"; all exit 1 naming {worker.name}, the other 2 nodes served"
+        )
+
+
+def test_disk_filling_during_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: Path) -> None:
+    worker = lab.nodes[2]
+    inventory = load_inventory(Path(inv))
+    drop_blob(lab, blob)
+    opts = PushOptions(tag=BLOB_TAG, cache_dir=tmp_path / "cache")
+    with scenario(
+        "a node's disk fills during `image push`",
+        "a clear no-space error for that node with the fix, nothing half-loaded left "
+        "tagged there, the other nodes loaded; a push after freeing space completes",
+    ) as s:
+        # `docker load` unpacks what it receives under Docker's tmp dir first: an 8 MiB
+        # filesystem there fills up part way through the 48 MB layer.
+        on_node(worker, "mount -t tmpfs -o size=8m faults-full /var/lib/docker/tmp")
+        try:
+            report = push_image(inventory, blob, opts, print)
+        finally:
+            on_node(worker, "umount /var/lib/docker/tmp || umount -l /var/lib/docker/tmp")
+        assert set(report.errors) == {worker.name}, report.errors
+        err = report.errors[worker.name]
+        assert getattr(err, "kind", "") == "no-space", (err, err.fix)
+        assert "disk" in str(err) and err.fix and "docker system prune" in err.fix
+        assert report.nodes[lab.nodes[0].name].action == "send"
+        assert image_on(worker, blob.image_id) == "" and image_on(worker, BLOB_TAG) == ""
+        for node in lab.nodes[:2]:
+            assert image_on(node, BLOB_TAG) == blob.image_id
+        again = push_image(inventory, blob, opts, print)
+        assert again.ok, again.errors
+        assert image_on(worker, BLOB_TAG) == blob.image_id
+        s.observed = (
+            f"{worker.name}: `{err.message[:100]}...`, fix: free space, `docker system prune`; "
+            "no image or tag left there; 2 other nodes "
+            "loaded; the next push completed"
+        )
+
+
+def test_ctrl_c_during_image_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: Path) -> None:
+    lock = tmp_path / "blob.lock.json"
+    write_pin(blob, lock)
+    blob_inv = str(edited_inventory(Path(inv), tmp_path / "inv.yaml", image={"lock": str(lock)}))
+    drop_blob(lab, blob)
+    real = read_pin(load_inventory(Path(inv)).image_lock)  # type: ignore[arg-type]
+    with scenario(
+        "Ctrl-C (SIGINT) during `image push`",
+        "stops within seconds, says where each node stood, no half-loaded image tagged; "
+        "a re-run completes",
+    ) as s:
+        try:
+            run = interrupt("image", "push", "-i", blob_inv, when="sending 1 layer", delay=0.5)
+            assert run.code == 130, run.stderr[-2000:]
+            assert run.after_signal is not None and run.after_signal < 10, run.after_signal
+            assert states_said(run, lab), run.stderr[-2000:]
+            tagged = {n.name for n in lab.nodes if image_on(n, CLUSTER_TAG) == blob.image_id}
+            loaded = {n.name for n in lab.nodes if image_on(n, blob.image_id)}
+            assert tagged == loaded  # a node holds the image under the tag only when whole
+            rerun = cli("image", "push", "-i", blob_inv, "--json")
+            assert rerun.code == 0, rerun.stderr[-2000:]
+            assert all(image_on(n, CLUSTER_TAG) == blob.image_id for n in lab.nodes)
+            s.observed = (
+                f"exit 130 {run.after_signal:.1f}s after SIGINT; each node's last step shown; "
+                f"{len(lab.nodes) - len(tagged)} node(s) left without the image; re-run exit 0"
+            )
+        finally:
+            restore = cli("image", "push", "-i", inv)
+            assert restore.code == 0, restore.stderr[-2000:]
+            drop_blob(lab, blob)
+            assert all(image_on(n, CLUSTER_TAG) == real.image_id for n in lab.nodes)
+
+
+# --- faults with Ray running --------------------------------------------------------------
+
+
+def test_ctrl_c_during_up_then_rerun(inv: str, lab: LabInfo) -> None:
+    with scenario(
+        "Ctrl-C (SIGINT) during `up`",
+        "stops within seconds, says where each node stood; a re-run completes",
+    ) as s:
+        run = interrupt("up", "-i", inv, when="starting the worker container", delay=0.3)
+        assert run.code == 130, run.stderr[-2000:]
+        assert run.after_signal is not None and run.after_signal < 10, run.after_signal
+        assert states_said(run, lab), run.stderr[-2000:]
+        rerun = cli("up", "-i", inv, "--json")
+        assert rerun.code == 0, rerun.stderr[-3000:]
+        assert rerun.json()["status"]["alive_nodes"] == len(lab.nodes)
+        s.observed = (
+            f"exit 130 {run.after_signal:.1f}s after SIGINT, each node's last step shown; "
+            f"re-run exit 0 with {len(lab.nodes)} nodes alive in {rerun.seconds:.0f}s"
+        )
+
+
+def test_node_dies_during_up(inv: str, lab: LabInfo) -> None:
+    head, other, worker = lab.nodes
+    with scenario(
+        "a node dies during `up`",
+        "exit 1 naming it, the others up; after it returns a re-run finishes only that node",
+    ) as s:
+        on_node(worker, f"docker rm -f ray-{lab.name}")
+        try:
+            run = during(
+                "up",
+                "-i",
+                inv,
+                "--timeout",
+                "30",
+                when="waiting until every node joined",
+                action=lambda _: faults.stop(lab, worker),
+            )
+            assert run.code == 1, run.stderr[-3000:]
+            assert f"did not join within 30s: {worker.name}" in run.stderr, run.stderr[-3000:]
+            status = cli("status", "-i", inv, "--json")
+            assert status.code == 1
+            alive = {n["name"] for n in status.json()["nodes"] if n["ray_alive"]}
+            assert alive == {head.name, other.name}, status.json()
+        finally:
+            faults.start(lab, worker)
+        rerun = cli("up", "-i", inv, "--json")
+        assert rerun.code == 0, rerun.stderr[-3000:]
+        doc = rerun.json()
+        assert set(doc["started"]) <= {worker.name}, doc["started"]
+        assert {head.name, other.name} <= set(doc["unchanged"])
+        assert doc["status"]["alive_nodes"] == len(lab.nodes)
+        s.observed = (
+            f"exit 1 after {run.seconds:.0f}s: `did not join within 30s: {worker.name}` with "
+            f"its log tail; status: {head.name} and {other.name} alive; re-run after the node "
+            f"returned: exit 0, restarted {doc['started'] or 'nothing (its container came back)'}"
+            f", others unchanged"
+        )
+
+
+PLAYBOOK = """\
+import time
+import ray
+
+ray.init()
+
+
+@ray.remote(num_cpus=0.25, max_retries=5)
+def work(i):
+    time.sleep(1)
+    return ray.util.get_node_ip_address()
+
+
+for r in range(1, 31):
+    refs = [work.options(scheduling_strategy="SPREAD").remote(i) for i in range(3)]
+    print(f"round {r}: {sorted(set(ray.get(refs)))}", flush=True)
+print("all rounds done", flush=True)
+"""
+
+
+def test_worker_cut_off_during_a_job(inv: str, lab: LabInfo, tmp_path: Path) -> None:
+    head, worker, _ = lab.nodes
+    book = tmp_path / "book" / "spread.py"
+    book.parent.mkdir()
+    book.write_text(PLAYBOOK)
+    token = read_token(load_inventory(Path(inv)))
+    with scenario(
+        "a worker cut off from the head during a job",
+        "`status` names the lost node; the job goes on on the rest or fails with a clear "
+        "message; logs from every node still collected",
+    ) as s:
+        ps_clean: list[bool] = []
+
+        def cut(proc: subprocess.Popen[str]) -> None:
+            ps_clean.extend(token not in on_node(n, "ps auxwwe") for n in lab.nodes)
+            faults.cut(lab, head, worker)
+
+        t_cut = 0.0
+        try:
+            job = during(
+                "submit",
+                "-i",
+                inv,
+                "--results",
+                str(tmp_path / "results"),
+                "--json",
+                str(book),
+                when="round 3:",
+                action=cut,
+                timeout=400,
+            )
+            t_cut = time.monotonic() - job.after_signal  # type: ignore[operator]
+            lost_after = None
+            for _ in range(60):
+                st = cli("status", "-i", inv, "--json")
+                node = next(n for n in st.json()["nodes"] if n["name"] == worker.name)
+                if st.code == 1 and not node["ray_alive"]:
+                    lost_after = time.monotonic() - t_cut
+                    break
+                time.sleep(2)
+            assert lost_after is not None, "status never named the lost node"
+            logs = cli("logs", "-i", inv, "-o", str(tmp_path / "logs"), "--json")
+        finally:
+            faults.uncut(lab, head, worker)
+        assert all(ps_clean) and len(ps_clean) == len(lab.nodes)
+        if job.code == 0:
+            assert job.json()["status"] == "SUCCEEDED"
+            outcome = "the job went on on the other nodes and succeeded"
+        else:
+            assert job.code == 1 and ("FAILED" in job.stderr or "error:" in job.stderr)
+            outcome = "the job failed with: " + job.stderr.strip().splitlines()[-1][:100]
+        assert logs.code == 0, logs.stderr[-2000:]
+        assert set(logs.json()["nodes"]) == {n.name for n in lab.nodes}
+        for n in lab.nodes:
+            assert (tmp_path / "logs" / n.name / "container.log").exists()
+        leaked = [
+            str(p)
+            for p in (tmp_path / "logs").rglob("*")
+            if p.is_file() and token.encode() in p.read_bytes()
+        ]
+        assert not leaked, leaked
+        repair = cli("up", "-i", inv, "--json")
+        assert repair.code == 0, repair.stderr[-3000:]
+        s.observed = (
+            f"status named {worker.name} not alive {lost_after:.0f}s after the cut; {outcome}; "
+            f"logs of all {len(lab.nodes)} nodes collected (no token in them); "
+            f"`up` after the uncut repaired it"
+        )
+
+
+def test_ctrl_c_during_down_then_rerun(inv: str, lab: LabInfo, tmp_path: Path) -> None:
+    with scenario(
+        "Ctrl-C (SIGINT) during `down`",
+        "stops within seconds, says where each node stood; a re-run completes",
+    ) as s:
+        run = interrupt(
+            "down", "-i", inv, "-o", str(tmp_path / "logs"), when="removing the Ray container"
+        )
+        assert run.code == 130, run.stderr[-2000:]
+        assert run.after_signal is not None and run.after_signal < 10, run.after_signal
+        assert states_said(run, lab), run.stderr[-2000:]
+        rerun = cli("down", "-i", inv, "--no-logs", "--json")
+        assert rerun.code == 0 and rerun.json()["ok"], rerun.stderr[-2000:]
+        assert all(container_state(lab, n) == "absent" for n in lab.nodes)
+        s.observed = (
+            f"exit 130 {run.after_signal:.1f}s after SIGINT, each node's last step shown; "
+            "re-run exit 0, every container gone and Ray's ports free"
+        )
