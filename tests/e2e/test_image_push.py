@@ -144,35 +144,48 @@ def test_a_different_image_under_the_cluster_tag_is_corrected(
     assert image_on(node, CLUSTER_TAG) == pin.image_id
 
 
+def push_killed_once(inventory: Inventory, pin: Pin, node: Node, retries: int) -> PushReport:
+    """Push in the background; once bytes flow to `node`, kill its `docker load` (the one
+    this push started, by its PID) as a dropped transfer would end it."""
+    lines: list[str] = []
+    result: list[PushReport] = []
+    worker = threading.Thread(
+        target=lambda: result.append(
+            push_image(inventory, pin, PushOptions(retries=retries), lines.append)
+        )
+    )
+    worker.start()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not any(
+        line.startswith(f"{node.name}: ") and "MB sent" in line for line in lines
+    ):
+        time.sleep(0.2)
+    rc, out = on_node(node, "pids=$(pgrep -f '^docker load$'); [ -n \"$pids\" ] && kill $pids")
+    assert rc == 0, out
+    worker.join(600)
+    assert result, lines[-5:]
+    return result[0]
+
+
 def test_an_interrupted_push_leaves_no_tagged_partial_image_and_a_rerun_completes(
     inventory: Inventory, pin: Pin
 ) -> None:
     node = inventory.workers[0]
     wipe(node)
-    lines: list[str] = []
-    result: list[PushReport] = []
-    worker = threading.Thread(
-        target=lambda: result.append(
-            push_image(only(inventory, node), pin, PushOptions(retries=0), lines.append)
-        )
-    )
-    worker.start()
-    deadline = time.monotonic() + 120
-    while not any("MB sent" in line for line in lines) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    # kill the transfer: the node's `docker load` that this push started, by its PID
-    rc, out = on_node(node, "pids=$(pgrep -f '^docker load$'); [ -n \"$pids\" ] && kill $pids")
-    assert rc == 0, out
-    worker.join(300)
 
-    interrupted = result[0]
-    assert node.name in interrupted.errors, lines[-5:]
+    interrupted = push_killed_once(only(inventory, node), pin, node, retries=0)
+
+    assert node.name in interrupted.errors
     assert image_on(node, pin.image_id) == ""
     assert image_on(node, CLUSTER_TAG) == ""
 
-    rerun = push_image(inventory, pin, PushOptions(), print)
+    # again, all nodes, with retries: the broken node starts over, the others are untouched
+    rerun = push_killed_once(inventory, pin, node, retries=2)
+
     assert_ok(rerun)
     assert rerun.nodes[node.name].action == "send"
+    assert rerun.nodes[node.name].attempts == 2
+    assert all(rerun.nodes[n.name].attempts == 1 for n in inventory.nodes if n != node)
     assert image_on(node, CLUSTER_TAG) == pin.image_id
 
 
