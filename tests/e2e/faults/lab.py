@@ -78,8 +78,11 @@ def during(
             if when in line:
                 seen.set()
 
+    stdout: list[str] = []
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    out_reader = threading.Thread(target=lambda: stdout.append(proc.stdout.read()), daemon=True)  # type: ignore[union-attr]
+    out_reader.start()
     acted: float | None = None
     try:
         while proc.poll() is None and time.monotonic() - t0 < timeout:
@@ -88,12 +91,14 @@ def during(
                 action(proc)
                 acted = time.monotonic()
                 break
-        out, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     reader.join(5)
+    out_reader.join(5)
+    out = "".join(stdout)
     end = time.monotonic()
     err = "".join(lines)
     assert acted is not None, f"never saw {when!r}; the command ended first:\n{err[-2000:]}"

@@ -1,0 +1,230 @@
+"""Security end to end on the lab: hostile inventories, the token's whereabouts, what other
+nodes can reach, and the modes of secret files.
+
+A hostile value either makes the inventory fail to load (exit 2, the field named) or
+reaches a node's shell quoted: a marker file that an injected command would create never
+appears on any node. Each scenario records what it observed (tests/e2e/faults/record.py).
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+from collections.abc import Callable, Iterator
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from provisioner.cli import run
+from provisioner.cluster import commands, render
+from provisioner.cluster.token import local_token_path, read_token
+from provisioner.inventory import load_inventory
+from provisioner.lab.nodes import LabInfo
+from provisioner.remote import Pool
+from tests.e2e.faults.lab import cli, edited_inventory, on_node, probe
+from tests.e2e.faults.record import scenario
+
+MARKER = "/tmp/provisioner-pwned"
+HOSTILE = [
+    f"$(touch {MARKER})",
+    f"`touch {MARKER}`",
+    f"x; touch {MARKER}",
+    f"x' ; touch {MARKER}; '",
+    f'x" ; touch {MARKER}; "',
+    f"x\ntouch {MARKER}",
+    f"x && touch {MARKER} #",
+    f"x | touch {MARKER}",
+    f"-oProxyCommand=touch {MARKER}",
+    f"--help; touch {MARKER}",
+    "y" * 5000 + f"$(touch {MARKER})",
+]
+# Every inventory field that reaches a command on a node, and where it sits in the YAML.
+REJECTED_FIELDS: dict[str, Callable[[dict[str, Any], Any], None]] = {
+    "cluster": lambda d, v: d.update(cluster=v),
+    "ssh.user": lambda d, v: d["ssh"].update(user=v),
+    "ssh.jump": lambda d, v: d["ssh"].update(jump=v),
+    "ssh.port": lambda d, v: d["ssh"].update(port=v),
+    "head.name": lambda d, v: d["head"].update(name=v),
+    "head.address": lambda d, v: d["head"].update(address=v),
+    "workers[0].name": lambda d, v: d["workers"][0].update(name=v),
+    "workers[0].address": lambda d, v: d["workers"][0].update(address=v),
+    "workers[0].user": lambda d, v: d["workers"][0].update(user=v),
+    "ray.shm_size": lambda d, v: d.setdefault("ray", {}).update(shm_size=v),
+    "ray.object_store_memory": lambda d, v: d.setdefault("ray", {}).update(object_store_memory=v),
+    "ray.ports.gcs": lambda d, v: d.setdefault("ray", {}).update(ports={"gcs": v}),
+}
+
+
+def no_marker_anywhere(lab: LabInfo) -> bool:
+    """Neither on a node's disk nor in the login user's view of it."""
+    return all(probe(n, f"test -e {MARKER}")[0] != 0 for n in lab.nodes)
+
+
+@pytest.fixture(scope="module")
+def inv(cluster_inventory: Path) -> Iterator[str]:
+    """The lab cluster, up (idempotent); down at the end."""
+    run = cli("up", "-i", str(cluster_inventory), "--json")
+    assert run.code == 0, run.stderr[-3000:]
+    yield str(cluster_inventory)
+    cli("down", "-i", str(cluster_inventory), "--no-logs")
+
+
+def in_process(*args: str) -> tuple[int, str]:
+    """The CLI in this process (a hundred runs in seconds): exit code, stdout + stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = run(list(args))
+    return code, out.getvalue() + err.getvalue()
+
+
+def test_hostile_values_in_validated_fields_are_rejected(lab: LabInfo, tmp_path: Path) -> None:
+    base = edited_inventory(lab.inventory, tmp_path / "base.yaml").read_text()
+    with scenario(
+        "hostile inventory values in names, addresses, users, ports, sizes, jump host",
+        "the inventory is refused (exit 2, the field named) before any connection; "
+        "no marker file on any node",
+        kind="security",
+    ) as s:
+        tried = 0
+        for field, put in REJECTED_FIELDS.items():
+            for value in HOSTILE:
+                doc = yaml.safe_load(base)
+                put(doc, value)
+                path = tmp_path / "inv.yaml"
+                path.write_text(yaml.safe_dump(doc))
+                for command in ("doctor", "up", "status", "image push", "down", "logs"):
+                    code, text = in_process(*command.split(), "-i", str(path))
+                    assert code == 2, (field, value[:40], command, text[-500:])
+                    assert field.split(".")[-1].split("[")[0] in text, (field, text)
+                    assert "Traceback" not in text and "unexpected" not in text
+                    tried += 1
+        assert no_marker_anywhere(lab)
+        s.observed = (
+            f"{tried} runs of doctor/up/status/image push/down/logs with "
+            f"{len(REJECTED_FIELDS)} fields x {len(HOSTILE)} hostile values: all exit 2 naming "
+            "the field; no marker on any node"
+        )
+
+
+def test_hostile_labels_and_resources_reach_the_node_quoted(
+    lab: LabInfo, cluster_inventory: Path
+) -> None:
+    """Free-text fields (labels, resource names) are accepted, so they must arrive at the
+    node's shell as one word each: the exact `docker run` of `up` and the `ray start` of
+    cluster.yaml run through the node's real login shell, with `docker`/`ray` as shell
+    functions that print the words they receive."""
+    inventory = load_inventory(cluster_inventory)
+    token = local_token_path(inventory)
+    with scenario(
+        "hostile inventory values in free-text fields (Ray labels and resource names)",
+        "quoted: each reaches the node's shell as one word of `docker run` / `ray start`; "
+        "no marker file on any node",
+        kind="security",
+    ) as s:
+        checked = 0
+        with Pool(inventory) as pool:
+            for value in HOSTILE:
+                node = replace(
+                    inventory.workers[0], labels={"zone": value}, resources={value[:200]: 1.0}
+                )
+                inv = replace(inventory, workers=(node,))
+                session = pool.session(node)
+                shim = "docker() { printf '%s\\0' \"$@\"; }; ray() { printf '%s\\0' \"$@\"; }; "
+                run_cmd = commands.docker_run_command(inv, node, "img")
+                result = session.run(shim + run_cmd, timeout=30).check()
+                words = result.stdout.split("\0")
+                assert f"--labels=zone={value}" in words, words[-12:]
+                assert any(value[:200] in w for w in words if w.startswith("--resources="))
+                start = render.build_config(inv, "img", token)["worker_start_ray_commands"][-1]
+                result = session.run(shim + start, timeout=30).check()
+                assert f"--labels=zone={value}" in result.stdout.split("\0")
+                checked += 2
+        assert no_marker_anywhere(lab)
+        s.observed = (
+            f"{checked} commands with {len(HOSTILE)} hostile values run by a node's shell: "
+            "each value arrived as one intact word; no marker on any node"
+        )
+
+
+def test_token_never_shown(inv: str, lab: LabInfo, tmp_path: Path) -> None:
+    inventory = load_inventory(Path(inv))
+    token = read_token(inventory)
+    with scenario(
+        "the cluster token's whereabouts",
+        "never in `ps` on any node, cluster.yaml, collected logs, --json output or the "
+        "tool's own output and files; secret files mode 0600",
+        kind="security",
+    ) as s:
+        runs = {
+            "up": cli("up", "-i", inv, "--json"),
+            "status": cli("status", "-i", inv, "--json"),
+            "doctor": cli("doctor", "-i", inv, "--json"),
+            "logs": cli("logs", "-i", inv, "-o", str(tmp_path / "logs"), "--json"),
+            "render": cli("render", "-i", inv, "-o", str(tmp_path / "cluster.yaml")),
+        }
+        for name, run in runs.items():
+            assert token not in run.text, name
+        assert runs["up"].code == 0 and runs["logs"].code == 0
+        assert token not in (tmp_path / "cluster.yaml").read_text()
+        files = [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]
+        assert len(files) > 3 and not [p for p in files if token.encode() in p.read_bytes()]
+        for node in lab.nodes:  # every process of the node, its nested containers' included
+            assert token not in on_node(node, "ps auxwwe"), node.name
+        state = Path(inventory.state_dir)
+        holders = [p for p in state.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+        assert holders == [local_token_path(inventory)], holders
+        modes = {str(p): oct(p.stat().st_mode & 0o777) for p in (holders[0], lab.key)}
+        assert set(modes.values()) == {"0o600"}, modes
+        token_on_node = shlex.quote(f".provisioner/clusters/{inventory.cluster}/auth_token")
+        for node in lab.nodes:
+            out = on_node(node, f"stat -c '%a %U' /home/{node.user}/{token_on_node}")
+            assert out.split() == ["600", node.user], (node.name, out)
+        s.observed = (
+            "absent from ps (with environments) on 3 nodes, cluster.yaml, "
+            f"{len(files)} collected log files, the output of up/status/doctor/logs/render "
+            "and the state dir; local token, node tokens and the lab key are 0600"
+        )
+
+
+REACH = """
+import socket, sys
+host, port, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+try:
+    s = socket.create_connection((host, port), timeout=3)
+except OSError as e:
+    print("unreachable", type(e).__name__); sys.exit(0)
+s.sendall(f"GET {path} HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n".encode())
+s.settimeout(5)
+try:
+    print((s.recv(200).decode(errors="replace").splitlines() or ["(no answer)"])[0])
+except OSError as e:
+    print("no-answer", type(e).__name__)
+"""
+
+
+def test_dashboard_and_jobs_api_not_reachable_from_another_node(inv: str, lab: LabInfo) -> None:
+    inventory = load_inventory(Path(inv))
+    head, worker = lab.nodes[0], lab.nodes[1]
+    ports = inventory.ports
+    with scenario(
+        "dashboard and Jobs API from another node, without the tunnel",
+        "the dashboard (Jobs API) port is closed to other nodes; the dashboard agent's "
+        "HTTP port refuses a call without the token",
+        kind="security",
+    ) as s:
+        seen = {}
+        targets = {
+            "dashboard /api/jobs/": (ports.dashboard, "/api/jobs/"),
+            "agent /api/job_agent/jobs/": (ports.dashboard_agent_http, "/api/job_agent/jobs/"),
+        }
+        for what, (port, path) in targets.items():
+            script = f"python3 -c {shlex.quote(REACH)} {head.address} {port} {path}"
+            seen[what] = on_node(worker, script).strip()
+        assert seen["dashboard /api/jobs/"].startswith("unreachable"), seen
+        agent = seen["agent /api/job_agent/jobs/"]
+        assert agent.startswith("unreachable") or " 401 " in agent or " 403 " in agent, seen
+        s.observed = "; ".join(f"{k} (port): {v}" for k, v in seen.items())
