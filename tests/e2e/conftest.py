@@ -23,10 +23,32 @@ E2E_NAME = os.environ.get("PROVISIONER_LAB_NAME", "e2e")
 E2E_SUBNET = os.environ.get("PROVISIONER_LAB_SUBNET", "10.250.100.0/24")
 
 
+# The e2e modules share one lab; this order keeps the expensive state (the image on every
+# node, a running cluster) built once and reused: the image tests wipe the nodes first and
+# leave the pin on all of them; the cluster, jobs and fault tests then run on it.
+MODULE_ORDER = (
+    "test_lab",
+    "test_doctor",
+    "test_image_push",
+    "test_cluster_lifecycle",
+    "test_ray_up",
+    "test_jobs",
+    "test_faults",
+    "test_security",
+    "test_bench_smoke",
+)
+
+
+def _module_rank(item: pytest.Item) -> int:
+    name = Path(str(item.fspath)).stem
+    return MODULE_ORDER.index(name) if name in MODULE_ORDER else len(MODULE_ORDER)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
+    items.sort(key=_module_rank)  # stable: tests keep their file order within a module
 
 
 @pytest.fixture(scope="session")
