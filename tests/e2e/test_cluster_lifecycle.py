@@ -1,15 +1,13 @@
 """The cluster's lifecycle on the lab: up, status, idempotence, repair, token, down, logs.
 
-Needs the pinned image on every lab node: the fixture below writes an inventory that
-points at the pin (images/image.lock.json, from `provisioner image build`) and runs
-`provisioner image push` once.
+Needs the pinned image on every lab node: the session fixture `cluster_inventory` builds
+the pin (images/image.lock.json, as `provisioner image build` does) and pushes it once.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -18,15 +16,12 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-import yaml
 
 from provisioner.cli import run
 from provisioner.cluster import read_token, tunnel
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.nodes import LabInfo
-
-LOCK = Path(os.environ.get("PROVISIONER_IMAGE_LOCK", "images/image.lock.json")).resolve()
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -42,17 +37,10 @@ def cli_json(*args: str) -> tuple[int, dict]:  # type: ignore[type-arg]
 
 
 @pytest.fixture(scope="module")
-def inventory(lab: LabInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    assert LOCK.exists(), f"build the image first: provisioner image build ({LOCK})"
-    data = yaml.safe_load(Path(lab.inventory).read_text())
-    data["image"] = {"lock": str(LOCK)}
-    for key in ("key", "known_hosts"):
-        data["ssh"][key] = str(Path(lab.inventory).parent / data["ssh"][key])
-    path = tmp_path_factory.mktemp("clu") / "inventory.yaml"
-    path.write_text(yaml.safe_dump(data))
-    assert cli("image", "push", "-i", str(path))[0] == 0
-    yield str(path)
-    cli("down", "-i", str(path), "--no-logs")
+def inventory(cluster_inventory: Path) -> Iterator[str]:
+    """The lab's inventory with the pin pushed (session fixture); Ray down at the end."""
+    yield str(cluster_inventory)
+    cli("down", "-i", str(cluster_inventory), "--no-logs")
 
 
 def test_up_from_nothing_then_second_up_changes_nothing(inventory: str) -> None:
