@@ -74,6 +74,8 @@ def run(argv: list[str] | None = None) -> int:
     err = state.output.err if state.output else None
     try:
         result = app(args=argv, prog_name="provisioner", standalone_mode=False)
+        if result == 130:  # typer turns Ctrl-C into a silent Exit(130)
+            _interrupted()
         return result if isinstance(result, int) else 0
     except ProvisionerError as exc:
         out = state.output
