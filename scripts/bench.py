@@ -76,16 +76,19 @@ class Figure:
         }
 
     def cell(self) -> str:
-        text = f"{self.label}: {_num(self.median)} {self.unit}"
+        show = _bytes if self.unit == "B" else lambda x: f"{_num(x)} {self.unit}"
+        text = f"{self.label}: {show(self.median)}"
         if len(self.runs) > 1:
-            text += f" ({_num(min(self.runs))}–{_num(max(self.runs))})"
+            text += f" ({show(min(self.runs))}–{show(max(self.runs))})"
         return text
 
 
+def _bytes(x: float) -> str:
+    return f"{x / 1e9:.2f} GB" if x >= 1e9 else f"{x / 1e6:.1f} MB" if x >= 1e5 else f"{x:.0f} B"
+
+
 def _num(x: float) -> str:
-    if x >= 1e6:
-        return f"{x / 1e6:,.0f} M" if x >= 1e8 else f"{x / 1e6:,.1f} M"
-    return f"{x:,.0f}" if x >= 100 else f"{x:.2f}" if x < 10 else f"{x:.1f}"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
 
 
 @dataclass
@@ -627,25 +630,34 @@ def main(argv: list[str]) -> int:
                 rows += ROWS[group](ctx)
                 pinned = pinned or (group == "push" and not args.small_image)
                 log(f"{group}: {time.monotonic() - t0:.0f} s")
+                write(args, meta, rows, started, len(lab.nodes))  # a later failure keeps these
         finally:
             faults.clear(lab)
             if not existed and not args.keep_lab:
                 lab_down(cfg, log)
+    print(write(args, meta, rows, started, len(lab.nodes)))
+    return 0
+
+
+def write(
+    args: argparse.Namespace, meta: dict[str, Any], rows: list[Row], started: datetime, nodes: int
+) -> str:
+    """bench.json and bench.md from the rows so far; the Markdown returned."""
     meta.update(
         started=started.isoformat(timespec="seconds"),
         finished=datetime.now(UTC).isoformat(timespec="seconds"),
-        lab_nodes=len(lab.nodes),
+        lab_nodes=nodes,
         repeat=args.repeat,
         push_repeat=args.push_repeat,
         options={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     )
-    rows.sort(key=lambda r: GROUPS.index(r.group))
+    done = sorted(rows, key=lambda r: GROUPS.index(r.group))
     args.out.mkdir(parents=True, exist_ok=True)
-    doc = {**meta, "rows": [r.to_json() for r in rows]}
+    doc = {**meta, "rows": [r.to_json() for r in done]}
     (args.out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (args.out / "bench.md").write_text(markdown(rows, meta))
-    print(markdown(rows, meta))
-    return 0
+    text = markdown(done, meta)
+    (args.out / "bench.md").write_text(text)
+    return text
 
 
 if __name__ == "__main__":
