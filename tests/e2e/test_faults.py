@@ -280,15 +280,21 @@ def test_node_dies_during_up(inv: str, lab: LabInfo) -> None:
                 inv,
                 "--timeout",
                 "30",
-                when="waiting until every node joined",
+                when=f"{worker.name}: starting the worker container",
                 action=lambda _: faults.stop(lab, worker),
             )
             assert run.code == 1, run.stderr[-3000:]
-            assert f"did not join within 30s: {worker.name}" in run.stderr, run.stderr[-3000:]
-            status = cli("status", "-i", inv, "--json")
-            assert status.code == 1
-            alive = {n["name"] for n in status.json()["nodes"] if n["ray_alive"]}
-            assert alive == {head.name, other.name}, status.json()
+            said = [ln for ln in run.stderr.splitlines() if ln.startswith("error:")]
+            assert said and worker.name in said[0], run.stderr[-3000:]
+            assert "did not join" in said[0] or "could not start" in said[0], said
+            alive: set[str] = set()
+            for _ in range(15):  # the other worker may still be joining
+                status = cli("status", "-i", inv, "--json")
+                alive = {n["name"] for n in status.json()["nodes"] if n["ray_alive"]}
+                if alive == {head.name, other.name}:
+                    break
+                time.sleep(2)
+            assert alive == {head.name, other.name}, alive
         finally:
             faults.start(lab, worker)
         rerun = cli("up", "-i", inv, "--json")
@@ -298,8 +304,8 @@ def test_node_dies_during_up(inv: str, lab: LabInfo) -> None:
         assert {head.name, other.name} <= set(doc["unchanged"])
         assert doc["status"]["alive_nodes"] == len(lab.nodes)
         s.observed = (
-            f"exit 1 after {run.seconds:.0f}s: `did not join within 30s: {worker.name}` with "
-            f"its log tail; status: {head.name} and {other.name} alive; re-run after the node "
+            f"exit 1 after {run.seconds:.0f}s: {said[0][7:90].replace('`', '')}...; "
+            f"status: {head.name} and {other.name} alive; re-run after the node "
             f"returned: exit 0, restarted {doc['started'] or 'nothing (its container came back)'}"
             f", others unchanged"
         )
@@ -330,6 +336,8 @@ def test_worker_cut_off_during_a_job(inv: str, lab: LabInfo, tmp_path: Path) -> 
     book = tmp_path / "book" / "spread.py"
     book.parent.mkdir()
     book.write_text(PLAYBOOK)
+    up = cli("up", "-i", inv)  # idempotent: the tests before leave it up
+    assert up.code == 0, up.stderr[-2000:]
     token = read_token(load_inventory(Path(inv)))
     with scenario(
         "a worker cut off from the head during a job",
@@ -337,12 +345,20 @@ def test_worker_cut_off_during_a_job(inv: str, lab: LabInfo, tmp_path: Path) -> 
         "message; logs from every node still collected",
     ) as s:
         ps_clean: list[bool] = []
+        lost_after: list[float] = []
 
         def cut(proc: subprocess.Popen[str]) -> None:
             ps_clean.extend(token not in on_node(n, "ps auxwwe") for n in lab.nodes)
             faults.cut(lab, head, worker)
+            t_cut = time.monotonic()
+            for _ in range(45):  # while the job runs: status must name the lost node
+                st = cli("status", "-i", inv, "--json")
+                node = next(n for n in st.json()["nodes"] if n["name"] == worker.name)
+                if st.code == 1 and not node["ray_alive"]:
+                    lost_after.append(time.monotonic() - t_cut)
+                    return
+                time.sleep(2)
 
-        t_cut = 0.0
         try:
             job = during(
                 "submit",
@@ -354,21 +370,12 @@ def test_worker_cut_off_during_a_job(inv: str, lab: LabInfo, tmp_path: Path) -> 
                 str(book),
                 when="round 3:",
                 action=cut,
-                timeout=400,
+                timeout=240,
             )
-            t_cut = time.monotonic() - job.after_signal  # type: ignore[operator]
-            lost_after = None
-            for _ in range(60):
-                st = cli("status", "-i", inv, "--json")
-                node = next(n for n in st.json()["nodes"] if n["name"] == worker.name)
-                if st.code == 1 and not node["ray_alive"]:
-                    lost_after = time.monotonic() - t_cut
-                    break
-                time.sleep(2)
-            assert lost_after is not None, "status never named the lost node"
             logs = cli("logs", "-i", inv, "-o", str(tmp_path / "logs"), "--json")
         finally:
             faults.uncut(lab, head, worker)
+        assert lost_after, "status never named the lost node"
         assert all(ps_clean) and len(ps_clean) == len(lab.nodes)
         if job.code == 0:
             assert job.json()["status"] == "SUCCEEDED"
@@ -389,7 +396,7 @@ def test_worker_cut_off_during_a_job(inv: str, lab: LabInfo, tmp_path: Path) -> 
         repair = cli("up", "-i", inv, "--json")
         assert repair.code == 0, repair.stderr[-3000:]
         s.observed = (
-            f"status named {worker.name} not alive {lost_after:.0f}s after the cut; {outcome}; "
+            f"status named {worker.name} not alive {lost_after[0]:.0f}s after the cut; {outcome}; "
             f"logs of all {len(lab.nodes)} nodes collected (no token in them); "
             f"`up` after the uncut repaired it"
         )

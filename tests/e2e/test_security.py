@@ -9,6 +9,7 @@ appears on any node. Each scenario records what it observed (tests/e2e/faults/re
 from __future__ import annotations
 
 import io
+import json
 import shlex
 from collections.abc import Callable, Iterator
 from contextlib import redirect_stderr, redirect_stdout
@@ -138,7 +139,8 @@ def test_hostile_labels_and_resources_reach_the_node_quoted(
                 result = session.run(shim + run_cmd, timeout=30).check()
                 words = result.stdout.split("\0")
                 assert f"--labels=zone={value}" in words, words[-12:]
-                assert any(value[:200] in w for w in words if w.startswith("--resources="))
+                (res,) = [w for w in words if w.startswith("--resources=")]
+                assert json.loads(res.removeprefix("--resources=")) == {value[:200]: 1.0}
                 start = render.build_config(inv, "img", token)["worker_start_ray_commands"][-1]
                 result = session.run(shim + start, timeout=30).check()
                 assert f"--labels=zone={value}" in result.stdout.split("\0")

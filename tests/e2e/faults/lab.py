@@ -91,7 +91,13 @@ def during(
                 action(proc)
                 acted = time.monotonic()
                 break
-        proc.wait(timeout=timeout)
+        try:
+            proc.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"`provisioner {' '.join(args[:2])}` neither finished nor failed within "
+                f"{timeout:.0f}s; last output: {''.join(lines)[-300:]}"
+            ) from None
     finally:
         if proc.poll() is None:
             proc.kill()
