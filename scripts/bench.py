@@ -75,13 +75,6 @@ class Figure:
             "max": round(max(self.runs), 3),
         }
 
-    def cell(self) -> str:
-        show = _bytes if self.unit == "B" else lambda x: f"{_num(x)} {self.unit}"
-        text = f"{self.label}: {show(self.median)}"
-        if len(self.runs) > 1:
-            text += f" ({show(min(self.runs))}–{show(max(self.runs))})"
-        return text
-
 
 def _bytes(x: float) -> str:
     return f"{x / 1e9:.2f} GB" if x >= 1e9 else f"{x / 1e6:.1f} MB" if x >= 1e5 else f"{x:.0f} B"
@@ -147,29 +140,40 @@ def machine() -> dict[str, Any]:
     }
 
 
-def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
-    m = meta["machine"]
+def cell(figure: dict[str, Any] | None) -> str:
+    """One figure of bench.json as a table cell: label: median (min–max)."""
+    if figure is None:
+        return "—"
+    unit = figure["unit"]
+    show = _bytes if unit == "B" else lambda x: f"{_num(x)} {unit}"
+    text = f"{figure['label']}: {show(figure['median'])}"
+    if len(figure["runs"]) > 1:
+        text += f" ({show(figure['min'])}–{show(figure['max'])})"
+    return text
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """bench.md from bench.json's document."""
+    m = doc["machine"]
     lines = [
         "# Benchmarks",
         "",
-        f"{meta['finished']} · `{meta['command']}` · {m['cores']} cores ({m['cpu']}), "
+        f"{doc['finished']} · `{doc['command']}` · {m['cores']} cores ({m['cpu']}), "
         f"{m['memory_gib']} GiB memory, load average at start "
         f"{', '.join(str(x) for x in m['load_average_at_start'])} · lab: "
-        f"{meta['lab_nodes']} nodes (containers with sshd and dockerd on this machine) · "
-        f"repeats: {meta['repeat']} (push: {meta['push_repeat']}); "
+        f"{doc['lab_nodes']} nodes (containers with sshd and dockerd on this machine) · "
+        f"repeats: {doc['repeat']} (push: {doc['push_repeat']}); "
         "figures are the median (min–max).",
         "",
         "| Benchmark | provisioner | Baseline | Ratio | Target | Met | What, on what | Re-run |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        ratio = "—" if r.ratio is None else f"{r.ratio:.2f} ({r.ratio_text})"
-        met = "—" if r.met is None else ("yes" if r.met else "**no**")
-        base = r.baseline.cell() if r.baseline else "—"
-        lines.append(
-            f"| {r.benchmark} | {r.ours.cell()} | {base} | {ratio} | {r.target} | {met} "
-            f"| {r.what} | `{r.rerun}` |"
-        )
+    for r in doc["rows"]:
+        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f} ({r['ratio_is']})"
+        met = "—" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        cells = [r["benchmark"], cell(r["ours"]), cell(r["baseline"]), ratio, r["target"], met]
+        cells += [r["what"], f"`{r['rerun']}`"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines += ["", "Everything: `make bench` (options: `" + SCRIPT + " --help`).", ""]
     return "\n".join(lines)
 
@@ -568,6 +572,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--limit", type=float, default=600, help="seconds one bring-up may take")
     p.add_argument("--keep-lab", action="store_true", help="keep a lab made here")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
+    p.epilog = "bench.md again from a bench.json: scripts/bench.py --render DIR/bench.json"
     args = p.parse_args(argv)
     args.groups = [g.strip() for g in args.rows.split(",") if g.strip()]
     unknown = [g for g in args.groups if g not in ROWS]
@@ -602,6 +607,12 @@ def ensure_lock(path: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--render"] and len(argv) == 2:  # bench.md again from a bench.json
+        path = Path(argv[1])
+        text = markdown(json.loads(path.read_text()))
+        path.with_name("bench.md").write_text(text)
+        print(text)
+        return 0
     args = parse(argv)
     started = datetime.now(UTC)
     meta: dict[str, Any] = {"machine": machine(), "command": " ".join(["scripts/bench.py", *argv])}
@@ -655,7 +666,7 @@ def write(
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {**meta, "rows": [r.to_json() for r in done]}
     (args.out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
-    text = markdown(done, meta)
+    text = markdown(doc)
     (args.out / "bench.md").write_text(text)
     return text
 
