@@ -61,7 +61,7 @@ demo: install prereqs
 	$(BIN)/python scripts/demo.py
 
 bench: install prereqs
-	$(BIN)/python scripts/bench.py
+	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
 LAB ?= lab
 bench-doctor: install prereqs

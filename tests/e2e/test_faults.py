@@ -314,6 +314,7 @@ def test_node_dies_during_up(inv: str, lab: LabInfo) -> None:
 PLAYBOOK = """\
 import time
 import ray
+from ray.exceptions import GetTimeoutError
 
 ray.init()
 
@@ -324,9 +325,20 @@ def work(i):
     return ray.util.get_node_ip_address()
 
 
-for r in range(1, 31):
+# A job written for lost nodes: each round waits a bounded time, and a round that a lost
+# node holds up is run again; Ray stops scheduling on a node once it is marked dead.
+done = 0
+while done < 30:
     refs = [work.options(scheduling_strategy="SPREAD").remote(i) for i in range(3)]
-    print(f"round {r}: {sorted(set(ray.get(refs)))}", flush=True)
+    try:
+        nodes = sorted(set(ray.get(refs, timeout=20)))
+    except GetTimeoutError:
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        print(f"round {done + 1}: timed out waiting for a lost node; running it again", flush=True)
+        continue
+    done += 1
+    print(f"round {done}: {nodes}", flush=True)
 print("all rounds done", flush=True)
 """
 
