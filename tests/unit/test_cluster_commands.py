@@ -8,18 +8,7 @@ import pytest
 
 from provisioner.cluster import commands, down, status, token, up
 from provisioner.errors import InputError
-from provisioner.inventory import Inventory, Node, SSHSettings
-
-
-def make_inventory(tmp: Path, *, workers: int = 2, **kw: object) -> Inventory:
-    key = tmp / "id_ed25519"
-    key.write_text("not a real key\n")
-    ssh = SSHSettings(user="lab", key=key)
-    head = Node("head-0", "10.250.9.10", "head", ssh, {"accel": 1.0}, {"zone": "a"})
-    nodes = tuple(
-        Node(f"worker-{i}", f"10.250.9.{10 + i}", "worker", ssh) for i in range(1, workers + 1)
-    )
-    return Inventory(path=tmp / "inventory.yaml", cluster="demo", head=head, workers=nodes, **kw)  # type: ignore[arg-type]
+from tests.unit.inventories import make_inventory
 
 
 def test_worker_ray_start(tmp_path: Path) -> None:
