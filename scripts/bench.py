@@ -38,7 +38,7 @@ from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
-from provisioner.lab.config import LabConfig
+from provisioner.lab.config import LabConfig, LabNode
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -285,27 +285,13 @@ def rows_fan_out(ctx: Context) -> list[Row]:
 def ssh_true_lab(lab: LabInfo) -> float:
     """Seconds for OpenSSH `ssh NODE true` to every lab node at once."""
 
-    def one(address: str) -> int:
-        cmd = [
-            "ssh",
-            "-i",
-            str(lab.key),
-            "-o",
-            f"UserKnownHostsFile={lab.known_hosts}",
-            "-o",
-            "GlobalKnownHostsFile=/dev/null",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            f"{lab.nodes[0].user}@{address}",
-            "true",
-        ]
+    def one(node: LabNode) -> int:
+        cmd = [*lab.ssh_command(node), "true"]
         return subprocess.run(cmd, capture_output=True, check=False).returncode
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(len(lab.nodes)) as pool:
-        codes = list(pool.map(one, [n.address for n in lab.nodes]))
+        codes = list(pool.map(one, lab.nodes))
     if any(codes):
         raise SystemExit(f"ssh to the lab failed: exit codes {codes}")
     return time.monotonic() - t0

@@ -51,6 +51,20 @@ class LabInfo:
             "nodes": [n.to_json() for n in self.nodes],
         }
 
+    def ssh_command(self, node: LabNode, *extra: str) -> list[str]:
+        """OpenSSH client arguments for a node, host keys checked STRICTLY against the lab's."""
+        return [
+            "ssh",
+            "-i", str(self.key),
+            "-o", f"UserKnownHostsFile={self.known_hosts}",
+            "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes",
+            "-o", "ConnectTimeout=5",
+            *extra,
+            f"{node.user}@{node.address}",
+        ]  # fmt: skip
+
     def node(self, ref: str) -> LabNode:
         """A node by name, index (0 = head) or address."""
         for i, n in enumerate(self.nodes):

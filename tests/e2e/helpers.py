@@ -10,23 +10,7 @@ from provisioner.lab.nodes import LabInfo
 
 def ssh_args(lab: LabInfo, node: LabNode, *extra: str) -> list[str]:
     """OpenSSH client arguments with STRICT host key checking against the lab's known_hosts."""
-    return [
-        "ssh",
-        "-i",
-        str(lab.key),
-        "-o",
-        f"UserKnownHostsFile={lab.known_hosts}",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "ConnectTimeout=5",
-        "-o",
-        "GlobalKnownHostsFile=/dev/null",
-        *extra,
-        f"{node.user}@{node.address}",
-    ]
+    return lab.ssh_command(node, *extra)
 
 
 def ssh(
