@@ -129,10 +129,15 @@ def parse_shell(text: str) -> Shell:
 
 
 def parse_listening(text: str) -> tuple[Listener, ...]:
-    """`ss -Htlnp` columns 4 and 6: 'ADDR:PORT users:(("name",pid=N,fd=M))'."""
+    """`ss -Htlnp` lines (raw, or columns 4 and 6 only: 'ADDR:PORT users:(("name",pid=N,fd=M))')."""
     found = []
     for line in _lines(text):
-        local, _, users = line.partition(" ")
+        words = line.split()
+        # raw ss: STATE RECV-Q SEND-Q LOCAL PEER [USERS]
+        if len(words) >= 5 and ":" not in words[0]:
+            local, users = words[3], " ".join(words[5:])
+        else:
+            local, _, users = line.partition(" ")
         address, _, port = local.rpartition(":")
         if not port.isdigit():
             continue
@@ -185,6 +190,21 @@ def _listener(text: str) -> tuple[int | None, tuple[int, ...]]:
     return pid, tuple(bound)
 
 
+def _first_words(text: str) -> tuple[str, ...]:
+    """`getent ahosts` lines ('ADDRESS  STREAM NAME'): the distinct addresses, sorted."""
+    return tuple(sorted({line.split()[0] for line in _lines(text)}))
+
+
+def _addresses(text: str) -> tuple[str, ...]:
+    """`ip -o addr show` lines ('2: eth0    inet 10.0.0.5/24 brd ...', or 'ADDR/LEN' alone)."""
+    found = []
+    for line in _lines(text):
+        words = line.split()
+        cidr = words[3] if len(words) > 3 and words[2] in ("inet", "inet6") else words[0]
+        found.append(cidr.split("/")[0])
+    return tuple(found)
+
+
 def _route_source(text: str) -> str | None:
     words = text.split()
     return words[words.index("src") + 1] if "src" in words[:-1] else None
@@ -210,8 +230,8 @@ def parse_facts(host: str, text: str, sent_at: float = 0.0, received_at: float =
         user=user_lines[0] if user_lines else "",
         groups=tuple(user_lines[1].split()) if len(user_lines) > 1 else (),
         hostname=s.get("hostname", ""),
-        hostname_addresses=tuple(_lines(s.get("hostname_addresses", ""))),
-        addresses=tuple(a.split("/")[0] for a in _lines(s.get("addresses", ""))),
+        hostname_addresses=_first_words(s.get("hostname_addresses", "")),
+        addresses=_addresses(s.get("addresses", "")),
         route_source=_route_source(s.get("route", "")),
         arch=s.get("arch", ""),
         cpus=_int(s.get("cpus", "")),

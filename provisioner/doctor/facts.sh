@@ -11,75 +11,181 @@ section() { printf '\n@@%s\n' "$1"; }
 has() { command -v "$1" >/dev/null 2>&1; }
 with_timeout() { if has timeout; then timeout "$@"; else shift; "$@"; fi; }
 
-section clock; date +%s.%N
+# Cheap on purpose: builtins where bash has them, one fork per fact otherwise, raw output
+# that the control machine parses (a doctor over 100 nodes runs this 100 times).
+section clock; if [ -n "${EPOCHREALTIME:-}" ]; then echo "$EPOCHREALTIME"; else date +%s.%N; fi
 section user; id -un; id -nG
-section hostname; hostname
-section hostname_addresses; getent ahosts "$(hostname)" 2>/dev/null | awk '{print $1}' | sort -u
-section addresses; ip -o addr show 2>/dev/null | awk '{print $4}'
-section route; ip -o route get "$head_addr" 2>&1 | head -1
+section hostname; echo "${HOSTNAME:-$(hostname)}"
+section hostname_addresses; getent ahosts "${HOSTNAME:-$(hostname)}" 2>/dev/null
+section addresses; ip -o addr show 2>/dev/null
+section route; ip -o route get "$head_addr" 2>&1
 section arch; uname -m
 section cpus; nproc
-section memory; grep -E '^(MemTotal|MemAvailable):' /proc/meminfo
-section shm; df -kP /dev/shm 2>/dev/null | tail -n +2
-section sudo; if has sudo; then sudo -n true 2>&1 && echo ok; else echo "sudo: not installed"; fi
+section memory
+while IFS= read -r line; do
+  case "$line" in MemTotal:* | MemAvailable:*) echo "$line" ;; esac
+done </proc/meminfo
 
-section docker
-if has docker; then
-  with_timeout 10 docker version --format '{{.Server.Version}}' 2>&1; echo "rc=$?"
+# Docker: one python3 asks the daemon's socket for everything (a docker CLI call costs
+# ~20 ms); without python3, with DOCKER_HOST, or on any failure the CLI speaks instead.
+docker_api() {
+  [ -z "${DOCKER_HOST:-}" ] && [ -S /var/run/docker.sock ] && has python3 || return 1
+  python3 -S -c '
+import json, socket, sys
+def get(path):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect("/var/run/docker.sock")
+    s.sendall(("GET %s HTTP/1.0\r\nHost: docker\r\nConnection: close\r\n\r\n" % path).encode())
+    data = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(None, 2)[1]), body
+status, body = get("/version")
+if status != 200:
+    sys.exit(1)
+version = json.loads(body)["Version"]
+status, body = get("/info")
+root = (json.loads(body).get("DockerRootDir") if status == 200 else None) or "/var/lib/docker"
+status, body = get("/containers/json?all=1")
+containers = json.loads(body) if status == 200 else []
+out = [root, "", "@@docker", version, "rc=0", "@@docker_root", root, "@@containers"]
+for c in containers:
+    name = (c.get("Names") or [""])[0].lstrip("/")
+    label = (c.get("Labels") or {}).get("provisioner.cluster", "")
+    ref = c.get("Image", "")
+    ref = ref[7:19] if ref.startswith("sha256:") else ref  # as `docker ps` shows it
+    out.append("%s\t%s\t%s\t%s" % (name, ref, c.get("State", ""), label))
+out.append("@@image")
+if sys.argv[1]:
+    status, body = get("/images/%s/json" % sys.argv[1])
+    if status == 200:
+        image = json.loads(body)
+        out.append("%s %s/%s" % (image["Id"], image.get("Os", ""), image.get("Architecture", "")))
+print("\n".join(out))
+' "$image" 2>/dev/null
+}
+docker_root=/var/lib/docker
+if api=$(docker_api); then
+  docker_root=${api%%$'\n'*}
+  printf '%s\n' "${api#*$'\n'}"
 else
-  echo "docker: command not found"; echo "rc=127"
-fi
-section docker_sudo
-if has docker && ! docker version >/dev/null 2>&1 && has sudo; then
-  with_timeout 10 sudo -n docker version --format '{{.Server.Version}}' 2>&1; echo "rc=$?"
+  section docker
+  docker_rc=127
+  if has docker; then
+    with_timeout 10 docker version --format '{{.Server.Version}}' 2>&1; docker_rc=$?; echo "rc=$docker_rc"
+  else
+    echo "docker: command not found"; echo "rc=127"
+  fi
+  section docker_sudo
+  if [ "$docker_rc" != 0 ] && [ "$docker_rc" != 127 ] && has sudo; then
+    with_timeout 10 sudo -n docker version --format '{{.Server.Version}}' 2>&1; echo "rc=$?"
+  fi
+  section docker_root
+  if [ "$docker_rc" = 0 ]; then
+    docker_root=$(with_timeout 10 docker info --format '{{.DockerRootDir}}' 2>/dev/null) || docker_root=/var/lib/docker
+    echo "$docker_root"
+    section containers
+    with_timeout 10 docker ps -a --format '{{.Names}}\t{{.Image}}\t{{.State}}\t{{.Label "provisioner.cluster"}}' 2>/dev/null
+    section image
+    if [ -n "$image" ]; then
+      with_timeout 10 docker image inspect --format '{{.Id}} {{.Os}}/{{.Architecture}}' "$image" 2>/dev/null
+    fi
+  fi
 fi
 section docker_socket; ls -ln /var/run/docker.sock 2>&1
-section docker_root; with_timeout 10 docker info --format '{{.DockerRootDir}}' 2>/dev/null
-docker_root=$(with_timeout 10 docker info --format '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)
-section disk
+
+# /dev/shm and the disks of Docker's root, /tmp and $HOME in one df.
+dirs=()
 for dir in "$docker_root" /tmp "$HOME"; do
-  d=$dir; while [ ! -e "$d" ]; do d=$(dirname "$d"); done
-  printf '%s ' "$dir"; df -kP "$d" 2>/dev/null | tail -n +2
+  d=$dir; while [ -n "$d" ] && [ ! -e "$d" ]; do d=${d%/*}; done
+  dirs+=("${d:-/}")
 done
-section containers
-with_timeout 10 docker ps -a --format '{{.Names}}\t{{.Image}}\t{{.State}}\t{{.Label "provisioner.cluster"}}' 2>/dev/null
-section image
-if [ -n "$image" ]; then
-  with_timeout 10 docker image inspect --format '{{.Id}} {{.Os}}/{{.Architecture}}' "$image" 2>/dev/null
-fi
+df_lines=()
+while IFS= read -r line; do df_lines+=("$line"); done < <(df -kP /dev/shm "${dirs[@]}" 2>/dev/null)
+section shm; echo "${df_lines[1]:-}"
+section disk
+i=2
+for dir in "$docker_root" /tmp "$HOME"; do
+  [ -n "${df_lines[$i]:-}" ] && printf '%s %s\n' "$dir" "${df_lines[$i]}"
+  i=$((i + 1))
+done
 
 # Python and Ray as a plain `ssh host cmd` sees them, and as Ray's launcher sees them
 # (a login interactive bash). Lines of interest start with %% (rc files may print noise).
+# An interpreter's answers are kept in PROVISIONER_MEMO ("FILE|KIND|VALUE" lines), so the
+# login run asks again only an interpreter that is another file.
+lookup() {  # the first executable NAME on PATH, in REPLY
+  local IFS=: dir
+  for dir in $PATH; do
+    [ -n "$dir" ] && [ -f "$dir/$1" ] && [ -x "$dir/$1" ] && { REPLY=$dir/$1; return 0; }
+  done
+  return 1
+}
+ask() {  # ask KIND FILE: FILE's python version or Ray version, in REPLY
+  local kind=$1 file=$2 f k v
+  # the same binary has one version; Ray's version depends on the path (a venv's python3
+  # is a link to the system's), so for Ray only the same path counts
+  while IFS='|' read -r f k v; do
+    [ "$k" = "$kind" ] && [ -n "$f" ] || continue
+    if [ "$file" = "$f" ] || { [ "$kind" = version ] && [ "$file" -ef "$f" ]; }; then
+      REPLY=$v; return
+    fi
+  done <<<"${PROVISIONER_MEMO:-}"
+  if [ "$kind" = version ]; then
+    v=$("$file" -S -c 'import sys; print(sys.version.split()[0])' 2>/dev/null)
+  else
+    v=$("$file" -c 'import importlib.metadata as m; print(m.version("ray"))' 2>/dev/null)
+  fi
+  PROVISIONER_MEMO+="$file|$kind|$v"$'\n'
+  REPLY=$v
+}
 pyray() {
   echo "%%path=$PATH"
-  local p r line interp
+  local py p line words interp
   for py in python3 python; do
-    if p=$(command -v "$py"); then
-      echo "%%$py=$p $("$p" -c 'import platform; print(platform.python_version())' 2>/dev/null)"
+    if lookup "$py"; then
+      p=$REPLY; ask version "$p"; echo "%%$py=$p $REPLY"
     fi
   done
-  if r=$(command -v ray); then
-    echo "%%ray=$r"
-    IFS= read -r line < "$r" || line=""
+  if lookup ray; then
+    echo "%%ray=$REPLY"
+    IFS= read -r line <"$REPLY" || line=""
     case "$line" in
       '#!'*)
-        interp=${line#\#!}
-        # shellcheck disable=SC2086
-        echo "%%ray_python=$($interp -c 'import platform; print(platform.python_version())' 2>/dev/null)"
-        echo "%%ray_version=$($interp -c 'import importlib.metadata as m; print(m.version("ray"))' 2>/dev/null)"
+        read -r -a words <<<"${line#\#!}"
+        interp=${words[0]:-}
+        if [ "${interp##*/}" = env ] && lookup "${words[1]:-}"; then interp=$REPLY; fi
+        if [ -n "$interp" ]; then
+          ask version "$interp"; echo "%%ray_python=$REPLY"
+          ask ray "$interp"; echo "%%ray_version=$REPLY"
+        fi
         ;;
     esac
   fi
 }
 section shell_plain; pyray
+export PROVISIONER_MEMO
 section shell_login
-with_timeout 15 bash --login -i -c "$(declare -f pyray); pyray" </dev/null 2>/dev/null | grep '^%%'
+with_timeout 15 bash --login -i -c "$(declare -f lookup ask pyray); pyray" </dev/null 2>/dev/null | grep '^%%'
 
-section listening
-{ sudo -n ss -Htlnp 2>/dev/null || ss -Htlnp 2>/dev/null; } | awk '{print $4, $6}'
+# sudo, and the listening sockets with their processes (all users' with sudo).
+if has sudo && listening=$(sudo -n ss -Htlnp 2>/dev/null); then
+  sudo_state=ok
+else
+  if has sudo; then sudo_state=$(sudo -n true 2>&1 && echo ok); else sudo_state="sudo: not installed"; fi
+  listening=$(ss -Htlnp 2>/dev/null)
+fi
+section sudo; echo "$sudo_state"
+section listening; echo "$listening"
 section ray_processes
-ps -eo pid=,comm=,args= 2>/dev/null | awk '$2=="raylet" || $2=="gcs_server" || $2 ~ /^ray::/' | cut -c1-200
-section ray_session; ls -ld /tmp/ray/session_latest 2>/dev/null
+ps -eo pid=,comm=,args= 2>/dev/null | awk '$2=="raylet" || $2=="gcs_server" || $2 ~ /^ray::/ {print substr($0, 1, 200)}'
+section ray_session; [ -e /tmp/ray/session_latest ] && ls -ld /tmp/ray/session_latest 2>/dev/null
 section rsync; command -v rsync
 
 section listener

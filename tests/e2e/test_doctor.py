@@ -71,12 +71,9 @@ def ray_in_login_shell_only(node: LabNode) -> Iterator[None]:
 
 @contextmanager
 def other_python(node: LabNode, version: str = "3.10.12") -> Iterator[None]:
-    """python3 on the PATH (both shells) reports another version."""
-    wrapper = (
-        "#!/bin/sh\n"
-        f'case "$*" in *python_version*) echo {version}; exit 0;; esac\n'
-        'exec /usr/bin/python3 "$@"\n'
-    )
+    """python3 on the PATH (both shells) reports another version: a wrapper that rewrites
+    any output line that is exactly the real version."""
+    wrapper = f'#!/bin/sh\n/usr/bin/python3 "$@" | sed "s/^3\\.11\\.[0-9]*$/{version}/"\n'
     sh(node, f"printf '%s' '{wrapper}' > /usr/local/bin/python3 && chmod +x /usr/local/bin/python3")
     try:
         yield

@@ -6,6 +6,7 @@ with one fault injected (see tests/e2e/test_doctor.py for how each fault is made
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,21 @@ def test_ordered_groups_by_node_errors_first() -> None:
         ("w", "error"),
         ("w", "ok"),
     ]
+
+
+def test_lean_output_parses_like_the_cli_output_it_replaced() -> None:
+    """One lab node, one moment: facts.sh as it was (docker CLI, awk/sort/cut filtering on
+    the node) and as it is (the Docker socket from one python3, raw output parsed here)."""
+    node = Node("provisioner-lab-0", "10.250.0.10", "head", SSH)
+    old = facts("pair_cli_format", node)
+    new = facts("pair_lean_format", node)
+    moving = {"clock", "mem_available_kb", "disks"}
+    for field in dataclasses.fields(NodeFacts):
+        if field.name not in moving:
+            assert getattr(new, field.name) == getattr(old, field.name), field.name
+    assert [d.path for d in new.disks] == [d.path for d in old.disks]
+    assert new.addresses == ("127.0.0.1", "172.17.0.1", "10.250.0.10")
+    assert new.hostname_addresses == ("10.250.0.10",)
+    assert [(x.port, x.process) for x in new.listening if x.port == 22][0] == (22, "sshd")
+    assert new.docker_ok and new.docker_root == "/var/lib/docker" and new.sudo == "ok"
+    assert new.image.endswith("linux/amd64") and new.complete
