@@ -209,23 +209,60 @@ class Context:
 
 def rows_bring_up(ctx: Context) -> list[Row]:
     ours, theirs = bench_up.side_by_side(ctx.inventory, ctx.args.repeat, ctx.args.limit)
-    a, b = Figure("provisioner up", "s", ours), Figure("ray up", "s", theirs)
-    ratio = a.median / b.median
     n = len(ctx.lab.nodes)
+
+    def fig(label: str, runs: list[bench_up.Timing], key: str) -> Figure:
+        return Figure(label, "s", [getattr(t, key) for t in runs])
+
+    alive_a, alive_b = fig("provisioner up", ours, "alive"), fig("ray up", theirs, "alive")
+    ready_a, ready_b = fig("provisioner up", ours, "ready"), fig("ray up", theirs, "ready")
+    ray_a, ray_b = fig("provisioner up", ours, "ray_start"), fig("ray up", theirs, "ray_start")
+    floor = ray_a.median / alive_b.median
+    same = (
+        f"`provisioner up` vs `ray up` of the file `provisioner render` wrote, same {n}-node "
+        "lab, image present on every node, all down between runs"
+    )
     return [
         Row(
             "bring-up",
-            f"bring-up, {n} nodes",
-            a,
-            b,
-            ratio,
+            f"bring-up, {n} nodes: until every node is alive",
+            alive_a,
+            alive_b,
+            alive_a.median / alive_b.median,
             "up / ray up",
             "≤ 0.33",
-            ratio <= 1 / 3,
-            f"`provisioner up` vs `ray up` of the file `provisioner render` wrote, same {n}-node "
-            "lab, image present on every node; from the command's start until `ray status` "
-            "on the head lists every node alive; all down between runs",
-        )
+            alive_a.median / alive_b.median <= 1 / 3,
+            f"{same}; from the command's start until the last node registered alive, by the "
+            "GCS's own registration times (no polling cost to either)",
+            {"floor_ratio": round(floor, 3)},
+        ),
+        Row(
+            "bring-up",
+            f"bring-up, {n} nodes: until the command is done and every node alive",
+            ready_a,
+            ready_b,
+            ready_a.median / ready_b.median,
+            "up / ray up",
+            "—",
+            None,
+            f"{same}; `provisioner up` returns after its placement probe ran a task on every "
+            "node; `ray up` returns before its workers join, so its figure is the later of "
+            "its return and the last node alive",
+        ),
+        Row(
+            "bring-up",
+            f"bring-up, {n} nodes: Ray's own start",
+            ray_a,
+            ray_b,
+            ray_a.median / ray_b.median,
+            "up / ray up",
+            "—",
+            None,
+            f"{same}; from the head container's start until the last node registered: Ray "
+            "starting itself, which no launcher shortens. Divided by `ray up`'s time to every "
+            f"node alive it gives the best ratio any launcher could reach here: {floor:.2f}",
+            {"floor_ratio": round(floor, 3)},
+        ),
     ]
 
 
@@ -326,7 +363,7 @@ def rows_latency(ctx: Context) -> list[Row]:
         return time.monotonic() - t0
 
     def up_once() -> float:
-        return bench_up.provisioner_up(ctx.inventory, inv, ctx.args.limit)
+        return bench_up.provisioner_up(ctx.inventory, inv, ctx.args.limit).ready
 
     for ms in delays:
         log(f"latency +{ms} ms: ssh true, doctor x{k}; up x{ctx.args.up_repeat}")

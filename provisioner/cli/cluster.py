@@ -93,7 +93,7 @@ def up(
     ] = 120,
     json_: JsonOption = False,
 ) -> None:
-    """Doctor, push the pin, start the head then the workers, wait until all joined, probe."""
+    """Doctor, push the pin, start the head and the workers, wait until all joined, probe."""
     out = output(json_)
     inv = load_inventory(inventory)
     out.watch_nodes(n.name for n in inv.nodes)

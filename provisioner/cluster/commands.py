@@ -114,6 +114,21 @@ def remove_container_command(cluster: str) -> str:
     return f"docker rm -f {name} >/dev/null 2>&1; ! docker inspect {name} >/dev/null 2>&1"
 
 
+def wait_for_port_command(cluster: str, host: str, port: int, timeout: float) -> str:
+    """Poll HOST:PORT from the node every 0.1 s until it accepts a connection (exit 0);
+    exit 3 as soon as the cluster's container is not running, 1 after `timeout` seconds."""
+    name = shlex.quote(layout.container_name(cluster))
+    probe = shlex.quote(f"exec 3<>/dev/tcp/{host}/{port}")
+    tries = max(1, int(timeout * 10))
+    return (
+        f"for i in $(seq {tries}); do "
+        f"timeout 1 bash -c {probe} 2>/dev/null && exit 0; "
+        f"if [ $((i % 10)) = 0 ] && [ \"$(docker inspect -f '{{{{.State.Running}}}}' {name} "
+        '2>/dev/null)" != true ]; then exit 3; fi; '
+        "sleep 0.1; done; exit 1"
+    )
+
+
 def exec_python_command(cluster: str, *args: str) -> str:
     """Run a Python script read from stdin inside the node's Ray container."""
     name = shlex.quote(layout.container_name(cluster))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -53,6 +54,16 @@ def placement(
     return found
 
 
+@dataclass(frozen=True)
+class Joined:
+    """What `join` saw: the GCS's nodes, the placement results, and when each step ended
+    (seconds since the probe started in the head container: import, init, joined, placed)."""
+
+    nodes: list[dict[str, Any]]
+    placement: list[dict[str, Any]]
+    timings: dict[str, float]
+
+
 def join(
     session: Session,
     inventory: Inventory,
@@ -60,9 +71,9 @@ def join(
     timeout: float,
     stale: frozenset[str] = frozenset(),
     place: bool = True,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> Joined:
     """Wait in the head container until every inventory address has a fresh alive node,
-    then (if `place`) run the placement probe there: (the GCS's nodes, placement results).
+    then (if `place`) run the placement probe there.
 
     One `ray.init` for both: on a busy head each connection costs seconds.
     """
@@ -70,7 +81,9 @@ def join(
     ips = ",".join(n.address for n in inventory.nodes)
     args = ["join", address, str(timeout), ips, ",".join(sorted(stale)), "1" if place else "0"]
     found = _run(session, inventory, args, timeout + 90)
-    return list(found["nodes"]), list(found.get("placement", []))
+    return Joined(
+        list(found["nodes"]), list(found.get("placement", [])), dict(found.get("timings", {}))
+    )
 
 
 def alive_addresses(nodes: list[dict[str, Any]], stale: frozenset[str] = frozenset()) -> set[str]:

@@ -19,6 +19,12 @@ import time
 from typing import Any
 
 MARK = "PROVISIONER_PROBE "
+START = time.monotonic()
+TIMINGS: dict[str, float] = {}  # seconds since this script started, by step
+
+
+def _mark(step: str) -> None:
+    TIMINGS[step] = round(time.monotonic() - START, 3)
 
 
 def _emit(document: Any) -> None:
@@ -77,9 +83,12 @@ def _join(ray: Any, timeout: float, ips: list[str], stale: list[str], place: boo
             break
         time.sleep(0.5)
     document: dict[str, Any] = {"nodes": nodes}
+    _mark("joined")
     if place and set(ips) <= set(fresh):
         ids = [fresh[ip]["node_id"] for ip in ips]
         document["placement"] = _place(ray, max(10.0, deadline - time.monotonic()), ids)
+    _mark("placed")
+    document["timings"] = TIMINGS
     return document
 
 
@@ -91,7 +100,9 @@ def main(argv: list[str]) -> int:
     mode, address = argv[0], argv[1]
     import ray
 
+    _mark("import")
     ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    _mark("init")
     try:
         if mode == "nodes":
             _emit({"nodes": _nodes(ray)})

@@ -1,4 +1,5 @@
-"""Bring the cluster up: token, head, workers in parallel, wait for all to join, probe.
+"""Bring the cluster up: token, old containers out, head and workers started together,
+wait for all to join, probe.
 
 Idempotent: a node whose container runs the pinned image and whose Ray is alive is left
 alone; a dead worker is restarted alone; a restarted head brings its workers back too.
@@ -6,7 +7,6 @@ alone; a dead worker is restarted alone; a restarted head brings its workers bac
 
 from __future__ import annotations
 
-import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,29 +90,20 @@ def needs_start(
     return status.image_matches(facts, image_id) is False
 
 
-def start_node(session: Session, inventory: Inventory, node: Node, image: str) -> None:
-    """Replace the node's Ray container with a fresh one running `image`."""
-    session.run(commands.remove_container_command(inventory.cluster), timeout=60).check()
-    session.run(commands.docker_run_command(inventory, node, image), timeout=60).check()
-
-
 def wait_for_gcs(session: Session, inventory: Inventory, *, timeout: float) -> None:
-    """Poll the head until its GCS port accepts connections (from the head itself)."""
-    host, port = inventory.head.address, inventory.ports.gcs
-    probe = f"timeout 1 bash -c {shlex.quote(f'</dev/tcp/{host}/{port}')}"
-    check_running = (
-        f"docker inspect -f '{{{{.State.Running}}}}' {layout.container_name(inventory.cluster)}"
+    """Wait on the head until its GCS port accepts connections: one remote loop, polling
+    every 0.1 s, that gives up early when the head's container stops."""
+    result = session.run(
+        commands.wait_for_port_command(
+            inventory.cluster, inventory.head.address, inventory.ports.gcs, timeout
+        ),
+        timeout=timeout + 15,
     )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if session.run(probe, timeout=10).ok:
-            return
-        running = session.run(check_running, timeout=10)
-        if running.ok and running.stdout.strip() == "false":
-            break
-        time.sleep(0.5)
+    if result.ok:
+        return
     raise OperationError(
-        f"the GCS did not open {host}:{port} within {timeout:.0f}s",
+        f"the GCS did not open {commands.head_address(inventory)} within {timeout:.0f}s"
+        + (" (the head's Ray container stopped)" if result.exit_code == 3 else ""),
         "see `provisioner logs` (gcs_server.out, raylet.out, container log)",
         where=inventory.head.name,
     )
@@ -204,14 +195,6 @@ def bring_up(
     head_state = before.node(head.name)
     head_alive = head_state.ray_alive and before.gcs_error is None
     head_restart = needs_start(facts.get(head.name), image_id, head_alive, head_restarted=False)
-    if head_restart:
-        report(f"{head.name}: starting the head container")
-        start_node(head_session, inventory, head, image)
-        result.started.append(head.name)
-        wait_for_gcs(head_session, inventory, timeout=60)
-        report(f"{head.name}: GCS is up at {commands.head_address(inventory)}")
-    else:
-        result.unchanged.append(head.name)
     to_start = [
         w
         for w in inventory.workers
@@ -222,24 +205,42 @@ def bring_up(
             head_restarted=head_restart,
         )
     ]
+    if head_restart:
+        to_start.insert(0, head)
+    else:
+        result.unchanged.append(head.name)
     result.unchanged += [w.name for w in inventory.workers if w not in to_start]
-
-    def start_worker(node: Node) -> None:
-        report(f"{node.name}: starting the worker container")
-        start_node(pool.session(node), inventory, node, image)
 
     # Node IDs of the raylets being replaced: the GCS may list them as alive for a while.
     replaced = {n.address for n in to_start}
     stale = frozenset(
         n["node_id"] for n in before.gcs if n.get("alive") and n.get("ip") in replaced
     )
-    group = fan_out(to_start, start_worker, deadline=120)
-    result.started += [w.name for w in to_start if w.name in group.results]
-    _raise_first(group.errors, "could not start the Ray container")
-    report(f"{head.name}: waiting until every node joined" + (", then probing" if probe else ""))
-    nodes, placement = headprobe.join(
-        head_session, inventory, timeout=join_timeout, stale=stale, place=probe
+    # Every old container goes first, so that no new worker meets the old head; then the
+    # head and the workers start together (a worker's Ray waits for the head's by itself).
+    # A node that fails either step is named after the others have started.
+    remove = commands.remove_container_command(inventory.cluster)
+    removed = fan_out(
+        to_start, lambda n: pool.session(n).run(remove, timeout=60).check(), deadline=90
     )
+
+    def start(node: Node) -> None:
+        report(f"{node.name}: starting the {node.role} container")
+        command = commands.docker_run_command(inventory, node, image)
+        pool.session(node).run(command, timeout=60).check()
+
+    group = fan_out([n for n in to_start if n.name in removed.results], start, deadline=120)
+    result.started += [n.name for n in to_start if n.name in group.results]
+    _raise_first({**removed.errors, **group.errors}, "could not start the Ray container")
+    if head_restart:
+        wait_for_gcs(head_session, inventory, timeout=60)
+        report(f"{head.name}: GCS is up at {commands.head_address(inventory)}")
+    report(f"{head.name}: waiting until every node joined" + (", then probing" if probe else ""))
+    t_join = time.monotonic()
+    joined = headprobe.join(head_session, inventory, timeout=join_timeout, stale=stale, place=probe)
+    result.timings.update({f"join.{k}": v for k, v in joined.timings.items()})
+    result.timings["join.began"] = t_join - t0
+    nodes, placement = joined.nodes, joined.placement
     fresh = headprobe.fresh_nodes(nodes, stale)
     for node in inventory.nodes:
         if node.address in fresh:

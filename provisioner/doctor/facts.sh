@@ -26,96 +26,6 @@ while IFS= read -r line; do
   case "$line" in MemTotal:* | MemAvailable:*) echo "$line" ;; esac
 done </proc/meminfo
 
-# Docker: one python3 asks the daemon's socket for everything (a docker CLI call costs
-# ~20 ms); without python3, with DOCKER_HOST, or on any failure the CLI speaks instead.
-docker_api() {
-  [ -z "${DOCKER_HOST:-}" ] && [ -S /var/run/docker.sock ] && has python3 || return 1
-  python3 -S -c '
-import json, socket, sys
-def get(path):
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(10)
-    s.connect("/var/run/docker.sock")
-    s.sendall(("GET %s HTTP/1.0\r\nHost: docker\r\nConnection: close\r\n\r\n" % path).encode())
-    data = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    s.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split(None, 2)[1]), body
-status, body = get("/version")
-if status != 200:
-    sys.exit(1)
-version = json.loads(body)["Version"]
-status, body = get("/info")
-root = (json.loads(body).get("DockerRootDir") if status == 200 else None) or "/var/lib/docker"
-status, body = get("/containers/json?all=1")
-containers = json.loads(body) if status == 200 else []
-out = [root, "", "@@docker", version, "rc=0", "@@docker_root", root, "@@containers"]
-for c in containers:
-    name = (c.get("Names") or [""])[0].lstrip("/")
-    label = (c.get("Labels") or {}).get("provisioner.cluster", "")
-    ref = c.get("Image", "")
-    ref = ref[7:19] if ref.startswith("sha256:") else ref  # as `docker ps` shows it
-    out.append("%s\t%s\t%s\t%s" % (name, ref, c.get("State", ""), label))
-out.append("@@image")
-if sys.argv[1]:
-    status, body = get("/images/%s/json" % sys.argv[1])
-    if status == 200:
-        image = json.loads(body)
-        out.append("%s %s/%s" % (image["Id"], image.get("Os", ""), image.get("Architecture", "")))
-print("\n".join(out))
-' "$image" 2>/dev/null
-}
-docker_root=/var/lib/docker
-if api=$(docker_api); then
-  docker_root=${api%%$'\n'*}
-  printf '%s\n' "${api#*$'\n'}"
-else
-  section docker
-  docker_rc=127
-  if has docker; then
-    with_timeout 10 docker version --format '{{.Server.Version}}' 2>&1; docker_rc=$?; echo "rc=$docker_rc"
-  else
-    echo "docker: command not found"; echo "rc=127"
-  fi
-  section docker_sudo
-  if [ "$docker_rc" != 0 ] && [ "$docker_rc" != 127 ] && has sudo; then
-    with_timeout 10 sudo -n docker version --format '{{.Server.Version}}' 2>&1; echo "rc=$?"
-  fi
-  section docker_root
-  if [ "$docker_rc" = 0 ]; then
-    docker_root=$(with_timeout 10 docker info --format '{{.DockerRootDir}}' 2>/dev/null) || docker_root=/var/lib/docker
-    echo "$docker_root"
-    section containers
-    with_timeout 10 docker ps -a --format '{{.Names}}\t{{.Image}}\t{{.State}}\t{{.Label "provisioner.cluster"}}' 2>/dev/null
-    section image
-    if [ -n "$image" ]; then
-      with_timeout 10 docker image inspect --format '{{.Id}} {{.Os}}/{{.Architecture}}' "$image" 2>/dev/null
-    fi
-  fi
-fi
-section docker_socket; ls -ln /var/run/docker.sock 2>&1
-
-# /dev/shm and the disks of Docker's root, /tmp and $HOME in one df.
-dirs=()
-for dir in "$docker_root" /tmp "$HOME"; do
-  d=$dir; while [ -n "$d" ] && [ ! -e "$d" ]; do d=${d%/*}; done
-  dirs+=("${d:-/}")
-done
-df_lines=()
-while IFS= read -r line; do df_lines+=("$line"); done < <(df -kP /dev/shm "${dirs[@]}" 2>/dev/null)
-section shm; echo "${df_lines[1]:-}"
-section disk
-i=2
-for dir in "$docker_root" /tmp "$HOME"; do
-  [ -n "${df_lines[$i]:-}" ] && printf '%s %s\n' "$dir" "${df_lines[$i]}"
-  i=$((i + 1))
-done
-
 # Python and Ray as a plain `ssh host cmd` sees them, and as Ray's launcher sees them
 # (a login interactive bash). Lines of interest start with %% (rc files may print noise).
 # An interpreter's answers are kept in PROVISIONER_MEMO ("FILE|KIND|VALUE" lines), so the
@@ -169,6 +79,103 @@ pyray() {
     esac
   fi
 }
+# python3 (first on the plain PATH) tells its version and, over the Docker socket, the
+# Docker facts: a docker CLI call costs ~20 ms, this whole call less. Without python3,
+# with DOCKER_HOST, or on any failure, the docker CLI speaks instead.
+docker_root=/var/lib/docker
+api_lines=()
+if lookup python3; then
+  use_api=0
+  [ -z "${DOCKER_HOST:-}" ] && [ -S /var/run/docker.sock ] && has docker && use_api=1
+  while IFS= read -r line; do api_lines+=("$line"); done < <("$REPLY" -S -c '
+import json, socket, sys
+print(sys.version.split()[0])
+if sys.argv[2] != "1":
+    sys.exit(0)
+def get(path):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect("/var/run/docker.sock")
+    s.sendall(("GET %s HTTP/1.0\r\nHost: docker\r\nConnection: close\r\n\r\n" % path).encode())
+    data = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(None, 2)[1]), body
+status, body = get("/version")
+if status != 200:
+    sys.exit(1)
+version = json.loads(body)["Version"]
+status, body = get("/info")
+root = (json.loads(body).get("DockerRootDir") if status == 200 else None) or "/var/lib/docker"
+status, body = get("/containers/json?all=1")
+containers = json.loads(body) if status == 200 else []
+out = [root, "", "@@docker", version, "rc=0", "@@docker_root", root, "@@containers"]
+for c in containers:
+    name = (c.get("Names") or [""])[0].lstrip("/")
+    label = (c.get("Labels") or {}).get("provisioner.cluster", "")
+    ref = c.get("Image", "")
+    ref = ref[7:19] if ref.startswith("sha256:") else ref  # as `docker ps` shows it
+    out.append("%s\t%s\t%s\t%s" % (name, ref, c.get("State", ""), label))
+out.append("@@image")
+if sys.argv[1]:
+    status, body = get("/images/%s/json" % sys.argv[1])
+    if status == 200:
+        image = json.loads(body)
+        out.append("%s %s/%s" % (image["Id"], image.get("Os", ""), image.get("Architecture", "")))
+print("\n".join(out))
+' "$image" "$use_api" 2>/dev/null)
+  PROVISIONER_MEMO="$REPLY|version|${api_lines[0]:-}"$'\n'
+fi
+if [ ${#api_lines[@]} -gt 2 ]; then
+  docker_root=${api_lines[1]}
+  printf '%s\n' "${api_lines[@]:2}"
+else
+  section docker
+  docker_rc=127
+  if has docker; then
+    with_timeout 10 docker version --format '{{.Server.Version}}' 2>&1; docker_rc=$?; echo "rc=$docker_rc"
+  else
+    echo "docker: command not found"; echo "rc=127"
+  fi
+  section docker_sudo
+  if [ "$docker_rc" != 0 ] && [ "$docker_rc" != 127 ] && has sudo; then
+    with_timeout 10 sudo -n docker version --format '{{.Server.Version}}' 2>&1; echo "rc=$?"
+  fi
+  section docker_root
+  if [ "$docker_rc" = 0 ]; then
+    docker_root=$(with_timeout 10 docker info --format '{{.DockerRootDir}}' 2>/dev/null) || docker_root=/var/lib/docker
+    echo "$docker_root"
+    section containers
+    with_timeout 10 docker ps -a --format '{{.Names}}\t{{.Image}}\t{{.State}}\t{{.Label "provisioner.cluster"}}' 2>/dev/null
+    section image
+    if [ -n "$image" ]; then
+      with_timeout 10 docker image inspect --format '{{.Id}} {{.Os}}/{{.Architecture}}' "$image" 2>/dev/null
+    fi
+  fi
+fi
+section docker_socket; ls -ln /var/run/docker.sock 2>&1
+
+# /dev/shm and the disks of Docker's root, /tmp and $HOME in one df.
+dirs=()
+for dir in "$docker_root" /tmp "$HOME"; do
+  d=$dir; while [ -n "$d" ] && [ ! -e "$d" ]; do d=${d%/*}; done
+  dirs+=("${d:-/}")
+done
+df_lines=()
+while IFS= read -r line; do df_lines+=("$line"); done < <(df -kP /dev/shm "${dirs[@]}" 2>/dev/null)
+section shm; echo "${df_lines[1]:-}"
+section disk
+i=2
+for dir in "$docker_root" /tmp "$HOME"; do
+  [ -n "${df_lines[$i]:-}" ] && printf '%s %s\n' "$dir" "${df_lines[$i]}"
+  i=$((i + 1))
+done
+
 section shell_plain; pyray
 export PROVISIONER_MEMO
 section shell_login

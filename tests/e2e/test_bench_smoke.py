@@ -35,7 +35,9 @@ def test_bench_harness_writes_every_row(
     rows = {r["benchmark"]: r for r in doc["rows"]}
     n = len(lab.nodes)
     expected = [
-        f"bring-up, {n} nodes",
+        f"bring-up, {n} nodes: until every node is alive",
+        f"bring-up, {n} nodes: until the command is done and every node alive",
+        f"bring-up, {n} nodes: Ray's own start",
         "fan-out, 3 endpoints: doctor vs OpenSSH",
         "fan-out, 3 endpoints: doctor vs Ansible",
         f"latency: doctor, {n} nodes, +0 ms",

@@ -108,3 +108,22 @@ def test_down_checks_role_ports(tmp_path: Path) -> None:
     assert 6379 in down.ray_ports(inv, inv.head)
     assert 6379 not in down.ray_ports(inv, inv.workers[0])
     assert down.parse_ports("6379\n8265\n") == [6379, 8265]
+
+
+def test_wait_for_port_command_runs_in_bash() -> None:
+    """The command `up` runs on the head, run here: 0 once the port listens, 3 when the
+    cluster's container is not running (none exists here), 1 after the timeout."""
+    import socket
+    import subprocess
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        wait = commands.wait_for_port_command("nosuch", "127.0.0.1", port, 5)
+        assert subprocess.run(["bash", "-c", wait], timeout=30).returncode == 0
+    wait = commands.wait_for_port_command("nosuch", "127.0.0.1", port, 5)
+    assert subprocess.run(["bash", "-c", wait], timeout=30).returncode == 3
+    wait = commands.wait_for_port_command("nosuch", "127.0.0.1", port, 0.3)
+    assert subprocess.run(["bash", "-c", wait], timeout=30).returncode == 1
+    assert "'exec 3<>/dev/tcp/127.0.0.1/" in wait and "ray-nosuch" in wait

@@ -181,6 +181,6 @@ def test_lean_output_parses_like_the_cli_output_it_replaced() -> None:
     assert [d.path for d in new.disks] == [d.path for d in old.disks]
     assert new.addresses == ("127.0.0.1", "172.17.0.1", "10.250.0.10")
     assert new.hostname_addresses == ("10.250.0.10",)
-    assert [(x.port, x.process) for x in new.listening if x.port == 22][0] == (22, "sshd")
+    assert next((x.port, x.process) for x in new.listening if x.port == 22) == (22, "sshd")
     assert new.docker_ok and new.docker_root == "/var/lib/docker" and new.sudo == "ok"
     assert new.image.endswith("linux/amd64") and new.complete
