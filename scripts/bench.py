@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -274,16 +275,29 @@ def rows_fan_out(ctx: Context) -> list[Row]:
         doctor_runs: list[float] = []
         facts_runs: list[float] = []
         ansible_runs: list[float] = []
+        facts_cpu: list[float] = []
+        ansible_cpu: list[float] = []
+        floor_runs: list[float] = []
         for i in range(k):  # interleaved, so a busy moment hits every tool alike
             log(f"fan-out {i + 1}/{k}: OpenSSH, doctor, doctor (facts only), Ansible")
             ssh_runs.append(bench_doctor.openssh_fan_out(eps, par))
             doctor_runs.append(bench_doctor.doctor_fan_out(eps, par, reachability=True))
-            facts_runs.append(bench_doctor.doctor_fan_out(eps, par, reachability=False))
-            ansible_runs.append(bench_doctor.ansible_fan_out(eps, par))
+            seconds, cpu = with_cpu(
+                lambda: bench_doctor.doctor_fan_out(eps, par, reachability=False)
+            )
+            facts_runs.append(seconds)
+            facts_cpu.append(cpu)
+            seconds, cpu = with_cpu(lambda: bench_doctor.ansible_fan_out(eps, par))
+            ansible_runs.append(seconds)
+            ansible_cpu.append(cpu)
+            floor_runs.append(bench_doctor.facts_floor(eps, par))
     ssh = Figure("`ssh HOST true`", "s", ssh_runs)
     doctor = Figure("doctor", "s", doctor_runs)
     facts = Figure("doctor, facts only", "s", facts_runs)
     ansible = Figure("ansible -m script facts.sh", "s", ansible_runs)
+    floor = Figure("facts.sh alone", "s", floor_runs)
+    doctor_cpu = Figure("doctor, facts only", "CPU s", facts_cpu)
+    ansible_cpu_fig = Figure("ansible -m script facts.sh", "CPU s", ansible_cpu)
     on = (
         f"{n} SSH endpoints (sshd ports on one lab node), parallelism {par} for every tool; "
         "first connection each run (no reuse)"
@@ -314,9 +328,54 @@ def rows_fan_out(ctx: Context) -> list[Row]:
             r2 >= 5,
             "the same facts both ways: the doctor's facts round vs Ansible's ad-hoc "
             f"`ansible all -f {par} -m script` running the doctor's own facts.sh (ansible-core, "
-            f"its default SSH connection with ControlPersist, no pty); {on}",
+            f"its default SSH connection with ControlPersist, no pty); {on}. Both wait for "
+            "the same 100 runs of facts.sh on the endpoints' shared CPUs",
+        ),
+        Row(
+            "fan-out",
+            f"fan-out, {n} endpoints: facts.sh alone vs Ansible",
+            floor,
+            ansible,
+            ansible.median / floor.median,
+            "Ansible / facts.sh alone",
+            "—",
+            None,
+            f"facts.sh run {n} times, {par} at a time, on the endpoints' lab node itself, no "
+            "SSH: the work any tool gathering these facts waits for on this machine. The "
+            "ratio is the most any tool could be faster than Ansible here",
+        ),
+        Row(
+            "fan-out",
+            f"fan-out, {n} endpoints: control-machine CPU, doctor vs Ansible",
+            doctor_cpu,
+            ansible_cpu_fig,
+            ansible_cpu_fig.median / doctor_cpu.median,
+            "Ansible / doctor",
+            "—",
+            None,
+            "CPU seconds spent on the control machine by each tool in the row above (the "
+            "process and the children it waited for: ssh, ansible's forks; not Ansible's "
+            "ControlPersist masters, which detach): what each tool costs by itself, apart "
+            "from the work on the endpoints",
         ),
     ]
+
+
+def with_cpu(fn: Callable[[], float]) -> tuple[float, float]:
+    """fn's result and the CPU seconds this process and its waited-for children spent."""
+
+    def used() -> float:
+        return sum(
+            r.ru_utime + r.ru_stime
+            for r in (
+                resource.getrusage(resource.RUSAGE_SELF),
+                resource.getrusage(resource.RUSAGE_CHILDREN),
+            )
+        )
+
+    start = used()
+    value = fn()
+    return value, used() - start
 
 
 def ssh_true_lab(lab: LabInfo) -> float:

@@ -40,6 +40,8 @@ def test_bench_harness_writes_every_row(
         f"bring-up, {n} nodes: Ray's own start",
         "fan-out, 3 endpoints: doctor vs OpenSSH",
         "fan-out, 3 endpoints: doctor vs Ansible",
+        "fan-out, 3 endpoints: facts.sh alone vs Ansible",
+        "fan-out, 3 endpoints: control-machine CPU, doctor vs Ansible",
         f"latency: doctor, {n} nodes, +0 ms",
         f"latency: up, {n} nodes, +0 ms",
         f"latency: doctor, {n} nodes, +50 ms",
