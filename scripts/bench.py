@@ -502,7 +502,7 @@ def rows_latency(ctx: Context) -> list[Row]:
                 f"added time in RTTs (vs +{zero} ms)",
                 "—",
                 None,
-                f"{how}; `provisioner up` from down until every node is listed alive",
+                f"{how}; `provisioner up` from down until it returned with every node alive",
                 {"added_s": round(u.median - u0.median, 3)},
             )
         )
