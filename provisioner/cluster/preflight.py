@@ -15,6 +15,7 @@ from provisioner.console import Reporter, quiet
 from provisioner.doctor import DoctorReport, Finding, run_doctor
 from provisioner.errors import OperationError
 from provisioner.inventory import Inventory
+from provisioner.remote import Pool
 
 # Findings that this cluster's own Ray container explains on the node that runs it.
 OWN_RAY_CHECKS = frozenset({"ray.stale", "ports.free", "ports.worker_range"})
@@ -64,12 +65,27 @@ class DoctorStopped(OperationError):
         self.preflight = preflight
 
 
+def own_nodes(doctor: DoctorReport, cluster: str) -> set[str]:
+    """Pure: the nodes that hold a container of this cluster, in any state."""
+    return {
+        name
+        for name, facts in doctor.facts.items()
+        if any(c.cluster_label == cluster for c in facts.containers)
+    }
+
+
 def check(
-    inventory: Inventory, own_nodes: set[str], *, force: bool = False, report: Reporter = quiet
+    inventory: Inventory,
+    *,
+    force: bool = False,
+    report: Reporter = quiet,
+    pool: Pool | None = None,
 ) -> Preflight:
-    """Run the doctor; raise DoctorStopped on errors `up` cannot fix (unless `force`)."""
-    doctor = run_doctor(inventory, report=report)
-    blocking, waived = split(doctor.findings, own_nodes)
+    """Run the doctor; raise DoctorStopped on errors `up` cannot fix (unless `force`).
+
+    Findings that this cluster's own containers explain are waived on their nodes."""
+    doctor = run_doctor(inventory, report=report, pool=pool)
+    blocking, waived = split(doctor.findings, own_nodes(doctor, inventory.cluster))
     result = Preflight(doctor, blocking, waived, forced=force and bool(blocking))
     for host in sorted({f.host for f in waived}):
         checks = sorted({f.check for f in waived if f.host == host})

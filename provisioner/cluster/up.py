@@ -149,10 +149,8 @@ def up(
     t0 = time.monotonic()
     result = UpResult()
     if doctor:
-        facts, _ = status.container_facts(pool, inventory)
-        own = {name for name, f in facts.items() if f.status != "absent"}
         report(f"doctor: checking {len(inventory.nodes)} node(s)")
-        result.doctor = preflight.check(inventory, own, force=force, report=report)
+        result.doctor = preflight.check(inventory, force=force, report=report, pool=pool)
         result.timings["doctor"] = time.monotonic() - t0
     t1 = time.monotonic()
     report(f"image: making every node hold {pin.short_id()}")

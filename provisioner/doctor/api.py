@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,6 +42,7 @@ class DoctorReport:
     elapsed_s: float = 0.0
     round_trips: int = 0  # commands run per node
     timings: dict[str, float] = field(default_factory=dict)
+    facts: dict[str, NodeFacts] = field(default_factory=dict)  # node name -> what it told
 
     @property
     def errors(self) -> list[Finding]:
@@ -156,13 +158,17 @@ def run_doctor(
     ray_up: bool = False,
     reachability: bool = True,
     parallelism: int = 32,
+    pool: Pool | None = None,
 ) -> DoctorReport:
-    """Diagnose every node; never raises for a node's failure (it becomes a finding)."""
+    """Diagnose every node; never raises for a node's failure (it becomes a finding).
+
+    `pool`: SSH sessions to reuse (and leave open), as `up` does; otherwise its own."""
     started = time.monotonic()
     pin, findings = read_pin_facts(inventory)
     plan = plan_for(inventory, pin, ray_up=ray_up)
     timings: dict[str, float] = {}
-    with Pool(inventory) as pool:
+    with ExitStack() as stack:
+        pool = pool if pool is not None else stack.enter_context(Pool(inventory))
         report(f"gathering facts from {len(inventory.nodes)} node(s)")
         group = gather_facts(
             pool,
@@ -221,6 +227,7 @@ def run_doctor(
         elapsed_s=time.monotonic() - started,
         round_trips=rounds,
         timings=timings,
+        facts=dict(group.results),
     )
 
 

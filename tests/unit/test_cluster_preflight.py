@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from provisioner.cluster import headprobe
-from provisioner.cluster.preflight import split
-from provisioner.doctor import Finding
+from provisioner.cluster.preflight import own_nodes, split
+from provisioner.doctor import DoctorReport, Finding
+from provisioner.doctor.facts import NodeFacts, parse_facts
 
 
 def f(check: str, host: str, severity: str = "error") -> Finding:
@@ -38,3 +39,20 @@ def test_a_replaced_raylet_still_listed_alive_is_not_counted() -> None:
     new = {"node_id": "new", "ip": "10.0.0.12", "alive": True}
     fresh = headprobe.fresh_nodes([*nodes, new], frozenset({"old"}))
     assert fresh == {"10.0.0.10": head, "10.0.0.12": new}
+
+
+def test_own_nodes_are_those_holding_this_clusters_container_in_any_state() -> None:
+    def told(containers: str) -> NodeFacts:
+        return parse_facts("n", f"@@containers\n{containers}\n@@end\n")
+
+    report = DoctorReport(
+        findings=[],
+        nodes=["h", "w1", "w2", "w3"],
+        facts={
+            "h": told("ray-lab\tabc123\trunning\tlab"),
+            "w1": told("ray-lab\tabc123\texited\tlab"),
+            "w2": told("ray-other\tabc123\trunning\tother\nweb\tnginx\trunning\t"),
+            "w3": told(""),
+        },
+    )
+    assert own_nodes(report, "lab") == {"h", "w1"}
