@@ -166,11 +166,13 @@ for dir in "$docker_root" /tmp "$HOME"; do
   d=$dir; while [ -n "$d" ] && [ ! -e "$d" ]; do d=${d%/*}; done
   dirs+=("${d:-/}")
 done
+shm=()
+[ -e /dev/shm ] && shm=(/dev/shm)
 df_lines=()
-while IFS= read -r line; do df_lines+=("$line"); done < <(df -kP /dev/shm "${dirs[@]}" 2>/dev/null)
-section shm; echo "${df_lines[1]:-}"
+while IFS= read -r line; do df_lines+=("$line"); done < <(df -kP ${shm[@]+"${shm[@]}"} "${dirs[@]}" 2>/dev/null)
+section shm; [ ${#shm[@]} = 1 ] && echo "${df_lines[1]:-}"
 section disk
-i=2
+i=$((1 + ${#shm[@]}))
 for dir in "$docker_root" /tmp "$HOME"; do
   [ -n "${df_lines[$i]:-}" ] && printf '%s %s\n' "$dir" "${df_lines[$i]}"
   i=$((i + 1))
