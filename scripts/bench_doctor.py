@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import yaml
 
 from provisioner.doctor import run_doctor
 from provisioner.inventory import load_inventory
-from provisioner.lab.engine import exec_rc
+from provisioner.lab.engine import docker_cli, exec_in, exec_rc
 from provisioner.lab.nodes import LabInfo, load_lab
 
 BASE_PORT = 2201
@@ -245,23 +244,17 @@ def ansible_fan_out(eps: Endpoints, parallel: int) -> float:
 def facts_floor(eps: Endpoints, parallel: int) -> float:
     """Seconds for the facts script alone, run `count` times on the endpoints' node at the
     same parallelism, without SSH: the work every tool gathering these facts waits for."""
-    facts = resources.files("provisioner.doctor").joinpath("facts.sh").read_text()
+    facts = resources.files("provisioner.doctor").joinpath("facts.sh").read_bytes()
     node = eps.lab.nodes[0]
     path = "/tmp/bench-facts.sh"
-    rc, out = exec_rc(node.container, f"cat > {path} <<'EOF_FACTS'\n{facts}\nEOF_FACTS")
-    if rc != 0:
-        raise SystemExit(f"cannot copy facts.sh into {node.container}: {out}")
+    docker_cli(["exec", "-i", node.container, "sh", "-c", f"cat > {path}"], input_=facts)
     run = (
         f"cd ~ && s=$EPOCHREALTIME && seq {eps.count} | xargs -P {parallel} -I@ "
         f"bash {path} {eps.address} {eps.address} none '' 0 >/dev/null && "
-        'echo "elapsed $(python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" '
-        '$s $EPOCHREALTIME)"'
+        'echo "$s $EPOCHREALTIME"'
     )
-    rc, out = exec_rc(node.container, f"su {eps.user} -c {shlex.quote(run)}", timeout=300)
-    words = out.split()
-    if rc != 0 or "elapsed" not in words:
-        raise SystemExit(f"facts.sh alone failed on {node.container}: {out[-600:]}")
-    return float(words[words.index("elapsed") + 1])
+    start, end = exec_in(node.container, run, user=eps.user, timeout=300).split()
+    return float(end) - float(start)
 
 
 def ansible_available() -> bool:

@@ -67,11 +67,7 @@ class DoctorStopped(OperationError):
 
 def own_nodes(doctor: DoctorReport, cluster: str) -> set[str]:
     """Pure: the nodes that hold a container of this cluster, in any state."""
-    return {
-        name
-        for name, facts in doctor.facts.items()
-        if any(c.cluster_label == cluster for c in facts.containers)
-    }
+    return {name for name, facts in doctor.facts.items() if facts.holds_cluster(cluster)}
 
 
 def check(

@@ -87,8 +87,7 @@ def explained_by_own_ray(findings: list[Finding], facts: NodeFacts, cluster: str
     They become warnings that say so (`provisioner up` keeps a healthy cluster; `provisioner
     down` stops it); on any other node they stay errors.
     """
-    own = any(c.cluster_label == cluster and c.state == "running" for c in facts.containers)
-    if not own:
+    if not facts.holds_cluster(cluster, running=True):
         return findings
     return [
         replace(

@@ -86,6 +86,13 @@ class NodeFacts:
     bound_ports: tuple[int, ...] = ()
     complete: bool = False  # the script ran to its end
 
+    def holds_cluster(self, cluster: str, *, running: bool = False) -> bool:
+        """A container of `cluster` is on this node (`running`: and it runs)."""
+        return any(
+            c.cluster_label == cluster and (not running or c.state == "running")
+            for c in self.containers
+        )
+
 
 def split_sections(text: str) -> dict[str, str]:
     """'@@name' headed sections -> {name: body}."""
