@@ -1,9 +1,10 @@
 """Runs INSIDE the head's Ray container (sent on stdin to `python -`); not imported locally.
 
 `python - nodes ADDRESS`      -> the GCS's view of every node
-`python - place ADDRESS SECS IDS` -> one task pinned to each node ID of IDS (comma-separated)
+`python - place ADDRESS SECS IDS` -> one task pinned to each node ID of IDS (comma-separated);
+    one result per address, a success winning (an address may hold a stale ID too)
 `python - join ADDRESS SECS IPS STALE PLACE` -> wait until every IP has an alive node whose
-    ID is not in STALE, then (PLACE=1) the placement probe on those nodes; one ray.init
+    ID is not in STALE, then (PLACE=1) the placement probe on every such ID; one ray.init
 
 Prints one line `PROVISIONER_PROBE <json>` on stdout. The token reaches Ray through the
 container's RAY_AUTH_TOKEN_PATH; nothing secret is printed.
@@ -11,6 +12,7 @@ container's RAY_AUTH_TOKEN_PATH; nothing secret is printed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -52,40 +54,79 @@ def _where() -> dict[str, Any]:
     return {"ip": ip, "hostname": socket.gethostname()}
 
 
+def best_per_address(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pure: one result per address, in first-seen order; a success wins over a failure.
+
+    An address can have two "alive" node IDs: a raylet killed without a goodbye stays
+    listed until its health checks fail (tens of seconds), and its replacement registers
+    under a new ID meanwhile. The task pinned to the dead one fails; the address is fine
+    if the task pinned to the live one ran there.
+    """
+    best: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        held = best.get(entry["ip"])
+        if held is None or (entry.get("ok") and not held.get("ok")):
+            best[entry["ip"]] = entry
+    return list(best.values())
+
+
 def _place(ray: Any, timeout: float, node_ids: list[str]) -> list[dict[str, Any]]:
+    """One task pinned to each alive node of `node_ids`, all at once; one result per
+    address (see `best_per_address`). Stops waiting once every address has a success."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     where = ray.remote(num_cpus=0)(_where)
     alive = [n for n in _nodes(ray) if n["alive"] and n["node_id"] in node_ids]
-    refs = {
-        n["ip"]: where.options(
+    pending = {
+        where.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(n["node_id"], soft=False)
-        ).remote()
+        ).remote(): n
         for n in alive
     }
-    results: list[dict[str, Any]] = []
+    entries: list[dict[str, Any]] = []
+
+    def settled() -> set[str]:
+        return {e["ip"] for e in entries if e.get("ok")}
+
     deadline = time.monotonic() + timeout
-    for ip, ref in refs.items():
-        try:
-            got = ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
-            results.append({"ip": ip, "ok": got["ip"] == ip, "ran_on": got["ip"]})
-        except Exception as exc:
-            results.append({"ip": ip, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
-    return results
+    while pending and {n["ip"] for n in pending.values()} - settled():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=left)
+        for ref in ready:
+            n = pending.pop(ref)
+            try:
+                got = ray.get(ref)
+                ok = got["ip"] == n["ip"]
+                entries.append({"ip": n["ip"], "ok": ok, "ran_on": got["ip"]})
+            except Exception as exc:
+                entries.append(
+                    {"ip": n["ip"], "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                )
+    for ref, n in pending.items():
+        if n["ip"] not in settled():
+            entries.append(
+                {"ip": n["ip"], "ok": False, "error": f"no answer within {timeout:.0f}s"}
+            )
+        with contextlib.suppress(Exception):  # one on a dead node may not cancel; left
+            ray.cancel(ref)
+    return best_per_address(entries)
 
 
 def _join(ray: Any, timeout: float, ips: list[str], stale: list[str], place: bool) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         nodes = _nodes(ray)
-        fresh = {n["ip"]: n for n in nodes if n["alive"] and n["node_id"] not in stale}
-        if set(ips) <= set(fresh) or time.monotonic() >= deadline:
+        fresh = [n for n in nodes if n["alive"] and n["node_id"] not in stale]
+        if set(ips) <= {n["ip"] for n in fresh} or time.monotonic() >= deadline:
             break
         time.sleep(0.5)
     document: dict[str, Any] = {"nodes": nodes}
     _mark("joined")
-    if place and set(ips) <= set(fresh):
-        ids = [fresh[ip]["node_id"] for ip in ips]
+    if place and set(ips) <= {n["ip"] for n in fresh}:
+        # every fresh ID at each address: a stale one not yet marked dead may be among them
+        ids = [n["node_id"] for n in fresh if n["ip"] in ips]
         document["placement"] = _place(ray, max(10.0, deadline - time.monotonic()), ids)
     _mark("placed")
     document["timings"] = TIMINGS

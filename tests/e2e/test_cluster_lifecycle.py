@@ -68,6 +68,33 @@ def test_dead_worker_is_restarted_alone(inventory: str, lab: LabInfo) -> None:
     assert code == 0 and again["started"] == [worker.name]
 
 
+def test_up_passes_while_the_gcs_still_lists_a_killed_raylet(inventory: str, lab: LabInfo) -> None:
+    """A worker's Ray killed without a goodbye and back at once (its container restarted):
+    for a while the GCS lists two alive node IDs at its address. `up` must see the node as
+    fine, and its placement probe must not pick the dead ID."""
+    from provisioner.cluster import headprobe
+    from provisioner.remote import Pool
+    from tests.e2e.helpers import ssh
+
+    inv = load_inventory(Path(inventory))
+    worker = lab.nodes[1]
+    container = "ray-" + inv.cluster
+    ssh(lab, worker, f"docker kill -s KILL {container} && docker start {container}")
+    both: list[dict] = []  # type: ignore[type-arg]
+    with Pool(inv) as pool:
+        for _ in range(40):  # until the replacement registered beside the old ID
+            listed = headprobe.gcs_nodes(pool.session(inv.head), inv)
+            both = [n for n in listed if n["alive"] and n["ip"] == worker.address]
+            if len(both) == 2:
+                break
+            time.sleep(0.5)
+    assert len(both) == 2, f"the GCS never listed both IDs at {worker.address}: {both}"
+    code, result = cli_json("up", "-i", inventory)
+    assert code == 0, result
+    assert result["started"] == [], result["started"]
+    assert len(result["placement"]) == 3 and all(p["ok"] for p in result["placement"])
+
+
 def test_jobs_api_needs_the_token(inventory: str) -> None:
     inv = load_inventory(Path(inventory))
     with tunnel(inv) as url:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from provisioner.cluster import headprobe
 from provisioner.cluster.preflight import own_nodes, split
+from provisioner.cluster.probe import best_per_address
 from provisioner.doctor import DoctorReport, Finding
 from provisioner.doctor.facts import NodeFacts, parse_facts
 
@@ -39,6 +40,19 @@ def test_a_replaced_raylet_still_listed_alive_is_not_counted() -> None:
     new = {"node_id": "new", "ip": "10.0.0.12", "alive": True}
     fresh = headprobe.fresh_nodes([*nodes, new], frozenset({"old"}))
     assert fresh == {"10.0.0.10": head, "10.0.0.12": new}
+
+
+def test_placement_keeps_one_result_per_address_and_a_success_wins() -> None:
+    # The GCS can list two alive IDs at one address (a raylet killed without a goodbye and
+    # its replacement): the task pinned to the dead one fails, the other runs there.
+    dead = {"ip": "10.0.0.12", "ok": False, "error": "TaskUnschedulableError: gone"}
+    live = {"ip": "10.0.0.12", "ok": True, "ran_on": "10.0.0.12"}
+    head = {"ip": "10.0.0.10", "ok": True, "ran_on": "10.0.0.10"}
+    assert best_per_address([head, dead, live]) == [head, live]
+    assert best_per_address([live, dead]) == [live]
+    # an address whose only tasks failed keeps its failure (the first one)
+    other = {"ip": "10.0.0.12", "ok": False, "error": "no answer within 10s"}
+    assert best_per_address([head, dead, other]) == [head, dead]
 
 
 def test_own_nodes_are_those_holding_this_clusters_container_in_any_state() -> None:
