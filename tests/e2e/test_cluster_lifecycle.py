@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +20,7 @@ import pytest
 
 from provisioner.cli import run
 from provisioner.cluster import read_token, tunnel
+from provisioner.doctor.facts import NodeFacts, parse_facts
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.nodes import LabInfo
@@ -66,6 +68,57 @@ def test_dead_worker_is_restarted_alone(inventory: str, lab: LabInfo) -> None:
     assert dead["container"] == "absent" and not dead["ray_alive"]
     code, again = cli_json("up", "-i", inventory)
     assert code == 0 and again["started"] == [worker.name]
+
+
+# Every executable of the node's usual PATH linked into one directory, minus Python: a
+# node with no python3 on the plain PATH (the login shell still finds it, via /etc/profile).
+NO_PYTHON_PATH = (
+    "np=$(mktemp -d); trap 'rm -rf \"$np\"' EXIT; "
+    "for f in /usr/local/sbin/* /usr/local/bin/* /usr/sbin/* /usr/bin/* /sbin/* /bin/*; do "
+    "n=${f##*/}; case $n in python*) continue ;; esac; "
+    '[ -e "$np/$n" ] || ln -s "$f" "$np/$n"; done; '
+)
+
+
+def test_facts_fallbacks_tell_the_same_docker_facts(inventory: str, lab: LabInfo) -> None:
+    """The doctor's facts.sh reads Docker through its socket with python3; with DOCKER_HOST
+    set, or with no python3 on PATH, the docker CLI answers. On a real node holding the
+    cluster's container and the pinned image, all three must tell the same facts."""
+    from importlib import resources
+
+    from provisioner.image.lock import read_pin
+    from tests.e2e.helpers import ssh_args
+
+    inv = load_inventory(Path(inventory))
+    assert inv.image_lock is not None
+    pin = read_pin(inv.image_lock).image_id
+    node = lab.nodes[1]
+    script = resources.files("provisioner.doctor").joinpath("facts.sh").read_text()
+    args = f"bash -s -- {inv.head.address} {node.address} {pin} '' 0"
+
+    def facts(prefix: str) -> NodeFacts:
+        run = subprocess.run(
+            [*ssh_args(lab, node), prefix + args],
+            input=script,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr
+        return parse_facts(node.name, run.stdout)
+
+    api = facts("")
+    cli_ = facts("DOCKER_HOST=unix:///var/run/docker.sock ")
+    no_python = facts(NO_PYTHON_PATH + 'PATH="$np" ')
+    assert api.complete and cli_.complete and no_python.complete
+    assert api.docker_ok and api.image.startswith(pin)
+    assert api.holds_cluster(inv.cluster, running=True)
+    assert api.plain.python3_version and no_python.plain.python3 is None
+    for other in (cli_, no_python):
+        told = (other.docker, other.docker_ok, other.docker_root, other.image)
+        assert told == (api.docker, api.docker_ok, api.docker_root, api.image)
+        assert other.containers == api.containers
 
 
 def test_up_passes_while_the_gcs_still_lists_a_killed_raylet(inventory: str, lab: LabInfo) -> None:
