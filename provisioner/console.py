@@ -37,6 +37,7 @@ class Output:
         self.err = Console(file=self.stderr, highlight=False, soft_wrap=True)
         self._started = time.monotonic()
         self.nodes: dict[str, str] = {}  # watched node -> its last progress line
+        self.emitted = False  # the one JSON document was written
 
     def watch_nodes(self, names: Iterable[str]) -> None:
         """Remember each node's last progress line, to say where it stood if interrupted."""
@@ -63,6 +64,13 @@ class Output:
         """The one JSON document of a --json command."""
         self.stdout.write(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n")
         self.stdout.flush()
+        self.emitted = True
+
+    def emit_error(self, error: dict[str, Any]) -> None:
+        """With --json, a command that ends in an error before its document still writes
+        one: `{"ok": false, "error": {...}}`, so a script reading stdout always gets JSON."""
+        if self.json_mode and not self.emitted:
+            self.emit({"ok": False, "error": error})
 
     @contextmanager
     def step(self, what: str) -> Iterator[None]:

@@ -62,6 +62,10 @@ def _interrupted() -> None:
         print(f"  {line}", file=sys.stderr)
     if states:
         print("run the same command again: it picks up from each node's state", file=sys.stderr)
+    if out is not None:
+        out.emit_error(
+            {"kind": "interrupted", "message": "interrupted", "exit_code": 130, "nodes": states}
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI in-process and return its exit code (tests call this)."""
-    err = state.output.err if state.output else None
+    state.output = None  # set by the command once it parsed its options
     try:
         result = app(args=argv, prog_name="provisioner", standalone_mode=False)
         if result == 130:  # typer turns Ctrl-C into a silent Exit(130)
@@ -79,7 +83,7 @@ def run(argv: list[str] | None = None) -> int:
         return result if isinstance(result, int) else 0
     except ProvisionerError as exc:
         out = state.output
-        console = out.err if out else err
+        console = out.err if out else None
         line = f"[bold red]error:[/bold red] {escape(str(exc))}"
         if console is not None:
             console.print(line, markup=True, highlight=False)
@@ -89,6 +93,16 @@ def run(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             if exc.fix:
                 print(f"fix: {exc.fix}", file=sys.stderr)
+        if out is not None:
+            out.emit_error(
+                {
+                    "kind": type(exc).__name__,
+                    "message": exc.message,
+                    "where": exc.where,
+                    "fix": exc.fix,
+                    "exit_code": exc.exit_code,
+                }
+            )
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
@@ -106,4 +120,13 @@ def run(argv: list[str] | None = None) -> int:
         path = _report_bug(exc)
         print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
         print(f"the full traceback is in {path}; please report it", file=sys.stderr)
+        if state.output is not None:
+            state.output.emit_error(
+                {
+                    "kind": "bug",
+                    "message": f"unexpected {type(exc).__name__}: {exc}",
+                    "traceback": str(path),
+                    "exit_code": 1,
+                }
+            )
         return 1

@@ -280,6 +280,7 @@ def test_node_dies_during_up(inv: str, lab: LabInfo) -> None:
                 inv,
                 "--timeout",
                 "30",
+                "--json",
                 when=f"{worker.name}: starting the worker container",
                 action=lambda _: faults.stop(lab, worker),
             )
@@ -287,6 +288,8 @@ def test_node_dies_during_up(inv: str, lab: LabInfo) -> None:
             said = [ln for ln in run.stderr.splitlines() if ln.startswith("error:")]
             assert said and worker.name in said[0], run.stderr[-3000:]
             assert "did not join" in said[0] or "could not start" in said[0], said
+            error = run.json()["error"]  # --json: the error as one document on stdout
+            assert worker.name in error["message"] and error["exit_code"] == 1, error
             alive: set[str] = set()
             for _ in range(15):  # the other worker may still be joining
                 status = cli("status", "-i", inv, "--json")

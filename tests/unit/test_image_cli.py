@@ -49,6 +49,20 @@ def test_push_without_a_pin_in_the_inventory_is_exit_2(tmp_path: Path) -> None:
     assert "names no image pin" in result.stderr and "image build" in result.stderr
 
 
+def test_an_error_under_json_still_writes_one_json_document(tmp_path: Path) -> None:
+    (tmp_path / "inv.yaml").write_text(INVENTORY)
+    result = cli("image", "push", "-i", str(tmp_path / "inv.yaml"), "--json")
+    assert result.exit_code == 2
+    doc = result.json()  # stdout is exactly one JSON document
+    assert doc["ok"] is False and doc["error"]["exit_code"] == 2
+    assert "names no image pin" in doc["error"]["message"] and doc["error"]["fix"]
+    assert "names no image pin" in result.stderr  # the human lines stay on stderr
+    missing = cli("status", "-i", str(tmp_path / "nope.yaml"), "--json")
+    assert missing.exit_code == 2 and missing.json()["error"]["kind"] == "InventoryError"
+    plain = cli("image", "push", "-i", str(tmp_path / "inv.yaml"))
+    assert plain.exit_code == 2 and plain.stdout == ""  # without --json: nothing on stdout
+
+
 def test_build_with_an_incomplete_images_dir_is_exit_2(tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").write_text("FROM scratch\n")
     result = cli("image", "build", "--base", "x:y", "--images-dir", str(tmp_path))
