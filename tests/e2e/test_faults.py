@@ -253,10 +253,12 @@ def test_ctrl_c_during_up_then_rerun(inv: str, lab: LabInfo) -> None:
         "Ctrl-C (SIGINT) during `up`",
         "stops within seconds, says where each node stood; a re-run completes",
     ) as s:
-        run = interrupt("up", "-i", inv, when="starting the worker container", delay=0.3)
+        run = interrupt("up", "-i", inv, "--json", when="starting the worker container", delay=0.3)
         assert run.code == 130, run.stderr[-2000:]
         assert run.after_signal is not None and run.after_signal < 10, run.after_signal
         assert states_said(run, lab), run.stderr[-2000:]
+        error = run.json()["error"]  # --json: stdout still holds one document
+        assert error["kind"] == "interrupted" and len(error["nodes"]) == len(lab.nodes), error
         rerun = cli("up", "-i", inv, "--json")
         assert rerun.code == 0, rerun.stderr[-3000:]
         assert rerun.json()["status"]["alive_nodes"] == len(lab.nodes)
