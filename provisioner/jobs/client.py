@@ -7,10 +7,33 @@ process can talk to several clusters and a test can talk without a token.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError, OperationError
+
+
+@contextmanager
+def ray_client_quiet() -> Iterator[None]:
+    """Hold Ray's own client-side lines to warnings while it runs ("Uploading package ...",
+    "WebSocket closed ..."): they are Ray talking on the control machine, not the job, and
+    the library never prints. The job's own output is streamed as before."""
+    import ray  # noqa: F401  (importing Ray gives its "ray" logger a handler)
+
+    # Ray's client modules set their own loggers to INFO; their records reach the handler
+    # of the "ray" logger, so the handler is what holds them back.
+    handlers = logging.getLogger("ray").handlers
+    before = [h.level for h in handlers]
+    for handler in handlers:
+        handler.setLevel(max(handler.level, logging.WARNING))
+    try:
+        yield
+    finally:
+        for handler, level in zip(handlers, before, strict=True):
+            handler.setLevel(level)
 
 
 class AuthRefused(OperationError):

@@ -15,7 +15,7 @@ from typing import Any
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import OperationError
-from provisioner.jobs.client import connect, refused
+from provisioner.jobs.client import connect, ray_client_quiet, refused
 from provisioner.jobs.results import Results, bring_home, tail
 from provisioner.jobs.spec import JobSpec
 from provisioner.jobs.stream import follow
@@ -67,28 +67,31 @@ def submit(
     stop_timeout: float = 60.0,
 ) -> JobOutcome:
     """Run `spec` on the cluster behind `dashboard_url` and return how it ended."""
-    client = connect(dashboard_url, token_path)
-    report(f"submitting {spec.playbook.name} as job {spec.job_id} (working_dir {spec.working_dir})")
-    _submit(client, dashboard_url, token_path is not None, spec)
-    interrupted = False
-    try:
-        follow(client, spec.job_id, on_line)
-    except KeyboardInterrupt:
-        interrupted = True
-        report(f"interrupted: stopping job {spec.job_id}")
-        client.stop_job(spec.job_id)
-    status, message = wait_until_done(client, spec.job_id, timeout=stop_timeout)
-    report(f"job {spec.job_id}: {status}; bringing results home")
-    log = client.get_job_logs(spec.job_id)
-    results = bring_home(log, results_root / spec.job_id)
-    return JobOutcome(
-        job_id=spec.job_id,
-        status=status,
-        results=results,
-        log_tail=[] if status == SUCCEEDED else tail(log, TAIL_LINES),
-        message=message,
-        interrupted=interrupted,
-    )
+    with ray_client_quiet():
+        client = connect(dashboard_url, token_path)
+        report(
+            f"submitting {spec.playbook.name} as job {spec.job_id} (working_dir {spec.working_dir})"
+        )
+        _submit(client, dashboard_url, token_path is not None, spec)
+        interrupted = False
+        try:
+            follow(client, spec.job_id, on_line)
+        except KeyboardInterrupt:
+            interrupted = True
+            report(f"interrupted: stopping job {spec.job_id}")
+            client.stop_job(spec.job_id)
+        status, message = wait_until_done(client, spec.job_id, timeout=stop_timeout)
+        report(f"job {spec.job_id}: {status}; bringing results home")
+        log = client.get_job_logs(spec.job_id)
+        results = bring_home(log, results_root / spec.job_id)
+        return JobOutcome(
+            job_id=spec.job_id,
+            status=status,
+            results=results,
+            log_tail=[] if status == SUCCEEDED else tail(log, TAIL_LINES),
+            message=message,
+            interrupted=interrupted,
+        )
 
 
 def _submit(client: Any, dashboard_url: str, had_token: bool, spec: JobSpec) -> None:
