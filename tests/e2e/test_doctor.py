@@ -140,6 +140,17 @@ def edited_inventory(lab: LabInfo, tmp_path: Path, **ssh: object) -> Path:
     return path
 
 
+def unpinned(lab: LabInfo, tmp_path: Path) -> Path:
+    """The lab's inventory without an image pin: Ray is then the nodes' own, so their
+    Python and Ray matter (with a pin, only the image's do). The image tests, later in the
+    suite, write a pin into the lab's inventory; this keeps these tests order-proof."""
+    path = edited_inventory(lab, tmp_path)
+    document = yaml.safe_load(path.read_text())
+    document.pop("image", None)
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
 # --- the tests ------------------------------------------------------------------------------
 
 
@@ -191,19 +202,19 @@ def test_traffic_cut_between_two_workers(lab: LabInfo) -> None:
     assert b.name in messages[a.name] and a.name in messages[b.name]
 
 
-def test_ray_only_in_login_shell(lab: LabInfo) -> None:
+def test_ray_only_in_login_shell(lab: LabInfo, tmp_path: Path) -> None:
     worker = lab.nodes[1]
     with ray_in_login_shell_only(worker):
-        report = doctor(lab.inventory)
+        report = doctor(unpinned(lab, tmp_path))
     assert only_on(report, "error", "shell.env") == {worker.name}
     (finding,) = [f for f in report.errors if f.check == "shell.env"]
     assert "command not found" in finding.message and RAYENV in finding.fix
 
 
-def test_python_versions_differ(lab: LabInfo) -> None:
+def test_python_versions_differ(lab: LabInfo, tmp_path: Path) -> None:
     worker = lab.nodes[2]
     with other_python(worker):
-        report = doctor(lab.inventory)
+        report = doctor(unpinned(lab, tmp_path))
     assert only_on(report, "error", "python.version") == {worker.name}
     assert errors_by_host(report) == {worker.name: {"python.version"}}
 
@@ -278,6 +289,33 @@ def test_hung_sshd_is_bounded(lab: LabInfo, tmp_path: Path) -> None:
     assert report.elapsed_s < 15
     (finding,) = report.errors
     assert "banner" in finding.message or "timed out" in finding.message
+
+
+def test_a_worker_reached_only_through_a_jump_host(lab: LabInfo, tmp_path: Path) -> None:
+    """The worker drops SSH from the control machine; with `jump` set to the head in the
+    inventory, the doctor reaches it through the head (host keys checked on both hops)."""
+    head, worker = lab.nodes[0], lab.nodes[2]
+    # the control machine's address, as the worker sees it: the lab network's gateway
+    gateway = sh(worker, "ip route | awk '/^default/ {print $3; exit}'").strip()
+    assert gateway
+    rule = f"INPUT -p tcp --dport 22 -s {gateway} -j DROP"
+    direct = edited_inventory(lab, tmp_path, connect_timeout=3)
+    document = yaml.safe_load(direct.read_text())
+    document["workers"][1]["jump"] = f"{head.user}@{head.address}:22"
+    jumped = tmp_path / "jumped.yaml"
+    jumped.write_text(yaml.safe_dump(document))
+    sh(worker, f"iptables -I {rule}")
+    try:
+        refused = cli("doctor", "-i", str(direct), "--json")
+        through = cli("doctor", "-i", str(jumped), "--json")
+    finally:
+        sh(worker, f"while iptables -C {rule} 2>/dev/null; do iptables -D {rule}; done")
+    blocked = {f["host"] for f in refused.json()["findings"] if f["severity"] == "error"}
+    assert refused.exit_code == 1 and blocked == {worker.name}, refused.stdout[-2000:]
+    assert through.exit_code == 0, through.stdout[-3000:] + through.stderr[-2000:]
+    findings = through.json()["findings"]
+    assert [f for f in findings if f["severity"] == "error"] == []
+    assert any(f["check"] == "docker.access" and f["host"] == worker.name for f in findings)
 
 
 @pytest.mark.parametrize("bad", ["-oProxyCommand=touch /tmp/pwned", "a;b", "a\nb"])
