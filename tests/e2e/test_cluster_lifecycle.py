@@ -151,35 +151,16 @@ def test_up_passes_while_the_gcs_still_lists_a_killed_raylet(inventory: str, lab
 def test_up_and_status_through_a_jump_host(inventory: str, lab: LabInfo, tmp_path: Path) -> None:
     """A worker that drops SSH from the control machine, reached through the head (`jump`
     in the inventory): `up` restarts its missing Ray container there, `status` sees it."""
-    import yaml
-
     from provisioner.lab.engine import exec_rc
+    from tests.e2e.helpers import jumped_inventory, ssh_only_through_a_jump
 
-    head, worker = lab.nodes[0], lab.nodes[2]
-    inv = load_inventory(Path(inventory))
-    document = yaml.safe_load(Path(inventory).read_text())
-    document["ssh"].update(key=str(lab.key), known_hosts=str(lab.known_hosts), connect_timeout=3)
-    document["workers"][1]["jump"] = f"{head.user}@{head.address}:22"
-    jumped = tmp_path / "jumped.yaml"
-    jumped.write_text(yaml.safe_dump(document))
-    gateway = exec_rc(worker.container, "ip route | awk '/^default/ {print $3; exit}'")[1]
-    rule = f"INPUT -p tcp --dport 22 -s {gateway.strip()} -j DROP"
-    rc, said = exec_rc(worker.container, f"docker rm -f ray-{inv.cluster} && iptables -I {rule}")
+    worker = lab.nodes[2]
+    jumped = jumped_inventory(Path(inventory), tmp_path / "jumped.yaml", lab, worker)
+    rc, said = exec_rc(worker.container, f"docker rm -f ray-{load_inventory(jumped).cluster}")
     assert rc == 0, said
-    try:
-        direct = subprocess.run(
-            [*lab.ssh_command(worker), "true"],
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
+    with ssh_only_through_a_jump(lab, worker):
         code, up = cli_json("up", "-i", str(jumped))
         st_code, st = cli_json("status", "-i", str(jumped))
-    finally:
-        exec_rc(
-            worker.container, f"while iptables -C {rule} 2>/dev/null; do iptables -D {rule}; done"
-        )
-    assert direct.returncode != 0, "the worker still answered SSH from the control machine"
     assert code == 0 and up["started"] == [worker.name], up
     assert st_code == 0 and st["alive_nodes"] == 3, st
     assert next(n for n in st["nodes"] if n["name"] == worker.name)["ssh_ok"]

@@ -294,22 +294,14 @@ def test_hung_sshd_is_bounded(lab: LabInfo, tmp_path: Path) -> None:
 def test_a_worker_reached_only_through_a_jump_host(lab: LabInfo, tmp_path: Path) -> None:
     """The worker drops SSH from the control machine; with `jump` set to the head in the
     inventory, the doctor reaches it through the head (host keys checked on both hops)."""
-    head, worker = lab.nodes[0], lab.nodes[2]
-    # the control machine's address, as the worker sees it: the lab network's gateway
-    gateway = sh(worker, "ip route | awk '/^default/ {print $3; exit}'").strip()
-    assert gateway
-    rule = f"INPUT -p tcp --dport 22 -s {gateway} -j DROP"
+    from tests.e2e.helpers import jumped_inventory, ssh_only_through_a_jump
+
+    worker = lab.nodes[2]
     direct = edited_inventory(lab, tmp_path, connect_timeout=3)
-    document = yaml.safe_load(direct.read_text())
-    document["workers"][1]["jump"] = f"{head.user}@{head.address}:22"
-    jumped = tmp_path / "jumped.yaml"
-    jumped.write_text(yaml.safe_dump(document))
-    sh(worker, f"iptables -I {rule}")
-    try:
+    jumped = jumped_inventory(lab.inventory, tmp_path / "jumped.yaml", lab, worker)
+    with ssh_only_through_a_jump(lab, worker):
         refused = cli("doctor", "-i", str(direct), "--json")
         through = cli("doctor", "-i", str(jumped), "--json")
-    finally:
-        sh(worker, f"while iptables -C {rule} 2>/dev/null; do iptables -D {rule}; done")
     blocked = {f["host"] for f in refused.json()["findings"] if f["severity"] == "error"}
     assert refused.exit_code == 1 and blocked == {worker.name}, refused.stdout[-2000:]
     assert through.exit_code == 0, through.stdout[-3000:] + through.stderr[-2000:]

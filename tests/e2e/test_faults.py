@@ -212,6 +212,26 @@ def test_disk_filling_during_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
         )
 
 
+def test_image_push_through_a_jump_host(inv: str, lab: LabInfo, blob: Pin, tmp_path: Path) -> None:
+    """A worker that drops SSH from the control machine, reached through the head: the
+    image's bytes travel through the jump host's channel and load whole there."""
+    from tests.e2e.helpers import jumped_inventory, ssh_only_through_a_jump
+
+    worker = lab.nodes[2]
+    drop_blob(lab, blob)
+    inventory = load_inventory(jumped_inventory(Path(inv), tmp_path / "jumped.yaml", lab, worker))
+    opts = PushOptions(tag=BLOB_TAG, cache_dir=tmp_path / "cache")
+    try:
+        with ssh_only_through_a_jump(lab, worker):
+            report = push_image(inventory, blob, opts, print)
+        assert report.ok, report.errors
+        sent = report.nodes[worker.name]
+        assert sent.action == "send" and sent.bytes_sent > 40 << 20, sent
+        assert image_on(worker, BLOB_TAG) == blob.image_id
+    finally:
+        drop_blob(lab, blob)
+
+
 def test_ctrl_c_during_image_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: Path) -> None:
     lock = tmp_path / "blob.lock.json"
     write_pin(blob, lock)
