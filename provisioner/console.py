@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -66,7 +66,7 @@ class Output:
         self.stdout.flush()
         self.emitted = True
 
-    def emit_error(self, error: dict[str, Any]) -> None:
+    def emit_error(self, error: Mapping[str, Any]) -> None:
         """With --json, a command that ends in an error before its document still writes
         one: `{"ok": false, "error": {...}}`, so a script reading stdout always gets JSON."""
         if self.json_mode and not self.emitted:

@@ -22,6 +22,16 @@ class ProvisionerError(Exception):
         text = f"{self.where}: {self.message}" if self.where else self.message
         return text
 
+    def to_json(self) -> dict[str, str | int | None]:
+        """The error as `--json` output carries it."""
+        return {
+            "kind": type(self).__name__,
+            "message": self.message,
+            "where": self.where,
+            "fix": self.fix,
+            "exit_code": self.exit_code,
+        }
+
 
 class InputError(ProvisionerError):
     """Bad input: usage, inventory, configuration. Exit code 2."""

@@ -94,15 +94,7 @@ def run(argv: list[str] | None = None) -> int:
             if exc.fix:
                 print(f"fix: {exc.fix}", file=sys.stderr)
         if out is not None:
-            out.emit_error(
-                {
-                    "kind": type(exc).__name__,
-                    "message": exc.message,
-                    "where": exc.where,
-                    "fix": exc.fix,
-                    "exit_code": exc.exit_code,
-                }
-            )
+            out.emit_error(exc.to_json())
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code

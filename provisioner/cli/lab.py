@@ -237,6 +237,27 @@ def fault_unhang(node: NodeArg, name: NameOption = None, json_: JsonOption = Fal
     _done(json_, f"{lab.node(node).name}: sshd answering")
 
 
+@fault_app.command("isolate")
+def fault_isolate(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
+    """Drop SSH from this machine to a node; other nodes still reach it (try a jump host).
+    Undo: `lab fault unisolate`."""
+    from provisioner.lab import faults
+
+    lab = _lab(name)
+    faults.isolate(lab, lab.node(node))
+    _done(json_, f"{lab.node(node).name}: SSH from this machine dropped")
+
+
+@fault_app.command("unisolate")
+def fault_unisolate(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
+    """Let SSH from this machine reach the node again."""
+    from provisioner.lab import faults
+
+    lab = _lab(name)
+    faults.unisolate(lab, lab.node(node))
+    _done(json_, f"{lab.node(node).name}: SSH from this machine answered again")
+
+
 @fault_app.command("clear")
 def fault_clear(name: NameOption = None, json_: JsonOption = False) -> None:
     """Undo every fault recorded for the lab."""

@@ -185,6 +185,31 @@ def unhang(lab: LabInfo, node: LabNode) -> None:
     _record(lab, Fault("hang", node.name), False)
 
 
+# --- isolate / unisolate: SSH only through a jump host -------------------------------------
+
+
+def _isolate_rule(node: LabNode) -> str:
+    # the control machine, as the node sees it: the lab network's gateway
+    gateway = _run(node, "ip route | awk '/^default/ {print $3; exit}'").strip()
+    if not gateway:
+        raise LabError(f"{node.name}: no default route; cannot tell the control machine")
+    return f"INPUT -p tcp --dport 22 -s {gateway} -m comment --comment {TAG} -j DROP"
+
+
+def isolate(lab: LabInfo, node: LabNode) -> None:
+    """Drop SSH from the control machine to the node; the other nodes still reach it (reach
+    it through a jump host, e.g. the head)."""
+    rule = _isolate_rule(node)
+    _run(node, f"iptables -C {rule} 2>/dev/null || iptables -I {rule}")
+    _record(lab, Fault("isolate", node.name), True)
+
+
+def unisolate(lab: LabInfo, node: LabNode) -> None:
+    rule = _isolate_rule(node)
+    _run(node, f"while iptables -C {rule} 2>/dev/null; do iptables -D {rule}; done")
+    _record(lab, Fault("isolate", node.name), False)
+
+
 def clear(lab: LabInfo) -> list[Fault]:
     """Undo every recorded fault; return what was undone."""
     undone = []
@@ -200,5 +225,7 @@ def clear(lab: LabInfo) -> list[Fault]:
             undelay(lab, node)
         elif f.kind == "hang":
             unhang(lab, node)
+        elif f.kind == "isolate":
+            unisolate(lab, node)
         undone.append(f)
     return undone

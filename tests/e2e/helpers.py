@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from provisioner.lab import faults
 from provisioner.lab.config import LabNode
-from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo
 
 
@@ -34,35 +34,24 @@ def ssh(
 
 @contextmanager
 def ssh_only_through_a_jump(lab: LabInfo, node: LabNode) -> Iterator[None]:
-    """`node` drops SSH from the control machine (the lab network's gateway, as the node
-    sees it); other nodes still reach it. The rule goes when the block ends."""
-    rc, gateway = exec_rc(node.container, "ip route | awk '/^default/ {print $3; exit}'")
-    assert rc == 0 and gateway.strip(), gateway
-    rule = f"INPUT -p tcp --dport 22 -s {gateway.strip()} -j DROP"
-    rc, said = exec_rc(node.container, f"iptables -I {rule}")
-    assert rc == 0, said
+    """`node` drops SSH from the control machine (`lab fault isolate`); other nodes still
+    reach it. Undone when the block ends (and by `lab fault clear` after an aborted run)."""
+    faults.isolate(lab, node)
     try:
         direct = ssh(lab, node, "true")
         assert direct.returncode != 0, f"{node.name} still answers SSH from the control machine"
         yield
     finally:
-        exec_rc(
-            node.container, f"while iptables -C {rule} 2>/dev/null; do iptables -D {rule}; done"
-        )
+        faults.unisolate(lab, node)
 
 
 def jumped_inventory(source: Path, target: Path, lab: LabInfo, node: LabNode) -> Path:
     """A copy of the inventory `source` (paths made absolute) where `node` is reached
     through the head (`jump: USER@HEAD:22`), with a short connect timeout."""
-    document = yaml.safe_load(source.read_text())
-    base = source.parent
-    document["ssh"].update(
-        key=str((base / document["ssh"]["key"]).resolve()),
-        known_hosts=str((base / document["ssh"]["known_hosts"]).resolve()),
-        connect_timeout=3,
-    )
-    if document.get("image", {}).get("lock"):
-        document["image"]["lock"] = str((base / document["image"]["lock"]).resolve())
+    from tests.e2e.faults.lab import edited_inventory
+
+    edited_inventory(source, target, ssh={"connect_timeout": 3})
+    document = yaml.safe_load(target.read_text())
     head = lab.nodes[0]
     (entry,) = [w for w in document["workers"] if w["name"] == node.name]
     entry["jump"] = f"{head.user}@{head.address}:22"

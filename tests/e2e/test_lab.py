@@ -205,6 +205,19 @@ def test_fault_hang_accepts_tcp_but_never_answers(lab: LabInfo) -> None:
     assert ssh(lab, node, "true").returncode == 0
 
 
+def test_fault_isolate_drops_ssh_from_here_only_and_clear_undoes_it(lab: LabInfo) -> None:
+    head, node = lab.nodes[0], lab.nodes[2]
+    assert cli("lab", "fault", "isolate", node.name, "--name", lab.name).exit_code == 0
+    try:
+        assert ssh(lab, node, "true", timeout=30).returncode == 255
+        assert ssh(lab, head, f"nc -z -w 2 {node.address} 22").returncode == 0
+        assert [f.kind for f in faults.active(lab)] == ["isolate"]
+    finally:
+        assert cli("lab", "fault", "clear", "--name", lab.name).exit_code == 0
+    assert ssh(lab, node, "true").returncode == 0
+    assert faults.active(lab) == []
+
+
 def test_lab_up_json_and_down_leaves_nothing_behind() -> None:
     cfg = LabConfig(name="e2edown", subnet="10.250.101.0/24", nodes=1)
     r = cli("lab", "up", "--nodes", "1", "--name", cfg.name, "--subnet", cfg.subnet, "--json")
