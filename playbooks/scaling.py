@@ -70,7 +70,8 @@ def main() -> None:
         args.env_runners = runners
         print(f"--- {runners} env runner(s)", flush=True)
         run_dir = args.results / "runs" / f"runners-{runners}"
-        summary = rlrun.train(config(args), budget, run_dir, checkpoint=False)
+        saving = rlrun.Saving(every=0, final=False)
+        summary = rlrun.train(config(args), budget, run_dir, saving)
         rows.append(row(summary))
         write_table(rows, args.results)
         print("scaling: " + json.dumps(rows[-1]), flush=True)

@@ -1,4 +1,5 @@
-"""Bring a finished job's results home: its log, its files, its plots, in results/JOB/."""
+"""Bring a job's results home into results/JOB/: its files from the head's disk (over
+SSH, incrementally, verified), its log from the Jobs API, the plots drawn here."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.jobs import provisioner_results
+from provisioner.jobs import landing
+from provisioner.jobs.link import Target
 from provisioner.jobs.plots import plot_results
+from provisioner.jobs.pull import Pulled, pull
 from provisioner.jobs.stream import visible
+from provisioner.remote.session import Session
 
 LOG_FILE = "job.log"
+STATUS_FILE = "job-status.json"  # written on the head by `down --yes` when it stops a job
+FINAL_TRIES = 3  # a file still changing at the end is fetched again, this many times
 
 
 @dataclass
@@ -23,24 +29,73 @@ class Results:
     plots: list[Path] = field(default_factory=list)
     summary: dict[str, Any] | None = None
     missing: str | None = None  # why no files came, when none did
+    pulled: Pulled | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "results_dir": str(self.directory),
+            "files": [str(p) for p in self.files],
+            "plots": [str(p) for p in self.plots],
+            "summary": self.summary,
+            "results_missing": self.missing,
+            "transfer": self.pulled.to_json() if self.pulled else None,
+        }
 
 
-def bring_home(log: str, directory: Path) -> Results:
-    """Write the visible log to directory/job.log, unpack the results it carries, plot them."""
-    directory.mkdir(parents=True, exist_ok=True)
-    lines = log.splitlines()
-    (directory / LOG_FILE).write_text("\n".join(visible(lines)) + "\n")
-    found = Results(directory=directory)
-    try:
-        data = provisioner_results.unpack(lines)
-    except provisioner_results.ResultsError as exc:
-        found.missing = str(exc)
-        return found
-    found.files = provisioner_results.extract(data, directory)
-    found.plots = plot_results(directory)
-    summary = directory / "summary.json"
-    if summary.is_file():
-        found.summary = json.loads(summary.read_text())
+def pull_all(session: Session, cluster: str, job_id: str, home: Path) -> Pulled:
+    """Pull until nothing is pending (files rewritten mid-transfer are fetched again)."""
+    total = pull(session, cluster, job_id, home)
+    for _ in range(FINAL_TRIES):
+        if not total.pending:
+            break
+        again = pull(session, cluster, job_id, home)
+        total.sent += again.sent
+        total.bytes_sent += again.bytes_sent
+        total.pending = again.pending
+    return total
+
+
+def write_log(log: str, home: Path) -> None:
+    landing.ensure_root(home)
+    text = "\n".join(visible(log.splitlines())) + "\n"
+    landing.write_file(home, LOG_FILE, text.encode("utf-8", "replace"))
+
+
+def finish(home: Path, pulled: Pulled | None) -> Results:
+    """Plots and summary from what is home now."""
+    found = Results(directory=home, pulled=pulled)
+    if pulled is not None and not pulled.found:
+        found.missing = "the head holds no results directory for this job"
+    if home.is_dir():
+        found.files = sorted(
+            p for p in home.rglob("*") if p.is_file() and not p.name.startswith(".")
+        )
+        try:
+            found.plots = plot_results(home)
+        except (ValueError, OSError) as exc:
+            found.missing = f"cannot draw the plots: {exc}"
+        summary = home / "summary.json"
+        if summary.is_file():
+            try:
+                found.summary = json.loads(summary.read_text())
+            except ValueError:
+                found.summary = None
+    if not found.files and found.missing is None:
+        found.missing = "the job wrote no results"
+    return found
+
+
+def bring_home(target: Target, job_id: str, home: Path, *, log: str | None = None) -> Results:
+    """Everything of `job_id` that is on the head now, plus its log when given."""
+    if log is not None:
+        write_log(log, home)
+    pulled = None
+    if target.inventory is not None:
+        with target.ssh() as session:
+            pulled = pull_all(session, target.cluster, job_id, home)
+    found = finish(home, pulled)
+    if target.inventory is None:
+        found.missing = "results come home over SSH: give -i INVENTORY"
     return found
 
 
