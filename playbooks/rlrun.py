@@ -44,6 +44,7 @@ from tensorboardX import SummaryWriter  # type: ignore[import-untyped]
 
 RESULTS_ENV = "PROVISIONER_RESULTS_DIR"
 RESUME_ENV = "PROVISIONER_RESUME_FROM"
+RETRIES_ENV = "PROVISIONER_RETRIES"
 PROGRESS_MARK = "PROVISIONER-PROGRESS"
 CHECKPOINTS = "checkpoints"
 
@@ -115,7 +116,7 @@ def ppo_config(
     """PPO on the new API stack with the playbook's options applied."""
     runners = args.env_runners if args.env_runners is not None else default_env_runners()
     batch = int(args.train_batch)
-    return (
+    config = (
         PPOConfig()  # type: ignore[no-untyped-call]
         .environment(env, env_config=env_config or {})
         .env_runners(num_env_runners=runners, num_envs_per_env_runner=1)
@@ -128,6 +129,14 @@ def ppo_config(
         )
         .debugging(seed=args.seed)
     )
+    if os.environ.get(RETRIES_ENV):
+        # `submit --retries`: a lost env runner fails the job at once, and provisioner
+        # repairs the cluster and resumes from the latest checkpoint on every node,
+        # instead of RLlib going on with fewer runners.
+        config = config.fault_tolerance(
+            restart_failed_env_runners=False, ignore_env_runner_failures=False
+        )
+    return config
 
 
 def runner_nodes(algo: Algorithm) -> list[dict[str, Any]]:

@@ -90,6 +90,14 @@ def submit_cmd(
             metavar="JOB|PATH",
         ),
     ] = None,
+    retries: Annotated[
+        int,
+        typer.Option(
+            "--retries",
+            min=0,
+            help="When a node is lost or the head restarts: repair (up) and resume, N times.",
+        ),
+    ] = 0,
     verbose: VerboseOption = False,
     json_: JsonOption = False,
 ) -> None:
@@ -108,8 +116,64 @@ def submit_cmd(
     prepare = None
     if resume is not None:
         spec, prepare = _resuming(target, spec, resume, results, handlers)
-    outcome = submit(target, spec, results, handlers=handlers, detach=detach, prepare=prepare)
+    if retries and not detach:
+        outcome = _with_retries(target, spec, results, retries, handlers, prepare)
+    else:
+        outcome = submit(target, spec, results, handlers=handlers, detach=detach, prepare=prepare)
     _finish(out, json_, outcome)
+
+
+def _with_retries(
+    target: Target,
+    spec: JobSpec,
+    results: Path,
+    retries: int,
+    handlers: Handlers,
+    prepare: Callable[[Link], None] | None,
+) -> JobOutcome:
+    from dataclasses import replace
+
+    from provisioner.jobs.resume import find_source, latest_checkpoint, seed
+    from provisioner.jobs.submit import submit_with_retries
+
+    inv = target.inventory
+    if inv is None:
+        raise InputError("--retries repairs the cluster with `up`: it needs -i INVENTORY", "add -i")
+
+    def repair() -> None:
+        from provisioner.cli.cluster import _pin
+        from provisioner.cluster.up import up
+        from provisioner.remote import Pool
+
+        with Pool(inv) as pool:
+            up(pool, inv, _pin(inv), doctor=False, report=handlers.report)
+
+    def resume_from(
+        following: JobSpec, previous: Path
+    ) -> tuple[JobSpec, Callable[[Link], None] | None]:
+        if latest_checkpoint(previous) is None:
+            handlers.report("no checkpoint came home: the next attempt starts afresh")
+            return following, prepare
+        source = find_source(str(previous), results)
+        source = replace(source, job_id=previous.name)
+
+        def step(link: Link) -> None:
+            handlers.report(
+                f"checkpoint for {following.job_id}: {seed(link, source, following.job_id)}"
+            )
+
+        return replace(following, resumed_from=previous.name), step
+
+    return submit_with_retries(
+        target,
+        spec,
+        results,
+        retries=retries,
+        repair=repair,
+        handlers=handlers,
+        prepare=prepare,
+        resume_prepare=resume_from,
+    )
 
 
 def _resuming(

@@ -194,3 +194,95 @@ def wait_until_done(client: Any, job_id: str, *, timeout: float) -> tuple[str, s
                 f"stop it with `provisioner jobs stop {job_id}`",
             )
         time.sleep(0.5)
+
+
+# Signs in a failed job's message or log that the cluster, not the playbook, failed.
+LOST = (
+    "ActorDiedError",
+    "RayActorError",
+    "ActorUnavailableError",
+    "NodeDiedError",
+    "WorkerCrashedError",
+    "OwnerDiedError",
+    "node died",
+    "was lost",
+    "GcsRpcError",
+    "RaySystemError",
+    "unexpectedly exited",
+)
+
+
+def lost_a_node(outcome: JobOutcome) -> bool:
+    """True when the job failed because a node, a worker or the head went away."""
+    if outcome.status == "UNKNOWN":
+        return True
+    if outcome.status != "FAILED":
+        return False
+    text = "\n".join([outcome.message, *outcome.log_tail])
+    return any(sign in text for sign in LOST)
+
+
+def attempt_record(outcome: JobOutcome, spec: JobSpec) -> dict[str, Any]:
+    summary = outcome.results.summary or {}
+    return {
+        "attempt": spec.attempt,
+        "job_id": outcome.job_id,
+        "status": outcome.status,
+        "message": outcome.message[-500:],
+        "resumed_from": spec.resumed_from or None,
+        "iterations": summary.get("iterations"),
+        "results_dir": str(outcome.results.directory),
+    }
+
+
+def write_attempts(outcome: JobOutcome, homes: list[Path]) -> None:
+    """attempts.json in every attempt's results directory."""
+    import json
+
+    from provisioner.jobs import landing
+
+    body = json.dumps(outcome.attempts, indent=1).encode()
+    for home in homes:
+        landing.ensure_root(home)
+        landing.write_file(home, "attempts.json", body)
+
+
+def submit_with_retries(
+    target: Target,
+    spec: JobSpec,
+    results_root: Path,
+    *,
+    retries: int,
+    repair: Callable[[], None],
+    handlers: Handlers | None = None,
+    prepare: Callable[[Link], None] | None = None,
+    resume_prepare: Callable[[JobSpec, Path], tuple[JobSpec, Callable[[Link], None] | None]],
+) -> JobOutcome:
+    """Run `spec`; when it fails because a node was lost or the head restarted, repair
+    the cluster (`repair`, i.e. `up`) and resubmit from the latest checkpoint, at most
+    `retries` times. Every attempt is listed in the outcome and in attempts.json."""
+    import dataclasses
+
+    h = handlers or Handlers()
+    env = {**spec.env, "PROVISIONER_RETRIES": str(retries)}
+    current = dataclasses.replace(spec, env=env, run=spec.job_id, attempt=1)
+    outcome = submit(target, current, results_root, handlers=h, prepare=prepare)
+    records = [attempt_record(outcome, current)]
+    homes = [results_root / current.job_id]
+    while not outcome.ok and not outcome.interrupted and lost_a_node(outcome):
+        if current.attempt > retries:
+            break
+        h.report(f"job {outcome.job_id} {outcome.status}: a node was lost; repairing (up)")
+        repair()
+        following = dataclasses.replace(
+            current, job_id=f"{spec.job_id}-r{current.attempt}", attempt=current.attempt + 1
+        )
+        following, step = resume_prepare(following, results_root / current.job_id)
+        h.report(f"attempt {following.attempt}: job {following.job_id}")
+        current = following
+        outcome = submit(target, current, results_root, handlers=h, prepare=step)
+        records.append(attempt_record(outcome, current))
+        homes.append(results_root / current.job_id)
+    outcome.attempts = records
+    write_attempts(outcome, homes)
+    return outcome

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -254,6 +255,81 @@ def test_head_container_killed_then_up_repairs_and_submit_resume_continues(
     assert max(resumed_rates) < 5 * max(before), (before, resumed_rates)
     assert doc["summary"]["iterations"] == latest + 3
     assert (results / doc["job_id"] / "training.png").is_file()
+
+
+def test_tunnel_prints_the_lines_rays_own_cli_needs(inventory: str, tmp_path: Path) -> None:
+    log = tmp_path / "tunnel.log"
+    tunnel = provisioner_process("tunnel", "-i", inventory, log=log)
+    try:
+        out = log.with_suffix(".out")
+        text = wait_for(
+            lambda: "RAY_AUTH_TOKEN_PATH" in out.read_text() and out.read_text(), 60, "the lines"
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        for line in text.splitlines():
+            if line.startswith("export "):
+                key, _, value = line[len("export ") :].partition("=")
+                env[key] = shlex.split(value)[0]
+        assert env["RAY_AUTH_MODE"] == "token"
+        ray = Path(sys.executable).with_name("ray")
+        listed = subprocess.run(
+            [str(ray), "job", "list"], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert listed.returncode == 0, listed.stderr[-2000:]
+        assert "submission_id" in listed.stdout  # Ray's own listing of this cluster's jobs
+        without = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
+        refused = subprocess.run(
+            [str(ray), "job", "list"], env=without, capture_output=True, text=True, timeout=120
+        )
+        assert refused.returncode != 0  # the auth mode line is needed, not decoration
+    finally:
+        tunnel.terminate()
+        tunnel.wait(30)
+
+
+def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    log = tmp_path / "submit.log"
+    # Five runners on three nodes of two CPUs: every worker holds at least one.
+    args = ["--env-runners", "5", "--train-batch", "200", "--checkpoint-every", "2"]
+    proc = provisioner_process(
+        "submit", "-i", inventory, "--results", str(results), "--json", "--verbose",
+        "--retries", "1", str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "6",
+        *args, log=log,
+    )  # fmt: skip
+    worker = lab.nodes[1]
+    cluster = load_inventory(Path(inventory)).cluster
+    try:
+        wait_for(
+            lambda: (
+                "checkpoints/iter-000002" in log.read_text(errors="replace")
+                or (results / (job_id_in(log) or "-") / "checkpoints" / "iter-000002").is_dir()
+            ),
+            300,
+            "the first checkpoint home",
+        )
+        stopped = ssh(lab, worker, f"docker stop {container_name(cluster)}")
+        assert stopped.returncode == 0, stopped.stderr
+        proc.wait(420)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ssh(lab, worker, f"docker start {container_name(cluster)}")  # undone in any case
+    text = log.read_text(errors="replace")
+    doc = json.loads(log.with_suffix(".out").read_text())
+    assert proc.returncode == 0 and doc["status"] == "SUCCEEDED", text[-4000:]
+    attempts = json.loads((results / doc["job_id"] / "attempts.json").read_text())
+    assert [a["attempt"] for a in attempts] == [1, 2], attempts
+    assert attempts[0]["status"] == "FAILED" and attempts[1]["status"] == "SUCCEEDED"
+    assert attempts[1]["resumed_from"] == attempts[0]["job_id"]
+    rows = (results / doc["job_id"] / "metrics.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, 7))  # resumed, not restarted
+    code, listed, err = jobs_json("list", "-i", inventory)
+    assert code == 0, err[-2000:]
+    tries = {j["job_id"]: j["attempt"] for j in listed["jobs"]}
+    assert tries[attempts[0]["job_id"]] == 1 and tries[attempts[1]["job_id"]] == 2
 
 
 def test_down_during_a_followed_job_asks_for_yes_then_stops_it_and_brings_results_home(
