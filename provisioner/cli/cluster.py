@@ -19,6 +19,7 @@ from provisioner.cluster import render as render_mod
 from provisioner.cluster import status as status_mod
 from provisioner.cluster import token
 from provisioner.cluster import up as up_mod
+from provisioner.cluster.logs import Finding, collect
 from provisioner.cluster.preflight import DoctorStopped
 from provisioner.cluster.tunnel import TENSORBOARD_PORT, tunnel
 from provisioner.console import Output
@@ -26,7 +27,6 @@ from provisioner.errors import InputError, ProvisionerError
 from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
 from provisioner.inventory import Inventory, load_inventory
 from provisioner.jobs.manage import JobsRunning, Stopped, stop_for_down
-from provisioner.logs import Finding, collect
 from provisioner.remote import Pool
 
 ForceOption = Annotated[bool, typer.Option("--force", help="Go on despite doctor errors.")]

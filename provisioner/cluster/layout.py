@@ -12,7 +12,6 @@ import shlex
 # Inside the container.
 CONTAINER_TOKEN_PATH = "/run/provisioner/auth_token"
 CONTAINER_RAY_DIR = "/tmp/ray"
-CONTAINER_SESSION_LOGS = f"{CONTAINER_RAY_DIR}/session_latest/logs"
 # Jobs write their results here: the node's results directory, bind-mounted, so results
 # and checkpoints live on the node's own disk and survive the container.
 CONTAINER_RESULTS_DIR = "/provisioner/results"
