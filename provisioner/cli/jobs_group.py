@@ -26,7 +26,7 @@ from provisioner.cli.jobs import (
 from provisioner.jobs import manage
 from provisioner.jobs.results import bring_home
 from provisioner.jobs.spec import check_job_id
-from provisioner.jobs.stream import visible
+from provisioner.jobs.stream import job_info, visible
 from provisioner.jobs.submit import follow_to_end
 
 app = typer.Typer(
@@ -93,6 +93,7 @@ def logs_cmd(
         _finish(out, json_, follow_to_end(target, job_id, results, handlers))
         return
     with target.link() as link:
+        job_info(link, job_id)
         manage_log = link.client.get_job_logs(job_id)
     lines = visible(manage_log.splitlines())
     if json_:
@@ -115,6 +116,7 @@ def stop_cmd(
     job_id = check_job_id(job)
     target = _target(inventory, address, token_file)
     with target.link() as link:
+        job_info(link, job_id)
         status, message = manage.stop(link, job_id)
     if json_:
         out.emit({"job_id": job_id, "status": status, "message": message})

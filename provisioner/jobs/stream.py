@@ -181,7 +181,8 @@ async def _follow_once(
                 await puller
 
 
-def _job_exists(link: Link, job_id: str) -> Any:
+def job_info(link: Link, job_id: str) -> Any:
+    """Ray's info on the job; JobNotFound when the cluster does not know it."""
     try:
         return link.client.get_job_info(job_id)
     except RuntimeError as exc:
@@ -229,7 +230,7 @@ def follow(
     while True:
         try:
             with target.link() as link:
-                _job_exists(link, job_id)
+                job_info(link, job_id)
                 failing_since = None
                 asyncio.run(_follow_once(link, target, job_id, state, h, home, pull_every))
                 info = link.client.get_job_info(job_id)

@@ -25,7 +25,9 @@ from provisioner.jobs.pull import (
     parse_hashes,
     parse_listing,
 )
+from provisioner.jobs.results import Results
 from provisioner.jobs.resume import find_source, head_copy_command, latest_checkpoint
+from provisioner.jobs.submit import JobOutcome, lost_a_node
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "playbooks"))
 
@@ -194,3 +196,14 @@ def test_tunnel_prints_what_rays_own_cli_needs(tmp_path: Path) -> None:
         "export RAY_AUTH_MODE=token",
         f"export RAY_AUTH_TOKEN_PATH='{tmp_path}/auth token'",
     ]
+
+
+def test_only_a_lost_node_or_head_is_worth_a_retry(tmp_path: Path) -> None:
+    def outcome(status: str, *tail: str) -> JobOutcome:
+        return JobOutcome("j", status, Results(tmp_path), log_tail=list(tail))
+
+    died = "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing"
+    assert lost_a_node(outcome("FAILED", "Traceback (most recent call last):", died))
+    assert lost_a_node(outcome("UNKNOWN"))  # the head went away while we followed
+    assert not lost_a_node(outcome("FAILED", "ValueError: reward is NaN"))  # the playbook's
+    assert not lost_a_node(outcome("STOPPED", died))  # stopped on purpose
