@@ -230,8 +230,15 @@ def collect(
 
     def one(node: Node) -> str:
         report(f"{node.name}: collecting logs")
-        result = pool.session(node).run(collect_command(inventory), timeout=120)
+        cap = LIMITS.compressed_bytes * 4 // 3 + 4
+        result = pool.session(node).run(collect_command(inventory), timeout=120, max_output=cap)
         result.check()
+        if result.dropped:
+            raise ReceiveError(
+                f"refused the logs of {node.name}: over {LIMITS.compressed_bytes} bytes compressed",
+                f"clear old Ray sessions on {node.name} (`provisioner down`, then `up`)",
+                where=node.name,
+            )
         receive_logs(result.stdout, directory / node.name, node.name)
         return node.name
 
