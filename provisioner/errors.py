@@ -76,9 +76,3 @@ class LabError(OperationError):
 
 class PrerequisiteError(InputError):
     """Something this machine needs is missing (docker, debootstrap, ...)."""
-
-
-class Interrupted(OperationError):
-    """The user pressed Ctrl-C; the operation stopped."""
-
-    exit_code = 130

@@ -31,15 +31,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from provisioner.console import Reporter
 from provisioner.errors import ProvisionerError, RemoteError
-from provisioner.image.lock import Pin
-from provisioner.image.push import (
+from provisioner.image.direct import (
     NodePush,
     PushOptions,
     PushReport,
     gather_plan,
     push_node,
+    retrying,
     verify_and_tag,
 )
+from provisioner.image.lock import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, Session, fan_out
 
@@ -305,19 +306,15 @@ def _relay_worker(
     report: Reporter,
 ) -> NodePush:
     t0 = time.monotonic()
-    attempt = 0
-    while True:
-        attempt += 1
+
+    def attempt(n: int) -> NodePush:
         ws = pool.session(worker)
         plan = gather_plan(ws, pin, opts)
-        out = NodePush(worker.name, plan.action, len(pin.layers), attempts=attempt, via=head.host)
+        out = NodePush(worker.name, plan.action, len(pin.layers), attempts=n, via=head.host)
         if plan.action == "send":
             report(f"{worker.name}: the head sends the image ({head.host} -> {worker.name})")
             result = head.run(relay_command(pin, worker, *creds), timeout=opts.timeout)
             if not (result.ok and pin.image_id in result.stdout):
-                if attempt <= opts.retries:
-                    report(f"{worker.name}: relay failed ({result.tail(1)}); retrying")
-                    continue
                 raise RemoteError(
                     worker.name,
                     f"the head could not send the image: {result.tail(3)}",
@@ -330,6 +327,11 @@ def _relay_worker(
         out.seconds = time.monotonic() - t0
         report(f"{worker.name}: {plan.action} done via {head.host} in {out.seconds:.0f}s")
         return out
+
+    def again(exc: RemoteError) -> None:
+        report(f"{worker.name}: relay failed ({exc.message}); retrying")
+
+    return retrying(attempt, opts.retries, lambda exc: exc.kind == "relay", again)
 
 
 def push_relayed(
