@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.cluster.logs import receive_logs
 from provisioner.errors import ReceiveError
-from provisioner.logs import receive_logs
 from provisioner.remote.receive import Limits, Receiver, check_name, receive_tar
 
 SMALL = Limits(members=50, file_bytes=1 << 20, total_bytes=2 << 20, compressed_bytes=1 << 20)
