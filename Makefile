@@ -32,11 +32,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 prereqs:
-	@missing=""; \
-	for t in docker:docker.io dockerd:docker.io debootstrap:debootstrap ssh:openssh-client rsync:rsync ip:iproute2 iptables:iptables; do \
-	  command -v $${t%%:*} >/dev/null || missing="$$missing $${t#*:}"; done; \
-	if [ -n "$$missing" ]; then echo "missing packages:$$missing — on Debian: apt-get install -y$$missing"; exit 1; fi; \
-	docker info >/dev/null 2>&1 || { echo "no Docker engine answers: start one (dockerd >/var/log/dockerd.log 2>&1 &)"; exit 1; }
+	@bash scripts/system-setup.sh
 
 lint: install
 	$(BIN)/ruff check provisioner tests scripts playbooks
@@ -51,7 +47,7 @@ unit: install
 e2e: install prereqs
 	$(BIN)/pytest -q -m e2e tests/e2e
 
-test: lint typecheck unit e2e
+test: prereqs lint typecheck unit e2e
 
 # The doctor's golden facts (tests/unit/golden/doctor/), captured from a real lab.
 goldens: install prereqs
@@ -63,7 +59,7 @@ lab: install prereqs
 lab-down: install
 	$(PROV) lab down
 
-demo: install prereqs
+demo: prereqs install
 	$(BIN)/python scripts/demo.py
 
 bench: install prereqs

@@ -8,7 +8,6 @@ from provisioner.inventory.models import (
     RayPorts,
     Role,
     SSHSettings,
-    state_root,
 )
 
 __all__ = [
@@ -19,5 +18,4 @@ __all__ = [
     "Role",
     "SSHSettings",
     "load_inventory",
-    "state_root",
 ]

@@ -17,9 +17,9 @@ from provisioner.inventory.models import (
     Node,
     Role,
     SSHSettings,
-    state_root,
 )
 from provisioner.inventory.raw import RawHost, RawInventory
+from provisioner.local import state_root
 
 
 def read_ssh_config(path: Path | None) -> paramiko.SSHConfig | None:
