@@ -3,6 +3,7 @@ it, and work with it after `submit` is gone (list, logs, stop, results)."""
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -241,7 +242,7 @@ def _handlers(out: Output, json_: bool, verbose: bool) -> Handlers:
 
     def report(text: str) -> None:
         line.clear()
-        out.progress(text)
+        out.progress(escape(text))
 
     return Handlers(on_line=on_line, on_progress=line.show, on_pulled=on_pulled, report=report)
 
@@ -271,16 +272,26 @@ class ProgressLine:
             self.shown = False
 
 
+def _number(value: Any) -> float | None:
+    """A figure from the job as a number (anything else, e.g. text with markup: None)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
 def progress_text(p: dict[str, Any]) -> str:
     """`iter 12  steps 24000/200000 (12%)  return 85.3  1234 steps/s  ETA 2m03s`."""
-    steps, budget = p.get("env_steps"), p.get("max_env_steps")
+    it, steps, budget = (_number(p.get(k)) for k in ("iteration", "env_steps", "max_env_steps"))
+    ret, rate = _number(p.get("episode_return_mean")), _number(p.get("env_steps_per_s"))
     share = f" ({100 * steps / budget:.0f}%)" if steps is not None and budget else ""
-    ret = p.get("episode_return_mean")
-    rate = p.get("env_steps_per_s")
+    eta = duration_text(_number(p.get("eta_s")))
+
+    def num(value: float | None, digits: int = 0) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
     return (
-        f"iter {p.get('iteration', '-')}  steps {steps if steps is not None else '-'}"
-        f"/{budget or '-'}{share}  return {'-' if ret is None else f'{ret:.1f}'}  "
-        f"{'-' if rate is None else f'{rate:.0f}'} steps/s  ETA {duration_text(p.get('eta_s'))}"
+        f"iter {num(it)}  steps {num(steps)}/{num(budget) if budget else '-'}{share}  "
+        f"return {num(ret, 1)}  {num(rate)} steps/s  ETA {eta}"
     )
 
 
@@ -302,7 +313,7 @@ def _finish(out: Output, json_: bool, outcome: JobOutcome) -> None:
         _render(out, outcome)
     if outcome.interrupted:
         raise typer.Exit(130)
-    if not outcome.ok:
+    if not outcome.ok or outcome.results.refused is not None:
         raise typer.Exit(1)
 
 
@@ -328,14 +339,29 @@ def _render(out: Output, outcome: JobOutcome) -> None:
         for line in outcome.log_tail:
             out.err.print(escape(line), markup=True, highlight=False)
     for name, title in (("metrics.csv", "training"), ("scaling.csv", "scaling")):
-        if (found.directory / name).is_file():
+        if found.files and (found.directory / name).is_file():
+            try:
+                table = csv_table(found.directory / name, title)
+            except (ValueError, OSError, csv.Error) as exc:
+                found.unreadable.append(f"{name}: {exc}")
+                continue
             out.say("")
-            out.out.print(csv_table(found.directory / name, title))
+            out.out.print(table)
     out.say(f"\njob {outcome.job_id}: {outcome.status}; results in {found.directory}")
     for plot in found.plots:
         out.say(f"plot: {plot}")
-    if found.missing:
-        out.say(f"no result files came home: {found.missing}")
+    for problem in found.unreadable:
+        out.say(f"could not read {escape(problem)}")
+    if found.refused is not None:
+        out.err.print(
+            f"[bold red]results refused:[/bold red] {escape(found.refused.message)}",
+            markup=True,
+            highlight=False,
+        )
+        if found.refused.fix:
+            out.err.print(f"[bold]fix:[/bold] {escape(found.refused.fix)}", markup=True)
+    elif found.missing:
+        out.say(f"no result files came home: {escape(found.missing)}")
 
 
 # Short headers, so that the scaling table fits 80 columns (the CSV keeps the long names).
@@ -351,9 +377,12 @@ HEADERS = {
 }
 
 
+MAX_ROWS = 200  # the table shows the last rows; the CSV keeps them all
+
+
 def csv_table(csv_path: Path, title: str) -> Table:
     """A CSV of numbers a playbook wrote (metrics.csv, scaling.csv) as a table."""
-    rows = read_rows(csv_path)
+    rows = read_rows(csv_path)[-MAX_ROWS:]
     table = Table(title=title, show_edge=False)
     columns = list(rows[0]) if rows else []
     whole = {name: all(_whole(row[name]) for row in rows) for name in columns}

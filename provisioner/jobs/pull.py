@@ -9,8 +9,10 @@ connection while hashing it here, and keeps it only when size and sha256 match.
 A file that changed while it travelled (a metrics file rewritten mid-run) is left for
 the next pull. Names starting with `.tmp` are files a playbook is still writing.
 
-Every file is written through `provisioner.remote.receive`, the one safe way to write
-what comes from the cluster.
+Every file is received through `provisioner.remote.receive` (the one safe way to write
+what comes from the cluster) into a fresh staging directory, and moved into the results
+only when verified (`landing.place`). No size cap: a job's results are as big as it
+makes them.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.cluster import layout
-from provisioner.errors import OperationError
+from provisioner.errors import OperationError, RemoteError
+from provisioner.jobs import landing
+from provisioner.remote.receive import Limits, Receiver
 from provisioner.remote.session import Session
 
 MANIFEST = ".pulled.json"
@@ -138,10 +142,14 @@ def needed(
     return out
 
 
+UNBOUNDED = 1 << 62
+LIMITS = Limits(
+    members=UNBOUNDED, file_bytes=UNBOUNDED, total_bytes=UNBOUNDED, compressed_bytes=UNBOUNDED
+)
+
+
 def pull(session: Session, cluster: str, job_id: str, home: Path) -> Pulled:
     """Bring what is new in the job's results on the head into `home` (results/JOB)."""
-    from provisioner.jobs import landing as receive
-
     result = Pulled(directory=home)
     listing = session.run(list_command(cluster, job_id), timeout=120)
     if listing.exit_code == 3:
@@ -149,10 +157,28 @@ def pull(session: Session, cluster: str, job_id: str, home: Path) -> Pulled:
         return result
     listing.check("check the head's disk and that the job id is right")
     files = parse_listing(listing.stdout)
-    receive.ensure_root(home)
+    landing.ensure_root(home)
     manifest = read_manifest(home)
     todo = needed(files, manifest, home)
     result.unchanged = len(files) - len(todo)
+    what, where = f"the results of job {job_id}", f"{session.host} (job {job_id})"
+    with Receiver(home / ".incoming", limits=LIMITS, what=what, where=where) as receiver:
+        _fetch(session, cluster, job_id, todo, receiver, home, manifest, result)
+    landing.write_file(home, MANIFEST, json.dumps(manifest, indent=1).encode())
+    return result
+
+
+def _fetch(
+    session: Session,
+    cluster: str,
+    job_id: str,
+    todo: list[RemoteFile],
+    receiver: Receiver,
+    home: Path,
+    manifest: dict[str, dict[str, Any]],
+    result: Pulled,
+) -> None:
+    """Hash on the head, fetch, verify, place: batch by batch."""
     for start in range(0, len(todo), HASH_BATCH):
         batch = todo[start : start + HASH_BATCH]
         hashed = session.run(hash_command(cluster, job_id, [f.path for f in batch]), timeout=600)
@@ -163,16 +189,20 @@ def pull(session: Session, cluster: str, job_id: str, home: Path) -> Pulled:
                 result.pending.append(f.path)
                 continue
             remote = layout.node_results_rel(cluster, job_id, f.path)
-            got = receive.receive_file(home, f.path, _chunks(session, remote), (f.size, expected))
-            size, digest = got
-            if got != (f.size, expected):  # changed on the head while it travelled
+            try:
+                got = receiver.add_file(f.path, _chunks(session, remote), size=f.size)
+            except RemoteError as exc:
+                if exc.kind != "sftp":
+                    raise
+                result.pending.append(f.path)  # removed meanwhile (an old checkpoint)
+                continue
+            if (got.size, got.sha256) != (f.size, expected):  # changed while it travelled
                 result.pending.append(f.path)
                 continue
-            manifest[f.path] = {"size": f.size, "mtime": f.mtime, "sha256": digest}
+            landing.place(receiver.staging, got.name, home)
+            manifest[f.path] = {"size": f.size, "mtime": f.mtime, "sha256": got.sha256}
             result.sent.append(f.path)
-            result.bytes_sent += size
-    receive.write_file(home, MANIFEST, json.dumps(manifest, indent=1).encode())
-    return result
+            result.bytes_sent += got.size
 
 
 def _chunks(session: Session, remote: str) -> Iterator[bytes]:

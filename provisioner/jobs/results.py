@@ -1,13 +1,21 @@
 """Bring a job's results home into results/JOB/: its files from the head's disk (over
-SSH, incrementally, verified), its log from the Jobs API, the plots drawn here."""
+SSH, incrementally, verified), its log from the Jobs API, the plots drawn here.
+
+Everything here comes from the job, so it is treated as hostile: files land through
+provisioner.remote.receive (`pull`), the log written home is capped and split on
+newlines only, and a file the client cannot read (a non-UTF-8 CSV, bad JSON) is named in
+`unreadable` instead of ending the command.
+"""
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provisioner.errors import ReceiveError
 from provisioner.jobs import landing
 from provisioner.jobs.link import Target
 from provisioner.jobs.plots import plot_results
@@ -18,6 +26,7 @@ from provisioner.remote.session import Session
 LOG_FILE = "job.log"
 STATUS_FILE = "job-status.json"  # written on the head by `down --yes` when it stops a job
 FINAL_TRIES = 3  # a file still changing at the end is fetched again, this many times
+LOG_BYTES = 64 * 1024 * 1024  # the most of a job's log kept in job.log (its end is kept)
 
 
 @dataclass
@@ -30,6 +39,8 @@ class Results:
     summary: dict[str, Any] | None = None
     missing: str | None = None  # why no files came, when none did
     pulled: Pulled | None = None
+    refused: ReceiveError | None = None  # files refused as unsafe
+    unreadable: list[str] = field(default_factory=list)  # files that could not be read
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -38,6 +49,8 @@ class Results:
             "plots": [str(p) for p in self.plots],
             "summary": self.summary,
             "results_missing": self.missing,
+            "results_refused": self.refused.to_json() if self.refused else None,
+            "results_unreadable": self.unreadable,
             "transfer": self.pulled.to_json() if self.pulled else None,
         }
 
@@ -55,9 +68,24 @@ def pull_all(session: Session, cluster: str, job_id: str, home: Path) -> Pulled:
     return total
 
 
+def lines_of(log: str) -> list[str]:
+    """A log's lines, split on newlines only (`\r` and other separators stay inside)."""
+    return log.split("\n")
+
+
+def capped_log(lines: list[str], limit: int = LOG_BYTES) -> str:
+    """The log's text, at most `limit` characters: its end, after a line saying so."""
+    text = "\n".join(lines) + "\n"
+    if len(text) <= limit:
+        return text
+    return (
+        f"[provisioner: the first {len(text) - limit} characters were left out]\n" + text[-limit:]
+    )
+
+
 def write_log(log: str, home: Path) -> None:
     landing.ensure_root(home)
-    text = "\n".join(visible(log.splitlines())) + "\n"
+    text = capped_log(visible(lines_of(log.rstrip("\n"))))
     landing.write_file(home, LOG_FILE, text.encode("utf-8", "replace"))
 
 
@@ -72,14 +100,21 @@ def finish(home: Path, pulled: Pulled | None) -> Results:
         )
         try:
             found.plots = plot_results(home)
-        except (ValueError, OSError) as exc:
-            found.missing = f"cannot draw the plots: {exc}"
+            for plot in found.plots:
+                plot.chmod(0o600)
+        except (ValueError, OSError, csv.Error) as exc:
+            found.unreadable.append(f"plots: {exc}")
         summary = home / "summary.json"
         if summary.is_file():
             try:
-                found.summary = json.loads(summary.read_text())
-            except ValueError:
-                found.summary = None
+                value = json.loads(summary.read_text(encoding="utf-8"))
+            except (ValueError, OSError) as exc:
+                found.unreadable.append(f"summary.json: {exc}")
+            else:
+                if isinstance(value, dict):
+                    found.summary = value
+                else:
+                    found.unreadable.append("summary.json: not a JSON object")
     if not found.files and found.missing is None:
         found.missing = "the job wrote no results"
     return found
@@ -90,10 +125,16 @@ def bring_home(target: Target, job_id: str, home: Path, *, log: str | None = Non
     if log is not None:
         write_log(log, home)
     pulled = None
+    refused = None
     if target.inventory is not None:
-        with target.ssh() as session:
-            pulled = pull_all(session, target.cluster, job_id, home)
+        try:
+            with target.ssh() as session:
+                pulled = pull_all(session, target.cluster, job_id, home)
+        except ReceiveError as exc:
+            refused = exc
     found = finish(home, pulled)
+    if refused is not None:
+        found.refused, found.missing = refused, str(refused)
     if target.inventory is None:
         found.missing = "results come home over SSH: give -i INVENTORY"
     return found
@@ -101,4 +142,4 @@ def bring_home(target: Target, job_id: str, home: Path, *, log: str | None = Non
 
 def tail(log: str, lines: int = 20) -> list[str]:
     """The last visible lines of a log (a failed job's traceback)."""
-    return visible(log.splitlines())[-lines:]
+    return visible(lines_of(log.rstrip("\n")))[-lines:]

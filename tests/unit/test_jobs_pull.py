@@ -14,10 +14,11 @@ import pytest
 
 from provisioner.cli.cluster import ray_env_lines
 from provisioner.cli.jobs import duration_text, progress_text
-from provisioner.errors import InputError
+from provisioner.errors import InputError, ReceiveError
 from provisioner.jobs import landing
 from provisioner.jobs.manage import parse_progress, progress_command
 from provisioner.jobs.pull import (
+    LIMITS,
     RemoteFile,
     hash_command,
     list_command,
@@ -25,9 +26,10 @@ from provisioner.jobs.pull import (
     parse_hashes,
     parse_listing,
 )
-from provisioner.jobs.results import Results
+from provisioner.jobs.results import Results, capped_log, finish, tail
 from provisioner.jobs.resume import find_source, head_copy_command, latest_checkpoint
 from provisioner.jobs.submit import JobOutcome, lost_a_node
+from provisioner.remote.receive import Receiver
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "playbooks"))
 
@@ -89,31 +91,49 @@ def test_a_file_already_home_with_the_same_size_and_mtime_is_not_sent_again(
     assert needed([same], manifest, tmp_path) == [same]
 
 
-def test_landing_writes_private_files_and_keeps_the_old_one_when_a_fetch_does_not_match(
-    tmp_path: Path,
-) -> None:
+def test_received_files_are_placed_privately_and_never_through_a_link(tmp_path: Path) -> None:
     root = tmp_path / "home"
     landing.ensure_root(root)
-    size, digest = landing.receive_file(root, "a/b/c.bin", [b"ab", b"cd"])
-    assert (size, digest) == (4, hashlib.sha256(b"abcd").hexdigest())
+    with Receiver(root / ".incoming", limits=LIMITS, what="results", where="test") as rx:
+        got = rx.add_file("a/b/c.bin", [b"ab", b"cd"], size=4)
+        assert (got.size, got.sha256) == (4, hashlib.sha256(b"abcd").hexdigest())
+        landing.place(rx.staging, got.name, root)
     assert (root / "a" / "b" / "c.bin").read_bytes() == b"abcd"
     assert (root / "a" / "b" / "c.bin").stat().st_mode & 0o777 == 0o600
-    landing.receive_file(root, "a/b/c.bin", [b"zz"], expect=(2, "0" * 64))
-    assert (root / "a" / "b" / "c.bin").read_bytes() == b"abcd"
-    assert [p.name for p in (root / "a" / "b").iterdir()] == ["c.bin"]
-
-
-def test_landing_never_follows_a_link_out_of_the_results(tmp_path: Path) -> None:
-    root, outside = tmp_path / "home", tmp_path / "outside"
-    root.mkdir()
+    assert sorted(p.name for p in root.iterdir()) == ["a"]  # the staging directory is gone
+    outside = tmp_path / "outside"
     outside.mkdir()
     os.symlink(outside, root / "link")
-    with pytest.raises(landing.UnsafeName):
-        landing.receive_file(root, "link/x.txt", [b"x"])
-    for bad in ("../x", "/etc/x", "a/../../x"):
-        with pytest.raises(landing.UnsafeName):
-            landing.receive_file(root, bad, [b"x"])
+    with Receiver(root / ".incoming", limits=LIMITS, what="results", where="test") as rx:
+        got = rx.add_file("link/x.txt", [b"x"])
+        with pytest.raises(ReceiveError):
+            landing.place(rx.staging, got.name, root)
+    with pytest.raises(ReceiveError):
+        landing.write_file(root, "link/y.txt", b"y")
+    with pytest.raises(ReceiveError):
+        landing.write_file(root, "../y.txt", b"y")
     assert list(outside.iterdir()) == []
+
+
+def test_unreadable_result_files_are_named_not_fatal(tmp_path: Path) -> None:
+    (tmp_path / "metrics.csv").write_bytes(b"env_steps\xff,x\n\xfe\x00,1\n")
+    (tmp_path / "summary.json").write_bytes(b"[1,")
+    found = finish(tmp_path, None)
+    assert found.summary is None and found.refused is None
+    assert any(u.startswith("summary.json") for u in found.unreadable)
+
+
+def test_the_log_kept_home_is_capped_and_split_on_newlines_only() -> None:
+    assert capped_log(["a\rb", "c"]) == "a\rb\nc\n"
+    kept = capped_log(["x" * 50, "end"], limit=10)
+    assert kept.endswith("\nxxxxx\nend\n") and "first 45 characters were left out" in kept
+    assert tail("1\n2\r3\n4\n", 2) == ["2\r3", "4"]
+
+
+def test_progress_figures_that_are_not_numbers_show_as_dashes() -> None:
+    assert progress_text({"iteration": "[red]x", "env_steps": 5}) == (
+        "iter -  steps 5/-  return -  - steps/s  ETA -"
+    )
 
 
 def test_progress_of_every_job_on_the_head(tmp_path: Path) -> None:
