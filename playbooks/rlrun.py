@@ -35,12 +35,13 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ray
-from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.algorithms.ppo import PPOConfig
-from tensorboardX import SummaryWriter  # type: ignore[import-untyped]
+# Ray, RLlib and tensorboardX are imported where they are used, so that a playbook's
+# `--help` answers at once (`submit PLAYBOOK -- --help` runs it on the control machine).
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.rllib.algorithms.ppo import PPOConfig
 
 RESULTS_ENV = "PROVISIONER_RESULTS_DIR"
 RESUME_ENV = "PROVISIONER_RESUME_FROM"
@@ -106,6 +107,8 @@ def parser(
 
 def default_env_runners() -> int:
     """One env runner per CPU of the cluster, keeping one CPU for the driver's learner."""
+    import ray
+
     cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
     return max(1, cpus - 1)
 
@@ -114,6 +117,8 @@ def ppo_config(
     args: argparse.Namespace, env: Any, env_config: dict[str, Any] | None = None
 ) -> PPOConfig:
     """PPO on the new API stack with the playbook's options applied."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+
     runners = args.env_runners if args.env_runners is not None else default_env_runners()
     batch = int(args.train_batch)
     config = (
@@ -141,6 +146,7 @@ def ppo_config(
 
 def runner_nodes(algo: Algorithm) -> list[dict[str, Any]]:
     """Where each env runner lives: index, node address, host name, node id."""
+    import ray
 
     def where(runner: Any) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
@@ -257,6 +263,8 @@ class Recorder:
             self.rows = [
                 r for r in read_rows(results / "metrics.csv") if r.iteration <= continue_after
             ]
+        from tensorboardX import SummaryWriter  # type: ignore[import-untyped]
+
         self.writer = SummaryWriter(str(results / "tensorboard"))
 
     def add(self, row: Row) -> None:
@@ -384,6 +392,8 @@ def saving_of(args: argparse.Namespace) -> Saving:
 
 def run(args: argparse.Namespace, config_for: Any) -> dict[str, Any]:
     """Connect to the cluster, build the config with `config_for(args)`, train, summarise."""
+    import ray
+
     ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
     budget = Budget(args.target_return, args.max_env_steps, args.max_iterations)
     summary = train(config_for(args), budget, args.results, saving_of(args))

@@ -123,3 +123,15 @@ def test_the_cli_starts_without_importing_matplotlib() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert done.stdout.strip() == "False"
+
+
+def test_a_playbooks_help_is_answered_here_without_a_cluster_or_a_job(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from provisioner.cli import run
+
+    playbook = Path(__file__).resolve().parents[2] / "playbooks" / "ppo_cartpole.py"
+    # no inventory, no address: a job could not even be submitted
+    assert run(["submit", str(playbook), "--", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--checkpoint-every" in out and "--resume-from" in out
