@@ -91,7 +91,7 @@ def test_a_killed_submit_leaves_the_job_running_and_jobs_logs_follow_takes_over(
 ) -> None:
     log = tmp_path / "submit.log"
     results = tmp_path / "results"
-    args = ["--max-iterations", "45", "--max-env-steps", "100000", "--target-return", "1e9"]
+    args = ["--max-iterations", "60", "--max-env-steps", "100000", "--target-return", "1e9"]
     args += SMALL
     proc = provisioner_process(
         "submit", "-i", inventory, "--results", str(results),
@@ -129,14 +129,14 @@ def test_a_killed_submit_leaves_the_job_running_and_jobs_logs_follow_takes_over(
     assert "reconnecting" in text, text[-3000:]
     # every line of the job's output once, in order, across the reconnection
     iters = [int(m.group(1)) for m in map(JOB_LINE.search, text.splitlines()) if m]
-    assert iters == list(range(1, 46)), text[-3000:]
+    assert iters == list(range(1, 61)), text[-3000:]
     logged = (results / job / "job.log").read_text().splitlines()
     assert [int(m.group(1)) for m in map(JOB_LINE.search, logged) if m] == iters
     home = results / job
     code, got, err = jobs_json("results", job, "-i", inventory, "--results", str(results))
     assert code == 0, err[-2000:]
     assert got["transfer"]["files_sent"] == [] and got["transfer"]["bytes_sent"] == 0
-    assert (home / "metrics.csv").read_text().count("\n") == 46
+    assert (home / "metrics.csv").read_text().count("\n") == 61
     assert list((home / "tensorboard").glob("events.out.tfevents.*"))
     assert (home / "training.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((home / "summary.json").read_text())
@@ -285,6 +285,11 @@ def test_tunnel_prints_the_lines_rays_own_cli_needs(inventory: str, tmp_path: Pa
         )
         assert listed.returncode == 0, listed.stderr[-2000:]
         assert "submission_id" in listed.stdout  # Ray's own listing of this cluster's jobs
+        without = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
+        refused = subprocess.run(
+            [str(ray), "job", "list"], env=without, capture_output=True, text=True, timeout=120
+        )
+        assert refused.returncode != 0  # the auth mode line is needed, not decoration
     finally:
         tunnel.terminate()
         tunnel.wait(30)
@@ -299,7 +304,7 @@ def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
     args = ["--env-runners", "5", "--train-batch", "200", "--checkpoint-every", "2"]
     proc = provisioner_process(
         "submit", "-i", inventory, "--results", str(results), "--json", "--verbose",
-        "--retries", "1", str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "20",
+        "--retries", "1", str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "30",
         "--target-return", "1e9", *args, log=log,
     )  # fmt: skip
     worker = lab.nodes[1]
@@ -328,7 +333,7 @@ def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
     assert attempts[0]["status"] == "FAILED" and attempts[1]["status"] == "SUCCEEDED"
     assert attempts[1]["resumed_from"] == attempts[0]["job_id"]
     rows = (results / doc["job_id"] / "metrics.csv").read_text().splitlines()[1:]
-    assert [int(r.split(",")[0]) for r in rows] == list(range(1, 21))  # resumed, not restarted
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, 31))  # resumed, not restarted
     code, listed, err = jobs_json("list", "-i", inventory)
     assert code == 0, err[-2000:]
     tries = {j["job_id"]: j["attempt"] for j in listed["jobs"]}
