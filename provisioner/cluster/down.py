@@ -1,4 +1,5 @@
-"""Take the cluster down: collect logs, stop workers then the head, check the ports."""
+"""Take the cluster down: collect logs, stop workers then the head (only this cluster's
+Ray: the runtime's stop), check the ports."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from provisioner.cluster import commands, logs
 from provisioner.console import Reporter, quiet
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, fan_out
+from provisioner.runtime import runtime_for
+from provisioner.runtime.base import Runtime
 
 
 @dataclass
@@ -47,22 +50,23 @@ def parse_ports(stdout: str) -> list[int]:
 
 
 def bring_down(
-    pool: Pool,
     inventory: Inventory,
+    pool: Pool,
+    report: Reporter = quiet,
     *,
     logs_dir: Path | None,
-    report: Reporter = quiet,
+    runtime: Runtime | None = None,
 ) -> DownResult:
-    """Idempotent: nodes without a container are fine; unreachable nodes are errors."""
+    """Idempotent: nodes without this cluster's Ray are fine; unreachable nodes are errors."""
+    runtime = runtime or runtime_for(inventory)
     result = DownResult()
     if logs_dir is not None:
-        result.logs = logs.collect(pool, inventory, logs_dir, report=report)
-    remove = commands.remove_container_command(inventory.cluster)
+        result.logs = logs.collect(inventory, pool, report, directory=logs_dir, runtime=runtime)
 
     def stop(node: Node) -> list[int]:
-        report(f"{node.name}: removing the Ray container")
+        report(f"{node.name}: stopping this cluster's Ray ({runtime.name} runtime)")
         session = pool.session(node)
-        session.run(remove, timeout=60).check()
+        session.run(runtime.stop_command(node), timeout=60).check()
         check = session.run(commands.ports_in_use_command(ray_ports(inventory, node)), timeout=20)
         busy = parse_ports(check.stdout)
         report(f"{node.name}: Ray removed" + (f"; ports still in use: {busy}" if busy else ""))

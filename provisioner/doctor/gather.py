@@ -45,6 +45,7 @@ def gather_facts(
             image_ref,
             ports,
             LISTEN_SECONDS,
+            inventory.ray_python or "",
         ]
         result = pool.session(node).run(script("bash", args), timeout=FACTS_TIMEOUT_S, stdin=text)
         return parse_facts(
