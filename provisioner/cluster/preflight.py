@@ -65,7 +65,7 @@ def check(
     """Run the doctor; raise DoctorStopped on errors `up` cannot fix (unless `force`).
 
     What this cluster's own running Ray explains is waived by the doctor (one waiver)."""
-    doctor = run_doctor(inventory, pool, report)
+    doctor = run_doctor(inventory, pool, report, ray_state=True)
     blocking = blocking_errors(doctor.findings)
     waived = list(doctor.waived)
     result = Preflight(doctor, blocking, waived, forced=force and bool(blocking))

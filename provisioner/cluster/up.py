@@ -164,7 +164,16 @@ def up(
     result.timings["push"] = time.monotonic() - t1
     if result.push is not None and result.push.errors:
         _raise_first(dict(result.push.errors), "could not push the pinned image")
-    bring_up(inventory, pool, report, runtime=runtime, join_timeout=join_timeout, result=result)
+    states = result.doctor.report.ray_states(runtime) if result.doctor else None
+    bring_up(
+        inventory,
+        pool,
+        report,
+        runtime=runtime,
+        join_timeout=join_timeout,
+        result=result,
+        states=states,
+    )
     result.seconds = time.monotonic() - t0
     return result
 
@@ -178,12 +187,16 @@ def bring_up(
     join_timeout: float = 120,
     probe: bool = True,
     result: UpResult | None = None,
+    states: dict[str, RayState] | None = None,
 ) -> UpResult:
-    """Start what is missing, wait until every node joined, run the placement probe."""
+    """Start what is missing, wait until every node joined, run the placement probe.
+
+    `states`: this cluster's Ray on every node as the doctor's round found it (then no
+    node is asked again); without them, one round trip asks."""
     t0 = time.monotonic()
     result = result if result is not None else UpResult(runtime=runtime.name)
     install_token(inventory, pool)
-    before = status.gather(inventory, pool, report, runtime=runtime)
+    before = status.gather(inventory, pool, report, runtime=runtime, states=states)
     head = inventory.head
     head_session = pool.session(head)
     states = before.states
@@ -254,8 +267,10 @@ def bring_up(
                 "see `provisioner logs` for worker crashes on those nodes",
             )
     result.totals = totals(list(fresh.values()))
-    after, errors = status.ray_states(inventory, pool, runtime)
-    result.status = status.assemble(inventory, runtime, after, errors, list(fresh.values()))
+    # After the start: what was started runs what the runtime started; the rest as before.
+    began = runtime.started_state()
+    after = {n: began if n in result.started else s for n, s in before.states.items()}
+    result.status = status.assemble(inventory, runtime, after, {}, list(fresh.values()))
     result.timings["start"] = time.monotonic() - t0
     result.seconds = time.monotonic() - t0
     return result

@@ -25,7 +25,8 @@ from provisioner.doctor.ports import judge_probes, probe_plan
 from provisioner.errors import InputError, ProvisionerError
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool
-from provisioner.runtime import judges
+from provisioner.runtime import judges, runtime_for
+from provisioner.runtime.base import RayState, Runtime
 
 _CONNECT_CHECK = {
     "auth": "ssh.auth",
@@ -51,6 +52,13 @@ class DoctorReport:
     @property
     def healthy(self) -> bool:
         return not self.errors
+
+    def ray_states(self, runtime: Runtime) -> dict[str, RayState] | None:
+        """This cluster's Ray on every node, from this round (None unless every node told)."""
+        told = {n: f.ray_state for n, f in self.facts.items() if f.ray_state is not None}
+        if set(told) != set(self.nodes):
+            return None
+        return {n: runtime.parse_state(text) for n, text in told.items()}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,10 +180,12 @@ def run_doctor(
     ray_up: bool = False,
     reachability: bool = True,
     parallelism: int = 32,
+    ray_state: bool = False,
 ) -> DoctorReport:
     """Diagnose every node; never raises for a node's failure (it becomes a finding).
 
-    `pool`: SSH sessions to reuse (and leave open), as `up` does; otherwise its own."""
+    `pool`: SSH sessions to reuse (and leave open), as `up` does; otherwise its own.
+    `ray_state`: also ask each node for this cluster's Ray in the same round (for `up`)."""
     started = time.monotonic()
     pin, findings = read_pin_facts(inventory)
     plan = plan_for(inventory, pin, ray_up=ray_up, control_ray=control_ray_version())
@@ -189,6 +199,7 @@ def run_doctor(
             pin.image_id if pin else "",
             reachability=reachability,
             parallelism=parallelism,
+            ray_state=runtime_for(inventory).state_command() if ray_state else "",
         )
         timings["facts"] = time.monotonic() - started
         rounds = 1

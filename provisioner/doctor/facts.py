@@ -88,6 +88,7 @@ class NodeFacts:
     listener_pid: int | None = None
     bound_ports: tuple[int, ...] = ()
     complete: bool = False  # the script ran to its end
+    ray_state: str | None = None  # the runtime's state command's output, when asked for
 
     def holds_cluster(self, cluster: str, *, running: bool = False) -> bool:
         """A container of `cluster` is on this node (`running`: and it runs)."""
@@ -270,4 +271,5 @@ def parse_facts(host: str, text: str, sent_at: float = 0.0, received_at: float =
         listener_pid=pid,
         bound_ports=bound,
         complete="end" in s,
+        ray_state=s.get("ray_state"),
     )

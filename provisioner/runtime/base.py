@@ -83,6 +83,10 @@ class Runtime(Protocol):
         """Pure: the output of `state_command`."""
         ...
 
+    def started_state(self) -> RayState:
+        """Pure: the state of a node right after `start_command` succeeded there."""
+        ...
+
     def is_current(self, state: RayState) -> bool | None:
         """Pure: whether the node runs what the cluster pins (None: unknown or not pinned)."""
         ...

@@ -180,6 +180,9 @@ class DockerRuntime:
     def parse_state(self, stdout: str) -> RayState:
         return parse_container_facts(stdout)
 
+    def started_state(self) -> RayState:
+        return RayState(status="running", runs=self.image)
+
     def is_current(self, state: RayState) -> bool | None:
         if self.pin is None or state.runs is None:
             return None

@@ -5,8 +5,9 @@ launcher does), so `ray` is found on the PATH a login shell sets up; or the inve
 names the interpreter (`ray: {python: /opt/venv/bin/python}`). Ray starts detached from
 the SSH session (`setsid`) with this cluster's own temp dir (`--temp-dir`, the node
 directory `~/.provisioner/clusters/CLUSTER/ray`), and is stopped by its processes: those
-whose command line names that temp dir, and their descendants (Ray's workers). Never
-`ray stop`: it stops every Ray on the node, other users' and other clusters' included.
+whose command line names that temp dir, the other processes of the session `up` started
+them in, and their descendants (Ray's workers). Never `ray stop`: it stops every Ray on
+the node, other users' and other clusters' included.
 """
 
 from __future__ import annotations
@@ -70,13 +71,18 @@ def _mark_vars(cluster: str) -> str:
 
 
 def _pids(cluster: str) -> str:
-    """Shell: PIDS = this cluster's Ray processes (command line names its temp dir) and
-    every descendant of them (Ray's workers rename themselves `ray::...`)."""
+    """Shell: PIDS = this cluster's Ray processes: those whose command line names its temp
+    dir, every process of their sessions (`up` starts Ray in a session of its own, so
+    Ray's client server, which names no path, is found too; never session 1 nor the
+    stop's own), and every descendant of them (Ray's workers rename themselves)."""
     return (
-        f"PIDS=$(ps -e -ww -o pid=,ppid=,args= | awk {_mark_vars(cluster)} "
-        '\'BEGIN { m = a b } { parent[$1] = $2; line = $0 " " } '
-        'index(line, m "/") || index(line, m " ") { own[$1] = 1 } '
-        "END { do { n = 0; for (p in parent) if (!(p in own) && (parent[p] in own)) "
+        'me=$(ps -o sid= -p $$ | tr -d " "); '
+        f"PIDS=$(ps -e -ww -o pid=,ppid=,sid=,args= | awk {_mark_vars(cluster)} -v me=\"$me\" "
+        "'BEGIN { m = a b } { parent[$1] = $2; sid[$1] = $3; line = $0 \" \" } "
+        'index(line, m "/") || index(line, m " ") '
+        '{ own[$1] = 1; if ($3 != 1 && $3 != me) ours[$3] = 1 } '
+        "END { for (p in sid) if (sid[p] in ours) own[p] = 1; "
+        "do { n = 0; for (p in parent) if (!(p in own) && (parent[p] in own)) "
         "{ own[p] = 1; n++ } } while (n); for (p in own) print p }')"
     )
 
@@ -341,6 +347,9 @@ class HostRuntime:
 
     def parse_state(self, stdout: str) -> RayState:
         return parse_state(stdout)
+
+    def started_state(self) -> RayState:
+        return RayState(status="running", runs=self.python)
 
     def is_current(self, state: RayState) -> bool | None:
         if self.python is None or state.runs is None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -47,43 +49,44 @@ def test_parse_state() -> None:
 
 
 def _spawn(argv0: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["bash", "-c", f'exec -a "{argv0}" sleep 60'])
+    return subprocess.Popen(["bash", "-c", f'exec -a "{argv0}" sleep 60'], start_new_session=True)
+
+
+def _session(leader: int) -> list[str]:
+    """Live (not zombie) processes of the session `leader` leads."""
+    out = subprocess.run(
+        ["ps", "-o", "pid=,stat=", "-s", str(leader)], capture_output=True, text=True, check=False
+    ).stdout
+    return [line for line in out.splitlines() if line.strip() and "Z" not in line.split()[-1]]
 
 
 def test_stop_ends_only_this_clusters_processes_and_their_children(tmp_path: Path) -> None:
-    """The stop command run here: a process naming this cluster's temp dir and its child
-    end; a process of another cluster and one merely called raylet stay; the stop's own
-    shell (whose text names the cluster) is not taken for Ray."""
+    """The stop command run here: a process naming this cluster's temp dir, its child and
+    a process of its session naming no path (as Ray's client server) end; a process of
+    another cluster and one merely called raylet stay; the stop's own shell (whose text
+    names the cluster) is not taken for Ray."""
     ours_dir = f"{tmp_path}/.provisioner/clusters/demo/ray"
-    ours = subprocess.Popen(
-        [
-            "bash",
-            "-c",
-            f'exec -a "raylet --session_dir={ours_dir}/session_1" bash -c "sleep 60 & wait"',
-        ]
+    raylet = f'exec -a "raylet --session_dir={ours_dir}/session_1" bash -c "sleep 60 & wait"'
+    leader = subprocess.Popen(
+        ["bash", "-c", f"( exec -a client-server sleep 60 ) & ( {raylet} ) & wait"],
+        start_new_session=True,
     )
     other = _spawn(f"raylet --session_dir={tmp_path}/.provisioner/clusters/demo2/ray/s")
     decoy = _spawn("raylet")
-    time.sleep(0.3)
-    child = subprocess.run(
-        ["pgrep", "-P", str(ours.pid)], capture_output=True, text=True, check=False
-    ).stdout.split()
+    time.sleep(0.5)
+    assert len(_session(leader.pid)) >= 4  # the shell, the client server, the raylet, its child
     try:
         done = subprocess.run(["bash", "-c", host.stop_command("demo")], timeout=30, check=False)
         assert done.returncode == 0
-        assert ours.wait(timeout=5) is not None
-        for pid in child:
-            assert (
-                not Path(f"/proc/{pid}").exists()
-                or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
-            )
+        leader.wait(timeout=5)
+        assert _session(leader.pid) == []
         assert other.poll() is None and decoy.poll() is None
         state = subprocess.run(["bash", "-c", host.running_test("demo")], check=False)
         assert state.returncode == 1
     finally:
-        for p in (ours, other, decoy):
-            if p.poll() is None:
-                p.kill()
+        for p in (leader, other, decoy):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
             p.wait()
 
 
