@@ -66,6 +66,10 @@ class CommandFailed(RemoteError):
     """A remote command exited non-zero; carries its result."""
 
 
+class ReceiveError(OperationError):
+    """Files coming home from a node or a job were refused (unsafe, too big, or corrupt)."""
+
+
 class LabError(OperationError):
     """The local lab could not be built, started or changed."""
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from provisioner.cluster import commands, logs
 from provisioner.console import Reporter, quiet
+from provisioner.errors import ProvisionerError
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, fan_out
 from provisioner.runtime import runtime_for
@@ -61,7 +62,10 @@ def bring_down(
     runtime = runtime or runtime_for(inventory)
     result = DownResult()
     if logs_dir is not None:
-        result.logs = logs.collect(inventory, pool, report, directory=logs_dir, runtime=runtime)
+        try:
+            result.logs = logs.collect(inventory, pool, report, directory=logs_dir, runtime=runtime)
+        except (ProvisionerError, OSError) as exc:  # never keeps Ray from being stopped
+            result.errors["logs"] = f"logs not collected: {exc}"
 
     def stop(node: Node) -> list[int]:
         report(f"{node.name}: stopping this cluster's Ray ({runtime.name} runtime)")

@@ -77,10 +77,10 @@ def _pids(cluster: str) -> str:
     stop's own), and every descendant of them (Ray's workers rename themselves)."""
     return (
         'me=$(ps -o sid= -p $$ | tr -d " "); '
-        f"PIDS=$(ps -e -ww -o pid=,ppid=,sid=,args= | awk {_mark_vars(cluster)} -v me=\"$me\" "
-        "'BEGIN { m = a b } { parent[$1] = $2; sid[$1] = $3; line = $0 \" \" } "
+        f'PIDS=$(ps -e -ww -o pid=,ppid=,sid=,args= | awk {_mark_vars(cluster)} -v me="$me" '
+        '\'BEGIN { m = a b } { parent[$1] = $2; sid[$1] = $3; line = $0 " " } '
         'index(line, m "/") || index(line, m " ") '
-        '{ own[$1] = 1; if ($3 != 1 && $3 != me) ours[$3] = 1 } '
+        "{ own[$1] = 1; if ($3 != 1 && $3 != me) ours[$3] = 1 } "
         "END { for (p in sid) if (sid[p] in ours) own[p] = 1; "
         "do { n = 0; for (p in parent) if (!(p in own) && (parent[p] in own)) "
         "{ own[p] = 1; n++ } } while (n); for (p in own) print p }')"
