@@ -146,7 +146,17 @@ def status(inventory: InventoryOption, json_: JsonOption = False) -> None:
     if json_:
         out.emit(st.to_json())
     else:
-        table = Table("node", "role", "address", "ssh", "container", "image", "ray", "CPUs")
+        docker = st.runtime == "docker"
+        table = Table(
+            "node",
+            "role",
+            "address",
+            "ssh",
+            "container" if docker else f"ray ({st.runtime})",
+            "image" if docker else "current",
+            "ray",
+            "CPUs",
+        )
         for n in st.nodes:
             table.add_row(
                 n.name,

@@ -68,7 +68,7 @@ def bring_down(
             result.errors["logs"] = f"logs not collected: {exc}"
 
     def stop(node: Node) -> list[int]:
-        report(f"{node.name}: stopping this cluster's Ray ({runtime.name} runtime)")
+        report(f"{node.name}: {runtime.stopping}")
         session = pool.session(node)
         session.run(runtime.stop_command(node), timeout=60).check()
         check = session.run(commands.ports_in_use_command(ray_ports(inventory, node)), timeout=20)

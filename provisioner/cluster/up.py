@@ -230,7 +230,7 @@ def bring_up(
     )
 
     def start(node: Node) -> None:
-        report(f"{node.name}: starting the {node.role}'s Ray ({runtime.name} runtime)")
+        report(f"{node.name}: " + runtime.starting.format(role=node.role))
         pool.session(node).run(runtime.start_command(node), timeout=90).check()
 
     group = fan_out([n for n in to_start if n.name in removed.results], start, deadline=120)

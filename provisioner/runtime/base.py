@@ -70,6 +70,8 @@ class Runtime(Protocol):
 
     name: str
     inventory: Inventory
+    starting: str  # progress line of a start, with {role}: "starting the {role} container"
+    stopping: str  # progress line of a stop: "removing the Ray container"
 
     def prepare(self, pool: Pool, report: Reporter) -> PushReport | None:
         """Make every node able to run Ray (docker: push the pin); before any start."""

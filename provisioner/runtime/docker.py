@@ -154,6 +154,8 @@ class DockerRuntime:
     """Ray in the pinned image, one container per node."""
 
     name = "docker"
+    starting = "starting the {role} container"
+    stopping = "removing the Ray container"
 
     def __init__(self, inventory: Inventory, pin: Pin | None, *, image: str | None = None) -> None:
         self.inventory = inventory

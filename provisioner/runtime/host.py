@@ -333,6 +333,8 @@ class HostRuntime:
     """Ray from each node's own Python (a virtualenv, a conda env, the system's)."""
 
     name = "host"
+    starting = "starting the {role}'s Ray from the node's own Python"
+    stopping = "stopping this cluster's Ray processes"
 
     def __init__(self, inventory: Inventory, pin: Pin | None = None) -> None:
         self.inventory = inventory
