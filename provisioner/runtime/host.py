@@ -56,9 +56,12 @@ def _interpreter(python: str | None) -> str:
 
 
 def _env(cluster: str) -> str:
+    """The token by path, no usage stats, and where jobs write their results (the node's
+    results directory, as the docker runtime mounts it)."""
     return (
         "export RAY_AUTH_MODE=token "
-        f"RAY_AUTH_TOKEN_PATH={layout.node_token_path(cluster)} RAY_USAGE_STATS_ENABLED=0"
+        f"RAY_AUTH_TOKEN_PATH={layout.node_token_path(cluster)} RAY_USAGE_STATS_ENABLED=0 "
+        f"{layout.RESULTS_ROOT_ENV}={layout.node_results_dir(cluster)}"
     )
 
 
@@ -98,7 +101,8 @@ def start_command(inventory: Inventory, node: Node, python: str | None) -> str:
     )
     log = f"{temp_dir(cluster)}/{START_LOG}"
     script = (
-        f"set -e; {_interpreter(python)}; {_env(cluster)}; mkdir -p {temp_dir(cluster)}; "
+        f"set -e; {_interpreter(python)}; {_env(cluster)}; "
+        f"mkdir -p {temp_dir(cluster)} {layout.node_results_dir(cluster)}; "
         f'cd "$HOME"; echo "== $(date -u +%FT%TZ) ray start with $PY" >>{log}; '
         f"setsid -w $PY -m ray.scripts.scripts start {words} </dev/null >>{log} 2>&1 "
         f'|| {{ rc=$?; tail -n 20 {log} >&2; exit "$rc"; }}'
@@ -142,12 +146,9 @@ def parse_state(stdout: str) -> RayState:
         key, sep, value = line.strip().partition("=")
         if sep:
             values.setdefault(key, value)
-    if "raylet" in values or "gcs" in values:
-        status = "running"
-    elif "session" in values:
-        status = "exited"
-    else:
-        status = "absent"
+    # No restart policy here: this cluster's Ray runs, or it is gone (old sessions stay
+    # on disk as logs).
+    status = "running" if "raylet" in values or "gcs" in values else "absent"
     return RayState(status=status, runs=values.get("python"), started_at=values.get("session"))
 
 
@@ -379,7 +380,8 @@ class HostRuntime:
         token = f"~/{layout.node_dir(self.cluster)}/auth_token"
         env = (
             f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={layout.node_token_path(self.cluster)} "
-            "RAY_USAGE_STATS_ENABLED=0 "
+            f"RAY_USAGE_STATS_ENABLED=0 "
+            f"{layout.RESULTS_ROOT_ENV}={layout.node_results_dir(self.cluster)} "
         )
         return RenderSection(
             {"file_mounts": {token: str(token_path)}},

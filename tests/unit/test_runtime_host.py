@@ -45,7 +45,7 @@ def test_parse_state() -> None:
         "python=/home/lab/ray-venv/bin/python3\n"
     )
     assert running.running and running.runs == "/home/lab/ray-venv/bin/python3"
-    assert host.parse_state("dir=yes\nsession=session_x\n").status == "exited"
+    assert host.parse_state("dir=yes\nsession=session_x\n").status == "absent"
 
 
 def _spawn(argv0: str) -> subprocess.Popen[bytes]:
