@@ -295,6 +295,8 @@ def check_resources(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
     for disk in f.disks:
         free = disk.free_kb / GIB_KB
         is_docker = disk.path == (f.docker_root or "/var/lib/docker")
+        if is_docker and plan.host_mode:
+            continue  # host mode uses no Docker: its disk is not Ray's
         low, warn = (DISK_ERROR_GIB, DISK_WARN_GIB) if is_docker else (1.0, TMP_WARN_GIB)
         what = (
             "Docker's data"

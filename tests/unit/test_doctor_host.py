@@ -55,6 +55,23 @@ def test_clean_host_nodes_have_no_errors_and_no_docker_checks() -> None:
         assert shell.severity == "warning" and "login shell" in shell.message
 
 
+def test_dockers_disk_does_not_matter_in_host_mode() -> None:
+    full = facts("host_head", HEAD)
+    root = full.docker_root or "/var/lib/docker"
+    disks = tuple(replace(d, free_kb=1024) if d.path == root else d for d in full.disks)
+    assert any(d.path == root for d in disks)
+    low = replace(full, disks=disks)
+    host_disk = [f for f in node_findings(HEAD, low, PLAN) if f.check == "resources.disk"]
+    assert root not in " ".join(f.message for f in host_disk)
+    docker = replace(PLAN, runtime="docker")
+    (bad_disk,) = [
+        f
+        for f in node_findings(HEAD, low, docker)
+        if f.check == "resources.disk" and root in f.message
+    ]
+    assert bad_disk.severity == "error"
+
+
 def test_another_ray_on_one_node_is_an_error_naming_both_versions() -> None:
     all_facts = {
         HEAD.name: facts("host_head", HEAD),
