@@ -15,10 +15,10 @@ from provisioner.inventory.fields import (
     check_address,
     check_cluster,
     check_jump,
+    check_label_map,
     check_name,
     check_port,
     check_resource_map,
-    check_string_map,
     check_user,
     closest,
 )
@@ -241,7 +241,7 @@ def _host(path: Path, name: str, values: dict[str, Any], where: Where) -> RawHos
         resources=check_resource_map(
             values.get("provisioner_resources"), where, f"{name}.provisioner_resources"
         ),
-        labels=check_string_map(
+        labels=check_label_map(
             values.get("provisioner_labels"), where, f"{name}.provisioner_labels"
         ),
     )

@@ -22,7 +22,7 @@ from provisioner.cluster.token import local_token_path
 from provisioner.cluster.tunnel import tunnel
 from provisioner.inventory import load_inventory
 from provisioner.jobs import make_spec, submit
-from provisioner.jobs.client import AuthRefused
+from provisioner.jobs.client import AuthRefused, connect
 from provisioner.lab.nodes import LabInfo
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
@@ -130,9 +130,19 @@ def test_submit_without_the_token_is_refused(inventory: str, tmp_path: Path) -> 
             submit(url, None, spec, tmp_path)
         with pytest.raises(AuthRefused, match="refused the token"):
             submit(url, wrong, spec, tmp_path)
-    code, _, err = cli("submit", "-i", inventory, "--token-file", str(wrong), str(spec.playbook))
+        token = local_token_path(load_inventory(Path(inventory)))
+        before = {job.submission_id for job in connect(url, token).list_jobs()}
+        assert spec.job_id not in before  # neither library call created a job
+    results = tmp_path / "results"
+    code, _, err = cli(
+        "submit", "-i", inventory, "--token-file", str(wrong), "--results", str(results),
+        str(spec.playbook),
+    )  # fmt: skip
     assert code == 1 and "refused the token" in err
-    assert not list(tmp_path.glob("ppo-cartpole-*"))  # nothing ran, nothing came home
+    assert not results.exists() or not list(results.iterdir())  # nothing came home
+    with tunnel(load_inventory(Path(inventory))) as url:  # and no job was created
+        after = {job.submission_id for job in connect(url, token).list_jobs()}
+    assert after == before, after - before
 
 
 def test_ctrl_c_stops_the_job(inventory: str, tmp_path: Path) -> None:
