@@ -194,7 +194,7 @@ def test_disk_filling_during_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
         # filesystem there fills up part way through the 48 MB layer.
         on_node(worker, "mount -t tmpfs -o size=8m faults-full /var/lib/docker/tmp")
         try:
-            report = push_image(inventory, blob, opts, print)
+            report = push_image(inventory, None, print, pin=blob, opts=opts)
         finally:
             on_node(worker, "umount /var/lib/docker/tmp || umount -l /var/lib/docker/tmp")
         assert set(report.errors) == {worker.name}, report.errors
@@ -206,7 +206,7 @@ def test_disk_filling_during_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
         for node in lab.nodes[:2]:
             assert image_on(node, BLOB_TAG) == blob.image_id
         t_again = time.monotonic()
-        again = push_image(inventory, blob, opts, print)
+        again = push_image(inventory, None, print, pin=blob, opts=opts)
         assert again.ok, again.errors
         assert image_on(worker, BLOB_TAG) == blob.image_id
         s.observed = (
@@ -228,7 +228,7 @@ def test_image_push_through_a_jump_host(inv: str, lab: LabInfo, blob: Pin, tmp_p
     opts = PushOptions(tag=BLOB_TAG, cache_dir=tmp_path / "cache")
     try:
         with ssh_only_through_a_jump(lab, worker):
-            report = push_image(inventory, blob, opts, print)
+            report = push_image(inventory, None, print, pin=blob, opts=opts)
         assert report.ok, report.errors
         sent = report.nodes[worker.name]
         assert sent.action == "send" and sent.bytes_sent > 40 << 20, sent
@@ -457,29 +457,26 @@ def test_worker_cut_off_during_a_job(inv: str, lab: LabInfo, tmp_path: Path) -> 
         s.measured = f"`status` named it {lost_after[0]:.0f} s after the cut; {outcome}"
 
 
-def job_status(inv: str, job_id: str) -> str:
-    """The job's status as Ray's own Jobs API reports it (through the tunnel, with the token)."""
-    from provisioner.cluster.token import local_token_path
-    from provisioner.cluster.tunnel import tunnel
-    from provisioner.jobs.client import connect
-
-    inventory = load_inventory(Path(inv))
-    with tunnel(inventory) as url:
-        status = connect(url, local_token_path(inventory)).get_job_info(job_id).status
-    return str(getattr(status, "value", status))
+def jobs_listed(inv: str) -> dict[str, str]:
+    """job id -> status, as `provisioner jobs list` reads them from Ray's Jobs API."""
+    run = cli("jobs", "list", "-i", inv, "--json")
+    assert run.code == 0, run.stderr[-2000:]
+    return {j["job_id"]: j["status"] for j in run.json()["jobs"]}
 
 
 def test_ctrl_c_during_a_foreground_submit(inv: str, lab: LabInfo, tmp_path: Path) -> None:
-    """A real SIGINT to `provisioner submit` while the job runs (not a callback raising)."""
+    """A real SIGINT to `provisioner submit` while the job runs (not a callback raising):
+    it stops following, not the job; `jobs stop` stops the job."""
     book = tmp_path / "book" / "forever.py"
     book.parent.mkdir()
     book.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
     up = cli("up", "-i", inv)  # idempotent: the tests before leave it up
     assert up.code == 0, up.stderr[-2000:]
-    limit = 75.0  # submit waits up to 60 s for Ray to stop the job
+    limit = 30.0
     with scenario(
         "Ctrl-C (SIGINT) during a foreground `submit`",
-        "the job is stopped on the cluster; exit 130; what the job wrote comes home",
+        "stops following, not the job: exit 130 naming the job, which runs on; "
+        "`jobs stop` stops it",
     ) as s:
         results = tmp_path / "results"
         run = interrupt(
@@ -489,13 +486,16 @@ def test_ctrl_c_during_a_foreground_submit(inv: str, lab: LabInfo, tmp_path: Pat
         assert run.code == 130, run.stderr[-2000:]
         assert run.after_signal is not None and run.after_signal < limit, run.after_signal
         doc = run.json()  # --json: stdout still holds the outcome
-        assert doc["interrupted"] is True and doc["status"] == "STOPPED", doc
-        assert job_status(inv, doc["job_id"]) == "STOPPED"
-        log = results / doc["job_id"] / "job.log"
-        assert "started" in log.read_text().splitlines(), log.read_text()[-500:]
+        job = doc["job_id"]
+        assert doc["interrupted"] is True and doc["detached"] is True, doc
+        assert jobs_listed(inv)[job] == "RUNNING"
+        stop = cli("jobs", "stop", job, "-i", inv, "--json")
+        assert stop.code == 0 and stop.json()["status"] == "STOPPED", stop.stderr[-2000:]
+        assert jobs_listed(inv)[job] == "STOPPED"
         s.observed = (
-            f"exit 130 within the {limit:.0f} s bound after SIGINT; Ray's Jobs API reports the "
-            "job STOPPED; its log (up to the interrupt) in results/JOB/job.log"
+            f"exit 130 within the {limit:.0f} s bound after SIGINT, the job named; "
+            "`jobs list` (Ray's Jobs API) shows it RUNNING after the interrupt; `jobs stop` "
+            "made it STOPPED"
         )
         s.measured = f"exit {run.after_signal:.1f} s after SIGINT"
 
