@@ -36,7 +36,9 @@ HEADER = [
 
 
 def cell(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+    """One table cell: pipes escaped, one line, printable characters only."""
+    flat = str(text).replace("\n", " ")
+    return "".join(c for c in flat if c.isprintable()).replace("|", "\\|").strip()
 
 
 def rows(record: dict[str, dict[str, object]]) -> list[list[str]]:

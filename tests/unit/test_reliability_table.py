@@ -92,3 +92,7 @@ def test_a_new_row_or_a_failed_one_fails_the_check(rt: ModuleType, tmp_path: Pat
 
 def test_no_record_is_exit_2(rt: ModuleType, tmp_path: Path) -> None:
     assert run(rt, tmp_path / "none.json", "--check") == 2
+
+
+def test_cells_are_one_printable_line(rt: ModuleType) -> None:
+    assert rt.cell("a\nb\x00\x18c | d") == "a bc \\| d"
