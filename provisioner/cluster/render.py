@@ -99,6 +99,14 @@ def build_config(inventory: Inventory, image: str, token_path: Path) -> dict[str
             "set ssh.key in the inventory",
             where=str(inventory.path),
         )
+    routed = [n.name for n in inventory.nodes if n.ssh.hops or n.ssh.proxy_command]
+    if routed:
+        raise InputError(
+            f"{', '.join(routed)}: reached through a jump host or ProxyCommand, which Ray's"
+            " cluster.yaml (local provider) cannot say",
+            "use `provisioner up`, which goes through them, or reach these nodes directly",
+            where=str(inventory.path),
+        )
     worker = _worker_template(inventory)
     n = len(inventory.workers)
     return {
