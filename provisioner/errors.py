@@ -66,15 +66,13 @@ class CommandFailed(RemoteError):
     """A remote command exited non-zero; carries its result."""
 
 
+class ReceiveError(OperationError):
+    """Files coming home from a node or a job were refused (unsafe, too big, or corrupt)."""
+
+
 class LabError(OperationError):
     """The local lab could not be built, started or changed."""
 
 
 class PrerequisiteError(InputError):
     """Something this machine needs is missing (docker, debootstrap, ...)."""
-
-
-class Interrupted(OperationError):
-    """The user pressed Ctrl-C; the operation stopped."""
-
-    exit_code = 130

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.lab.config import state_root
+from provisioner.local import state_root
 
 # Where labs keep their state is fixed before HOME is hidden, so that a lab made by an
 # earlier run (or by `make lab`) is found and reused.

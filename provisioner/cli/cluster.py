@@ -19,13 +19,13 @@ from provisioner.cluster import render as render_mod
 from provisioner.cluster import status as status_mod
 from provisioner.cluster import token
 from provisioner.cluster import up as up_mod
+from provisioner.cluster.logs import Finding, collect
 from provisioner.cluster.preflight import DoctorStopped
 from provisioner.cluster.tunnel import TENSORBOARD_PORT, tunnel
 from provisioner.console import Output
 from provisioner.errors import InputError
 from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
 from provisioner.inventory import Inventory, load_inventory
-from provisioner.logs import Finding, collect
 from provisioner.remote import Pool
 
 ForceOption = Annotated[bool, typer.Option("--force", help="Go on despite doctor errors.")]

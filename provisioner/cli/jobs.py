@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -101,7 +102,7 @@ def submit_cmd(
         _render(out, outcome)
     if outcome.interrupted:
         raise typer.Exit(130)
-    if not outcome.ok:
+    if not outcome.ok or outcome.results.refused is not None:
         raise typer.Exit(1)
 
 
@@ -119,13 +120,28 @@ def _render(out: Output, outcome: JobOutcome) -> None:
         for line in outcome.log_tail:
             out.err.print(escape(line), markup=True, highlight=False)
     for name, title in (("metrics.csv", "training"), ("scaling.csv", "scaling")):
-        if (found.directory / name).is_file():
+        if found.files and (found.directory / name).is_file():
+            try:
+                table = csv_table(found.directory / name, title)
+            except (ValueError, OSError, csv.Error) as exc:
+                found.unreadable.append(f"{name}: {exc}")
+                continue
             out.say("")
-            out.out.print(csv_table(found.directory / name, title))
+            out.out.print(table)
     out.say(f"\njob {outcome.job_id}: {outcome.status}; results in {found.directory}")
     for plot in found.plots:
         out.say(f"plot: {plot}")
-    if found.missing:
+    for problem in found.unreadable:
+        out.say(f"could not read {problem}")
+    if found.refused is not None:
+        out.err.print(
+            f"[bold red]results refused:[/bold red] {escape(found.refused.message)}",
+            markup=True,
+            highlight=False,
+        )
+        if found.refused.fix:
+            out.err.print(f"[bold]fix:[/bold] {escape(found.refused.fix)}", markup=True)
+    elif found.missing:
         out.say(f"no result files came home: {found.missing}")
 
 
@@ -142,9 +158,12 @@ HEADERS = {
 }
 
 
+MAX_ROWS = 200  # the table shows the last rows; the CSV keeps them all
+
+
 def csv_table(csv_path: Path, title: str) -> Table:
     """A CSV of numbers a playbook wrote (metrics.csv, scaling.csv) as a table."""
-    rows = read_rows(csv_path)
+    rows = read_rows(csv_path)[-MAX_ROWS:]
     table = Table(title=title, show_edge=False)
     columns = list(rows[0]) if rows else []
     whole = {name: all(_whole(row[name]) for row in rows) for name in columns}

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner import logs
-from provisioner.cluster import commands
+from provisioner.cluster import commands, logs
 from provisioner.console import Reporter, quiet
+from provisioner.errors import ProvisionerError
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, fan_out
 
@@ -57,7 +57,10 @@ def bring_down(
     """Idempotent: nodes without a container are fine; unreachable nodes are errors."""
     result = DownResult()
     if logs_dir is not None:
-        result.logs = logs.collect(pool, inventory, logs_dir, report=report)
+        try:
+            result.logs = logs.collect(pool, inventory, logs_dir, report=report)
+        except (ProvisionerError, OSError) as exc:  # never keeps Ray from being stopped
+            result.errors["logs"] = f"logs not collected: {exc}"
     remove = commands.remove_container_command(inventory.cluster)
 
     def stop(node: Node) -> list[int]:

@@ -12,7 +12,6 @@ import shlex
 # Inside the container.
 CONTAINER_TOKEN_PATH = "/run/provisioner/auth_token"
 CONTAINER_RAY_DIR = "/tmp/ray"
-CONTAINER_SESSION_LOGS = f"{CONTAINER_RAY_DIR}/session_latest/logs"
 
 # Docker labels put on every container this tool starts.
 LABEL_CLUSTER = "provisioner.cluster"

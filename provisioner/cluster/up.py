@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from provisioner.cluster import commands, headprobe, layout, preflight, status, token
+from provisioner.cluster import commands, headprobe, layout, logs, preflight, status, token
 from provisioner.cluster.status import ClusterStatus, ContainerFacts
 from provisioner.console import Reporter, quiet
 from provisioner.errors import OperationError, ProvisionerError
@@ -123,8 +123,6 @@ def totals(nodes: list[dict[str, Any]]) -> dict[str, float]:
 
 def not_joined_report(pool: Pool, inventory: Inventory, missing: list[Node]) -> str:
     """Tail of the raylet and container logs of every node that did not join."""
-    from provisioner import logs
-
     parts: list[str] = []
     group = fan_out(missing, lambda n: logs.tail_node(pool.session(n), inventory), deadline=30)
     for node in missing:

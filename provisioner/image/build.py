@@ -7,7 +7,6 @@ The base image must already be on this machine: nothing here contacts a registry
 
 from __future__ import annotations
 
-import io
 import json
 import tarfile
 import tempfile
@@ -25,7 +24,7 @@ from provisioner.errors import InputError, OperationError
 from provisioner.image.lock import BUILD_TAG, Pin, Versions, layer_sizes_from_history, write_pin
 from provisioner.image.requirements import lock_sha256, parse_lock
 from provisioner.image.wheelhouse import ensure_wheels
-from provisioner.lab.engine import client
+from provisioner.local import docker_client as client
 
 CONTEXT_FILES = ("Dockerfile", "requirements.lock", "ray-profile.sh")
 # Run through a login shell, as `ray up` runs every command: this checks the PATH too.
@@ -204,10 +203,3 @@ def build_image(opts: BuildOptions, report: Reporter = quiet) -> BuildResult:
     )
     write_pin(pin, opts.lock_path)
     return BuildResult(pin, image_id, time.monotonic() - t0, opts.lock_path)
-
-
-def context_bytes(images_dir: Path, wheels: Sequence[Path]) -> bytes:
-    """The context tar in memory (tests)."""
-    buf = io.BytesIO()
-    write_context(images_dir, wheels, buf)
-    return buf.getvalue()

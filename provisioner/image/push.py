@@ -1,335 +1,32 @@
 """`provisioner image push`: make every node hold exactly the pinned image.
 
-Per node, in parallel (bounded): one round trip gathers Docker's state; a pure decision
-says send nothing, only re-tag, or send the layers the node lacks; the layers go as a
-`docker save` stream (with held layers left out) into `docker load` over the node's SSH
-session; the ID is checked and only then is the cluster tag moved. A stream that breaks
-is retried from the start on a fresh connection; the other nodes carry on.
+Every node in parallel (bounded), each from this machine (`direct.py`), or with
+`--relay` the head from this machine and the workers from the head (`relay.py`); a
+node's failure stops no other.
 """
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any, Literal
+from collections.abc import Callable
 
 from provisioner.console import Reporter, quiet
-from provisioner.errors import OperationError, ProvisionerError, RemoteError
-from provisioner.image.lock import CLUSTER_TAG, Pin
-from provisioner.image.plan import (
-    NodePlan,
-    decide,
-    facts_script,
-    parse_facts,
-    verify_and_tag_command,
-)
-from provisioner.image.savestream import CHUNK, SavedImage, partial, passthrough, read_saved
+from provisioner.image.direct import NodePush, PushOptions, PushReport, SavedCache, push_node
+from provisioner.image.lock import Pin
+from provisioner.image.relay import push_relayed
 from provisioner.inventory import Inventory, Node
-from provisioner.lab.config import state_root
-from provisioner.lab.engine import need
-from provisioner.remote import Pool, Session, fan_out
+from provisioner.remote import Pool, fan_out
 
-RETRYABLE = frozenset({"connection-lost", "load-failed", "command-timeout"})
-LOAD_COMMAND = "docker load"
+__all__ = ["NodePush", "PushOptions", "PushReport", "push_image"]
 
-
-@dataclass(frozen=True)
-class PushOptions:
-    parallelism: int = 4
-    retries: int = 2  # fresh attempts after a broken stream
-    relay: bool = False
-    full: bool = False  # send every layer even if the node holds some
-    timeout: float = 1800.0  # per node
-    tag: str = CLUSTER_TAG
-    cache_dir: Path | None = None  # saved images for partial sends; default: the state dir
-
-
-@dataclass
-class NodePush:
-    """What the push did on one node."""
-
-    host: str
-    action: Literal["none", "tag", "send"]
-    layers_total: int
-    layers_sent: int = 0
-    bytes_sent: int = 0  # image bytes sent from this machine to the node
-    bytes_omitted: int = 0  # bytes of layers the node held, not sent
-    seconds: float = 0.0
-    attempts: int = 1
-    via: str = "control"  # "control", or the head's name in relay mode
-
-    def to_json(self) -> dict[str, Any]:
-        rate = self.bytes_sent / self.seconds if self.seconds > 0 else 0.0
-        return {**self.__dict__, "rate_bytes_per_s": round(rate)}
-
-
-@dataclass
-class PushReport:
-    image_id: str
-    tag: str
-    nodes: dict[str, NodePush] = field(default_factory=dict)
-    errors: dict[str, ProvisionerError] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    @property
-    def control_bytes(self) -> int:
-        """Image bytes that left this machine (relay: only those sent to the head)."""
-        return sum(n.bytes_sent for n in self.nodes.values() if n.via == "control")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "image_id": self.image_id,
-            "tag": self.tag,
-            "ok": self.ok,
-            "control_bytes": self.control_bytes,
-            "seconds": round(self.seconds, 1),
-            "nodes": [n.to_json() for n in self.nodes.values()],
-            "errors": [
-                {
-                    "host": host,
-                    "message": str(err),
-                    "fix": err.fix,
-                    "kind": getattr(err, "kind", ""),
-                }
-                for host, err in self.errors.items()
-            ],
-        }
-
-
-@contextmanager
-def save_stream(image_id: str) -> Iterator[IO[bytes]]:
-    """`docker save IMAGE_ID` from the local engine, as a file; the process ends with the
-    block, even when the stream is abandoned half-way."""
-    proc = subprocess.Popen(
-        [need("docker", "docker.io"), "save", image_id],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        bufsize=CHUNK,
-    )
-    assert proc.stdout is not None
-    try:
-        yield proc.stdout
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.stdout.close()
-        proc.wait()
-
-
-class SavedCache:
-    """The pinned image saved once to a file, for every partial send of a push (and of
-    later pushes: the file is kept until another pin replaces it)."""
-
-    def __init__(self, pin: Pin, directory: Path | None) -> None:
-        self.pin = pin
-        self.directory = directory or state_root() / "images"
-        self._lock = threading.Lock()
-        self._saved: SavedImage | None = None
-
-    def get(self, report: Reporter) -> SavedImage:
-        with self._lock:
-            if self._saved is None:
-                self._saved = self._load_or_save(report)
-            return self._saved
-
-    def _load_or_save(self, report: Reporter) -> SavedImage:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"{self.pin.image_id.removeprefix('sha256:')}.tar"
-        if path.exists():
-            saved = read_saved(path)
-            if saved.config == self.pin.image_id:
-                return saved
-            path.unlink()
-        for old in self.directory.glob("*.tar"):
-            old.unlink()
-        report(f"saving {self.pin.short_id()} once for partial sends: {path}")
-        tmp = path.with_suffix(".partial")
-        proc = subprocess.run(
-            [need("docker", "docker.io"), "save", "-o", str(tmp), self.pin.image_id],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            raise OperationError(
-                f"docker save of {self.pin.short_id()} failed: {proc.stderr.strip()[-300:]}",
-                "check the local Docker engine and free disk under " + str(self.directory),
-            )
-        tmp.rename(path)
-        saved = read_saved(path)
-        if saved.config != self.pin.image_id:
-            raise OperationError(
-                f"docker saved {saved.config[:19]}, not the pinned {self.pin.short_id()}",
-                "run `provisioner image build` again",
-            )
-        return saved
-
-
-class _Guarded:
-    """Wraps the chunk generator: an error inside it ends the stream early (so `docker
-    load` sees a truncated tar and fails) and is kept to be raised afterwards."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self.chunks = chunks
-        self.error: BaseException | None = None
-
-    def __iter__(self) -> Iterator[bytes]:
-        try:
-            yield from self.chunks
-        except Exception as exc:
-            self.error = exc
-
-
-class _Progress:
-    """Bytes and rate for one node, reported every few seconds."""
-
-    def __init__(self, host: str, report: Reporter, every: float = 3.0) -> None:
-        self.host, self.report, self.every = host, report, every
-        self.t0 = time.monotonic()
-        self.last = self.t0
-        self.sent = 0
-
-    def __call__(self, total: int) -> None:
-        self.sent = total
-        now = time.monotonic()
-        if now - self.last >= self.every:
-            self.last = now
-            rate = total / max(now - self.t0, 1e-6)
-            self.report(f"{self.host}: {total / 1e6:,.0f} MB sent, {rate / 1e6:.1f} MB/s")
-
-
-def stream_layers(
-    session: Session,
-    pin: Pin,
-    plan: NodePlan,
-    opts: PushOptions,
-    report: Reporter,
-    saved: SavedCache,
-) -> tuple[int, int]:
-    """Send the layers of `plan` into the node's `docker load`; (bytes sent, bytes omitted).
-    A whole image streams straight from `docker save`; a partial one from the saved file."""
-    omitted = [0]
-
-    def on_omitted(n: int) -> None:
-        omitted[0] += n
-
-    progress = _Progress(session.host, report)
-    if plan.first_missing == 0:
-        with save_stream(pin.image_id) as source:
-            guarded = _Guarded(passthrough(source))
-            result = session.run_streaming_stdin(
-                LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
-            )
-    else:
-        guarded = _Guarded(partial(saved.get(report), plan.first_missing, on_omitted))
-        result = session.run_streaming_stdin(
-            LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
-        )
-    if guarded.error is not None:
-        if isinstance(guarded.error, ProvisionerError):
-            raise guarded.error
-        raise RemoteError(
-            session.host,
-            f"reading the local image failed: {guarded.error}",
-            "check the local Docker engine (`docker image inspect` the pinned ID)",
-            kind="save-failed",
-        )
-    if not result.ok and "no space left on device" in (result.stderr + result.stdout).lower():
-        raise RemoteError(
-            session.host,
-            f"the node's disk filled up while Docker loaded the image: {result.tail(1)}",
-            "free space on the node under Docker's root and its tmp directory "
-            "(`df -h /var/lib/docker`; `docker system prune` removes unused images), "
-            "then push again",
-            kind="no-space",
-        )
-    if not result.ok or pin.image_id not in result.stdout:
-        raise RemoteError(
-            session.host,
-            f"docker load did not load the pinned image: {result.tail(3) or result.stdout[-200:]}",
-            "run the push again; it starts this node from the beginning",
-            kind="load-failed",
-        )
-    return progress.sent, omitted[0]
-
-
-def gather_plan(session: Session, pin: Pin, opts: PushOptions) -> NodePlan:
-    result = session.run(facts_script(opts.tag), timeout=60).check()
-    plan = decide(pin, parse_facts(result.stdout), session.host, opts.tag)
-    if opts.full and plan.action == "send" and plan.first_missing:
-        plan = NodePlan("send", 0, pin.layers, plan.need_bytes)
-    return plan
-
-
-def verify_and_tag(session: Session, pin: Pin, tag: str) -> None:
-    session.run(verify_and_tag_command(pin.image_id, tag), timeout=60).check(
-        f"the node's Docker does not hold {pin.short_id()}; run the push again"
-    )
-
-
-def push_node(
-    pool: Pool,
-    node: Node,
-    pin: Pin,
-    opts: PushOptions,
-    report: Reporter,
-    saved: SavedCache | None = None,
-) -> NodePush:
-    """Make one node hold the pin under the cluster tag, retrying a broken stream."""
-    saved = saved or SavedCache(pin, opts.cache_dir)
-    t0 = time.monotonic()
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            session = pool.session(node)
-            plan = gather_plan(session, pin, opts)
-            outcome = NodePush(node.name, plan.action, len(pin.layers), attempts=attempt)
-            if plan.action == "send":
-                held = f", {plan.first_missing} held" if plan.first_missing else ""
-                report(f"{node.name}: sending {len(plan.layers_to_send)} layer(s){held}")
-                outcome.bytes_sent, outcome.bytes_omitted = stream_layers(
-                    session, pin, plan, opts, report, saved
-                )
-                outcome.layers_sent = len(plan.layers_to_send)
-            if plan.action != "none":
-                verify_and_tag(session, pin, opts.tag)
-            outcome.seconds = time.monotonic() - t0
-            report(_summary(outcome))
-            return outcome
-        except RemoteError as exc:
-            if exc.kind not in RETRYABLE or attempt > opts.retries:
-                raise
-            report(f"{node.name}: {exc.message}; retrying from the start")
-            pool.forget(node)
-
-
-def _summary(n: NodePush) -> str:
-    if n.action == "none":
-        return f"{n.host}: already holds the pinned image; nothing sent"
-    if n.action == "tag":
-        return f"{n.host}: held the pinned image; tagged it"
-    rate = n.bytes_sent / n.seconds / 1e6 if n.seconds else 0.0
-    return (
-        f"{n.host}: loaded and verified; {n.bytes_sent / 1e6:,.0f} MB in {n.seconds:.0f}s "
-        f"({rate:.1f} MB/s), {n.bytes_omitted / 1e6:,.0f} MB held"
-    )
+DEFAULT_OPTIONS = PushOptions()
 
 
 def push_image(
     inventory: Inventory,
     pin: Pin,
-    opts: PushOptions = PushOptions(),
+    opts: PushOptions = DEFAULT_OPTIONS,
     report: Reporter = quiet,
     *,
     pool: Pool | None = None,
@@ -341,8 +38,6 @@ def push_image(
     pool = pool or Pool(inventory)
     try:
         if opts.relay and inventory.workers:
-            from provisioner.image.relay import push_relayed
-
             push_relayed(pool, inventory, pin, opts, report, out)
         else:
             group = fan_out(

@@ -4,10 +4,14 @@ The control machine pushes to the head as usual, then the head runs
 `docker save PIN | ssh WORKER docker load` for each worker that lacks the image, with
 its own OpenSSH client. The head authenticates with a temporary key made for this push
 only: its public half goes into each worker's authorized_keys restricted to the head's
-address (`from=...,restrict`), its private half into a 0600 file on the head, and both
-are removed at the end, whatever happens. The head checks the workers' host keys
-against the keys this machine already trusts for them (no trust on first use). The
-control machine still gathers each worker's facts and verifies and tags the image there.
+address, to `docker load`, and to a lifetime (`from=...,restrict,command=...,expiry-time=`),
+its private half into a 0600 file on the head, and both are removed at the end,
+whatever happens; a removal that fails is an error of the push. Adding and removing
+the key rewrite authorized_keys atomically (a temporary file, then `mv`), so the file
+ends byte for byte as it began, a missing final newline included. The head checks the
+workers' host keys against the keys this machine already trusts for them (no trust on
+first use). The control machine still gathers each worker's facts and verifies and tags
+the image there.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import shlex
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,17 +31,20 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from provisioner.console import Reporter
 from provisioner.errors import ProvisionerError, RemoteError
-from provisioner.image.lock import Pin
-from provisioner.image.push import (
+from provisioner.image.direct import (
     NodePush,
     PushOptions,
     PushReport,
     gather_plan,
     push_node,
+    retrying,
     verify_and_tag,
 )
+from provisioner.image.lock import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, Session, fan_out
+
+KEY_GRACE_S = 600  # the relay key's lifetime beyond the push's own timeouts
 
 
 @dataclass(frozen=True)
@@ -61,25 +68,108 @@ def make_relay_key() -> RelayKey:
     return RelayKey(private, f"{public.decode()} {comment}", comment)
 
 
-def authorized_line(key: RelayKey, head_address: str) -> str:
-    """The worker's authorized_keys line: only from the head, no forwarding, no pty."""
-    return f'from="{head_address}",restrict {key.public_line}'
+RELAY_COMMAND = "docker load"  # the one command the relay key may run on a worker
+ADDED = "relay-key-added"
+REMOVED = "relay-key-removed"
+ABSENT = "relay-key-absent"
 
 
-def add_key_command(line: str) -> str:
-    q = shlex.quote(line)
-    return (
-        "umask 077 && mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && "
-        f"printf '%s\\n' {q} >> ~/.ssh/authorized_keys"
-    )
+def authorized_line(key: RelayKey, head_address: str, expiry: str) -> str:
+    """The worker's authorized_keys line: only from the head, only `docker load`, no
+    forwarding and no pty (`restrict`), and refused by sshd after `expiry`
+    (YYYYMMDDHHMMSSZ, UTC), should the removal never run (SIGKILL, a lost connection)."""
+    return f"{_line_prefix(head_address)}{expiry}{_line_suffix(key)}"
 
 
-def remove_key_command(comment: str) -> str:
-    pattern = shlex.quote(f" {comment}$")
-    return (
-        'f=~/.ssh/authorized_keys; [ -f "$f" ] || exit 0; '
-        f'grep -v -- {pattern} "$f" > "$f.tmp"; cat "$f.tmp" > "$f"; rm -f "$f.tmp"'
-    )
+def _line_prefix(head_address: str) -> str:
+    return f'from="{head_address}",restrict,command="{RELAY_COMMAND}",expiry-time="'
+
+
+def _line_suffix(key: RelayKey) -> str:
+    return f'" {key.public_line}'
+
+
+def add_key_command(key: RelayKey, head_address: str, lifetime_s: int) -> str:
+    """Add the relay key to the worker's authorized_keys, atomically (a temporary file,
+    then `mv`): a newline goes first when the file lacks a final one. The expiry is
+    computed with the worker's own clock. Prints `relay-key-added newline=0|1 expiry=T`."""
+    script = f"""set -e
+umask 077
+mkdir -p ~/.ssh
+f=$(readlink -f ~/.ssh/authorized_keys)
+touch "$f"
+exp=$(date -u -d "@$(( $(date -u +%s) + {int(lifetime_s)} ))" +%Y%m%d%H%M%SZ)
+nl=0
+if [ -s "$f" ] && [ -n "$(tail -c 1 "$f")" ]; then nl=1; fi
+t="$f.provisioner-tmp.$$"
+trap 'rm -f "$t"' EXIT
+p={shlex.quote(_line_prefix(head_address))}
+s={shlex.quote(_line_suffix(key))}
+{{ cat "$f"; [ "$nl" = 0 ] || printf '\n'; printf '%s%s%s\n' "$p" "$exp" "$s"; }} > "$t"
+chmod "$(stat -c %a "$f")" "$t"
+mv -f "$t" "$f"
+echo "{ADDED} newline=$nl expiry=$exp"
+"""
+    return f"sh -c {shlex.quote(script)}"
+
+
+@dataclass(frozen=True)
+class Added:
+    """What add_key_command did on one worker: the exact bytes it appended."""
+
+    line: str
+    newline: bool
+
+    @property
+    def appended(self) -> bytes:
+        return (b"\n" if self.newline else b"") + self.line.encode() + b"\n"
+
+
+def parse_added(stdout: str, key: RelayKey, head_address: str) -> Added | None:
+    """The bytes add_key_command reports it appended (None if it did not say)."""
+    for line in stdout.splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0] == ADDED:
+            newline = words[1] == "newline=1"
+            expiry = words[2].removeprefix("expiry=")
+            return Added(authorized_line(key, head_address, expiry), newline)
+    return None
+
+
+def remove_key_command(key: RelayKey, added: Added | None) -> str:
+    """Take the relay key out again, atomically (a temporary file, checked, then `mv`).
+
+    When the file still ends with exactly the bytes that were appended, they are cut
+    off, so the file ends byte for byte as it began (a final newline that was added is
+    removed too). Otherwise (the file changed meanwhile, or the add did not report) only
+    the lines holding the key are dropped. Exits non-zero, the file untouched, on any
+    failure (a full disk); prints `relay-key-removed exact|line` or `relay-key-absent`."""
+    blob = shlex.quote(f" {key.public_line.split()[1]} ")
+    exact = ""
+    if added is not None:
+        n = len(added.appended)
+        exact = (
+            f'if [ "$size" -ge {n} ] && '
+            f'[ "$(tail -c {n} "$f" | od -An -v -tx1 | tr -d \' \\n\')" = '
+            f"{added.appended.hex()} ]; "
+            f'then head -c $((size - {n})) "$f" > "$t"; how=exact; fi\n'
+        )
+    script = f"""set -e
+f=$(readlink -f ~/.ssh/authorized_keys)
+[ -f "$f" ] || {{ echo {ABSENT}; exit 0; }}
+grep -qF -e {blob} "$f" || {{ echo {ABSENT}; exit 0; }}
+t="$f.provisioner-tmp.$$"
+trap 'rm -f "$t"' EXIT
+size=$(stat -c %s "$f")
+how=
+{exact}if [ -z "$how" ]; then
+  rc=0; grep -vF -e {blob} "$f" > "$t" || rc=$?; [ "$rc" -le 1 ]; how=line
+fi
+chmod "$(stat -c %a "$f")" "$t"
+mv -f "$t" "$f"
+echo "{REMOVED} $how"
+"""
+    return f"sh -c {shlex.quote(script)}"
 
 
 def known_host_lines(node: Node) -> list[str]:
@@ -139,36 +229,71 @@ def relay_command(pin: Pin, worker: Node, key_path: str, known_hosts: str) -> st
 
 @contextmanager
 def _head_credentials(
-    pool: Pool, head: Node, workers: list[Node], key: RelayKey
+    pool: Pool,
+    head: Node,
+    workers: list[Node],
+    key: RelayKey,
+    lifetime_s: int,
+    cleanup_errors: dict[str, ProvisionerError],
 ) -> Iterator[tuple[str, str]]:
-    """The temporary key and known_hosts on the head; removed on exit (and from workers)."""
+    """The temporary key and known_hosts on the head; removed on exit (and from workers).
+    Every removal that fails lands in `cleanup_errors` (worker or head -> error)."""
     hs = pool.session(head)
     made = hs.run("mktemp -d", timeout=30).check().stdout.strip()
     tmp = shlex.quote(made)
-    known = "\n".join(line for w in workers for line in known_host_lines(w)) + "\n"
+    added: dict[str, Added | None] = {}
+    lock = threading.Lock()
+
+    def add(worker: Node) -> None:
+        with lock:
+            added[worker.name] = None  # from here on, a removal is due
+        result = pool.session(worker).run(
+            add_key_command(key, head.address, lifetime_s), timeout=30
+        )
+        with lock:
+            added[worker.name] = parse_added(result.stdout, key, head.address)
+        result.check()
+
     try:
+        known = "\n".join(line for w in workers for line in known_host_lines(w)) + "\n"
         hs.run(f"umask 077 && cat > {tmp}/key", timeout=30, stdin=key.private_openssh).check()
         hs.run(f"umask 077 && cat > {tmp}/known_hosts", timeout=30, stdin=known.encode()).check()
-        group = fan_out(
-            workers,
-            lambda w: (
-                pool.session(w)
-                .run(add_key_command(authorized_line(key, head.address)), timeout=30)
-                .check()
-            ),
-            deadline=60,
-        )
+        group = fan_out(workers, add, deadline=60)
         if group.errors:
             raise next(iter(group.errors.values()))
         yield f"{made}/key", f"{made}/known_hosts"
     finally:
-        with suppress(ProvisionerError):
-            hs.run(f"rm -rf {tmp}", timeout=30)
-        fan_out(
-            workers,
-            lambda w: pool.session(w).run(remove_key_command(key.comment), timeout=30),
-            deadline=60,
+        try:
+            hs.run(f"rm -rf {tmp}", timeout=30).check()
+        except ProvisionerError as exc:
+            cleanup_errors[head.name] = exc
+        cleanup_errors.update(_remove_keys(pool, workers, key, added))
+
+
+def _remove_keys(
+    pool: Pool, workers: list[Node], key: RelayKey, added: dict[str, Added | None]
+) -> dict[str, ProvisionerError]:
+    """Remove the relay key from every worker it may have reached; name each failure."""
+    due = [w for w in workers if w.name in added]
+
+    def remove(worker: Node) -> str:
+        result = pool.session(worker).run(
+            remove_key_command(key, added.get(worker.name)), timeout=30
         )
+        result.check()
+        return result.stdout
+
+    group = fan_out(due, remove, deadline=60)
+    return {
+        name: RemoteError(
+            name,
+            f"the temporary relay key could not be removed from ~/.ssh/authorized_keys: {exc}",
+            f"remove the line ending in {key.comment} from ~/.ssh/authorized_keys on {name} "
+            f"(it stops working by itself at its expiry-time)",
+            kind="relay-cleanup",
+        )
+        for name, exc in group.errors.items()
+    }
 
 
 def _relay_worker(
@@ -181,19 +306,15 @@ def _relay_worker(
     report: Reporter,
 ) -> NodePush:
     t0 = time.monotonic()
-    attempt = 0
-    while True:
-        attempt += 1
+
+    def attempt(n: int) -> NodePush:
         ws = pool.session(worker)
         plan = gather_plan(ws, pin, opts)
-        out = NodePush(worker.name, plan.action, len(pin.layers), attempts=attempt, via=head.host)
+        out = NodePush(worker.name, plan.action, len(pin.layers), attempts=n, via=head.host)
         if plan.action == "send":
             report(f"{worker.name}: the head sends the image ({head.host} -> {worker.name})")
             result = head.run(relay_command(pin, worker, *creds), timeout=opts.timeout)
             if not (result.ok and pin.image_id in result.stdout):
-                if attempt <= opts.retries:
-                    report(f"{worker.name}: relay failed ({result.tail(1)}); retrying")
-                    continue
                 raise RemoteError(
                     worker.name,
                     f"the head could not send the image: {result.tail(3)}",
@@ -206,6 +327,11 @@ def _relay_worker(
         out.seconds = time.monotonic() - t0
         report(f"{worker.name}: {plan.action} done via {head.host} in {out.seconds:.0f}s")
         return out
+
+    def again(exc: RemoteError) -> None:
+        report(f"{worker.name}: relay failed ({exc.message}); retrying")
+
+    return retrying(attempt, opts.retries, lambda exc: exc.kind == "relay", again)
 
 
 def push_relayed(
@@ -237,8 +363,12 @@ def push_relayed(
         with lock:
             report(line)
 
+    cleanup_errors: dict[str, ProvisionerError] = {}
+    lifetime = int(opts.timeout * (opts.retries + 1)) + KEY_GRACE_S
     try:
-        with _head_credentials(pool, head, workers, make_relay_key()) as creds:
+        with _head_credentials(
+            pool, head, workers, make_relay_key(), lifetime, cleanup_errors
+        ) as creds:
             hs = pool.session(head)
             group = fan_out(
                 workers,
@@ -249,6 +379,7 @@ def push_relayed(
     except ProvisionerError as exc:
         for w in workers:
             out.errors[w.name] = exc
-        return
-    out.nodes.update(group.results)
-    out.errors.update(group.errors)
+    else:
+        out.nodes.update(group.results)
+        out.errors.update(group.errors)
+    out.errors.update(cleanup_errors)  # a key left behind is an error, even after success

@@ -9,7 +9,6 @@ from provisioner.inventory.models import (
     RayPorts,
     Role,
     SSHSettings,
-    state_root,
 )
 
 __all__ = [
@@ -21,5 +20,4 @@ __all__ = [
     "Role",
     "SSHSettings",
     "load_inventory",
-    "state_root",
 ]

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
+from provisioner.local import state_root
+
 Role = Literal["head", "worker"]
 HostKeyPolicy = Literal["strict", "accept-new"]
 HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new")
-
-
-def state_root() -> Path:
-    """Where provisioner keeps its state: $PROVISIONER_STATE_DIR or ~/.local/state/provisioner."""
-    explicit = os.environ.get("PROVISIONER_STATE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    return Path.home() / ".local" / "state" / "provisioner"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from provisioner.inventory.models import (
     Node,
     Role,
     SSHSettings,
-    state_root,
 )
 from provisioner.inventory.proxies import expand_proxy_command, split_jump
 from provisioner.inventory.raw import RawHost, RawInventory
@@ -27,6 +26,7 @@ from provisioner.inventory.sshconfig import (
     homes,
     lookup,
 )
+from provisioner.local import state_root
 
 MAX_HOPS = 8
 

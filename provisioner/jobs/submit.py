@@ -52,6 +52,8 @@ class JobOutcome:
             "plots": [str(p) for p in self.results.plots],
             "summary": self.results.summary,
             "results_missing": self.results.missing,
+            "results_refused": self.results.refused.to_json() if self.results.refused else None,
+            "results_unreadable": self.results.unreadable,
             "log_tail": self.log_tail,
         }
 

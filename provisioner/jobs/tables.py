@@ -9,7 +9,7 @@ from pathlib import Path
 
 def read_rows(path: Path) -> list[dict[str, float]]:
     """A CSV of numbers as dicts; a cell that is not a number becomes NaN."""
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
         return [{key: _number(value) for key, value in row.items()} for row in csv.DictReader(f)]
 
 

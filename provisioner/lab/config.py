@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError
+from provisioner.local import state_root
 
 LAB_USER = "lab"
 LABEL = "io.provisioner.lab"
@@ -18,15 +19,6 @@ DEFAULT_SUBNET = "10.250.0.0/24"
 FIRST_HOST = 10  # node i gets the subnet's address .10 + i
 MAX_NODES = 32
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
-
-
-def state_root() -> Path:
-    """Where provisioner keeps state: $PROVISIONER_STATE_DIR or ~/.local/state/provisioner."""
-    env = os.environ.get("PROVISIONER_STATE_DIR")
-    if env:
-        return Path(env).expanduser().resolve()
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base).expanduser().resolve() / "provisioner"
 
 
 @dataclass(frozen=True)

@@ -2,40 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Sequence
-from functools import cache
 
-import docker
-from docker.errors import DockerException
+from provisioner.errors import LabError
+from provisioner.local import docker_client as client
+from provisioner.local import need
 
-from provisioner.errors import LabError, PrerequisiteError
-
-
-@cache
-def client() -> docker.DockerClient:
-    """A docker SDK client for the local engine, or a PrerequisiteError saying how to start one."""
-    try:
-        c = docker.from_env(timeout=300)
-        c.ping()
-    except DockerException as exc:
-        raise PrerequisiteError(
-            f"no Docker engine answers on this machine ({exc.__class__.__name__})",
-            "install docker.io and start it: `apt-get install -y docker.io` then "
-            "`dockerd >/var/log/dockerd.log 2>&1 &` (or `systemctl start docker`)",
-        ) from exc
-    return c
-
-
-def need(tool: str, package: str) -> str:
-    """Path of a host tool the lab needs, or a PrerequisiteError naming the package."""
-    path = shutil.which(tool)
-    if path is None:
-        raise PrerequisiteError(
-            f"`{tool}` is not installed on this machine", f"apt-get install -y {package}"
-        )
-    return path
+__all__ = ["client", "docker_cli", "exec_in", "exec_rc", "need"]
 
 
 def docker_cli(args: Sequence[str], *, timeout: float = 120, input_: bytes | None = None) -> str:

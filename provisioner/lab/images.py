@@ -22,8 +22,9 @@ from docker.errors import BuildError, ImageNotFound
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import LabError, PrerequisiteError
-from provisioner.lab.config import LABEL, state_root
+from provisioner.lab.config import LABEL
 from provisioner.lab.engine import client, need
+from provisioner.local import state_root
 
 SUITE = "bookworm"
 BASE_PACKAGES = (

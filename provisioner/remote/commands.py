@@ -15,16 +15,6 @@ def command(*argv: str | int) -> str:
     return " ".join(shlex.quote(str(word)) for word in argv)
 
 
-def pipeline(*commands: str) -> str:
-    """Commands joined by pipes (each already built)."""
-    return " | ".join(commands)
-
-
-def all_of(*commands: str) -> str:
-    """Commands run in order, stopping at the first failure."""
-    return " && ".join(f"{{ {c}; }}" if "|" in c or ";" in c else c for c in commands)
-
-
 def with_env(env: Mapping[str, str], cmd: str) -> str:
     """`cmd` with environment variables set (names checked, values quoted)."""
     for name in env:

@@ -22,6 +22,7 @@ class Result:
     started: float = 0.0  # time.time() when the command was sent
     first_byte: float | None = None  # time.time() when its first output arrived
     finished: float = 0.0
+    dropped: int = 0  # bytes of output left out past the cap (see Session.run)
 
     @property
     def ok(self) -> bool:

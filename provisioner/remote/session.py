@@ -21,6 +21,11 @@ from provisioner.remote.translate import CONNECT_ERRORS, translate
 
 _CHUNK = 1 << 16
 _POLL = 1.0  # seconds between checks of a quiet channel; data wakes us at once
+# Bytes kept from one command's stdout (and as many from its stderr): a node cannot fill
+# this machine's memory. Past the cap the output is drained, its end kept, and a line in
+# the middle says how much was left out (Result.dropped counts it).
+MAX_OUTPUT = 16 * 1024 * 1024
+_KEEP_TAIL = 64 * 1024
 
 
 def _client(node: Node, accept_record: Path | None) -> paramiko.SSHClient:
@@ -123,10 +128,18 @@ class Session:
             )
         return transport
 
-    def run(self, command: str, *, timeout: float, stdin: bytes | None = None) -> Result:
-        """Run `command` through the login user's shell; never raises for a non-zero exit."""
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float,
+        stdin: bytes | None = None,
+        max_output: int = MAX_OUTPUT,
+    ) -> Result:
+        """Run `command` through the login user's shell; never raises for a non-zero exit.
+        At most `max_output` bytes of stdout (and of stderr) are kept."""
         chunks = [stdin] if stdin is not None else None
-        return self._execute(command, chunks, None, timeout)
+        return self._execute(command, chunks, None, timeout, max_output)
 
     def run_streaming_stdin(
         self,
@@ -137,7 +150,7 @@ class Session:
         timeout: float,
     ) -> Result:
         """Run `command` feeding `chunks` to its stdin; `on_bytes(total_sent)` after each chunk."""
-        return self._execute(command, chunks, on_bytes, timeout)
+        return self._execute(command, chunks, on_bytes, timeout, MAX_OUTPUT)
 
     def _execute(
         self,
@@ -145,6 +158,7 @@ class Session:
         chunks: Iterable[bytes] | None,
         on_bytes: Callable[[int], None] | None,
         timeout: float,
+        max_output: int,
     ) -> Result:
         started = time.time()
         deadline = time.monotonic() + timeout
@@ -157,7 +171,8 @@ class Session:
         if sender is None:
             channel.shutdown_write()
         try:
-            out, err, first = _collect(channel, deadline)
+            out, err = _Capped(max_output), _Capped(max_output)
+            first = _collect(channel, deadline, out, err)
             if sender is not None:
                 sender.join(max(0.0, deadline - time.monotonic()))
                 if sender.error is not None and not channel.exit_status_ready():
@@ -180,12 +195,13 @@ class Session:
         return Result(
             host=self.host,
             command=command,
-            stdout=out.decode("utf-8", "replace"),
-            stderr=err.decode("utf-8", "replace"),
+            stdout=out.value().decode("utf-8", "replace"),
+            stderr=err.value().decode("utf-8", "replace"),
             exit_code=channel.exit_status,
             started=started,
             first_byte=first,
             finished=time.time(),
+            dropped=out.dropped + err.dropped,
         )
 
     def _lost(self, exc: BaseException) -> RemoteError:
@@ -246,24 +262,53 @@ class Session:
             hop.close()
 
 
-def _collect(channel: paramiko.Channel, deadline: float) -> tuple[bytes, bytes, float | None]:
-    """Read stdout and stderr until the remote side closes them, or raise TimeoutError."""
-    out, err = bytearray(), bytearray()
+class _Capped:
+    """Output kept up to a cap: the first `limit` bytes and the last 64 KiB."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, data: bytes) -> None:
+        room = self.limit - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > 2 * _KEEP_TAIL:
+                self.dropped += len(self.tail) - _KEEP_TAIL
+                del self.tail[:-_KEEP_TAIL]
+
+    def value(self) -> bytes:
+        if not self.dropped:
+            return bytes(self.head + self.tail)
+        note = f"\n[provisioner: {self.dropped} bytes of output left out (cap {self.limit})]\n"
+        return bytes(self.head) + note.encode() + bytes(self.tail)
+
+
+def _collect(
+    channel: paramiko.Channel, deadline: float, out: _Capped, err: _Capped
+) -> float | None:
+    """Read stdout and stderr until the remote side closes them, or raise TimeoutError;
+    return when the first byte came."""
     first: float | None = None
     while True:
         while channel.recv_ready():
             data = channel.recv(_CHUNK)
             if data and first is None:
                 first = time.time()
-            out += data
+            out.add(data)
         while channel.recv_stderr_ready():
-            err += channel.recv_stderr(_CHUNK)
+            err.add(channel.recv_stderr(_CHUNK))
         if (
             (channel.eof_received or channel.closed)
             and not channel.recv_ready()
             and not channel.recv_stderr_ready()
         ):
-            return bytes(out), bytes(err), first
+            return first
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError

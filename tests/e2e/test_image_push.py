@@ -23,6 +23,7 @@ from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.lab.engine import client, exec_rc
 from provisioner.lab.images import ensure_base_image
 from provisioner.lab.nodes import LabInfo
+from provisioner.remote import Session
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
 OLDER_TAG = "provisioner/ray:torch-stage"
@@ -189,22 +190,42 @@ def test_an_interrupted_push_leaves_no_tagged_partial_image_and_a_rerun_complete
     assert image_on(node, CLUSTER_TAG) == pin.image_id
 
 
+def authorized_keys(node: Node) -> bytes:
+    import base64
+
+    rc, out = on_node(node, f"base64 -w0 /home/{node.ssh.user}/.ssh/authorized_keys")
+    assert rc == 0, out
+    return base64.b64decode(out.strip())
+
+
 def test_relay_sends_about_one_image_from_the_control_machine(
     inventory: Inventory, pin: Pin
 ) -> None:
-    for node in inventory.nodes:
-        wipe(node)
+    # One worker's authorized_keys lacks its final newline (as an editor may leave it): the
+    # relay key must not glue onto the user's key, and its removal must not take it along.
+    glued = inventory.workers[0]
+    keys = f"/home/{glued.ssh.user}/.ssh/authorized_keys"
+    on_node(glued, f'[ -z "$(tail -c 1 {keys})" ] && truncate -s -1 {keys}')
+    before = {w.name: authorized_keys(w) for w in inventory.workers}
+    assert not before[glued.name].endswith(b"\n")
+    try:
+        for node in inventory.nodes:
+            wipe(node)
 
-    report = push_image(inventory, pin, PushOptions(relay=True), print)
+        report = push_image(inventory, pin, PushOptions(relay=True), print)
 
-    assert_ok(report)
-    for node in inventory.nodes:
-        assert image_on(node, CLUSTER_TAG) == pin.image_id
-    assert report.nodes[inventory.head.name].via == "control"
-    assert all(report.nodes[w.name].via == inventory.head.name for w in inventory.workers)
-    assert pin.size * 0.9 < report.control_bytes < pin.size * 1.1
-    for node in inventory.workers:  # the temporary key is gone again
-        _, out = on_node(
-            node, f"grep -c provisioner-relay /home/{node.ssh.user}/.ssh/authorized_keys || true"
-        )
-        assert out.strip() == "0", out
+        assert_ok(report)
+        for node in inventory.nodes:
+            assert image_on(node, CLUSTER_TAG) == pin.image_id
+        assert report.nodes[inventory.head.name].via == "control"
+        assert all(report.nodes[w.name].via == inventory.head.name for w in inventory.workers)
+        assert pin.size * 0.9 < report.control_bytes < pin.size * 1.1
+        for node in inventory.workers:  # the temporary key is gone, the file as it was
+            assert authorized_keys(node) == before[node.name], node.name
+            session = Session.connect(node)  # the user's own key still logs in
+            try:
+                assert session.run("echo in", timeout=30).stdout.strip() == "in"
+            finally:
+                session.close()
+    finally:
+        on_node(glued, f'[ -n "$(tail -c 1 {keys})" ] && echo >> {keys}')

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from provisioner.errors import RemoteError
-from provisioner.image import push
+from provisioner.image import direct
+from provisioner.image.direct import PushOptions, push_node
 from provisioner.image.plan import NodePlan
-from provisioner.image.push import PushOptions, push_node
 from provisioner.inventory import Node, SSHSettings
 from tests.unit.test_image_lock import make_pin
 
@@ -36,9 +36,9 @@ def run(monkeypatch: pytest.MonkeyPatch, failures: list[str], retries: int = 2) 
             raise RemoteError("n1", "broke", kind=failures[len(calls) - 1])
         return 1000, 10
 
-    monkeypatch.setattr(push, "gather_plan", lambda *_: NodePlan("send", 1, ("x",), 0))
-    monkeypatch.setattr(push, "stream_layers", stream)
-    monkeypatch.setattr(push, "verify_and_tag", lambda *_: None)
+    monkeypatch.setattr(direct, "gather_plan", lambda *_: NodePlan("send", 1, ("x",), 0))
+    monkeypatch.setattr(direct, "stream_layers", stream)
+    monkeypatch.setattr(direct, "verify_and_tag", lambda *_: None)
     pool = FakePool()
     outcome = push_node(pool, NODE, make_pin(), PushOptions(retries=retries), lambda _: None)  # type: ignore[arg-type]
     return outcome, pool, calls

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import shlex
 import subprocess
 import sys
@@ -99,18 +101,105 @@ def test_corrupt_or_cut_results_are_reported_not_extracted(tmp_path: Path) -> No
     assert found.files == []
 
 
-def test_extract_refuses_paths_outside_the_destination(tmp_path: Path) -> None:
+def _block(files: dict[str, bytes], links: dict[str, str] | None = None) -> list[str]:
+    """A results block as a hostile job could print it (any archive, its own digest)."""
     import io
     import tarfile
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        info = tarfile.TarInfo("../escape.txt")
-        info.size = 1
-        tar.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(tarfile.OutsideDestinationError):
-        pr.extract(buffer.getvalue(), tmp_path / "dest")
-    assert not (tmp_path / "escape.txt").exists()
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    data = buffer.getvalue()
+    text = base64.b64encode(data).decode()
+    return [
+        f"{pr.BEGIN} {len(data)} {hashlib.sha256(data).hexdigest()}",
+        f"{pr.DATA} {text}",
+        pr.END,
+    ]
+
+
+def test_a_forged_block_cannot_write_outside_the_job_directory(tmp_path: Path) -> None:
+    forged = _block({"../../.venv/lib/evil.pth": b"import os"}, {"link": "/etc"})
+    found = bring_home("\n".join(["training...", *forged]), tmp_path / "results" / "j1")
+    assert found.refused is not None and "climbs out" in found.refused.message
+    assert found.files == []
+    assert {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")} == {
+        "results",
+        "results/j1",
+        "results/j1/job.log",
+    }
+    forged = _block({"ok.txt": b"1"}, {"link": "/etc"})
+    found = bring_home("\n".join(forged), tmp_path / "results" / "j2")
+    assert found.refused is not None and "symbolic link" in found.refused.message
+
+
+def test_injected_blocks_are_refused_or_never_seen(tmp_path: Path) -> None:
+    real = list(pr.pack(_results_dir(tmp_path)))
+    injected = _block({"summary.json": b'{"episode_return_mean": 999}'})
+    # a second block anywhere: none is taken
+    with pytest.raises(pr.ResultsError, match="more than one results block"):
+        pr.unpack(pr.split_lines("\n".join([*injected, "noise", *real])))
+    # hidden behind a carriage return or a record separator: not a results line at all
+    for sep in ("\r", "\x1e", "\x1c", "\u2028"):
+        log = "\n".join([*(f"progress{sep}{line}" for line in injected), *real])
+        assert pr.split_lines(log)[0].startswith("progress")
+        found = bring_home(log, tmp_path / f"home{ord(sep)}")
+        assert found.summary == {"episode_return_mean": 35.0}, sep
+
+
+@pytest.mark.parametrize(
+    ("lines", "why"),
+    [
+        ([f"{pr.BEGIN} 12", f"{pr.DATA} AAAA", pr.END], "bad results header"),
+        ([f"{pr.BEGIN} x {'0' * 64}", f"{pr.DATA} AAAA", pr.END], "bad results header"),
+        ([f"{pr.BEGIN} 3 {'0' * 64}", f"{pr.DATA} !!notbase64", pr.END], "not valid base64"),
+        ([f"{pr.BEGIN} 3 {'0' * 64}", f"{pr.DATA} \u00e9\u00e9", pr.END], "not valid base64"),
+        ([f"{pr.BEGIN} 3 {'0' * 64}", f"{pr.DATA} AAAA", pr.END], "digest"),
+    ],
+)
+def test_a_bad_header_or_base64_is_a_clear_error(
+    tmp_path: Path, lines: list[str], why: str
+) -> None:
+    with pytest.raises(pr.ResultsError, match=why):
+        pr.unpack(lines)
+    found = bring_home("\n".join(lines), tmp_path / "home")
+    assert found.missing is not None and why.split()[-1] in found.missing
+
+
+def test_the_packer_leaves_links_behind_and_the_rest_comes_home(tmp_path: Path) -> None:
+    src = _results_dir(tmp_path)
+    (src / "passwd").symlink_to("/etc/passwd")
+    (src / "up").symlink_to("..")
+    skipped: list[str] = []
+    lines = list(pr.pack(src, skipped))
+    assert sorted(skipped) == ["passwd", "up"]
+    found = bring_home("\n".join(lines), tmp_path / "home")
+    assert found.refused is None
+    assert sorted(p.name for p in found.files) == ["metrics.csv", "state.pkl", "summary.json"]
+
+
+def test_unreadable_result_files_are_named_not_fatal(tmp_path: Path) -> None:
+    lines = _block({"metrics.csv": b"env_steps\xff,x\n\xfe\x00,1\n", "summary.json": b"[1,"})
+    found = bring_home("\n".join(lines), tmp_path / "home")
+    assert found.refused is None and found.missing is None
+    assert found.summary is None
+    assert any(u.startswith("summary.json") for u in found.unreadable)
+
+
+def test_results_and_job_log_are_private(tmp_path: Path) -> None:
+    import stat
+
+    found = bring_home("\n".join(pr.pack(_results_dir(tmp_path))), tmp_path / "home")
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in found.directory.rglob("*") if p.is_file()}
+    assert modes == {0o600}
+    assert stat.S_IMODE(found.directory.stat().st_mode) == 0o700
 
 
 def test_line_splitter_joins_chunks_and_hides_results_lines() -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from provisioner import logs
+from provisioner.cluster import logs
 
 
 def names(text: str) -> set[str]:

@@ -132,3 +132,21 @@ def test_translate_changed_host_key_gives_exact_fix(
 def test_host_key_name() -> None:
     assert host_key_name("10.0.0.1", 22) == "10.0.0.1"
     assert host_key_name("10.0.0.1", 2222) == "[10.0.0.1]:2222"
+
+
+def test_output_past_the_cap_is_drained_counted_and_said() -> None:
+    from provisioner.remote.session import _KEEP_TAIL, _Capped
+
+    kept = _Capped(1000)
+    for i in range(100):
+        kept.add(bytes([65 + i % 26]) * 10_000)  # 1 MB in all
+    text = kept.value()
+    assert text.startswith(b"A" * 1000)
+    tail = text.split(b"(cap 1000)]\n", 1)[1]
+    assert 1000 + kept.dropped + len(tail) == 1_000_000  # every byte kept or counted
+    assert b"bytes of output left out (cap 1000)" in text
+    assert len(text) <= 1000 + 2 * _KEEP_TAIL + 100
+    assert text.endswith(bytes([65 + 99 % 26]) * 10_000)
+    small = _Capped(1000)
+    small.add(b"ok\n")
+    assert (small.value(), small.dropped) == (b"ok\n", 0)

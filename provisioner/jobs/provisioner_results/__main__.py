@@ -20,11 +20,14 @@ def main(argv: list[str]) -> int:
     if not directory.is_dir():
         print(f"provisioner: no results directory {directory} to bring home", file=sys.stderr)
         return 0
+    skipped: list[str] = []
     try:
-        for line in pack(directory):
+        for line in pack(directory, skipped):
             sys.stdout.write(line + "\n")
     except ResultsError as exc:
         print(f"provisioner: results not sent: {exc}", file=sys.stderr)
+    for name in skipped:
+        print(f"provisioner: {name} not sent (not a regular file or directory)", file=sys.stderr)
     sys.stdout.flush()
     return 0
 

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import base64
-import io
+import binascii
+import os
 import re
-import tarfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from provisioner.cluster import layout
 from provisioner.console import Reporter, quiet
+from provisioner.errors import ReceiveError
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, Session, fan_out
+from provisioner.remote.receive import Limits, receive_tar
+
+# What one node's logs may bring home (Ray's session logs are usually a few MiB).
+LIMITS = Limits(
+    members=20_000,
+    file_bytes=256 * 1024 * 1024,
+    total_bytes=512 * 1024 * 1024,
+    compressed_bytes=128 * 1024 * 1024,
+)
+_LINE_CHARS = 64 * 1024  # a longer line is triaged in pieces
 
 
 @dataclass(frozen=True)
@@ -120,17 +131,27 @@ def triage_text(text: str) -> list[Finding]:
 
 
 def triage_dir(root: Path) -> list[Finding]:
-    """Every known error in ROOT/NODE/** (text files only)."""
+    """Every known error in ROOT/NODE/** (text files only). A file that cannot be read
+    (a name too long for this filesystem, a permission) is passed over, never fatal."""
     findings: list[Finding] = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in _files(root):
         rel = path.relative_to(root)
-        node = rel.parts[0]
+        if len(rel.parts) < 2:
+            continue
         try:
             with path.open(errors="replace") as f:
-                findings += triage_lines(f, node=node, file=str(Path(*rel.parts[1:])))
+                lines: Iterator[str] = iter(lambda: f.readline(_LINE_CHARS), "")
+                findings += triage_lines(lines, node=rel.parts[0], file=str(Path(*rel.parts[1:])))
         except OSError:
             continue
     return findings
+
+
+def _files(root: Path) -> list[Path]:
+    found: list[Path] = []
+    for folder, _dirs, files in os.walk(root):  # errors (unreadable folders) are skipped
+        found += [Path(folder) / name for name in files]
+    return sorted(found)
 
 
 def _ray_logs_dir(inventory: Inventory) -> str:
@@ -148,6 +169,8 @@ def collect_command(inventory: Inventory) -> str:
         "t=$(mktemp -d) && trap 'rm -rf \"$t\"' EXIT && "
         f'docker logs --timestamps {name} >"$t/container.log" 2>&1; '
         f'( {_ray_logs_dir(inventory)} && [ -n "$s" ] && cp -r "$s/logs" "$t/ray" ); '
+        # only regular files and directories travel: the control machine refuses the rest
+        'find "$t" -mindepth 1 ! -type f ! -type d -exec rm -f {} +; '
         'tar -C "$t" -czf - . | base64 -w0'
     )
 
@@ -167,13 +190,21 @@ def tail_node(session: Session, inventory: Inventory) -> str:
     return text
 
 
-def _extract(blob: str, target: Path) -> None:
-    data = base64.b64decode(blob.strip() or b"")
-    target.mkdir(parents=True, exist_ok=True)
+def receive_logs(blob: str, target: Path, node: str, *, limits: Limits = LIMITS) -> None:
+    """Unpack a node's base64 tar.gz of logs into `target` (see provisioner.remote.receive)."""
+    what = f"the logs of {node}"
+    try:
+        data = base64.b64decode(blob.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise ReceiveError(
+            f"refused {what}: the node's answer is not base64",
+            f"run `provisioner logs` again; if it repeats, check `tar` and `base64` on {node}",
+            where=node,
+        ) from None
     if not data:
+        target.mkdir(parents=True, exist_ok=True, mode=0o700)
         return
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(target, filter="data")
+    receive_tar(data, target, limits=limits, what=what, where=node)
 
 
 @dataclass
@@ -199,11 +230,19 @@ def collect(
 
     def one(node: Node) -> str:
         report(f"{node.name}: collecting logs")
-        result = pool.session(node).run(collect_command(inventory), timeout=120)
+        cap = LIMITS.compressed_bytes * 4 // 3 + 4
+        result = pool.session(node).run(collect_command(inventory), timeout=120, max_output=cap)
         result.check()
-        _extract(result.stdout, directory / node.name)
+        if result.dropped:
+            raise ReceiveError(
+                f"refused the logs of {node.name}: over {LIMITS.compressed_bytes} bytes compressed",
+                f"clear old Ray sessions on {node.name} (`provisioner down`, then `up`)",
+                where=node.name,
+            )
+        receive_logs(result.stdout, directory / node.name, node.name)
         return node.name
 
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     group = fan_out(inventory.nodes, one, deadline=150)
     errors: dict[str, str] = {k: str(v) for k, v in group.errors.items()}
     return Collected(directory, sorted(group.results), errors, triage_dir(directory))

@@ -1,0 +1,49 @@
+"""This machine, the control machine: where provisioner keeps its state, its Docker engine
+and the tools it runs. Neutral ground for the library and the lab alike."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from functools import cache
+from pathlib import Path
+
+import docker
+from docker.errors import DockerException
+
+from provisioner.errors import PrerequisiteError
+
+
+def state_root() -> Path:
+    """Where provisioner keeps state: $PROVISIONER_STATE_DIR, else $XDG_STATE_HOME/provisioner,
+    else ~/.local/state/provisioner."""
+    env = os.environ.get("PROVISIONER_STATE_DIR")
+    if env:
+        return Path(env).expanduser().resolve()
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base).expanduser().resolve() / "provisioner"
+
+
+@cache
+def docker_client() -> docker.DockerClient:
+    """A docker SDK client for the local engine, or a PrerequisiteError saying how to start one."""
+    try:
+        c = docker.from_env(timeout=300)
+        c.ping()
+    except DockerException as exc:
+        raise PrerequisiteError(
+            f"no Docker engine answers on this machine ({exc.__class__.__name__})",
+            "install docker.io and start it: `apt-get install -y docker.io` then "
+            "`dockerd >/var/log/dockerd.log 2>&1 &` (or `systemctl start docker`)",
+        ) from exc
+    return c
+
+
+def need(tool: str, package: str) -> str:
+    """Path of a tool this machine needs, or a PrerequisiteError naming the package."""
+    path = shutil.which(tool)
+    if path is None:
+        raise PrerequisiteError(
+            f"`{tool}` is not installed on this machine", f"apt-get install -y {package}"
+        )
+    return path

@@ -1,0 +1,365 @@
+"""Receive files from the cluster: the one way anything a node or a job sends lands here.
+
+A node may be compromised and a job's code may be hostile, so everything that comes
+home (collected logs, a job's results, files fetched one by one) goes through this
+module, which holds these rules whatever the transport:
+
+- only regular files and directories: links, hard links, devices, FIFOs are refused;
+- names are relative, without `..`, control characters or undecodable bytes;
+- bounded: member count, bytes per file, total bytes, and compressed bytes read;
+- written by this code (never `tarfile.extractall`) into a fresh directory made with
+  exclusive creation next to the destination, through directory descriptors with
+  `O_NOFOLLOW` and files with `O_CREAT | O_EXCL`, so nothing can redirect a write;
+- private modes (directories 0700, files 0600), whatever the archive says;
+- moved into place with one rename when complete; on any refusal the fresh directory
+  is removed and nothing is left at the destination.
+
+API:
+
+- `Limits(members, file_bytes, total_bytes, compressed_bytes)`: the bounds.
+- `receive_tar(source, destination, *, limits, what, where, gzipped=True) -> Received`:
+  a tar (gzip by default) given as bytes or a binary stream, unpacked into
+  `destination`, which must not exist yet (or be an empty directory).
+- `Receiver(destination, *, limits, what, where)`: for transports that fetch file by
+  file (SFTP, rsync-like): `add_directory(name)`, `add_file(name, chunks) ->
+  ReceivedFile` (size and sha256 computed while writing), then `commit() -> Received`;
+  as a context manager it removes everything unless committed.
+- `check_name(name) -> tuple[str, ...]`: the safe parts of a relative name, or ReceiveError.
+
+Every refusal is a `ReceiveError` (provisioner/errors.py) naming what, where and a fix.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import hashlib
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Iterable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO
+
+from provisioner.errors import ReceiveError
+
+MiB = 1024 * 1024
+_CHUNK = 1 << 16
+_NAME_BYTES = 4096  # longest relative name accepted (Linux PATH_MAX)
+_PART_BYTES = 255  # longest single name component (Linux NAME_MAX)
+_HEADER_ALLOWANCE = 4 * 512  # tar headers, long-name and pax records, padding, per member
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+HOSTILE_FIX = (
+    "nothing was written; find out what on {where} produced it (a hostile job, or a "
+    "compromised node) before trusting what it sends"
+)
+SIZE_FIX = "nothing was written; make {where} send less (fewer or smaller files)"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one transfer may bring home."""
+
+    members: int = 10_000
+    file_bytes: int = 256 * MiB
+    total_bytes: int = 512 * MiB
+    compressed_bytes: int = 256 * MiB
+
+
+@dataclass(frozen=True)
+class ReceivedFile:
+    name: str  # relative, as sent
+    size: int
+    sha256: str
+
+
+@dataclass
+class Received:
+    """What landed: the destination and the files in it (in the order they came)."""
+
+    directory: Path
+    files: list[Path] = field(default_factory=list)
+    total_bytes: int = 0
+
+
+def check_name(name: str, *, what: str = "a file", where: str = "the cluster") -> tuple[str, ...]:
+    """The components of a safe relative name (`.` parts dropped); refuses the rest."""
+
+    def refuse(why: str) -> ReceiveError:
+        return ReceiveError(
+            f"refused {what}: the name {name!r} {why}",
+            HOSTILE_FIX.format(where=where),
+            where=where,
+        )
+
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in name):
+        raise refuse("is not valid UTF-8")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise refuse("holds control characters")
+    if name.startswith("/"):
+        raise refuse("is absolute")
+    if len(name.encode()) > _NAME_BYTES:
+        raise refuse(f"is longer than {_NAME_BYTES} bytes")
+    parts = tuple(p for p in name.split("/") if p not in ("", "."))
+    if ".." in parts:
+        raise refuse("climbs out with `..`")
+    if any(len(p.encode()) > _PART_BYTES for p in parts):
+        raise refuse(f"has a component longer than {_PART_BYTES} bytes")
+    return parts
+
+
+class Receiver:
+    """A fresh private directory beside `destination`, filled file by file, then moved
+    into place by `commit()`. Without a commit (a refusal, an exception) it is removed."""
+
+    def __init__(self, destination: Path, *, limits: Limits, what: str, where: str) -> None:
+        self.destination = Path(os.path.abspath(destination))
+        self.limits = limits
+        self.what = what
+        self.where = where
+        self.members = 0
+        self.total = 0
+        self._names: list[tuple[str, ...]] = []
+        self.destination.parent.mkdir(parents=True, exist_ok=True)
+        self.staging = Path(
+            tempfile.mkdtemp(prefix=".receiving-", dir=self.destination.parent)
+        )  # mkdtemp: exclusive creation, mode 0700
+        self._root: int | None = os.open(self.staging, _DIR_FLAGS)
+        os.fchmod(self._root, 0o700)
+
+    # -- errors -------------------------------------------------------------------
+    def refuse(self, why: str, *, size: bool = False) -> ReceiveError:
+        fix = (SIZE_FIX if size else HOSTILE_FIX).format(where=self.where)
+        return ReceiveError(f"refused {self.what}: {why}", fix, where=self.where)
+
+    def _os_error(self, name: str, exc: OSError) -> ReceiveError:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return ReceiveError(
+                f"cannot write {self.what} ({name}): {exc.strerror}",
+                f"free space under {self.destination.parent}, then run again",
+                where=self.where,
+            )
+        return self.refuse(f"{name!r} cannot be written ({exc.strerror})")
+
+    # -- writing ------------------------------------------------------------------
+    def _count(self) -> None:
+        self.members += 1
+        if self.members > self.limits.members:
+            raise self.refuse(f"more than {self.limits.members} files and directories", size=True)
+
+    def _open_dir(self, parts: tuple[str, ...], name: str) -> int:
+        """A descriptor of the directory `parts` under the root, made as needed (0700);
+        never follows a link."""
+        if self._root is None:
+            raise self.refuse("the transfer was already finished")
+        fd = os.dup(self._root)
+        try:
+            for part in parts:
+                with suppress(FileExistsError):
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                try:
+                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+                        raise self.refuse(f"{name!r} is both a file and a directory") from None
+                    raise
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def add_directory(self, name: str) -> None:
+        """Make directory `name` (relative; 0700)."""
+        parts = check_name(name, what=self.what, where=self.where)
+        self._count()
+        try:
+            os.close(self._open_dir(parts, name))
+        except OSError as exc:
+            raise self._os_error(name, exc) from None
+
+    def add_file(
+        self, name: str, chunks: Iterable[bytes], *, size: int | None = None
+    ) -> ReceivedFile:
+        """Write file `name` (relative; 0600) from `chunks`, within the limits; a name
+        already received is refused. `size`, when the sender declared one, is checked
+        before anything is written."""
+        parts = check_name(name, what=self.what, where=self.where)
+        if not parts:
+            raise self.refuse(f"{name!r} names the top directory, not a file")
+        self._count()
+        if size is not None:
+            self._check_size(name, size, 0, declared=size)
+        digest = hashlib.sha256()
+        written = 0
+        try:
+            parent = self._open_dir(parts[:-1], name)
+            try:
+                fd = os.open(parts[-1], _FILE_FLAGS, 0o600, dir_fd=parent)
+            except FileExistsError:
+                os.close(parent)
+                raise self.refuse(f"{name!r} comes twice") from None
+            except OSError as exc:
+                os.close(parent)
+                if exc.errno == errno.ELOOP:
+                    raise self.refuse(f"{name!r} would follow a link") from None
+                raise
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    os.fchmod(fd, 0o600)
+                    for chunk in chunks:
+                        written += len(chunk)
+                        self._check_size(name, written, len(chunk))
+                        out.write(chunk)
+                        digest.update(chunk)
+            except BaseException:
+                os.unlink(parts[-1], dir_fd=parent)  # no partial file stays behind
+                raise
+            finally:
+                os.close(parent)
+        except OSError as exc:
+            raise self._os_error(name, exc) from None
+        self._names.append(parts)
+        return ReceivedFile("/".join(parts), written, digest.hexdigest())
+
+    def _check_size(self, name: str, file_size: int, more: int, *, declared: int = 0) -> None:
+        if file_size > self.limits.file_bytes:
+            raise self.refuse(
+                f"{name!r} is over {self.limits.file_bytes} bytes (the limit per file)", size=True
+            )
+        self.total += more
+        if self.total + declared > self.limits.total_bytes:
+            raise self.refuse(
+                f"more than {self.limits.total_bytes} bytes in all (the limit)", size=True
+            )
+
+    # -- finishing ----------------------------------------------------------------
+    def _close_root(self) -> None:
+        if self._root is not None:
+            os.close(self._root)
+            self._root = None
+
+    def commit(self) -> Received:
+        """Move the received tree to `destination` (which must be absent or empty)."""
+        self._close_root()
+        try:
+            os.rename(self.staging, self.destination)
+        except OSError as exc:
+            self.abort()
+            raise ReceiveError(
+                f"cannot put {self.what} at {self.destination}: {exc.strerror}",
+                "choose a directory that does not exist yet (or remove that one), then run again",
+                where=self.where,
+            ) from None
+        files = [self.destination.joinpath(*parts) for parts in self._names]
+        return Received(self.destination, files, self.total)
+
+    def abort(self) -> None:
+        """Remove everything received so far."""
+        self._close_root()
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.staging.exists():
+            self.abort()
+
+
+class _Bounded(io.RawIOBase):
+    """Reads through to `inner`, refusing to go past `limit` bytes."""
+
+    def __init__(self, inner: BinaryIO | gzip.GzipFile, limit: int, refuse: ReceiveError) -> None:
+        self.inner = inner
+        self.left = limit
+        self.error = refuse
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self.inner.read(min(len(buffer), self.left + 1))
+        if len(data) > self.left:
+            raise self.error
+        self.left -= len(data)
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _kind(member: tarfile.TarInfo) -> str:
+    if member.issym():
+        return f"a symbolic link (to {member.linkname!r})"
+    if member.islnk():
+        return f"a hard link (to {member.linkname!r})"
+    if member.ischr() or member.isblk():
+        return "a device"
+    if member.isfifo():
+        return "a FIFO"
+    if member.issparse():
+        return "a sparse file"
+    return f"of tar type {member.type!r}"
+
+
+def receive_tar(
+    source: bytes | BinaryIO,
+    destination: Path,
+    *,
+    limits: Limits,
+    what: str,
+    where: str,
+    gzipped: bool = True,
+) -> Received:
+    """Unpack the tar in `source` into `destination` under the rules above."""
+    raw: BinaryIO = io.BytesIO(source) if isinstance(source, bytes) else source
+    with Receiver(destination, limits=limits, what=what, where=where) as receiver:
+        compressed = _Bounded(
+            raw,
+            limits.compressed_bytes,
+            receiver.refuse(f"more than {limits.compressed_bytes} bytes compressed", size=True),
+        )
+        plain: BinaryIO | gzip.GzipFile = (
+            gzip.GzipFile(fileobj=io.BufferedReader(compressed), mode="rb")
+            if gzipped
+            else io.BufferedReader(compressed)
+        )
+        bound = limits.total_bytes + limits.members * _HEADER_ALLOWANCE
+        stream = io.BufferedReader(
+            _Bounded(
+                plain,
+                bound,
+                receiver.refuse(f"more than {bound} bytes once uncompressed", size=True),
+            )
+        )
+        try:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                for member in tar:
+                    _receive_member(tar, member, receiver)
+        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise receiver.refuse(f"not a valid archive ({exc or type(exc).__name__})") from None
+        return receiver.commit()
+
+
+def _receive_member(tar: tarfile.TarFile, member: tarfile.TarInfo, receiver: Receiver) -> None:
+    if member.isdir():
+        receiver.add_directory(member.name)
+    elif member.isreg() and not member.issparse():
+        data = tar.extractfile(member)
+        assert data is not None  # a regular member always has a reader
+        receiver.add_file(member.name, iter(lambda: data.read(_CHUNK), b""), size=member.size)
+    else:
+        check_name(member.name, what=receiver.what, where=receiver.where)
+        raise receiver.refuse(f"{member.name!r} is {_kind(member)}")
