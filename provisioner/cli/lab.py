@@ -52,17 +52,30 @@ def up(
             envvar="PROVISIONER_IMAGE_LOCK",
         ),
     ] = None,
+    runtime: Annotated[
+        str,
+        typer.Option(
+            "--runtime",
+            help="docker: nodes with Docker, for the pinned image; host: nodes with Ray, RLlib "
+            "and torch in a virtualenv (from images/requirements.lock and the wheelhouse) on "
+            "the login shell's PATH only.",
+        ),
+    ] = "docker",
+    images_dir: Annotated[
+        Path,
+        typer.Option("--images", help="host: the images directory (lock and wheelhouse)."),
+    ] = Path("images"),
     json_: JsonOption = False,
 ) -> None:
     """Create (or repair) the lab and write its inventory, key and known_hosts."""
     out = output(json_)
-    cfg = LabConfig.from_env(name=name, subnet=subnet, nodes=nodes)
+    cfg = LabConfig.from_env(name=name, subnet=subnet, nodes=nodes, runtime=runtime)
     if image_lock is None and DEFAULT_LOCK.exists():
         image_lock = DEFAULT_LOCK
     from provisioner.lab.nodes import lab_up
 
     with out.step(f"lab {cfg.name}: {cfg.nodes} nodes on {cfg.subnet}"):
-        lab = lab_up(cfg, out.progress, image_lock)
+        lab = lab_up(cfg, out.progress, image_lock, images_dir)
     if json_:
         out.emit(lab.to_json())
         return

@@ -27,7 +27,9 @@ from provisioner.inventory.fields import (
     check_jump,
     check_name,
     check_port,
+    check_python,
     check_resource_map,
+    check_runtime,
     check_string_map,
     check_user,
     closest,
@@ -42,6 +44,8 @@ PROVISIONER_VARS = {
     "provisioner_host_key_policy": HOST_KEY_POLICIES_TEXT,
     "provisioner_jump": "jump host(s): [user@]host[:port][,...]",
     "provisioner_image_lock": "image lock file",
+    "provisioner_runtime": "docker | host",
+    "provisioner_ray_python": "host runtime: the interpreter Ray runs with",
     "provisioner_resources": "Ray resources of a host",
     "provisioner_labels": "Ray labels of a host",
 }
@@ -254,6 +258,12 @@ def to_raw(path: Path, document: dict[str, Any]) -> RawInventory:
         known_hosts=(relative_path(path, str(known)),) if known else (),
         host_key_policy=policy,
         image_lock=relative_path(path, str(lock)) if lock else None,
+        runtime=check_runtime(
+            str(common.get("provisioner_runtime", "docker")), top, "provisioner_runtime"
+        ),
+        ray_python=check_python(
+            common.get("provisioner_ray_python"), top, "provisioner_ray_python"
+        ),
     )
 
 

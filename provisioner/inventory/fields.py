@@ -22,6 +22,7 @@ _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$")
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 _CLUSTER = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+_PYTHON = re.compile(r"^/[A-Za-z0-9_./+-]{1,255}$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 # One table per settings schema: name -> what it holds (used for errors and docs).
@@ -31,7 +32,8 @@ TOP_FIELDS = {
     "head": "the head node: an address or {name, address, ...}",
     "workers": "a list of worker nodes: addresses or {name, address, ...}",
     "image": "the image pin: {lock: PATH}",
-    "ray": "Ray settings: {ports, shm_size, object_store_memory}",
+    "ray": "Ray settings: {ports, shm_size, object_store_memory, python}",
+    "runtime": "how Ray runs on the nodes: docker (the pinned image) | host (the node's Python)",
 }
 SSH_FIELDS = {
     "user": "login user",
@@ -57,6 +59,8 @@ RAY_FIELDS = {
     "ports": "Ray's ports: {gcs, dashboard, client, ...}",
     "shm_size": "size of /dev/shm for the Ray container (bytes or 8GiB)",
     "object_store_memory": "object store size (bytes or 4GiB)",
+    "python": "host runtime: the interpreter Ray runs with (absolute path; default: a login "
+    "shell's `ray`)",
 }
 
 
@@ -184,6 +188,31 @@ def check_jump(value: Any, where: Where, field: str) -> str | None:
         if port:
             check_port(port, where, field)
     return text
+
+
+def check_runtime(value: Any, where: Where, field: str) -> str:
+    from provisioner.runtime import names
+
+    known = names()
+    if value not in known:
+        raise where.error(
+            field,
+            f"expected {' | '.join(known)}, got {value!r}",
+            "docker: Ray in the pinned image; host: Ray from each node's own Python",
+        )
+    return str(value)
+
+
+def check_python(value: Any, where: Where, field: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _PYTHON.match(value):
+        raise where.error(
+            field,
+            f"expected an absolute path to a Python interpreter, got {value!r}",
+            "e.g. /opt/venv/bin/python (letters, digits, / . _ + - only)",
+        )
+    return value
 
 
 def check_size(value: Any, where: Where, field: str) -> int | None:

@@ -106,6 +106,8 @@ class Inventory:
     image_lock: Path | None = None
     shm_size: int | None = None  # bytes; None: about 30% of the node's memory
     object_store_memory: int | None = None  # bytes; None: Ray's default
+    runtime: str = "docker"  # how Ray runs on the nodes: a module of provisioner.runtime
+    ray_python: str | None = None  # host runtime: the interpreter (None: a login shell's `ray`)
 
     @property
     def nodes(self) -> tuple[Node, ...]:

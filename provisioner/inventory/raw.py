@@ -48,6 +48,8 @@ class RawInventory:
     image_lock: Path | None = None
     shm_size: int | None = None
     object_store_memory: int | None = None
+    runtime: str = "docker"
+    ray_python: str | None = None
 
 
 def relative_path(base: Path, value: str) -> Path:

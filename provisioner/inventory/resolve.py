@@ -255,4 +255,6 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
         image_lock=raw.image_lock,
         shm_size=raw.shm_size,
         object_store_memory=raw.object_store_memory,
+        runtime=raw.runtime,
+        ray_python=raw.ray_python,
     )
