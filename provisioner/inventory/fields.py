@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import ipaddress
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -109,6 +110,9 @@ def check_keys(
 
 
 def check_name(value: Any, where: Where, field: str) -> str:
+    if isinstance(value, str) and ":" in value:  # an IPv6 address used as a host's name
+        with contextlib.suppress(ValueError):
+            return str(ipaddress.IPv6Address(value))
     if not isinstance(value, str) or not _NAME.match(value):
         raise where.error(
             field,
@@ -166,22 +170,30 @@ def check_number(value: Any, where: Where, field: str, *, zero_ok: bool = False)
         with contextlib.suppress(ValueError):
             value = float(value)
     bad = isinstance(value, bool) or not isinstance(value, int | float)
-    if bad or value < 0 or (value == 0 and not zero_ok):
-        raise where.error(field, f"expected a positive number, got {value!r}", "use e.g. 10")
+    if bad or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        expected = "a number, 0 or more" if zero_ok else "a positive number"
+        raise where.error(field, f"expected {expected}, got {value!r}", "use e.g. 10")
     return float(value)
 
 
 def check_jump(value: Any, where: Where, field: str) -> str | None:
+    """ProxyJump: [user@]host[:port] or ssh://[user@]host[:port], several joined by commas."""
     if value is None:
         return None
     text = str(value)
-    user, _, rest = text.rpartition("@")
-    host, _, port = rest.partition(":")
-    if user:
-        check_user(user, where, field)
-    check_address(host, where, field)
-    if port:
-        check_port(port, where, field)
+    for spec in text.split(","):
+        spec = spec.strip().removeprefix("ssh://").rstrip("/")
+        user, _, rest = spec.rpartition("@")
+        if rest.startswith("["):
+            host, _, tail = rest[1:].partition("]")
+            port = tail.removeprefix(":")
+        else:
+            host, _, port = rest.partition(":")
+        if user:
+            check_user(user, where, field)
+        check_address(host, where, field)
+        if port:
+            check_port(port, where, field)
     return text
 
 
@@ -216,13 +228,18 @@ def check_size(value: Any, where: Where, field: str) -> int | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    match = _SIZE.match(str(value))
-    if not match:
+    match = None if isinstance(value, bool) else _SIZE.match(str(value))
+    size = 0
+    if match:
+        number, unit = float(match.group(1)), match.group(2).lower()
+        size = int(number * 1024 ** "_kmgt".index(unit or "_"))
+    if size < 1:
         raise where.error(
-            field, f"expected a size such as 8GiB or 4000000000, got {value!r}", "use e.g. 8GiB"
+            field,
+            f"expected a size above zero such as 8GiB or 4000000000, got {value!r}",
+            "use e.g. 8GiB, or leave it out for the default",
         )
-    number, unit = float(match.group(1)), match.group(2).lower()
-    return int(number * 1024 ** "_kmgt".index(unit or "_"))
+    return size
 
 
 def check_string_map(value: Any, where: Where, field: str) -> dict[str, str]:

@@ -147,6 +147,7 @@ def test_submit_without_the_token_is_refused(inventory: str, tmp_path: Path) -> 
     spec = make_spec(PLAYBOOKS / "ppo_cartpole.py")
     wrong = tmp_path / "wrong"
     wrong.write_text(secrets.token_hex(32))
+    wrong.chmod(0o600)  # a private file: the refusal must come from the cluster, not the mode check
     inv = load_inventory(Path(inventory))
     with pytest.raises(AuthRefused, match="requires a token"):
         submit(Target(inv, None, None), spec, tmp_path)
