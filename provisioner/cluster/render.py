@@ -75,6 +75,14 @@ def build_config(inventory: Inventory, token_path: Path, runtime: Runtime) -> di
             "set ssh.key in the inventory",
             where=str(inventory.path),
         )
+    routed = [n.name for n in inventory.nodes if n.ssh.hops or n.ssh.proxy_command]
+    if routed:
+        raise InputError(
+            f"{', '.join(routed)}: reached through a jump host or ProxyCommand, which Ray's"
+            " cluster.yaml (local provider) cannot say",
+            "use `provisioner up`, which goes through them, or reach these nodes directly",
+            where=str(inventory.path),
+        )
     worker = _worker_template(inventory)
     n = len(inventory.workers)
     section = runtime.render_section(Path(token_path).resolve())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import ipaddress
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -21,6 +22,13 @@ _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$")
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 _CLUSTER = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+# Ray's node label syntax (Kubernetes'): a name of 63 characters at most, alphanumeric at
+# both ends, `-_.` between; a key may have a DNS-style prefix and `/`. Ray splits
+# `--labels=k=v,k=v` on `,` and `=`, so a value holding them would reach it as other labels.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?"
+_LABEL_VALUE = re.compile(rf"^(?:{_LABEL})?$")
+_LABEL_KEY = re.compile(rf"^(?:(?=[^/]{{1,253}}/)(?:{_LABEL})(?:\.(?:{_LABEL}))*/)?{_LABEL}$")
+RAY_LABEL_PREFIX = "ray.io/"  # reserved for Ray's own labels
 _PYTHON = re.compile(r"^/[A-Za-z0-9_./+-]{1,255}$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -102,6 +110,9 @@ def check_keys(
 
 
 def check_name(value: Any, where: Where, field: str) -> str:
+    if isinstance(value, str) and ":" in value:  # an IPv6 address used as a host's name
+        with contextlib.suppress(ValueError):
+            return str(ipaddress.IPv6Address(value))
     if not isinstance(value, str) or not _NAME.match(value):
         raise where.error(
             field,
@@ -159,22 +170,30 @@ def check_number(value: Any, where: Where, field: str, *, zero_ok: bool = False)
         with contextlib.suppress(ValueError):
             value = float(value)
     bad = isinstance(value, bool) or not isinstance(value, int | float)
-    if bad or value < 0 or (value == 0 and not zero_ok):
-        raise where.error(field, f"expected a positive number, got {value!r}", "use e.g. 10")
+    if bad or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        expected = "a number, 0 or more" if zero_ok else "a positive number"
+        raise where.error(field, f"expected {expected}, got {value!r}", "use e.g. 10")
     return float(value)
 
 
 def check_jump(value: Any, where: Where, field: str) -> str | None:
+    """ProxyJump: [user@]host[:port] or ssh://[user@]host[:port], several joined by commas."""
     if value is None:
         return None
     text = str(value)
-    user, _, rest = text.rpartition("@")
-    host, _, port = rest.partition(":")
-    if user:
-        check_user(user, where, field)
-    check_address(host, where, field)
-    if port:
-        check_port(port, where, field)
+    for spec in text.split(","):
+        spec = spec.strip().removeprefix("ssh://").rstrip("/")
+        user, _, rest = spec.rpartition("@")
+        if rest.startswith("["):
+            host, _, tail = rest[1:].partition("]")
+            port = tail.removeprefix(":")
+        else:
+            host, _, port = rest.partition(":")
+        if user:
+            check_user(user, where, field)
+        check_address(host, where, field)
+        if port:
+            check_port(port, where, field)
     return text
 
 
@@ -209,13 +228,18 @@ def check_size(value: Any, where: Where, field: str) -> int | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    match = _SIZE.match(str(value))
-    if not match:
+    match = None if isinstance(value, bool) else _SIZE.match(str(value))
+    size = 0
+    if match:
+        number, unit = float(match.group(1)), match.group(2).lower()
+        size = int(number * 1024 ** "_kmgt".index(unit or "_"))
+    if size < 1:
         raise where.error(
-            field, f"expected a size such as 8GiB or 4000000000, got {value!r}", "use e.g. 8GiB"
+            field,
+            f"expected a size above zero such as 8GiB or 4000000000, got {value!r}",
+            "use e.g. 8GiB, or leave it out for the default",
         )
-    number, unit = float(match.group(1)), match.group(2).lower()
-    return int(number * 1024 ** "_kmgt".index(unit or "_"))
+    return size
 
 
 def check_string_map(value: Any, where: Where, field: str) -> dict[str, str]:
@@ -226,6 +250,31 @@ def check_string_map(value: Any, where: Where, field: str) -> dict[str, str]:
             field, f"expected a mapping of names to text, got {value!r}", "e.g. {zone: a}"
         )
     return {k: str(v) for k, v in value.items()}
+
+
+def check_label_map(value: Any, where: Where, field: str) -> dict[str, str]:
+    """Ray labels: each key and value as Ray's own label syntax allows (so Ray receives
+    exactly these labels, one each)."""
+    labels = check_string_map(value, where, field)
+    syntax = (
+        "63 characters at most, letters and digits at both ends, `-`, `_`, `.` between "
+        "(Ray's label syntax; a key may have a DNS prefix: example.com/zone)"
+    )
+    for key, text in labels.items():
+        if not _LABEL_KEY.match(key) or key.startswith(RAY_LABEL_PREFIX):
+            raise where.error(
+                f"{field}.{key[:60]}",
+                f"{key[:60]!r} is not a Ray label name",
+                f"use {syntax}, not starting with {RAY_LABEL_PREFIX}",
+            )
+        if not _LABEL_VALUE.match(text):
+            raise where.error(
+                f"{field}.{key}",
+                f"{text[:60]!r} is not a Ray label value (Ray would read `,` and `=` as other "
+                "labels)",
+                f"use {syntax}",
+            )
+    return labels
 
 
 def check_resource_map(value: Any, where: Where, field: str) -> dict[str, float]:

@@ -14,6 +14,17 @@ HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new")
 
 
 @dataclass(frozen=True)
+class Hop:
+    """One jump host on the way to a node (ProxyJump), resolved through ssh_config."""
+
+    name: str  # as ProxyJump names it (an alias, or user@host:port)
+    address: str
+    user: str
+    port: int = 22
+    key: Path | None = None
+
+
+@dataclass(frozen=True)
 class SSHSettings:
     """How to reach one node over SSH."""
 
@@ -24,8 +35,12 @@ class SSHSettings:
     # one records keys accepted under host_key_policy "accept-new".
     known_hosts: tuple[Path, ...] = ()
     host_key_policy: HostKeyPolicy = "strict"
-    jump: str | None = None  # user@host:port of a jump host
+    jump: str | None = None  # ProxyJump as written: [user@]host[:port][,...]
     connect_timeout: float = 10.0
+    # The route, first connection first: `hops` (ProxyJump, each resolved through
+    # ssh_config) and a ProxyCommand (tokens expanded) that opens the first connection.
+    hops: tuple[Hop, ...] = ()
+    proxy_command: str | None = None
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ MODULE_ORDER = (
     "test_doctor",
     "test_image_push",
     "test_cluster_lifecycle",
+    "test_ssh_routes",
     "test_ray_up",
     "test_jobs",
     "test_long_runs",

@@ -64,6 +64,22 @@ def test_workers_with_different_resources_are_refused(tmp_path: Path) -> None:
         render.build_config(inv, tmp_path / "t", docker_runtime(inv, "img"))
 
 
+def test_nodes_behind_a_jump_host_are_refused_not_dropped(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from provisioner.inventory import Hop
+
+    inv = make_inventory(tmp_path)
+    hidden = replace(
+        inv.workers[0],
+        ssh=replace(inv.head.ssh, hops=(Hop("bastion", "10.250.9.1", "lab"),)),
+    )
+    inv = type(inv)(inv.path, inv.cluster, inv.head, (hidden, *inv.workers[1:]))
+    with pytest.raises(InputError, match="jump host or ProxyCommand") as caught:
+        render.build_config(inv, "img", tmp_path / "t")
+    assert hidden.name in str(caught.value)
+
+
 def test_ray_rejects_a_bad_config_as_input_error(inv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     config = render.build_config(inv, tmp_path / "t", docker_runtime(inv, "img"))
     config["docker"]["no_such_field"] = 1
