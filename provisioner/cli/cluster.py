@@ -114,7 +114,9 @@ def up(
             out.emit({"stopped_by": "doctor", "doctor": stopped.preflight.to_json()})
         else:
             render_findings(out, stopped.preflight.report, show_ok=False)
-            out.err.print(f"[bold red]up stopped:[/bold red] {escape(stopped.fix or '')}")
+            out.err.print(
+                f"[bold red]up stopped:[/bold red] {escape(stopped.fix or '')}", markup=True
+            )
         raise typer.Exit(1) from None
     if json_:
         out.emit(result.to_json())

@@ -16,7 +16,9 @@ from provisioner.cli.common import JsonOption, output
 from provisioner.console import Output
 from provisioner.errors import InputError
 from provisioner.jobs import JobOutcome, make_spec, submit
+from provisioner.jobs.submit import upload_for, upload_line
 from provisioner.jobs.tables import read_rows
+from provisioner.jobs.upload import Upload
 
 InventoryFile = Annotated[
     Path | None,
@@ -84,6 +86,13 @@ def submit_cmd(
     address: AddressOption = None,
     token_file: TokenOption = None,
     results: ResultsOption = Path("results"),
+    show_upload: Annotated[
+        bool,
+        typer.Option(
+            "--show-upload",
+            help="List the files that would be sent (secrets left out) and stop; no cluster.",
+        ),
+    ] = False,
     json_: JsonOption = False,
 ) -> None:
     """Run PLAYBOOK on the cluster as a Ray job; its directory travels as the working_dir.
@@ -93,6 +102,9 @@ def submit_cmd(
     """
     out = output(json_)
     spec = make_spec(playbook, args or [])
+    if show_upload:
+        _show_upload(out, upload_for(spec), json_)
+        return
     on_line = out.progress if json_ else _echo(out)
     with _dashboard(inventory, address, token_file, out) as (url, token_path):
         outcome = submit(url, token_path, spec, results, on_line=on_line, report=out.progress)
@@ -104,6 +116,16 @@ def submit_cmd(
         raise typer.Exit(130)
     if not outcome.ok or outcome.results.refused is not None:
         raise typer.Exit(1)
+
+
+def _show_upload(out: Output, upload: Upload, json_: bool) -> None:
+    if json_:
+        out.emit({**upload.to_json(), "files": upload.files})
+        return
+    for name in upload.files:
+        out.say(name)
+    out.say(upload_line(upload))
+    out.say("(control it with .gitignore or .rayignore in that directory; see the README)")
 
 
 def _echo(out: Output) -> Callable[[str], None]:

@@ -33,6 +33,7 @@ class JobSpec:
     args: tuple[str, ...] = ()
     job_id: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    excludes: tuple[str, ...] = ()  # beyond EXCLUDES: the secrets found (jobs/upload.py)
 
     @property
     def working_dir(self) -> Path:
@@ -65,7 +66,7 @@ class JobSpec:
         PROVISIONER_RESULTS_DIR = this job's results directory."""
         return {
             "working_dir": str(self.working_dir),
-            "excludes": list(EXCLUDES),
+            "excludes": [*EXCLUDES, *self.excludes],
             "py_modules": [str(Path(provisioner_results.__file__).parent)],
             "env_vars": {RESULTS_ENV: self.results_dir, "PYTHONUNBUFFERED": "1", **self.env},
         }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,10 @@ from provisioner.console import Reporter, quiet
 from provisioner.errors import OperationError
 from provisioner.jobs.client import connect, ray_client_quiet, refused
 from provisioner.jobs.results import Results, bring_home, tail
-from provisioner.jobs.spec import JobSpec
+from provisioner.jobs.spec import EXCLUDES, JobSpec
 from provisioner.jobs.stream import follow
+from provisioner.jobs.upload import Upload, plan_upload
+from provisioner.local import state_root
 
 SUCCEEDED = "SUCCEEDED"
 STOPPED = "STOPPED"
@@ -35,6 +37,7 @@ class JobOutcome:
     log_tail: list[str] = field(default_factory=list)
     message: str = ""
     interrupted: bool = False
+    upload: Upload | None = None
 
     @property
     def ok(self) -> bool:
@@ -55,6 +58,7 @@ class JobOutcome:
             "results_refused": self.results.refused.to_json() if self.results.refused else None,
             "results_unreadable": self.results.unreadable,
             "log_tail": self.log_tail,
+            "upload": self.upload.to_json() if self.upload else None,
         }
 
 
@@ -69,11 +73,14 @@ def submit(
     stop_timeout: float = 60.0,
 ) -> JobOutcome:
     """Run `spec` on the cluster behind `dashboard_url` and return how it ended."""
+    upload = upload_for(spec)
+    spec = replace(spec, excludes=tuple(upload.excludes[len(EXCLUDES) :]))
     with ray_client_quiet():
         client = connect(dashboard_url, token_path)
         report(
             f"submitting {spec.playbook.name} as job {spec.job_id} (working_dir {spec.working_dir})"
         )
+        report(upload_line(upload))
         _submit(client, dashboard_url, token_path is not None, spec)
         interrupted = False
         try:
@@ -93,7 +100,21 @@ def submit(
             log_tail=[] if status == SUCCEEDED else tail(log, TAIL_LINES),
             message=message,
             interrupted=interrupted,
+            upload=upload,
         )
+
+
+def upload_for(spec: JobSpec) -> Upload:
+    """What Ray will send of the playbook's directory (secrets left out)."""
+    return plan_upload(spec.working_dir, [*EXCLUDES, *spec.excludes], state_root())
+
+
+def upload_line(upload: Upload) -> str:
+    """One line saying what is sent: counts, and every file left out as a secret."""
+    line = f"sending {len(upload.files)} file(s), {upload.size / 1e6:.1f} MB of {upload.directory}"
+    if upload.secrets:
+        line += f"; left out as secrets: {', '.join(upload.secrets)}"
+    return line
 
 
 def _submit(client: Any, dashboard_url: str, had_token: bool, spec: JobSpec) -> None:
