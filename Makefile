@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 PROV := $(BIN)/provisioner
 LAB_INVENTORY = $$($(PROV) lab up --json | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["inventory"])')
 
-.PHONY: help install lint typecheck unit e2e test lab lab-down demo bench bench-doctor clean prereqs
+.PHONY: help install lint typecheck unit e2e test lab lab-down demo bench bench-doctor clean prereqs \
+	goldens
 
 help:
 	@echo "make install   virtualenv in $(VENV), editable install, torch pinned to the CPU build"
@@ -14,6 +15,7 @@ help:
 	@echo "make test      ruff, mypy, unit tests, end-to-end tests on the lab"
 	@echo "make lab       start a 3-node lab (make lab-down removes it)"
 	@echo "make bench     benchmarks side by side (results in bench-results/)"
+	@echo "make goldens   recapture the doctor's golden facts from a lab"
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null || { echo "missing: $(PYTHON) (Python >= 3.11); on Debian: apt-get install -y python3 python3-venv"; exit 1; }
@@ -46,6 +48,10 @@ e2e: install prereqs
 	$(BIN)/pytest -q -m e2e tests/e2e
 
 test: prereqs lint typecheck unit e2e
+
+# The doctor's golden facts (tests/unit/golden/doctor/), captured from a real lab.
+goldens: install prereqs
+	$(BIN)/python scripts/capture_goldens.py
 
 lab: install prereqs
 	$(PROV) lab up --nodes 3

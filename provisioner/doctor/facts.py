@@ -136,15 +136,13 @@ def parse_shell(text: str) -> Shell:
 
 
 def parse_listening(text: str) -> tuple[Listener, ...]:
-    """`ss -Htlnp` lines (raw, or columns 4 and 6 only: 'ADDR:PORT users:(("name",pid=N,fd=M))')."""
+    """`ss -Htlnp` lines: STATE RECV-Q SEND-Q LOCAL PEER [users:(("name",pid=N,fd=M))]."""
     found = []
     for line in _lines(text):
         words = line.split()
-        # raw ss: STATE RECV-Q SEND-Q LOCAL PEER [USERS]
-        if len(words) >= 5 and ":" not in words[0]:
-            local, users = words[3], " ".join(words[5:])
-        else:
-            local, _, users = line.partition(" ")
+        if len(words) < 5:
+            continue
+        local, users = words[3], " ".join(words[5:])
         address, _, port = local.rpartition(":")
         if not port.isdigit():
             continue
@@ -203,12 +201,12 @@ def _first_words(text: str) -> tuple[str, ...]:
 
 
 def _addresses(text: str) -> tuple[str, ...]:
-    """`ip -o addr show` lines ('2: eth0    inet 10.0.0.5/24 brd ...', or 'ADDR/LEN' alone)."""
+    """`ip -o addr show` lines: '2: eth0    inet 10.0.0.5/24 brd ...'."""
     found = []
     for line in _lines(text):
         words = line.split()
-        cidr = words[3] if len(words) > 3 and words[2] in ("inet", "inet6") else words[0]
-        found.append(cidr.split("/")[0])
+        if len(words) > 3 and words[2] in ("inet", "inet6"):
+            found.append(words[3].split("/")[0])
     return tuple(found)
 
 

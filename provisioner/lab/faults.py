@@ -6,8 +6,10 @@ recorded in the lab's faults.json so that `lab fault clear` can undo them all.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,6 +212,163 @@ def unisolate(lab: LabInfo, node: LabNode) -> None:
     _record(lab, Fault("isolate", node.name), False)
 
 
+# --- break / mend: one doctor check's fault on a node -------------------------------------
+
+_SAVED = f"/root/{TAG}-saved"
+_FAKE_RAY = f"/opt/{TAG}-ray"
+_DOCKERD_UP = (
+    "for i in $(seq 150); do docker info >/dev/null 2>&1 && exit 0; sleep 0.2; done; "
+    "echo dockerd did not come back; exit 1"
+)
+
+
+def _fake_ray(version: str, link: str) -> str:
+    """A virtualenv whose metadata says Ray `version`, its `ray` at `link` (what facts.sh
+    reads: the script's interpreter and that interpreter's ray package version)."""
+    return (
+        f"python3 -m venv --without-pip {_FAKE_RAY} && "
+        f"d=$(echo {_FAKE_RAY}/lib/python3*/site-packages)/ray-{version}.dist-info && "
+        f"mkdir -p $d && printf 'Metadata-Version: 2.1\\nName: ray\\nVersion: {version}\\n' "
+        f"> $d/METADATA && printf '#!{_FAKE_RAY}/bin/python\\nprint(1)\\n' > {_FAKE_RAY}/bin/ray "
+        f"&& chmod +x {_FAKE_RAY}/bin/ray && {link}"
+    )
+
+
+def _spare_address(lab: LabInfo, node: LabNode) -> str:
+    """An unused address of the lab's subnet for `node` (its own + 100)."""
+    return str(ipaddress.ip_address(node.address) + 100)
+
+
+# name -> (what it does, apply script, undo script); each script runs as root on the node
+# and is given the lab and the node (some need addresses).
+Script = Callable[[LabInfo, LabNode], str]
+BREAKAGES: dict[str, tuple[str, Script, Script]] = {
+    "docker-stopped": (
+        "the node's dockerd stopped (its containers with it)",
+        lambda lab, n: (
+            "kill $(cat /var/run/docker.pid); "
+            "for i in $(seq 150); do [ -e /var/run/docker.pid ] || exit 0; sleep 0.2; done; exit 1"
+        ),
+        lambda lab, n: (
+            "docker info >/dev/null 2>&1 || { rm -rf /var/run/docker.pid /var/run/docker "
+            "/run/containerd; dockerd >>/var/log/dockerd.log 2>&1 & }; " + _DOCKERD_UP
+        ),
+    ),
+    "docker-group": (
+        "the login user out of the docker group (docker only with sudo)",
+        lambda lab, n: f"gpasswd -d {n.user} docker >/dev/null",
+        lambda lab, n: f"usermod -aG docker {n.user}",
+    ),
+    "sudo-password": (
+        "sudo asks the login user for a password",
+        lambda lab, n: f"mkdir -p {_SAVED} && mv /etc/sudoers.d/lab {_SAVED}/sudoers-lab",
+        lambda lab, n: (
+            f"[ ! -e {_SAVED}/sudoers-lab ] || mv {_SAVED}/sudoers-lab /etc/sudoers.d/lab"
+        ),
+    ),
+    "ray-2.59": (
+        "`ray` 2.59.0 on the PATH of every shell (a virtualenv with its metadata)",
+        lambda lab, n: _fake_ray("2.59.0", f"ln -sf {_FAKE_RAY}/bin/ray /usr/local/bin/ray"),
+        lambda lab, n: f"rm -rf {_FAKE_RAY} /usr/local/bin/ray",
+    ),
+    "ray-login-only": (
+        "`ray` 2.60.0 on the PATH of login shells only (~/.profile)",
+        lambda lab, n: _fake_ray(
+            "2.60.0", f"echo 'export PATH={_FAKE_RAY}/bin:$PATH # {TAG}' >> /home/{n.user}/.profile"
+        ),
+        lambda lab, n: f"sed -i '/# {TAG}/d' /home/{n.user}/.profile; rm -rf {_FAKE_RAY}",
+    ),
+    "python-3.10": (
+        "`python3` on every PATH reports 3.10.12 (a wrapper in /usr/local/bin)",
+        lambda lab, n: (
+            "printf '%s\\n' '#!/bin/sh' "
+            '\'/usr/bin/python3 "$@" | sed "s/^3\\.11\\.[0-9]*$/3.10.12/"\' '
+            "> /usr/local/bin/python3 && chmod +x /usr/local/bin/python3"
+        ),
+        lambda lab, n: "rm -f /usr/local/bin/python3",
+    ),
+    "stale-raylet": (
+        "a process named raylet left running",
+        lambda lab, n: (
+            f"mkdir -p {_SAVED} && cp /bin/sleep {_SAVED}/raylet && "
+            f"{{ {_SAVED}/raylet 100000 >/dev/null 2>&1 & echo $! > {_SAVED}/raylet.pid; }}"
+        ),
+        lambda lab, n: (
+            f"[ -f {_SAVED}/raylet.pid ] && kill $(cat {_SAVED}/raylet.pid) 2>/dev/null; "
+            f"rm -f {_SAVED}/raylet {_SAVED}/raylet.pid; true"
+        ),
+    ),
+    "hostname-loopback": (
+        "the hostname resolves to 127.0.1.1 (/etc/hosts, as Debian's installer writes it)",
+        lambda lab, n: (
+            f"mkdir -p {_SAVED} && cp /etc/hosts {_SAVED}/hosts && "
+            f'{{ echo "127.0.1.1 $(hostname)"; cat {_SAVED}/hosts; }} > /etc/hosts'
+        ),
+        lambda lab, n: (
+            f"[ ! -e {_SAVED}/hosts ] || "
+            f"{{ cat {_SAVED}/hosts > /etc/hosts && rm {_SAVED}/hosts; }}"
+        ),
+    ),
+    "low-memory": (
+        "/proc/meminfo says 2 GiB (a bind mount over it)",
+        lambda lab, n: (
+            f"mkdir -p {_SAVED} && sed -e 's/^MemTotal:.*/MemTotal:        2097152 kB/' "
+            f"-e 's/^MemAvailable:.*/MemAvailable:    1048576 kB/' /proc/meminfo > {_SAVED}/meminfo"
+            f" && mount --bind {_SAVED}/meminfo /proc/meminfo"
+        ),
+        lambda lab, n: (
+            "while grep -q ' /proc/meminfo ' /proc/mounts; do umount /proc/meminfo; done; "
+            f"rm -f {_SAVED}/meminfo"
+        ),
+    ),
+    "one-cpu": (
+        "sshd and every session it starts pinned to one CPU (sched affinity, what nproc reads)",
+        lambda lab, n: "taskset -a -p -c 0 $(cat /run/sshd.pid) >/dev/null",
+        lambda lab, n: "taskset -a -p -c 0-$(($(nproc --all) - 1)) $(cat /run/sshd.pid) >/dev/null",
+    ),
+    "small-tmp": (
+        "/tmp a 64 MiB filesystem",
+        lambda lab, n: f"mount -t tmpfs -o size=64m {TAG}-tmp /tmp",
+        lambda lab, n: f"while grep -q '^{TAG}-tmp ' /proc/mounts; do umount -l /tmp; done",
+    ),
+    "no-rsync": (
+        "rsync removed from the PATH",
+        lambda lab, n: "mv /usr/bin/rsync /usr/bin/rsync.fault",
+        lambda lab, n: "[ ! -e /usr/bin/rsync.fault ] || mv /usr/bin/rsync.fault /usr/bin/rsync",
+    ),
+    "other-source": (
+        "traffic to the head sent from a second address (what Ray would advertise)",
+        lambda lab, n: (
+            f"ip addr add {_spare_address(lab, n)}/32 dev eth0 && "
+            f"ip route add {lab.nodes[0].address}/32 dev eth0 src {_spare_address(lab, n)}"
+        ),
+        lambda lab, n: (
+            f"ip route del {lab.nodes[0].address}/32 2>/dev/null; "
+            f"ip addr del {_spare_address(lab, n)}/32 dev eth0 2>/dev/null; true"
+        ),
+    ),
+}
+
+
+def _breakage(name: str) -> tuple[str, Script, Script]:
+    if name not in BREAKAGES:
+        raise InputError(f"no lab breakage {name!r}", f"use one of: {', '.join(BREAKAGES)}")
+    return BREAKAGES[name]
+
+
+def break_node(lab: LabInfo, node: LabNode, name: str) -> None:
+    """Inject one of BREAKAGES on `node` (recorded: `clear` mends it)."""
+    _, apply, _ = _breakage(name)
+    _record(lab, Fault("break", node.name, name), True)  # first: a half-applied one is mended
+    _run(node, apply(lab, node))
+
+
+def mend(lab: LabInfo, node: LabNode, name: str) -> None:
+    _, _, undo = _breakage(name)
+    _run(node, undo(lab, node))
+    _record(lab, Fault("break", node.name, name), False)
+
+
 def clear(lab: LabInfo) -> list[Fault]:
     """Undo every recorded fault; return what was undone."""
     undone = []
@@ -227,5 +386,7 @@ def clear(lab: LabInfo) -> list[Fault]:
             unhang(lab, node)
         elif f.kind == "isolate":
             unisolate(lab, node)
+        elif f.kind == "break":
+            mend(lab, node, f.arg)
         undone.append(f)
     return undone

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from provisioner.doctor import DoctorReport, run_doctor
+from provisioner.image.lock import Pin, Versions, write_pin
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.config import LabNode
@@ -46,61 +47,23 @@ def only_on(report: DoctorReport, severity: str, check: str) -> set[str]:
     return {f.host for f in report.findings if f.check == check and f.severity == severity}
 
 
-# --- faults the lab does not offer, injected with docker exec ----------------------------
+# --- one doctor check's fault on a node: the lab's breakages (provisioner/lab/faults.py) ---
 
-RAYENV = "/opt/doctor-rayenv"
-
-
-@contextmanager
-def ray_in_login_shell_only(node: LabNode) -> Iterator[None]:
-    """A virtualenv holding `ray`, put on the PATH by ~/.profile (login shells) only."""
-    sh(
-        node,
-        f"python3 -m venv --without-pip {RAYENV} && "
-        f"d=$(echo {RAYENV}/lib/python3*/site-packages)/ray-2.60.0.dist-info && mkdir -p $d && "
-        "printf 'Metadata-Version: 2.1\\nName: ray\\nVersion: 2.60.0\\n' > $d/METADATA && "
-        f"printf '#!{RAYENV}/bin/python\\nprint(1)\\n' > {RAYENV}/bin/ray && "
-        f"chmod +x {RAYENV}/bin/ray && "
-        f"echo 'export PATH={RAYENV}/bin:$PATH # doctor-test' >> /home/lab/.profile",
-    )
-    try:
-        yield
-    finally:
-        sh(node, f"sed -i '/# doctor-test/d' /home/lab/.profile; rm -rf {RAYENV}")
+RAYENV = "/opt/provisioner-fault-ray"
 
 
 @contextmanager
-def other_python(node: LabNode, version: str = "3.10.12") -> Iterator[None]:
-    """python3 on the PATH (both shells) reports another version: a wrapper that rewrites
-    any output line that is exactly the real version."""
-    wrapper = f'#!/bin/sh\n/usr/bin/python3 "$@" | sed "s/^3\\.11\\.[0-9]*$/{version}/"\n'
-    sh(node, f"printf '%s' '{wrapper}' > /usr/local/bin/python3 && chmod +x /usr/local/bin/python3")
+def broken(lab: LabInfo, *faulty: tuple[LabNode, str]) -> Iterator[None]:
+    """Inject each (node, breakage); mend them all after, whatever happens."""
+    done: list[tuple[LabNode, str]] = []
     try:
+        for node, name in faulty:
+            done.append((node, name))
+            faults.break_node(lab, node, name)
         yield
     finally:
-        sh(node, "rm -f /usr/local/bin/python3")
-
-
-@contextmanager
-def docker_needs_sudo(node: LabNode) -> Iterator[None]:
-    sh(node, "gpasswd -d lab docker >/dev/null")
-    try:
-        yield
-    finally:
-        sh(node, "usermod -aG docker lab")
-
-
-@contextmanager
-def hostname_on_loopback(node: LabNode) -> Iterator[None]:
-    sh(
-        node,
-        "cp /etc/hosts /root/hosts.doctor && "
-        '{ echo "127.0.1.1 $(hostname)"; cat /root/hosts.doctor; } > /etc/hosts',
-    )
-    try:
-        yield
-    finally:
-        sh(node, "cat /root/hosts.doctor > /etc/hosts && rm -f /root/hosts.doctor")
+        for node, name in reversed(done):
+            faults.mend(lab, node, name)
 
 
 # After SIGHUP sshd re-executes itself: wait until it answers with a banner again.
@@ -204,7 +167,7 @@ def test_traffic_cut_between_two_workers(lab: LabInfo) -> None:
 
 def test_ray_only_in_login_shell(lab: LabInfo, tmp_path: Path) -> None:
     worker = lab.nodes[1]
-    with ray_in_login_shell_only(worker):
+    with broken(lab, (worker, "ray-login-only")):
         report = doctor(unpinned(lab, tmp_path))
     assert only_on(report, "error", "shell.env") == {worker.name}
     (finding,) = [f for f in report.errors if f.check == "shell.env"]
@@ -213,7 +176,7 @@ def test_ray_only_in_login_shell(lab: LabInfo, tmp_path: Path) -> None:
 
 def test_python_versions_differ(lab: LabInfo, tmp_path: Path) -> None:
     worker = lab.nodes[2]
-    with other_python(worker):
+    with broken(lab, (worker, "python-3.10")):
         report = doctor(unpinned(lab, tmp_path))
     assert only_on(report, "error", "python.version") == {worker.name}
     assert errors_by_host(report) == {worker.name: {"python.version"}}
@@ -221,7 +184,7 @@ def test_python_versions_differ(lab: LabInfo, tmp_path: Path) -> None:
 
 def test_docker_unusable_without_sudo(lab: LabInfo) -> None:
     worker = lab.nodes[1]
-    with docker_needs_sudo(worker):
+    with broken(lab, (worker, "docker-group")):
         report = doctor(lab.inventory)
     assert errors_by_host(report) == {worker.name: {"docker.access"}}
     (finding,) = report.errors
@@ -230,7 +193,7 @@ def test_docker_unusable_without_sudo(lab: LabInfo) -> None:
 
 def test_hostname_resolving_to_loopback(lab: LabInfo) -> None:
     worker = lab.nodes[2]
-    with hostname_on_loopback(worker):
+    with broken(lab, (worker, "hostname-loopback")):
         report = doctor(lab.inventory)
     assert only_on(report, "warning", "net.hostname") == {worker.name}
     assert "127.0.1.1" in next(
@@ -317,3 +280,82 @@ def test_hostile_address_is_exit_2(tmp_path: Path, bad: str) -> None:
     result = cli("doctor", "-i", str(path))
     assert result.exit_code == 2
     assert "head.address" in result.stderr
+
+
+def test_every_node_check_faulted_in_one_doctor_run(lab: LabInfo, tmp_path: Path) -> None:
+    """One fault per check of README's doctor table that the tests above do not fault,
+    spread over the nodes so that one doctor run (one round trip per node) judges them all.
+    The pin names an image no node holds, built for arm64."""
+    head, one, two = lab.nodes
+    lock = tmp_path / "arm64.lock.json"
+    zeros = "sha256:" + "0" * 64
+    versions = Versions(python="3.11.2", ray="2.60.0", torch="2.13.0", gymnasium="1.2.2")
+    pin = Pin(zeros, (zeros,), "base", zeros, "0", versions, 1, extra={"architecture": "arm64"})
+    write_pin(pin, lock)
+    path = edited_inventory(lab, tmp_path)
+    document = yaml.safe_load(path.read_text())
+    document["image"] = {"lock": str(lock)}
+    document.setdefault("ray", {})["shm_size"] = "4TiB"  # more than any lab node's memory
+    path.write_text(yaml.safe_dump(document))
+    worker_port = 15000
+    faults.occupy(lab, head, worker_port)
+    try:
+        with broken(
+            lab,
+            (head, "stale-raylet"),
+            (head, "low-memory"),
+            (one, "docker-stopped"),
+            (one, "one-cpu"),
+            (one, "no-rsync"),
+            (two, "docker-group"),
+            (two, "sudo-password"),
+            (two, "ray-2.59"),
+            (two, "small-tmp"),
+            (two, "other-source"),
+        ):
+            report = run_doctor(load_inventory(path), ray_up=True)
+    finally:
+        faults.release(lab, head, worker_port)
+    found: dict[tuple[str, str], set[str]] = {}
+    for f in report.findings:
+        if f.severity != "ok":
+            found.setdefault((f.check, f.severity), set()).add(f.host)
+    every = {n.name for n in lab.nodes}
+    expected = {
+        ("ray.stale", "error"): {head.name},
+        ("resources.memory", "warning"): {head.name},
+        ("ports.worker_range", "warning"): {head.name},
+        ("docker.daemon", "error"): {one.name},
+        ("resources.cpu", "warning"): {one.name},
+        ("tools.rsync", "error"): {one.name},
+        ("docker.access", "error"): {two.name},
+        ("sudo", "warning"): {two.name},
+        ("ray.version", "warning"): {two.name},  # a warning: Ray runs inside the pinned image
+        ("resources.disk", "error"): {two.name},
+        ("net.address", "warning"): {two.name},
+        ("image.present", "warning"): every,
+        ("image.arch", "error"): every,
+        ("resources.shm", "error"): every,
+    }
+    for key, hosts in expected.items():
+        assert found.get(key) == hosts, (key, found.get(key), sorted(found.items()))
+    said = {(f.check, f.host): f.message for f in report.findings if f.severity != "ok"}
+    assert "raylet" in next(
+        f.evidence for f in report.findings if f.check == "ray.stale" and f.severity == "error"
+    )
+    assert "2.0 GiB" in said[("resources.memory", head.name)]
+    assert str(worker_port) in next(
+        f.evidence
+        for f in report.findings
+        if f.check == "ports.worker_range" and f.severity != "ok"
+    )
+    assert "does not answer" in said[("docker.daemon", one.name)]
+    assert said[("resources.cpu", one.name)] == "1 CPU"
+    assert "/tmp" in said[("resources.disk", two.name)]
+    assert "2.59.0" in said[("ray.version", two.name)]
+    assert "password" in said[("sudo", two.name)]
+    assert (
+        head.address in said.get(("net.address", two.name), "")
+        or "sends from" in said[("net.address", two.name)]
+    )
+    assert "arm64" in said[("image.arch", head.name)]

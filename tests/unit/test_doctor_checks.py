@@ -1,12 +1,14 @@
 """Each check's judging, against facts.sh output captured from real lab nodes.
 
 The golden files in golden/doctor/ are facts.sh's raw output on a lab node, healthy or
-with one fault injected (see tests/e2e/test_doctor.py for how each fault is made).
+with one lab fault injected, captured by `make goldens` (scripts/capture_goldens.py);
+golden/doctor/nodes.json names the lab's nodes they were captured on.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -20,9 +22,10 @@ from provisioner.inventory import Node, RayPorts, SSHSettings
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
 SSH = SSHSettings(user="lab")
-HEAD = Node("provisioner-doc-0", "10.250.1.10", "head", SSH)
-WORKER1 = Node("provisioner-doc-1", "10.250.1.11", "worker", SSH)
-WORKER2 = Node("provisioner-doc-2", "10.250.1.12", "worker", SSH)
+HEAD, WORKER1, WORKER2 = (
+    Node(n["name"], n["address"], n["role"], SSH)
+    for n in json.loads((GOLDEN / "nodes.json").read_text())["nodes"]
+)
 PLAN = Plan(ports=RayPorts(), head=HEAD.name)
 
 
@@ -79,7 +82,7 @@ def test_ray_login_only_is_an_error_without_pin_and_a_warning_with() -> None:
     findings = judged("ray_login_only", WORKER1)
     (finding,) = [f for f in findings if f.check == "shell.env"]
     assert finding.severity == "error" and "command not found" in finding.message
-    assert "/opt/doctor-rayenv/bin" in finding.fix
+    assert "/opt/provisioner-fault-ray/bin" in finding.fix
     pinned = Plan(
         ports=RayPorts(), head=HEAD.name, pin=PinFacts("sha256:" + "0" * 64, "3.11.2", "2.60.0")
     )
@@ -168,10 +171,11 @@ def test_ordered_groups_by_node_errors_first() -> None:
     ]
 
 
-def test_lean_output_parses_like_the_cli_output_it_replaced() -> None:
-    """One lab node, one moment: facts.sh as it was (docker CLI, awk/sort/cut filtering on
-    the node) and as it is (the Docker socket from one python3, raw output parsed here)."""
-    node = Node("provisioner-lab-0", "10.250.0.10", "head", SSH)
+def test_docker_socket_output_parses_like_the_docker_cli_fallback() -> None:
+    """One lab node, one moment, both ways facts.sh reads Docker: the socket from one
+    python3, and the docker CLI (its fallback without python3, with DOCKER_HOST set, or
+    when the socket refuses)."""
+    node = HEAD
     old = facts("pair_cli_format", node)
     new = facts("pair_lean_format", node)
     moving = {"clock", "mem_available_kb", "disks"}
@@ -179,8 +183,8 @@ def test_lean_output_parses_like_the_cli_output_it_replaced() -> None:
         if field.name not in moving:
             assert getattr(new, field.name) == getattr(old, field.name), field.name
     assert [d.path for d in new.disks] == [d.path for d in old.disks]
-    assert new.addresses == ("127.0.0.1", "172.17.0.1", "10.250.0.10")
-    assert new.hostname_addresses == ("10.250.0.10",)
+    assert new.addresses == ("127.0.0.1", "172.17.0.1", node.address)
+    assert new.hostname_addresses == (node.address,)
     assert next((x.port, x.process) for x in new.listening if x.port == 22) == (22, "sshd")
     assert new.docker_ok and new.docker_root == "/var/lib/docker" and new.sudo == "ok"
     assert new.image.endswith("linux/amd64") and new.complete
