@@ -35,6 +35,7 @@ MODULE_ORDER = (
     "test_jobs",
     "test_faults",
     "test_security",
+    "test_hostile_returns",
     "test_bench_smoke",
 )
 
