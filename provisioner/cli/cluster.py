@@ -183,6 +183,8 @@ def down(
     else:
         if result.logs:
             out.say(f"logs: {result.logs.directory}")
+            for name, err in result.logs.errors.items():
+                out.say(f"{name}: logs not collected: {err}")
         out.say(f"removed Ray from: {', '.join(result.removed) or 'no node'}")
         for name, busy in result.ports_busy.items():
             out.say(f"{name}: Ray ports still in use: {busy}")

@@ -8,16 +8,23 @@ from typing import Any
 
 from provisioner.jobs.provisioner_results import is_marked
 
+MAX_LINE = 1024 * 1024  # an unfinished line longer than this is passed on in pieces
+
 
 class LineSplitter:
-    """Turns arbitrary text chunks into whole lines, holding back an unfinished one."""
+    """Turns arbitrary text chunks into whole lines, holding back an unfinished one (at
+    most MAX_LINE characters: a job printing without newlines cannot fill memory)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_line: int = MAX_LINE) -> None:
         self._partial = ""
+        self._max = max_line
 
     def feed(self, chunk: str) -> list[str]:
         text = self._partial + chunk
         *lines, self._partial = text.split("\n")
+        while len(self._partial) > self._max:
+            lines.append(self._partial[: self._max])
+            self._partial = self._partial[self._max :]
         return lines
 
     def flush(self) -> list[str]:

@@ -115,7 +115,8 @@ def test_a_job_leaving_links_and_escapes_brings_only_its_files_home(
         shown = run.stdout + run.stderr
         assert run.code == 0, shown[-3000:]
         (job,) = (tmp_path / "r").iterdir()
-        assert snapshot(job) == {"sub", "metrics.csv", "summary.json", "job.log"}, snapshot(job)
+        expected = {"sub", "metrics.csv", "summary.json", "job.log", "training.png"}
+        assert snapshot(job) == expected, snapshot(job)
         modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (job, *job.rglob("*"))}
         assert modes.pop(job.name) == 0o700 and modes.pop("sub") == 0o700
         assert set(modes.values()) == {0o600}, modes

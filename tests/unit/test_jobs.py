@@ -289,3 +289,9 @@ def test_show_upload_lists_what_would_be_sent_without_a_cluster(
     as_json = cli("submit", str(book / "train.py"), "--show-upload", "--json").json()
     assert as_json["files"] == [".gitignore", "data/table.csv", "id_ed25519.pub", "train.py"]
     assert ".env" in as_json["left_out_as_secrets"]
+
+
+def test_a_line_without_end_is_passed_on_in_bounded_pieces() -> None:
+    splitter = LineSplitter(max_line=10)
+    got = splitter.feed("x" * 25) + splitter.feed("y\nz") + splitter.flush()
+    assert got == ["x" * 10, "x" * 10, "xxxxxy", "z"]
