@@ -8,9 +8,12 @@ Stops at the target return or the step budget; results land in $PROVISIONER_RESU
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 import rlrun
-from ray.rllib.algorithms.ppo import PPOConfig
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.ppo import PPOConfig
 
 
 def config(args: argparse.Namespace) -> PPOConfig:

@@ -8,10 +8,13 @@ The environment's code travels with the job as its working_dir; no node installs
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 import rlrun
 from cell_network import CellNetwork
-from ray.rllib.algorithms.ppo import PPOConfig
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.ppo import PPOConfig
 
 
 def config(args: argparse.Namespace) -> PPOConfig:

@@ -13,12 +13,13 @@ import argparse
 import csv
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ray
 import rlrun
 from cell_network import CellNetwork
-from ray.rllib.algorithms.ppo import PPOConfig
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.ppo import PPOConfig
 
 COLUMNS = [
     "env_runners",
@@ -62,6 +63,8 @@ def main() -> None:
     )
     p.add_argument("--env", choices=["cartpole", "cells"], default="cartpole")
     args = p.parse_args()
+    import ray
+
     ray.init(log_to_driver=False)
     largest = args.max_runners or rlrun.default_env_runners()
     budget = rlrun.Budget(args.target_return, args.max_env_steps, args.max_iterations)
@@ -70,7 +73,8 @@ def main() -> None:
         args.env_runners = runners
         print(f"--- {runners} env runner(s)", flush=True)
         run_dir = args.results / "runs" / f"runners-{runners}"
-        summary = rlrun.train(config(args), budget, run_dir, checkpoint=False)
+        saving = rlrun.Saving(every=0, final=False)
+        summary = rlrun.train(config(args), budget, run_dir, saving)
         rows.append(row(summary))
         write_table(rows, args.results)
         print("scaling: " + json.dumps(rows[-1]), flush=True)

@@ -23,9 +23,10 @@ from provisioner.cluster.logs import Finding, collect
 from provisioner.cluster.preflight import DoctorStopped
 from provisioner.cluster.tunnel import TENSORBOARD_PORT, tunnel
 from provisioner.console import Output
-from provisioner.errors import InputError
+from provisioner.errors import InputError, ProvisionerError
 from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
 from provisioner.inventory import Inventory, load_inventory
+from provisioner.jobs.manage import JobsRunning, Stopped, stop_for_down
 from provisioner.remote import Pool
 
 ForceOption = Annotated[bool, typer.Option("--force", help="Go on despite doctor errors.")]
@@ -169,17 +170,28 @@ def down(
     inventory: InventoryOption,
     no_logs: Annotated[bool, typer.Option("--no-logs", help="Do not collect logs first.")] = False,
     logs_dir: Annotated[Path | None, typer.Option("-o", "--logs-dir")] = None,
+    yes: Annotated[
+        bool,
+        typer.Option("--yes", "-y", help="Stop running jobs (their results come home first)."),
+    ] = False,
+    results: Annotated[
+        Path, typer.Option("--results", help="Where a stopped job's results/JOB/ goes.")
+    ] = Path("results"),
     json_: JsonOption = False,
 ) -> None:
-    """Collect logs, stop workers then the head, remove containers, check ports are free."""
+    """Collect logs, stop workers then the head, remove containers, check ports are free.
+
+    With a job running: refuses, unless --yes (the job is stopped and its results come home
+    first)."""
     out = output(json_)
     inv = load_inventory(inventory)
     out.watch_nodes(n.name for n in inv.nodes)
+    stopped = _stop_jobs(inv, results, yes, out)
     target = None if no_logs else (logs_dir or _default_logs_dir(inv))
     with Pool(inv) as pool:
         result = down_mod.bring_down(pool, inv, logs_dir=target, report=out.progress)
     if json_:
-        out.emit(result.to_json())
+        out.emit({**result.to_json(), "jobs_stopped": [s.to_json() for s in stopped]})
     else:
         if result.logs:
             out.say(f"logs: {result.logs.directory}")
@@ -192,6 +204,20 @@ def down(
             out.say(f"{name}: {err}")
     if not result.ok:
         raise typer.Exit(1)
+
+
+def _stop_jobs(inv: Inventory, results: Path, yes: bool, out: Output) -> list[Stopped]:
+    """The cluster's running jobs, stopped with --yes; nothing when its Jobs API is gone."""
+    from provisioner.jobs.link import Target
+
+    try:
+        with Target(inv, None, token.local_token_path(inv)).link() as link:
+            return stop_for_down(link, results, yes=yes, report=out.progress)
+    except JobsRunning:
+        raise
+    except ProvisionerError as exc:
+        out.progress(f"no running jobs checked: {exc}")
+        return []
 
 
 def logs(
@@ -217,6 +243,18 @@ def logs(
         raise typer.Exit(1)
 
 
+def ray_env_lines(url: str, token_path: Path) -> list[str]:
+    """The environment Ray's own `ray job ...` needs to reach the tunnelled cluster: its
+    address, and token authentication with the token given by path."""
+    import shlex
+
+    return [
+        f"export RAY_ADDRESS={shlex.quote(url)}",
+        "export RAY_AUTH_MODE=token",
+        f"export RAY_AUTH_TOKEN_PATH={shlex.quote(str(token_path.resolve()))}",
+    ]
+
+
 def tunnel_cmd(
     inventory: InventoryOption,
     port: Annotated[int | None, typer.Option("--port", help="Local dashboard port.")] = None,
@@ -229,6 +267,9 @@ def tunnel_cmd(
         board = stack.enter_context(tunnel(inv, remote_port=TENSORBOARD_PORT, pool=pool))
         out.say(f"dashboard:   {dash}\ntensorboard: {board}\n(Ctrl-C to stop)")
         out.say(f"the dashboard asks for the token: {token.local_token_path(inv)}")
+        out.say("for Ray's own CLI (`ray job list`, `ray job logs -f JOB`), in another shell:")
+        for line in ray_env_lines(dash, token.local_token_path(inv)):
+            out.say(line)
         while True:
             time.sleep(3600)
 

@@ -1,12 +1,12 @@
-"""`provisioner submit`: run a playbook on the cluster, stream it, bring its results home."""
+"""`provisioner submit` and `provisioner jobs ...`: run a playbook on the cluster, follow
+it, and work with it after `submit` is gone (list, logs, stop, results)."""
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -15,7 +15,11 @@ from rich.table import Table
 from provisioner.cli.common import JsonOption, output
 from provisioner.console import Output
 from provisioner.errors import InputError
-from provisioner.jobs import JobOutcome, make_spec, submit
+from provisioner.jobs import JobOutcome, JobSpec, make_spec, submit
+from provisioner.jobs.link import Link, Target
+from provisioner.jobs.pull import Pulled
+from provisioner.jobs.spec import JOB_ID, asks_for_help
+from provisioner.jobs.stream import Handlers
 from provisioner.jobs.submit import upload_for, upload_line
 from provisioner.jobs.tables import read_rows
 from provisioner.jobs.upload import Upload
@@ -45,36 +49,30 @@ ResultsOption = Annotated[
 ]
 
 
-@contextmanager
-def _dashboard(
-    inventory: Path | None, address: str | None, token_file: Path | None, out: Output
-) -> Iterator[tuple[str, Path | None]]:
-    """The dashboard URL and the token path: given, or through the inventory's tunnel."""
+def _target(inventory: Path | None, address: str | None, token_file: Path | None) -> Target:
+    """Where the cluster is: the inventory (tunnel, token, SSH to the head), or an address."""
+    from provisioner.cluster import token
+    from provisioner.inventory import load_inventory
+
+    inv = load_inventory(inventory) if inventory is not None else None
     if address is not None:
-        if token_file is None and inventory is None:
+        if token_file is None and inv is None:
             raise InputError(
                 "--address needs the cluster's token",
                 "add --token-file PATH, or -i INVENTORY to use the inventory's token",
             )
-        yield address, token_file or _token_path(inventory)
-        return
-    if inventory is None:
+    elif inv is None:
         raise InputError("no inventory given", "add -i INVENTORY (or set PROVISIONER_INVENTORY)")
-    from provisioner.cluster.tunnel import tunnel
-    from provisioner.inventory import load_inventory
-
-    inv = load_inventory(inventory)
-    with tunnel(inv) as url:
-        out.progress(f"dashboard of {inv.cluster} tunnelled to {url}")
-        yield url, token_file or _token_path(inventory)
+    path = token_file or (token.local_token_path(inv) if inv is not None else None)
+    return Target(inventory=inv, address=address, token_path=path)
 
 
-def _token_path(inventory: Path | None) -> Path:
-    from provisioner.cluster import token
-    from provisioner.inventory import load_inventory
-
-    assert inventory is not None
-    return token.local_token_path(load_inventory(inventory))
+DetachOption = Annotated[
+    bool, typer.Option("--detach", "-d", help="Print the job id and return; the job runs on.")
+]
+VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Show the job's own output, not only progress.")
+]
 
 
 def submit_cmd(
@@ -86,6 +84,24 @@ def submit_cmd(
     address: AddressOption = None,
     token_file: TokenOption = None,
     results: ResultsOption = Path("results"),
+    detach: DetachOption = False,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            help="Continue from the latest checkpoint of JOB (or from a checkpoint PATH).",
+            metavar="JOB|PATH",
+        ),
+    ] = None,
+    retries: Annotated[
+        int,
+        typer.Option(
+            "--retries",
+            min=0,
+            help="When a node is lost or the head restarts: repair (up) and resume, N times.",
+        ),
+    ] = 0,
+    verbose: VerboseOption = False,
     show_upload: Annotated[
         bool,
         typer.Option(
@@ -97,25 +113,27 @@ def submit_cmd(
 ) -> None:
     """Run PLAYBOOK on the cluster as a Ray job; its directory travels as the working_dir.
 
-    Streams the job's output; Ctrl-C stops the job. At the end its results (metrics,
-    checkpoint, TensorBoard events, plots) are in RESULTS/JOB/. Exit 1 if the job failed.
+    Follows the job (one live progress line; --verbose for its output) and brings its
+    results home as they appear, into RESULTS/JOB/. Ctrl-C stops following, not the job:
+    `provisioner jobs logs JOB --follow` picks it up again. Exit 1 if the job failed.
     """
     out = output(json_)
     spec = make_spec(playbook, args or [])
     if show_upload:
         _show_upload(out, upload_for(spec), json_)
         return
-    on_line = out.progress if json_ else _echo(out)
-    with _dashboard(inventory, address, token_file, out) as (url, token_path):
-        outcome = submit(url, token_path, spec, results, on_line=on_line, report=out.progress)
-    if json_:
-        out.emit(outcome.to_json())
+    if asks_for_help(spec.args) and _local_help(out, spec):
+        return
+    target = _target(inventory, address, token_file)
+    handlers = _handlers(out, json_, verbose)
+    prepare = None
+    if resume is not None:
+        spec, prepare = _resuming(target, spec, resume, results, handlers)
+    if retries and not detach:
+        outcome = _with_retries(target, spec, results, retries, handlers, prepare)
     else:
-        _render(out, outcome)
-    if outcome.interrupted:
-        raise typer.Exit(130)
-    if not outcome.ok or outcome.results.refused is not None:
-        raise typer.Exit(1)
+        outcome = submit(target, spec, results, handlers=handlers, detach=detach, prepare=prepare)
+    _finish(out, json_, outcome)
 
 
 def _show_upload(out: Output, upload: Upload, json_: bool) -> None:
@@ -128,6 +146,199 @@ def _show_upload(out: Output, upload: Upload, json_: bool) -> None:
     out.say("(control it with .gitignore or .rayignore in that directory; see the README)")
 
 
+def _with_retries(
+    target: Target,
+    spec: JobSpec,
+    results: Path,
+    retries: int,
+    handlers: Handlers,
+    prepare: Callable[[Link], None] | None,
+) -> JobOutcome:
+    from dataclasses import replace
+
+    from provisioner.jobs.resume import find_source, latest_checkpoint, seed
+    from provisioner.jobs.submit import submit_with_retries
+
+    inv = target.inventory
+    if inv is None:
+        raise InputError("--retries repairs the cluster with `up`: it needs -i INVENTORY", "add -i")
+
+    def repair() -> None:
+        from provisioner.cli.cluster import _pin
+        from provisioner.cluster.up import up
+        from provisioner.remote import Pool
+
+        with Pool(inv) as pool:
+            up(pool, inv, _pin(inv), doctor=False, report=handlers.report)
+
+    def resume_from(
+        following: JobSpec, previous: Path
+    ) -> tuple[JobSpec, Callable[[Link], None] | None]:
+        if latest_checkpoint(previous) is None:
+            handlers.report("no checkpoint came home: the next attempt starts afresh")
+            return following, prepare
+        source = find_source(str(previous), results)
+        source = replace(source, job_id=previous.name)
+
+        def step(link: Link) -> None:
+            handlers.report(
+                f"checkpoint for {following.job_id}: {seed(link, source, following.job_id)}"
+            )
+
+        return replace(following, resumed_from=previous.name), step
+
+    return submit_with_retries(
+        target,
+        spec,
+        results,
+        retries=retries,
+        repair=repair,
+        handlers=handlers,
+        prepare=prepare,
+        resume_prepare=resume_from,
+    )
+
+
+def _resuming(
+    target: Target, spec: JobSpec, value: str, results: Path, handlers: Handlers
+) -> tuple[JobSpec, Callable[[Link], None]]:
+    """The spec of a resumed run and the step that puts its checkpoint on the head."""
+    from dataclasses import replace
+
+    from provisioner.jobs.results import bring_home
+    from provisioner.jobs.resume import find_source, seed
+
+    if target.inventory is None:
+        raise InputError(
+            "--resume needs the inventory (the checkpoint goes to the head over SSH)",
+            "add -i INVENTORY",
+        )
+    if not Path(value).expanduser().is_dir() and JOB_ID.match(value):
+        handlers.report(f"bringing home what the head holds of {value}")
+        bring_home(target, value, results / value)
+    source = find_source(value, results)
+    handlers.report(f"resuming from {source.checkpoint}")
+
+    def prepare(link: Link) -> None:
+        handlers.report(f"checkpoint for {spec.job_id}: {seed(link, source, spec.job_id)}")
+
+    return replace(spec, resumed_from=source.label), prepare
+
+
+def _local_help(out: Output, spec: JobSpec) -> bool:
+    """`-- --help`: the playbook's usage, read here in a second instead of a cluster job.
+    False when the playbook cannot start on this machine (then the cluster answers)."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run(
+            [sys.executable, spec.playbook.name, *spec.args],
+            cwd=spec.working_dir,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    if done.returncode != 0:
+        return False
+    out.stdout.write(done.stdout)
+    return True
+
+
+def _handlers(out: Output, json_: bool, verbose: bool) -> Handlers:
+    line = ProgressLine(out)
+    echo = out.progress if json_ else _echo(out)
+
+    def on_line(text: str) -> None:
+        if verbose or json_:
+            line.clear()
+            echo(text)
+
+    def on_pulled(got: Pulled) -> None:
+        if got.sent:
+            line.clear()
+            out.progress(f"results: {len(got.sent)} new file(s), {got.bytes_sent} bytes home")
+
+    def report(text: str) -> None:
+        line.clear()
+        out.progress(text)  # progress shows node text as text (console.py)
+
+    return Handlers(on_line=on_line, on_progress=line.show, on_pulled=on_pulled, report=report)
+
+
+class ProgressLine:
+    """The one live line of a followed job: rewritten in place on a terminal, one line
+    per iteration otherwise."""
+
+    def __init__(self, out: Output) -> None:
+        self.out = out
+        self.live = out.err.is_terminal and not out.json_mode
+        self.shown = False
+
+    def show(self, figures: dict[str, Any]) -> None:
+        text = progress_text(figures)
+        if self.live:
+            self.out.stderr.write("\r\033[2K" + text)
+            self.out.stderr.flush()
+            self.shown = True
+        else:
+            self.out.progress(text)
+
+    def clear(self) -> None:
+        if self.shown:
+            self.out.stderr.write("\r\033[2K")
+            self.out.stderr.flush()
+            self.shown = False
+
+
+def _number(value: Any) -> float | None:
+    """A figure from the job as a number (anything else, e.g. text with markup: None)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def progress_text(p: dict[str, Any]) -> str:
+    """`iter 12  steps 24000/200000 (12%)  return 85.3  1234 steps/s  ETA 2m03s`."""
+    it, steps, budget = (_number(p.get(k)) for k in ("iteration", "env_steps", "max_env_steps"))
+    ret, rate = _number(p.get("episode_return_mean")), _number(p.get("env_steps_per_s"))
+    share = f" ({100 * steps / budget:.0f}%)" if steps is not None and budget else ""
+    eta = duration_text(_number(p.get("eta_s")))
+
+    def num(value: float | None, digits: int = 0) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    return (
+        f"iter {num(it)}  steps {num(steps)}/{num(budget) if budget else '-'}{share}  "
+        f"return {num(ret, 1)}  {num(rate)} steps/s  ETA {eta}"
+    )
+
+
+def duration_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def _finish(out: Output, json_: bool, outcome: JobOutcome) -> None:
+    if json_:
+        out.emit(outcome.to_json())
+    else:
+        _render(out, outcome)
+    if outcome.interrupted:
+        raise typer.Exit(130)
+    if not outcome.ok or outcome.results.refused is not None:
+        raise typer.Exit(1)
+
+
 def _echo(out: Output) -> Callable[[str], None]:
     def line(text: str) -> None:
         out.out.print(escape(text), markup=True, highlight=False)
@@ -137,6 +348,14 @@ def _echo(out: Output) -> Callable[[str], None]:
 
 def _render(out: Output, outcome: JobOutcome) -> None:
     found = outcome.results
+    if outcome.detached:
+        out.say(f"job {outcome.job_id}: {outcome.status}; it runs on the cluster")
+        if outcome.interrupted:
+            out.say("stopped following; the job was not stopped")
+        out.say(f"follow it:     provisioner jobs logs {outcome.job_id} --follow")
+        out.say(f"its results:   provisioner jobs results {outcome.job_id}")
+        out.say(f"stop it:       provisioner jobs stop {outcome.job_id}")
+        return
     if not outcome.ok:
         out.err.print(f"[bold red]job {outcome.job_id} {outcome.status}[/bold red]", markup=True)
         for line in outcome.log_tail:
@@ -164,7 +383,7 @@ def _render(out: Output, outcome: JobOutcome) -> None:
         if found.refused.fix:
             out.err.print(f"[bold]fix:[/bold] {escape(found.refused.fix)}", markup=True)
     elif found.missing:
-        out.say(f"no result files came home: {found.missing}")
+        out.say(f"no result files came home: {escape(found.missing)}")
 
 
 # Short headers, so that the scaling table fits 80 columns (the CSV keeps the long names).
@@ -207,4 +426,7 @@ def _cell(value: float, whole: bool) -> str:
 
 
 def register(app: typer.Typer) -> None:
+    from provisioner.cli import jobs_group
+
     app.command("submit")(submit_cmd)
+    app.add_typer(jobs_group.app, name="jobs")

@@ -24,6 +24,7 @@ CONTAINER_ENV: Mapping[str, str] = {
     "RAY_AUTH_MODE": "token",
     "RAY_AUTH_TOKEN_PATH": layout.CONTAINER_TOKEN_PATH,
     "RAY_USAGE_STATS_ENABLED": "0",
+    layout.RESULTS_ROOT_ENV: layout.CONTAINER_RESULTS_DIR,
 }
 
 
@@ -98,13 +99,14 @@ def docker_run_command(inventory: Inventory, node: Node, image: str) -> str:
         f"--shm-size={shm_size(inventory)}",
         f"-v {layout.node_ray_dir(cluster)}:{layout.CONTAINER_RAY_DIR}",
         f"-v {layout.node_token_path(cluster)}:{layout.CONTAINER_TOKEN_PATH}:ro",
+        f"-v {layout.node_results_dir(cluster)}:{layout.CONTAINER_RESULTS_DIR}",
         *(f"-e {shlex.quote(f'{k}={v}')}" for k, v in CONTAINER_ENV.items()),
         f"--label {shlex.quote(f'{layout.LABEL_CLUSTER}={cluster}')}",
         f"--label {shlex.quote(f'{layout.LABEL_ROLE}={node.role}')}",
         shlex.quote(image),
         shlex.join(ray_start_args(inventory, node)),
     ]
-    prepare = f"mkdir -p {layout.node_ray_dir(cluster)}"
+    prepare = f"mkdir -p {layout.node_ray_dir(cluster)} {layout.node_results_dir(cluster)}"
     return f"{prepare} && " + " ".join(parts)
 
 

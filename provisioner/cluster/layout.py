@@ -12,6 +12,11 @@ import shlex
 # Inside the container.
 CONTAINER_TOKEN_PATH = "/run/provisioner/auth_token"
 CONTAINER_RAY_DIR = "/tmp/ray"
+# Jobs write their results here: the node's results directory, bind-mounted, so results
+# and checkpoints live on the node's own disk and survive the container.
+CONTAINER_RESULTS_DIR = "/provisioner/results"
+# The variable that tells a job (and the Ray processes it inherits from) where that is.
+RESULTS_ROOT_ENV = "PROVISIONER_RESULTS_ROOT"
 
 # Docker labels put on every container this tool starts.
 LABEL_CLUSTER = "provisioner.cluster"
@@ -42,3 +47,13 @@ def node_token_path(cluster: str) -> str:
 def node_ray_dir(cluster: str) -> str:
     """Shell word: the node directory mounted as Ray's /tmp/ray (logs survive the container)."""
     return node_path(cluster, "ray")
+
+
+def node_results_rel(cluster: str, *parts: str) -> str:
+    """The results directory (or a path in it) relative to the SSH user's home (SFTP paths)."""
+    return "/".join((node_dir(cluster), "results", *parts))
+
+
+def node_results_dir(cluster: str, *parts: str) -> str:
+    """Shell word: the node directory where jobs write their results (one directory per job)."""
+    return node_path(cluster, "results", *parts)

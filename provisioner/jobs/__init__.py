@@ -1,11 +1,11 @@
 """Training jobs on the cluster: submit a playbook, follow it, bring its results home.
 
 - `spec`: the job as data (entrypoint, runtime_env with the playbook's directory);
-- `client`: the Jobs API client carrying the token;
-- `stream`: the live log, line by line;
-- `submit`: the whole run, Ctrl-C included;
-- `results`, `plots`, `tables`: what comes home to results/JOB/ and the plots drawn here;
-- `provisioner_results`: the stdlib-only package that ships results through the job log.
+- `client`: the Jobs API client carrying the token; `link`: the tunnel, client and SSH;
+- `stream`: the live log, line by line, reconnecting when it drops;
+- `submit`: the whole run; `manage`: list, stop; `resume`: continue from a checkpoint;
+- `pull`, `landing`: results from the head's disk over SSH, incremental and verified;
+- `results`, `plots`, `tables`: what comes home to results/JOB/ and the plots drawn here.
 """
 
 from provisioner.jobs.spec import JobSpec, make_spec

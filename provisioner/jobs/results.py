@@ -1,34 +1,31 @@
-"""Bring a finished job's results home: its log, its files, its plots, in results/JOB/.
+"""Bring a job's results home into results/JOB/: its files from the head's disk (over
+SSH, incrementally, verified), its log from the Jobs API, the plots drawn here.
 
-Everything here comes from the job, so it is treated as hostile: the files are received
-through provisioner.remote.receive (bounded, no links, private modes), the log written
-home is capped, and a file the client cannot read (a non-UTF-8 CSV, bad JSON) is named
-in `unreadable` instead of ending the command.
+Everything here comes from the job, so it is treated as hostile: files land through
+provisioner.remote.receive (`pull`), the log written home is capped and split on
+newlines only, and a file the client cannot read (a non-UTF-8 CSV, bad JSON) is named in
+`unreadable` instead of ending the command.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from provisioner.errors import ReceiveError
-from provisioner.jobs import provisioner_results
+from provisioner.jobs import landing
+from provisioner.jobs.link import Target
 from provisioner.jobs.plots import plot_results
+from provisioner.jobs.pull import Pulled, pull
 from provisioner.jobs.stream import visible
-from provisioner.remote.receive import Limits, receive_tar
+from provisioner.remote.session import Session
 
 LOG_FILE = "job.log"
-# What a job's results may bring home (the packer on the head caps the compressed size too).
-LIMITS = Limits(
-    members=10_000,
-    file_bytes=512 * 1024 * 1024,
-    total_bytes=1024 * 1024 * 1024,
-    compressed_bytes=provisioner_results.MAX_BYTES,
-)
+STATUS_FILE = "job-status.json"  # written on the head by `down --yes` when it stops a job
+FINAL_TRIES = 3  # a file still changing at the end is fetched again, this many times
 LOG_BYTES = 64 * 1024 * 1024  # the most of a job's log kept in job.log (its end is kept)
 
 
@@ -41,35 +38,39 @@ class Results:
     plots: list[Path] = field(default_factory=list)
     summary: dict[str, Any] | None = None
     missing: str | None = None  # why no files came, when none did
-    refused: ReceiveError | None = None  # the files were refused as unsafe or too big
+    pulled: Pulled | None = None
+    refused: ReceiveError | None = None  # files refused as unsafe
     unreadable: list[str] = field(default_factory=list)  # files that could not be read
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "results_dir": str(self.directory),
+            "files": [str(p) for p in self.files],
+            "plots": [str(p) for p in self.plots],
+            "summary": self.summary,
+            "results_missing": self.missing,
+            "results_refused": self.refused.to_json() if self.refused else None,
+            "results_unreadable": self.unreadable,
+            "transfer": self.pulled.to_json() if self.pulled else None,
+        }
 
-def bring_home(log: str, directory: Path, *, limits: Limits = LIMITS) -> Results:
-    """Unpack the results the log carries into `directory`, write the visible log to
-    directory/job.log, plot what can be plotted."""
-    lines = provisioner_results.split_lines(log)
-    found = Results(directory=directory)
-    try:
-        data = provisioner_results.unpack(lines)
-        received = receive_tar(
-            data,
-            directory,
-            limits=limits,
-            what=f"the results of job {directory.name}",
-            where=f"job {directory.name}",
-        )
-        found.files = received.files
-    except provisioner_results.ResultsError as exc:
-        found.missing = str(exc)
-    except ReceiveError as exc:
-        found.refused = exc
-        found.missing = str(exc)
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    write_private(directory / LOG_FILE, capped_log(visible(lines)))
-    if found.files:
-        _read_results(found)
-    return found
+
+def pull_all(session: Session, cluster: str, job_id: str, home: Path) -> Pulled:
+    """Pull until nothing is pending (files rewritten mid-transfer are fetched again)."""
+    total = pull(session, cluster, job_id, home)
+    for _ in range(FINAL_TRIES):
+        if not total.pending:
+            break
+        again = pull(session, cluster, job_id, home)
+        total.sent += again.sent
+        total.bytes_sent += again.bytes_sent
+        total.pending = again.pending
+    return total
+
+
+def lines_of(log: str) -> list[str]:
+    """A log's lines, split on newlines only (`\r` and other separators stay inside)."""
+    return log.split("\n")
 
 
 def capped_log(lines: list[str], limit: int = LOG_BYTES) -> str:
@@ -78,41 +79,67 @@ def capped_log(lines: list[str], limit: int = LOG_BYTES) -> str:
     if len(text) <= limit:
         return text
     return (
-        f"[provisioner: the first {len(text) - limit} characters were left out]\n" + (text[-limit:])
+        f"[provisioner: the first {len(text) - limit} characters were left out]\n" + text[-limit:]
     )
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write `path` as 0600 without following a link; replaces a regular file."""
-    if path.is_symlink() or path.is_dir():
-        raise ReceiveError(f"{path} is not a regular file", f"remove {path}, then run again")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
-        f.write(text)
+def write_log(log: str, home: Path) -> None:
+    landing.ensure_root(home)
+    text = capped_log(visible(lines_of(log.rstrip("\n"))))
+    landing.write_file(home, LOG_FILE, text.encode("utf-8", "replace"))
 
 
-def _read_results(found: Results) -> None:
-    """Plots and the summary; a file that cannot be read is named, never fatal."""
-    try:
-        found.plots = plot_results(found.directory)
-        for plot in found.plots:
-            plot.chmod(0o600)
-    except (ValueError, OSError, csv.Error) as exc:
-        found.unreadable.append(f"plots: {exc}")
-    summary = found.directory / "summary.json"
-    if summary.is_file():
+def finish(home: Path, pulled: Pulled | None) -> Results:
+    """Plots and summary from what is home now."""
+    found = Results(directory=home, pulled=pulled)
+    if pulled is not None and not pulled.found:
+        found.missing = "the head holds no results directory for this job"
+    if home.is_dir():
+        found.files = sorted(
+            p for p in home.rglob("*") if p.is_file() and not p.name.startswith(".")
+        )
         try:
-            value = json.loads(summary.read_text(encoding="utf-8"))
-        except (ValueError, OSError) as exc:
-            found.unreadable.append(f"summary.json: {exc}")
-        else:
-            if isinstance(value, dict):
-                found.summary = value
+            found.plots = plot_results(home)
+            for plot in found.plots:
+                plot.chmod(0o600)
+        except (ValueError, OSError, csv.Error) as exc:
+            found.unreadable.append(f"plots: {exc}")
+        summary = home / "summary.json"
+        if summary.is_file():
+            try:
+                value = json.loads(summary.read_text(encoding="utf-8"))
+            except (ValueError, OSError) as exc:
+                found.unreadable.append(f"summary.json: {exc}")
             else:
-                found.unreadable.append("summary.json: not a JSON object")
+                if isinstance(value, dict):
+                    found.summary = value
+                else:
+                    found.unreadable.append("summary.json: not a JSON object")
+    if not found.files and found.missing is None:
+        found.missing = "the job wrote no results"
+    return found
+
+
+def bring_home(target: Target, job_id: str, home: Path, *, log: str | None = None) -> Results:
+    """Everything of `job_id` that is on the head now, plus its log when given."""
+    if log is not None:
+        write_log(log, home)
+    pulled = None
+    refused = None
+    if target.inventory is not None:
+        try:
+            with target.ssh() as session:
+                pulled = pull_all(session, target.cluster, job_id, home)
+        except ReceiveError as exc:
+            refused = exc
+    found = finish(home, pulled)
+    if refused is not None:
+        found.refused, found.missing = refused, str(refused)
+    if target.inventory is None:
+        found.missing = "results come home over SSH: give -i INVENTORY"
+    return found
 
 
 def tail(log: str, lines: int = 20) -> list[str]:
     """The last visible lines of a log (a failed job's traceback)."""
-    return visible(provisioner_results.split_lines(log))[-lines:]
+    return visible(lines_of(log.rstrip("\n")))[-lines:]

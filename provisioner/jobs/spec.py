@@ -5,6 +5,7 @@ Pure functions; `submit` sends what they build to Ray's Jobs API.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import time
@@ -12,17 +13,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provisioner.cluster.layout import RESULTS_ROOT_ENV
 from provisioner.errors import InputError
-from provisioner.jobs import provisioner_results
 
-# Where playbooks write, relative to the job's working directory on the head: one
-# directory per job. Ray extracts a working_dir once per content hash and gives that
-# same directory to every job with the same content, so a fixed `results/` would carry
-# one job's files (a checkpoint, metrics) into the next job's results.
-RESULTS_DIR = "results"
+# Where a job writes: $PROVISIONER_RESULTS_ROOT/JOB, the node's results directory (on the
+# head's own disk, outside the container), one directory per job.
 RESULTS_ENV = "PROVISIONER_RESULTS_DIR"
+# A checkpoint to continue from, relative to the job's results directory (set by --resume).
+RESUME_ENV = "PROVISIONER_RESUME_FROM"
+RESUME_DIR = "resume"
 # Files that never travel with the working_dir (besides .gitignore'd ones, which Ray honours).
 EXCLUDES = ["results/", "__pycache__/", "*.pyc", ".git/"]
+# Job ids name directories on the head and here: keep them to a safe alphabet.
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Keys of the job's metadata in Ray (what `jobs list` shows).
+META_PLAYBOOK = "provisioner.playbook"
+META_ARGS = "provisioner.args"
+META_ATTEMPT = "provisioner.attempt"
+META_RUN = "provisioner.run"
+META_RESUMED = "provisioner.resumed_from"
+
+
+def check_job_id(job_id: str) -> str:
+    """`job_id`, or an InputError when it could not safely name a directory."""
+    if not JOB_ID.match(job_id):
+        raise InputError(
+            f"{job_id!r} is not a job id",
+            "use the id `submit` printed or `provisioner jobs list` shows (letters, digits, . _ -)",
+        )
+    return job_id
 
 
 @dataclass(frozen=True)
@@ -33,42 +52,40 @@ class JobSpec:
     args: tuple[str, ...] = ()
     job_id: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    run: str = ""  # the first attempt's id when this is a retry (`--retries`)
+    attempt: int = 1
+    resumed_from: str = ""  # the job or path this one continues from
     excludes: tuple[str, ...] = ()  # beyond EXCLUDES: the secrets found (jobs/upload.py)
 
     @property
     def working_dir(self) -> Path:
         return self.playbook.parent
 
-    @property
-    def results_dir(self) -> str:
-        """This job's own results directory, relative to the working directory."""
-        return f"{RESULTS_DIR}/{self.job_id}"
-
     def entrypoint(self) -> str:
-        """The shell command the head runs: the playbook, then the results shipment.
-
-        The playbook's exit status is the job's, whatever the shipment does.
-        """
+        """The shell command the head runs: this job's results directory made, then the
+        playbook. The node's results root comes from the Ray container's environment."""
+        missing = "the cluster was started without a results directory; run provisioner up"
+        root = f'"${{{RESULTS_ROOT_ENV}:?{missing}}}"'
+        results = f"{root}/{self.job_id}"
         run = shlex.join(["python3", "-u", self.playbook.name, *self.args])
-        ship = shlex.join(
-            [
-                "python3",
-                "-m",
-                provisioner_results.__name__.rsplit(".", 1)[-1],
-                "pack",
-                self.results_dir,
-            ]
-        )
-        return f"{run}; rc=$?; {ship}; exit $rc"
+        return f'export {RESULTS_ENV}={results} && mkdir -p "${RESULTS_ENV}" && exec {run}'
 
     def runtime_env(self) -> dict[str, Any]:
-        """working_dir = the playbook's directory; the results shipper as a py_module;
-        PROVISIONER_RESULTS_DIR = this job's results directory."""
+        """working_dir = the playbook's directory; the job's own variables."""
+        env = {"PYTHONUNBUFFERED": "1", **self.env}
+        if self.resumed_from:
+            env[RESUME_ENV] = f"{RESUME_DIR}/checkpoint"
+        excludes = [*EXCLUDES, *self.excludes]
+        return {"working_dir": str(self.working_dir), "excludes": excludes, "env_vars": env}
+
+    def metadata(self) -> dict[str, str]:
+        """What Ray keeps beside the job, for `jobs list` and retries."""
         return {
-            "working_dir": str(self.working_dir),
-            "excludes": [*EXCLUDES, *self.excludes],
-            "py_modules": [str(Path(provisioner_results.__file__).parent)],
-            "env_vars": {RESULTS_ENV: self.results_dir, "PYTHONUNBUFFERED": "1", **self.env},
+            META_PLAYBOOK: self.playbook.name,
+            META_ARGS: json.dumps(list(self.args)),
+            META_ATTEMPT: str(self.attempt),
+            META_RUN: self.run or self.job_id,
+            META_RESUMED: self.resumed_from,
         }
 
 
@@ -92,4 +109,10 @@ def make_spec(
     if path.suffix != ".py":
         raise InputError(f"playbook {playbook} is not a .py file", "give a Python script")
     resolved = path.resolve()
-    return JobSpec(playbook=resolved, args=tuple(args), job_id=job_id or job_id_for(resolved))
+    job = check_job_id(job_id) if job_id else job_id_for(resolved)
+    return JobSpec(playbook=resolved, args=tuple(args), job_id=job)
+
+
+def asks_for_help(args: tuple[str, ...] | list[str]) -> bool:
+    """True when the playbook's arguments ask only for its usage (`-- --help`)."""
+    return any(a in ("-h", "--help") for a in args)

@@ -1,8 +1,9 @@
-"""Submit a playbook as a Ray job, follow it, stop it on Ctrl-C, bring its results home.
+"""Submit a playbook as a Ray job, follow it, bring its results home.
 
-The core takes a dashboard URL and a token path; the CLI opens the SSH tunnel that
-gives the URL. Nothing here prints: lines of the job's log go to `on_line`, progress
-to `report`.
+The job outlives the client: Ctrl-C (or a killed `submit`, a dropped connection) only
+stops following, never the job; `provisioner jobs logs JOB --follow` picks it up again
+and `jobs stop JOB` stops it. Nothing here prints: lines of the job's log go to the
+handlers, progress to `report`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from provisioner.console import Reporter, quiet
+from provisioner.cluster import layout
 from provisioner.errors import OperationError
-from provisioner.jobs.client import connect, ray_client_quiet, refused
-from provisioner.jobs.results import Results, bring_home, tail
+from provisioner.jobs.client import refused
+from provisioner.jobs.link import Link, Target
+from provisioner.jobs.results import Results, bring_home, finish, tail
 from provisioner.jobs.spec import EXCLUDES, JobSpec
-from provisioner.jobs.stream import follow
+from provisioner.jobs.stream import Followed, Handlers, follow
 from provisioner.jobs.upload import Upload, plan_upload
 from provisioner.local import state_root
 
@@ -29,7 +31,7 @@ TAIL_LINES = 20
 
 @dataclass
 class JobOutcome:
-    """How a job ended and what came home."""
+    """How a job ended (or where it was when we stopped following) and what came home."""
 
     job_id: str
     status: str
@@ -37,75 +39,31 @@ class JobOutcome:
     log_tail: list[str] = field(default_factory=list)
     message: str = ""
     interrupted: bool = False
-    upload: Upload | None = None
+    detached: bool = False
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    upload: Upload | None = None  # what was sent of the playbook's directory
 
     @property
     def ok(self) -> bool:
-        return self.status == SUCCEEDED
+        return self.status == SUCCEEDED or (self.detached and not self.interrupted)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id,
             "status": self.status,
             "ok": self.ok,
+            "detached": self.detached,
             "interrupted": self.interrupted,
             "message": self.message,
-            "results_dir": str(self.results.directory),
-            "files": [str(p) for p in self.results.files],
-            "plots": [str(p) for p in self.results.plots],
-            "summary": self.results.summary,
-            "results_missing": self.results.missing,
-            "results_refused": self.results.refused.to_json() if self.results.refused else None,
-            "results_unreadable": self.results.unreadable,
+            **self.results.to_json(),
             "log_tail": self.log_tail,
+            "attempts": self.attempts,
             "upload": self.upload.to_json() if self.upload else None,
         }
 
 
-def submit(
-    dashboard_url: str,
-    token_path: Path | None,
-    spec: JobSpec,
-    results_root: Path,
-    *,
-    on_line: Callable[[str], None] = quiet,
-    report: Reporter = quiet,
-    stop_timeout: float = 60.0,
-) -> JobOutcome:
-    """Run `spec` on the cluster behind `dashboard_url` and return how it ended."""
-    upload = upload_for(spec)
-    spec = replace(spec, excludes=tuple(upload.excludes[len(EXCLUDES) :]))
-    with ray_client_quiet():
-        client = connect(dashboard_url, token_path)
-        report(
-            f"submitting {spec.playbook.name} as job {spec.job_id} (working_dir {spec.working_dir})"
-        )
-        report(upload_line(upload))
-        _submit(client, dashboard_url, token_path is not None, spec)
-        interrupted = False
-        try:
-            follow(client, spec.job_id, on_line)
-        except KeyboardInterrupt:
-            interrupted = True
-            report(f"interrupted: stopping job {spec.job_id}")
-            client.stop_job(spec.job_id)
-        status, message = wait_until_done(client, spec.job_id, timeout=stop_timeout)
-        report(f"job {spec.job_id}: {status}; bringing results home")
-        log = client.get_job_logs(spec.job_id)
-        results = bring_home(log, results_root / spec.job_id)
-        return JobOutcome(
-            job_id=spec.job_id,
-            status=status,
-            results=results,
-            log_tail=[] if status == SUCCEEDED else tail(log, TAIL_LINES),
-            message=message,
-            interrupted=interrupted,
-            upload=upload,
-        )
-
-
 def upload_for(spec: JobSpec) -> Upload:
-    """What Ray will send of the playbook's directory (secrets left out)."""
+    """What Ray will send of the playbook's directory (obvious secrets left out)."""
     return plan_upload(spec.working_dir, [*EXCLUDES, *spec.excludes], state_root())
 
 
@@ -117,22 +75,132 @@ def upload_line(upload: Upload) -> str:
     return line
 
 
-def _submit(client: Any, dashboard_url: str, had_token: bool, spec: JobSpec) -> None:
+def start(link: Link, spec: JobSpec) -> None:
+    """Hand `spec` to the cluster's Jobs API."""
     from ray.exceptions import AuthenticationError
 
     try:
-        client.submit_job(
+        link.client.submit_job(
             entrypoint=spec.entrypoint(),
             submission_id=spec.job_id,
             runtime_env=spec.runtime_env(),
+            metadata=spec.metadata(),
         )
     except AuthenticationError as exc:
-        raise refused(dashboard_url, had_token) from exc
+        raise refused(link.url, True) from exc
     except (RuntimeError, ValueError) as exc:
         raise OperationError(
             f"the cluster did not accept job {spec.job_id}: {exc}",
             "check the playbook directory (it travels as the working_dir, at most 500 MiB)",
         ) from exc
+
+
+def prepare_results(link: Link, job_id: str) -> None:
+    """Make the job's results directory on the head as the SSH user, so that this tool
+    can add to it later (a recorded status, a checkpoint to resume from)."""
+    assert link.inventory is not None
+    directory = layout.node_results_dir(link.inventory.cluster, job_id)
+    link.head().run(f"mkdir -p {directory}", timeout=60).check()
+
+
+def submit(
+    target: Target,
+    spec: JobSpec,
+    results_root: Path,
+    *,
+    handlers: Handlers | None = None,
+    detach: bool = False,
+    prepare: Callable[[Link], None] | None = None,
+) -> JobOutcome:
+    """Run `spec` on the cluster; follow it unless `detach`; return how it ended.
+
+    `prepare(link)` runs before the job is handed over (e.g. to put a checkpoint to
+    resume from on the head)."""
+    h = handlers or Handlers()
+    home = results_root / spec.job_id
+    upload = upload_for(spec)
+    spec = replace(spec, excludes=tuple(upload.excludes[len(EXCLUDES) :]))
+    with target.link() as link:
+        if link.pool is not None:  # the job's directory, owned by the SSH user, made first
+            prepare_results(link, spec.job_id)
+        if prepare is not None:
+            prepare(link)
+        h.report(
+            f"submitting {spec.playbook.name} as job {spec.job_id} (working_dir {spec.working_dir})"
+        )
+        h.report(upload_line(upload))
+        start(link, spec)
+    if detach:
+        return JobOutcome(spec.job_id, "PENDING", Results(home), detached=True, upload=upload)
+    outcome = follow_to_end(target, spec.job_id, results_root, h)
+    outcome.upload = upload
+    return outcome
+
+
+def follow_to_end(
+    target: Target, job_id: str, results_root: Path, handlers: Handlers | None = None
+) -> JobOutcome:
+    """Follow a job (already running) until it ends, then bring everything home.
+
+    Ctrl-C stops following only: the outcome says the job goes on."""
+    h = handlers or Handlers()
+    home = results_root / job_id
+    try:
+        followed = follow(target, job_id, h, home=home if target.inventory else None)
+    except KeyboardInterrupt:
+        return JobOutcome(
+            job_id,
+            "RUNNING",
+            finish(home, None),
+            message=f"detached; the job goes on: provisioner jobs logs {job_id} --follow",
+            interrupted=True,
+            detached=True,
+        )
+    return collect(target, job_id, results_root, followed, h)
+
+
+def collect(
+    target: Target, job_id: str, results_root: Path, followed: Followed, h: Handlers
+) -> JobOutcome:
+    """After following: the whole log (if the Jobs API still answers) and the results."""
+    home = results_root / job_id
+    status, message = followed.status, followed.message
+    log: str | None = None
+    try:
+        with target.link() as link:
+            log = link.client.get_job_logs(job_id)
+            if not followed.terminal:
+                info = link.client.get_job_info(job_id)
+                status, message = str(info.status.value), str(info.message or "")
+    except Exception as exc:  # the cluster may be gone (down): the head's disk still has it
+        h.report(
+            f"the job's log is not available ({type(exc).__name__}); results from the head's disk"
+        )
+    h.report(f"job {job_id}: {status}; bringing results home")
+    results = bring_home(target, job_id, home, log=log)
+    if status == "UNKNOWN":
+        status = recorded_status(home) or status
+    return JobOutcome(
+        job_id=job_id,
+        status=status,
+        results=results,
+        log_tail=[] if status == SUCCEEDED or log is None else tail(log, TAIL_LINES),
+        message=message,
+    )
+
+
+def recorded_status(home: Path) -> str | None:
+    """The status `down --yes` recorded on the head when it stopped the job, if it did."""
+    import json
+
+    from provisioner.jobs.results import STATUS_FILE
+
+    try:
+        data = json.loads((home / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    value = data.get("status") if isinstance(data, dict) else None
+    return str(value) if value else None
 
 
 def wait_until_done(client: Any, job_id: str, *, timeout: float) -> tuple[str, str]:
@@ -145,6 +213,98 @@ def wait_until_done(client: Any, job_id: str, *, timeout: float) -> tuple[str, s
         if time.monotonic() > deadline:
             raise OperationError(
                 f"job {job_id} is still {info.status.value} after {timeout:.0f}s",
-                f"stop it with `ray job stop {job_id}` through the tunnel",
+                f"stop it with `provisioner jobs stop {job_id}`",
             )
         time.sleep(0.5)
+
+
+# Signs in a failed job's message or log that the cluster, not the playbook, failed.
+LOST = (
+    "ActorDiedError",
+    "RayActorError",
+    "ActorUnavailableError",
+    "NodeDiedError",
+    "WorkerCrashedError",
+    "OwnerDiedError",
+    "node died",
+    "was lost",
+    "GcsRpcError",
+    "RaySystemError",
+    "unexpectedly exited",
+)
+
+
+def lost_a_node(outcome: JobOutcome) -> bool:
+    """True when the job failed because a node, a worker or the head went away."""
+    if outcome.status == "UNKNOWN":
+        return True
+    if outcome.status != "FAILED":
+        return False
+    text = "\n".join([outcome.message, *outcome.log_tail])
+    return any(sign in text for sign in LOST)
+
+
+def attempt_record(outcome: JobOutcome, spec: JobSpec) -> dict[str, Any]:
+    summary = outcome.results.summary or {}
+    return {
+        "attempt": spec.attempt,
+        "job_id": outcome.job_id,
+        "status": outcome.status,
+        "message": outcome.message[-500:],
+        "resumed_from": spec.resumed_from or None,
+        "iterations": summary.get("iterations"),
+        "results_dir": str(outcome.results.directory),
+    }
+
+
+def write_attempts(outcome: JobOutcome, homes: list[Path]) -> None:
+    """attempts.json in every attempt's results directory."""
+    import json
+
+    from provisioner.jobs import landing
+
+    body = json.dumps(outcome.attempts, indent=1).encode()
+    for home in homes:
+        landing.ensure_root(home)
+        landing.write_file(home, "attempts.json", body)
+
+
+def submit_with_retries(
+    target: Target,
+    spec: JobSpec,
+    results_root: Path,
+    *,
+    retries: int,
+    repair: Callable[[], None],
+    handlers: Handlers | None = None,
+    prepare: Callable[[Link], None] | None = None,
+    resume_prepare: Callable[[JobSpec, Path], tuple[JobSpec, Callable[[Link], None] | None]],
+) -> JobOutcome:
+    """Run `spec`; when it fails because a node was lost or the head restarted, repair
+    the cluster (`repair`, i.e. `up`) and resubmit from the latest checkpoint, at most
+    `retries` times. Every attempt is listed in the outcome and in attempts.json."""
+    import dataclasses
+
+    h = handlers or Handlers()
+    env = {**spec.env, "PROVISIONER_RETRIES": str(retries)}
+    current = dataclasses.replace(spec, env=env, run=spec.job_id, attempt=1)
+    outcome = submit(target, current, results_root, handlers=h, prepare=prepare)
+    records = [attempt_record(outcome, current)]
+    homes = [results_root / current.job_id]
+    while not outcome.ok and not outcome.interrupted and lost_a_node(outcome):
+        if current.attempt > retries:
+            break
+        h.report(f"job {outcome.job_id} {outcome.status}: a node was lost; repairing (up)")
+        repair()
+        following = dataclasses.replace(
+            current, job_id=f"{spec.job_id}-r{current.attempt}", attempt=current.attempt + 1
+        )
+        following, step = resume_prepare(following, results_root / current.job_id)
+        h.report(f"attempt {following.attempt}: job {following.job_id}")
+        current = following
+        outcome = submit(target, current, results_root, handlers=h, prepare=step)
+        records.append(attempt_record(outcome, current))
+        homes.append(results_root / current.job_id)
+    outcome.attempts = records
+    write_attempts(outcome, homes)
+    return outcome

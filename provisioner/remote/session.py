@@ -268,6 +268,21 @@ class Session:
                 self.host, f"cannot fetch {remote}: {exc}", None, kind="sftp"
             ) from None
 
+    def open_remote(self, remote: str) -> paramiko.SFTPFile:
+        """A node's file open for reading over SFTP (prefetching), to stream it home."""
+        try:
+            handle = self._sftp_client().open(remote, "rb")
+            handle.prefetch()
+        except FileNotFoundError:
+            raise RemoteError(
+                self.host, f"{remote} does not exist on the node", None, kind="sftp"
+            ) from None
+        except CONNECT_ERRORS as exc:
+            raise RemoteError(
+                self.host, f"cannot read {remote}: {exc}", None, kind="sftp"
+            ) from None
+        return handle
+
     def sftp_put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
         """Copy a file to the node (optionally setting its mode, e.g. 0o600 for secrets)."""
         try:

@@ -33,6 +33,7 @@ MODULE_ORDER = (
     "test_cluster_lifecycle",
     "test_ray_up",
     "test_jobs",
+    "test_long_runs",
     "test_faults",
     "test_security",
     "test_hostile_returns",

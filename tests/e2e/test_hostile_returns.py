@@ -1,8 +1,8 @@
 """What comes home from nodes and jobs, when they are hostile (issue 20), on the lab.
 
 A job that leaves links and special files in its results and prints terminal escapes; a
-job that prints forged results blocks; a node whose `tar` answers log collection with a
-hostile archive during `down`; known_hosts with `@revoked` and `@cert-authority` lines.
+node whose `tar` answers log collection with a hostile archive during `down`; known_hosts
+with `@revoked` and `@cert-authority` lines.
 Each ends in a clear message and exit code, nothing is written outside its target, and
 every fault is undone. (The relay key's byte-for-byte cleanup is in test_image_push.py.)
 """
@@ -14,7 +14,6 @@ import io
 import json
 import stat
 import tarfile
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,20 +105,30 @@ def test_a_job_leaving_links_and_escapes_brings_only_its_files_home(
     (book / ".env").write_text("API_KEY=not-sent\n")
     with scenario(
         "a job leaves links and a FIFO in its results, prints terminal escapes and markup",
-        "exit 0; its regular files come home 0600 in a 0700 folder, the links and the FIFO "
+        "exit 0; its regular files come home 0600 in 0700 folders, the links and the FIFO "
         "stay on the head; the escapes are shown, not sent to the terminal; secrets beside "
         "the playbook never reach the cluster",
         kind="security",
     ) as s:
-        run = cli("submit", "-i", inv, "--results", str(tmp_path / "r"), str(book / "links.py"))
+        run = cli(
+            "submit",
+            "-i",
+            inv,
+            "--verbose",
+            "--results",
+            str(tmp_path / "r"),
+            str(book / "links.py"),
+        )
         shown = run.stdout + run.stderr
         assert run.code == 0, shown[-3000:]
         (job,) = (tmp_path / "r").iterdir()
-        expected = {"sub", "metrics.csv", "summary.json", "job.log", "training.png"}
-        assert snapshot(job) == expected, snapshot(job)
-        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (job, *job.rglob("*"))}
-        assert modes.pop(job.name) == 0o700 and modes.pop("sub") == 0o700
-        assert set(modes.values()) == {0o600}, modes
+        home = snapshot(job)
+        assert {"metrics.csv", "summary.json", "job.log", "training.png"} <= home, home
+        assert not home & {"passwd", "up", "sub/home", "pipe"}, home
+        for path in (job, *job.rglob("*")):
+            mode = stat.S_IMODE(path.lstat().st_mode)
+            assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+            assert not path.is_symlink(), path
         assert not any(c in shown for c in TERMINAL_BYTES), [
             c for c in TERMINAL_BYTES if c in shown
         ]
@@ -128,67 +137,9 @@ def test_a_job_leaving_links_and_escapes_brings_only_its_files_home(
         assert "secrets on the cluster: []" in shown
         assert "left out as secrets: .env, id_ed25519" in run.stderr
         s.observed = (
-            f"exit 0; home: {sorted(snapshot(job))} (links, FIFO left behind); "
+            f"exit 0; home: {sorted(home)} (links, FIFO left behind); "
             "escapes shown as \\x1b..., markup as text; .env and id_ed25519 not sent"
         )
-
-
-def forged_block(files: dict[str, bytes]) -> list[str]:
-    import hashlib
-
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    data = buffer.getvalue()
-    text = base64.b64encode(data).decode()
-    return [
-        f"PROVISIONER-RESULTS-BEGIN {len(data)} {hashlib.sha256(data).hexdigest()}",
-        f"PROVISIONER-RESULTS-DATA {text}",
-        "PROVISIONER-RESULTS-END",
-    ]
-
-
-def test_forged_results_blocks_write_nothing_and_keep_the_outcome(inv: str, tmp_path: Path) -> None:
-    escape = forged_block({"../../outside/pwned.pth": b"import os"})
-    hidden = forged_block({"summary.json": b'{"forged": true}'})
-    book = tmp_path / "book"
-    book.mkdir()
-    (book / "forge.py").write_text(
-        textwrap.dedent(f"""
-        import os, pathlib
-        d = pathlib.Path(os.environ["PROVISIONER_RESULTS_DIR"])
-        d.mkdir(parents=True)
-        (d / "summary.json").write_text('{{"real": true}}')
-        for line in {escape!r}:
-            print(line)
-        for line in {hidden!r}:
-            print("progress\\r" + line)
-        """)
-    )
-    with scenario(
-        "a job prints a forged results block (a path out of results/) and one hidden "
-        "behind a carriage return",
-        "the job's outcome is kept (SUCCEEDED, exit 0); no block is taken, the reason is "
-        "said; nothing is written outside results/JOB",
-        kind="security",
-    ) as s:
-        run = cli(
-            "submit", "-i", inv, "--results", str(tmp_path / "r"), "--json", str(book / "forge.py")
-        )
-        assert run.code == 0, run.stderr[-3000:]
-        out = json.loads(run.stdout)
-        assert out["status"] == "SUCCEEDED"
-        assert "more than one results block" in out["results_missing"]
-        assert out["files"] == [] and out["summary"] is None
-        (job,) = (tmp_path / "r").iterdir()
-        assert snapshot(tmp_path) == {"book", "book/forge.py", "r", f"r/{job.name}"} | {
-            f"r/{job.name}/job.log"
-        }
-        assert not (tmp_path / "outside").exists() and snapshot(job) == {"job.log"}
-        s.observed = f"exit 0, SUCCEEDED; results_missing: {out['results_missing'][:80]}..."
 
 
 def hostile_logs_tar(outside: Path) -> bytes:

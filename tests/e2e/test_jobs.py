@@ -2,7 +2,7 @@
 
 The path is the user's: the inventory's SSH tunnel to the head's dashboard, the token
 from the inventory's state directory, the playbook's directory uploaded as the job's
-working_dir, env runners on the lab's nodes, results home through the job's log.
+working_dir, env runners on the lab's nodes, results home over SSH from the head's disk.
 Budgets are tiny (a few hundred env steps): the lab's nodes share two cores.
 """
 
@@ -19,10 +19,11 @@ import pytest
 
 from provisioner.cli import run
 from provisioner.cluster.token import local_token_path
-from provisioner.cluster.tunnel import tunnel
 from provisioner.inventory import load_inventory
 from provisioner.jobs import make_spec, submit
 from provisioner.jobs.client import AuthRefused
+from provisioner.jobs.link import Target
+from provisioner.jobs.stream import Handlers
 from provisioner.lab.nodes import LabInfo
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
@@ -44,9 +45,21 @@ def inventory(cluster_inventory: Path) -> str:
     return str(cluster_inventory)
 
 
-def submit_json(inventory: str, results: Path, playbook: Path, *args: str) -> tuple[int, Any, str]:
+def submit_json(
+    inventory: str, results: Path, playbook: Path, *args: str, verbose: bool = False
+) -> tuple[int, Any, str]:
+    flags = ["--verbose"] if verbose else []
     code, out, err = cli(
-        "submit", "-i", inventory, "--results", str(results), "--json", str(playbook), "--", *args
+        "submit",
+        "-i",
+        inventory,
+        "--results",
+        str(results),
+        "--json",
+        *flags,
+        str(playbook),
+        "--",
+        *args,
     )
     return code, json.loads(out), err
 
@@ -65,6 +78,7 @@ def test_ppo_small_budget_brings_metrics_checkpoint_and_plot_home(
         "300",
         "--max-iterations",
         "2",
+        verbose=True,
     )
     assert code == 0, err[-3000:]
     assert doc["status"] == "SUCCEEDED" and doc["results_missing"] is None
@@ -73,8 +87,9 @@ def test_ppo_small_budget_brings_metrics_checkpoint_and_plot_home(
     assert rows[0] == "iteration,env_steps,episode_return_mean,time_s,env_steps_per_s"
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2"]
     assert len(json.loads((job / "metrics.json").read_text())) == 2
-    assert any(p.is_file() and p.stat().st_size > 0 for p in (job / "checkpoint").rglob("*"))
-    assert doc["summary"]["checkpoint"] == "checkpoint"
+    final = job / "checkpoints" / "iter-000002"
+    assert any(p.is_file() and p.stat().st_size > 0 for p in final.rglob("*"))
+    assert doc["summary"]["checkpoint"] == "checkpoints/iter-000002"
     assert list((job / "tensorboard").glob("events.out.tfevents.*"))
     png = job / "training.png"
     assert str(png) in doc["plots"] and png.read_bytes()[:4] == b"\x89PNG"
@@ -125,17 +140,19 @@ def test_submit_without_the_token_is_refused(inventory: str, tmp_path: Path) -> 
     spec = make_spec(PLAYBOOKS / "ppo_cartpole.py")
     wrong = tmp_path / "wrong"
     wrong.write_text(secrets.token_hex(32))
-    with tunnel(load_inventory(Path(inventory))) as url:
-        with pytest.raises(AuthRefused, match="requires a token"):
-            submit(url, None, spec, tmp_path)
-        with pytest.raises(AuthRefused, match="refused the token"):
-            submit(url, wrong, spec, tmp_path)
+    inv = load_inventory(Path(inventory))
+    with pytest.raises(AuthRefused, match="requires a token"):
+        submit(Target(inv, None, None), spec, tmp_path)
+    with pytest.raises(AuthRefused, match="refused the token"):
+        submit(Target(inv, None, wrong), spec, tmp_path)
     code, _, err = cli("submit", "-i", inventory, "--token-file", str(wrong), str(spec.playbook))
     assert code == 1 and "refused the token" in err
     assert not list(tmp_path.glob("ppo-cartpole-*"))  # nothing ran, nothing came home
 
 
-def test_ctrl_c_stops_the_job(inventory: str, tmp_path: Path) -> None:
+def test_ctrl_c_detaches_and_the_job_goes_on_until_jobs_stop(
+    inventory: str, tmp_path: Path
+) -> None:
     book = tmp_path / "book" / "forever.py"
     book.parent.mkdir()
     book.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
@@ -145,8 +162,13 @@ def test_ctrl_c_stops_the_job(inventory: str, tmp_path: Path) -> None:
             raise KeyboardInterrupt
 
     inv = load_inventory(Path(inventory))
-    with tunnel(inv) as url:
-        outcome = submit(
-            url, local_token_path(inv), make_spec(book), tmp_path, on_line=press_ctrl_c
-        )
-    assert outcome.interrupted and outcome.status == "STOPPED"
+    target = Target(inv, None, local_token_path(inv))
+    spec = make_spec(book)
+    outcome = submit(target, spec, tmp_path, handlers=Handlers(on_line=press_ctrl_c))
+    assert outcome.interrupted and outcome.detached and outcome.status == "RUNNING"
+    code, out, _ = cli("jobs", "list", "-i", inventory, "--json")
+    listed = {j["job_id"]: j for j in json.loads(out)["jobs"]}
+    assert code == 0 and listed[spec.job_id]["status"] == "RUNNING"
+    assert listed[spec.job_id]["playbook"] == "forever.py"
+    code, out, err = cli("jobs", "stop", spec.job_id, "-i", inventory, "--json")
+    assert code == 0 and json.loads(out)["status"] == "STOPPED", err[-2000:]

@@ -28,12 +28,16 @@ def test_head_docker_run_is_quoted_and_carries_no_token(tmp_path: Path) -> None:
     inv = make_inventory(tmp_path, shm_size=2**30)
     cmd = commands.docker_run_command(inv, inv.head, "sha256:abc")
     assert cmd == (
-        'mkdir -p "$HOME"/.provisioner/clusters/demo/ray && docker run -d --name ray-demo '
+        'mkdir -p "$HOME"/.provisioner/clusters/demo/ray '
+        '"$HOME"/.provisioner/clusters/demo/results '
+        "&& docker run -d --name ray-demo "
         "--net=host --restart=unless-stopped --shm-size=1073741824 "
         '-v "$HOME"/.provisioner/clusters/demo/ray:/tmp/ray '
         '-v "$HOME"/.provisioner/clusters/demo/auth_token:/run/provisioner/auth_token:ro '
+        '-v "$HOME"/.provisioner/clusters/demo/results:/provisioner/results '
         "-e RAY_AUTH_MODE=token -e RAY_AUTH_TOKEN_PATH=/run/provisioner/auth_token "
-        "-e RAY_USAGE_STATS_ENABLED=0 --label provisioner.cluster=demo "
+        "-e RAY_USAGE_STATS_ENABLED=0 -e PROVISIONER_RESULTS_ROOT=/provisioner/results "
+        "--label provisioner.cluster=demo "
         "--label provisioner.role=head sha256:abc ray start --head "
         "--node-ip-address=10.250.9.10 --port=6379 --dashboard-host=127.0.0.1 "
         "--dashboard-port=8265 --ray-client-server-port=10001 --node-manager-port=8077 "

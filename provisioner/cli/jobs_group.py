@@ -1,0 +1,156 @@
+"""`provisioner jobs list|logs|stop|results`: jobs after `submit` is gone."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from provisioner.cli.common import JsonOption, output
+from provisioner.cli.jobs import (
+    AddressOption,
+    InventoryFile,
+    ResultsOption,
+    TokenOption,
+    VerboseOption,
+    _finish,
+    _handlers,
+    _target,
+    duration_text,
+    progress_text,
+)
+from provisioner.jobs import manage
+from provisioner.jobs.results import bring_home
+from provisioner.jobs.spec import check_job_id
+from provisioner.jobs.stream import job_info, visible
+from provisioner.jobs.submit import follow_to_end
+
+app = typer.Typer(
+    help="Jobs on the cluster: list, logs [--follow], stop, results.", no_args_is_help=True
+)
+
+JobArgument = Annotated[str, typer.Argument(help="The job id (`submit` printed it).")]
+
+
+@app.command("list")
+def list_cmd(
+    inventory: InventoryFile = None,
+    address: AddressOption = None,
+    token_file: TokenOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Every job: id, playbook, status, started, duration, attempt, and its progress."""
+    out = output(json_)
+    target = _target(inventory, address, token_file)
+    with target.link() as link:
+        rows = manage.list_jobs(link)
+    now = time.time()
+    if json_:
+        out.emit({"jobs": [r.to_json(now) for r in rows]})
+        return
+    table = Table("job", "playbook", "status", "started", "duration", "try", "progress")
+    for r in rows:
+        started = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started)) if r.started else "-"
+        )
+        table.add_row(
+            r.job_id,
+            r.playbook or "-",
+            r.status,
+            started,
+            duration_text(r.duration(now)),
+            str(r.attempt),
+            progress_text(r.progress) if r.progress else "-",
+        )
+    out.out.print(table)
+
+
+@app.command("logs")
+def logs_cmd(
+    job: JobArgument,
+    inventory: InventoryFile = None,
+    address: AddressOption = None,
+    token_file: TokenOption = None,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="Follow until the job ends (Ctrl-C: stop following)."),
+    ] = False,
+    results: ResultsOption = Path("results"),
+    verbose: VerboseOption = False,
+    json_: JsonOption = False,
+) -> None:
+    """The job's log; with --follow, its live progress until it ends, results coming home
+    as they appear (reconnecting when the stream or the tunnel drops)."""
+    out = output(json_)
+    job_id = check_job_id(job)
+    target = _target(inventory, address, token_file)
+    if follow:
+        handlers = _handlers(out, json_, verbose=True if not json_ else verbose)
+        _finish(out, json_, follow_to_end(target, job_id, results, handlers))
+        return
+    with target.link() as link:
+        job_info(link, job_id)
+        manage_log = link.client.get_job_logs(job_id)
+    lines = visible(manage_log.splitlines())
+    if json_:
+        out.emit({"job_id": job_id, "lines": lines})
+        return
+    for line in lines:
+        out.out.print(escape(line), markup=True, highlight=False)
+
+
+@app.command("stop")
+def stop_cmd(
+    job: JobArgument,
+    inventory: InventoryFile = None,
+    address: AddressOption = None,
+    token_file: TokenOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Stop the job and wait until it has stopped (its results stay on the head)."""
+    out = output(json_)
+    job_id = check_job_id(job)
+    target = _target(inventory, address, token_file)
+    with target.link() as link:
+        job_info(link, job_id)
+        status, message = manage.stop(link, job_id)
+    if json_:
+        out.emit({"job_id": job_id, "status": status, "message": message})
+    else:
+        out.say(f"job {job_id}: {status}")
+
+
+@app.command("results")
+def results_cmd(
+    job: JobArgument,
+    inventory: InventoryFile = None,
+    results: ResultsOption = Path("results"),
+    json_: JsonOption = False,
+) -> None:
+    """Bring what the job has written so far home into RESULTS/JOB/ (over SSH, only what
+    is new or changed, each file verified by size and sha256), and draw its plots."""
+    out = output(json_)
+    job_id = check_job_id(job)
+    target = _target(inventory, None, None)
+    found = bring_home(target, job_id, results / job_id)
+    if json_:
+        out.emit({"job_id": job_id, **found.to_json()})
+    else:
+        sent = found.pulled
+        if sent is not None:
+            out.say(
+                f"{len(sent.sent)} file(s) sent ({sent.bytes_sent} bytes), "
+                f"{sent.unchanged} already home; results in {found.directory}"
+            )
+            for name in sent.pending:
+                out.say(f"still changing on the head (run again): {name}")
+        for plot in found.plots:
+            out.say(f"plot: {plot}")
+        if found.missing:
+            out.say(f"no result files: {found.missing}")
+    if found.pulled is not None and not found.pulled.found:
+        raise typer.Exit(1)

@@ -1,0 +1,73 @@
+"""How the jobs verbs reach a cluster: Ray's Jobs API (through the SSH tunnel, with the
+token) and the head node itself over the same SSH connection (for results).
+
+A `Target` says where the cluster is; `Target.link()` opens one connection (a `Link`)
+and closes it; followers open a new one when the old one broke.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from provisioner.errors import InputError
+from provisioner.inventory import Inventory
+from provisioner.jobs.client import connect, ray_client_quiet
+from provisioner.remote import Pool
+from provisioner.remote.session import Session
+
+
+@dataclass
+class Link:
+    """One open connection: the Jobs API client and, with an inventory, the head's SSH."""
+
+    url: str
+    client: Any
+    pool: Pool | None
+    inventory: Inventory | None
+
+    def head(self) -> Session:
+        if self.pool is None or self.inventory is None:
+            raise InputError(
+                "results come home over SSH from the head, and no inventory was given",
+                "add -i INVENTORY",
+            )
+        return self.pool.session(self.inventory.head)
+
+
+@dataclass
+class Target:
+    """Where a cluster is: an inventory (tunnel + token + SSH), or a dashboard URL and token."""
+
+    inventory: Inventory | None = None
+    address: str | None = None
+    token_path: Path | None = None
+
+    @property
+    def cluster(self) -> str:
+        return self.inventory.cluster if self.inventory else ""
+
+    @contextmanager
+    def link(self) -> Iterator[Link]:
+        from provisioner.cluster.tunnel import tunnel
+
+        with ExitStack() as stack:
+            stack.enter_context(ray_client_quiet())
+            pool = stack.enter_context(Pool(self.inventory)) if self.inventory else None
+            if self.address is not None:
+                url = self.address
+            else:
+                assert self.inventory is not None, "a Target needs an inventory or an address"
+                url = stack.enter_context(tunnel(self.inventory, pool=pool))
+            yield Link(url, connect(url, self.token_path), pool, self.inventory)
+
+    @contextmanager
+    def ssh(self) -> Iterator[Session]:
+        """Only the head's SSH (when the Jobs API is gone, results still come home)."""
+        if self.inventory is None:
+            raise InputError("no inventory given", "add -i INVENTORY")
+        with Pool(self.inventory) as pool:
+            yield pool.session(self.inventory.head)

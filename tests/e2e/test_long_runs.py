@@ -1,0 +1,374 @@
+"""Long runs on the lab: jobs that outlive `submit`, results from the head's disk over SSH,
+checkpoints home during the run, resume after the head's Ray container died, `down` with
+a job running.
+
+`submit` runs as a real process here when the test kills it (SIGKILL, as when a laptop
+sleeps). Budgets stay small: the lab's nodes share two cores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner.cluster.layout import container_name
+from provisioner.inventory import load_inventory
+from provisioner.lab.nodes import LabInfo
+from tests.e2e.helpers import ssh
+from tests.e2e.test_jobs import PLAYBOOKS, cli
+
+SMALL = ["--env-runners", "2", "--train-batch", "200", "--checkpoint-every", "2"]
+
+
+@pytest.fixture(scope="module")
+def inventory(cluster_inventory: Path) -> str:
+    code, _, err = cli("up", "-i", str(cluster_inventory))
+    assert code == 0, err[-3000:]
+    return str(cluster_inventory)
+
+
+def provisioner_process(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    """`provisioner ARGS` as its own process: stderr into `log`, stdout into LOG.out."""
+    with open(log, "wb") as err, open(log.with_suffix(".out"), "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "provisioner", *args], stdout=out, stderr=err
+        )
+
+
+def drop_ssh_sessions(lab: LabInfo) -> subprocess.CompletedProcess[str]:
+    """Kill the sshd processes serving the control machine's connections to the head (all
+    but the one running this command): every tunnel and SSH channel through them drops."""
+    head = lab.nodes[0]
+    # the unprivileged sshd of each connection: `sshd: USER` (forwarding only) or
+    # `sshd: USER@notty` (commands); the `[priv]` monitors are left alone
+    pattern = f"^sshd: {head.user}(@notty)?$"
+    return ssh(
+        lab,
+        head,
+        f"for p in $(pgrep -f '{pattern}'); do "
+        '[ "$p" = "$PPID" ] || sudo kill -KILL "$p"; done; true',
+    )
+
+
+JOB_LINE = re.compile(r"\biter +(\d+) +steps +\d+ +return")
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def job_id_in(log: Path) -> str | None:
+    for line in log.read_text(errors="replace").splitlines():
+        if " as job " in line:
+            return line.split(" as job ")[1].split()[0]
+    return None
+
+
+def jobs_json(*args: str) -> tuple[int, Any, str]:
+    code, out, err = cli("jobs", *args, "--json")
+    return code, json.loads(out), err
+
+
+def test_a_killed_submit_leaves_the_job_running_and_jobs_logs_follow_takes_over(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    log = tmp_path / "submit.log"
+    results = tmp_path / "results"
+    args = ["--max-iterations", "60", "--max-env-steps", "100000", "--target-return", "1e9"]
+    args += SMALL
+    proc = provisioner_process(
+        "submit", "-i", inventory, "--results", str(results),
+        str(PLAYBOOKS / "ppo_cartpole.py"), "--", *args, log=log,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: "iter 1 " in log.read_text(errors="replace"), 240, "the first iteration")
+    finally:
+        proc.send_signal(signal.SIGKILL)  # as when the laptop sleeps: no goodbye
+        proc.wait(30)
+    job = job_id_in(log)
+    assert job is not None, log.read_text()[-2000:]
+    code, listed, err = jobs_json("list", "-i", inventory)
+    row = {j["job_id"]: j for j in listed["jobs"]}[job]
+    assert code == 0 and row["status"] == "RUNNING", err[-2000:]
+    assert row["playbook"] == "ppo_cartpole.py" and row["progress"]["iteration"] >= 1
+    assert row["progress"]["max_env_steps"] == 100000
+    # Reattach in another process; drop its SSH connection mid-stream: it reconnects.
+    follow_log = tmp_path / "follow.log"
+    follower = provisioner_process(
+        "jobs", "logs", job, "--follow", "-i", inventory, "--results", str(results),
+        "--json", log=follow_log,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: "iter" in follow_log.read_text(errors="replace"), 120, "the follower")
+        assert drop_ssh_sessions(lab).returncode == 0
+        follower.wait(300)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    text = follow_log.read_text(errors="replace")
+    assert follower.returncode == 0, text[-3000:]
+    doc = json.loads(follow_log.with_suffix(".out").read_text())
+    assert doc["status"] == "SUCCEEDED"
+    assert "reconnecting" in text, text[-3000:]
+    # every line of the job's output once, in order, across the reconnection
+    iters = [int(m.group(1)) for m in map(JOB_LINE.search, text.splitlines()) if m]
+    assert iters == list(range(1, 61)), text[-3000:]
+    logged = (results / job / "job.log").read_text().splitlines()
+    assert [int(m.group(1)) for m in map(JOB_LINE.search, logged) if m] == iters
+    home = results / job
+    code, got, err = jobs_json("results", job, "-i", inventory, "--results", str(results))
+    assert code == 0, err[-2000:]
+    assert got["transfer"]["files_sent"] == [] and got["transfer"]["bytes_sent"] == 0
+    assert (home / "metrics.csv").read_text().count("\n") == 61
+    assert list((home / "tensorboard").glob("events.out.tfevents.*"))
+    assert (home / "training.png").read_bytes()[:4] == b"\x89PNG"
+    summary = json.loads((home / "summary.json").read_text())
+    final = home / summary["checkpoint"]
+    assert summary["checkpoint"].startswith("checkpoints/iter-") and final.is_dir()
+    assert any(p.stat().st_size > 0 for p in final.rglob("*") if p.is_file())
+
+
+BIG = """
+import hashlib, json, os
+from pathlib import Path
+out = Path(os.environ["PROVISIONER_RESULTS_DIR"])
+(out / "deep" / "er").mkdir(parents=True, exist_ok=True)
+sums = {}
+for name, mib in (("big.bin", 150), ("deep/er/part.bin", 50)):
+    digest = hashlib.sha256()
+    with open(out / name, "wb") as f:
+        for _ in range(mib):
+            block = os.urandom(1 << 20)
+            f.write(block)
+            digest.update(block)
+    sums[name] = digest.hexdigest()
+(out / "tiny.txt").write_text("6 byte")
+print("SUMS " + json.dumps(sums), flush=True)
+"""
+
+
+def test_200_mb_of_results_come_home_verified_and_a_second_pull_sends_nothing(
+    inventory: str, tmp_path: Path
+) -> None:
+    book = tmp_path / "book" / "big.py"
+    book.parent.mkdir()
+    book.write_text(BIG)
+    results = tmp_path / "results"
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(results), "--json", "--verbose", str(book)
+    )
+    doc = json.loads(out)
+    assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
+    home = results / doc["job_id"]
+    sums = json.loads(err.split("SUMS ")[1].splitlines()[0])
+    for name, digest in sums.items():
+        data = (home / name).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == digest
+    assert (home / "big.bin").stat().st_size == 150 << 20
+    assert (home / "tiny.txt").read_text() == "6 byte"
+    assert doc["results_missing"] is None and doc["transfer"]["files_pending"] == []
+    code, again, err = jobs_json(
+        "results", doc["job_id"], "-i", inventory, "--results", str(results)
+    )
+    assert code == 0, err[-2000:]
+    assert again["transfer"]["files_sent"] == [] and again["transfer"]["bytes_sent"] == 0
+    assert again["transfer"]["files_unchanged"] == 3
+    os.remove(home / "tiny.txt")  # lost here: only that file travels again
+    code, third, _ = jobs_json("results", doc["job_id"], "-i", inventory, "--results", str(results))
+    assert third["transfer"]["files_sent"] == ["tiny.txt"] and third["transfer"]["bytes_sent"] == 6
+
+
+def checkpoints_home(home: Path) -> list[str]:
+    return sorted(p.name for p in (home / "checkpoints").glob("iter-*") if p.is_dir())
+
+
+def test_head_container_killed_then_up_repairs_and_submit_resume_continues(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    args = ["--max-iterations", "60", "--max-env-steps", "1000000", "--target-return", "1e9"]
+    args += SMALL
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(results), "--detach", "--json",
+        str(PLAYBOOKS / "ppo_cartpole.py"), "--", *args,
+    )  # fmt: skip
+    job = json.loads(out)["job_id"]
+    assert code == 0 and json.loads(out)["detached"], err[-2000:]
+    home = results / job
+    # Followed: checkpoints come home while the job runs.
+    follow_log = tmp_path / "follow.log"
+    follower = provisioner_process(
+        "jobs", "logs", job, "--follow", "-i", inventory, "--results", str(results),
+        log=follow_log,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(checkpoints_home(home)) >= 2, 300, "two checkpoints home")
+        code, listed, _ = jobs_json("list", "-i", inventory)
+        assert {j["job_id"]: j for j in listed["jobs"]}[job]["status"] == "RUNNING"
+        head = lab.nodes[0]
+        cluster = load_inventory(Path(inventory)).cluster
+        killed = ssh(lab, head, f"docker kill {container_name(cluster)}")
+        assert killed.returncode == 0, killed.stderr
+    finally:
+        follower.kill()
+        follower.wait(30)
+    # What came home is intact: every file matches the sha256 recorded when it was verified.
+    manifest = json.loads((home / ".pulled.json").read_text())
+    kept = checkpoints_home(home)
+    assert len(kept) >= 2
+    for name, entry in manifest.items():
+        if name.startswith("checkpoints/") and name.split("/")[1] in kept:
+            data = (home / name).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == entry["sha256"], name
+    # The head's disk outlived its container: `jobs results` brings what it holds now.
+    code, _, err = jobs_json("results", job, "-i", inventory, "--results", str(results))
+    assert code == 0, err[-2000:]
+    latest = int(checkpoints_home(home)[-1].split("-")[1])
+    code, _, err = cli("up", "-i", inventory)
+    assert code == 0, err[-3000:]
+    more = ["--max-iterations", str(latest + 3), "--target-return", "1e9", *SMALL]
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(results), "--json", "--resume", job,
+        str(PLAYBOOKS / "ppo_cartpole.py"), "--", *more,
+    )  # fmt: skip
+    doc = json.loads(out)
+    assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
+    assert "the head's own copy" in err  # the head's disk survived its container
+    rows = (results / doc["job_id"] / "metrics.csv").read_text().splitlines()[1:]
+    iterations = [int(r.split(",")[0]) for r in rows]
+    assert iterations == list(range(1, latest + 4)), iterations  # metrics appended
+    steps = [int(r.split(",")[1]) for r in rows]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)  # counters continue
+    resumed_rates = [float(r.split(",")[4]) for r in rows[latest:]]
+    # this run's own steps over its own time: the same order as before the loss, not the
+    # lifetime steps over a short time (bounds only: the lab is noisy)
+    before = [float(r.split(",")[4]) for r in rows[1:latest]]
+    assert max(resumed_rates) < 5 * max(before), (before, resumed_rates)
+    assert doc["summary"]["iterations"] == latest + 3
+    assert (results / doc["job_id"] / "training.png").is_file()
+
+
+def test_tunnel_prints_the_lines_rays_own_cli_needs(inventory: str, tmp_path: Path) -> None:
+    log = tmp_path / "tunnel.log"
+    tunnel = provisioner_process("tunnel", "-i", inventory, log=log)
+    try:
+        out = log.with_suffix(".out")
+        text = wait_for(
+            lambda: "RAY_AUTH_TOKEN_PATH" in out.read_text() and out.read_text(), 60, "the lines"
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        for line in text.splitlines():
+            if line.startswith("export "):
+                key, _, value = line[len("export ") :].partition("=")
+                env[key] = shlex.split(value)[0]
+        assert env["RAY_AUTH_MODE"] == "token"
+        ray = Path(sys.executable).with_name("ray")
+        listed = subprocess.run(
+            [str(ray), "job", "list"], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert listed.returncode == 0, listed.stderr[-2000:]
+        assert "submission_id" in listed.stdout  # Ray's own listing of this cluster's jobs
+        without = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
+        refused = subprocess.run(
+            [str(ray), "job", "list"], env=without, capture_output=True, text=True, timeout=120
+        )
+        assert refused.returncode != 0  # the auth mode line is needed, not decoration
+    finally:
+        tunnel.terminate()
+        tunnel.wait(30)
+
+
+def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    log = tmp_path / "submit.log"
+    # Five runners on three nodes of two CPUs: every worker holds at least one.
+    args = ["--env-runners", "5", "--train-batch", "200", "--checkpoint-every", "2"]
+    proc = provisioner_process(
+        "submit", "-i", inventory, "--results", str(results), "--json", "--verbose",
+        "--retries", "1", str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "30",
+        "--target-return", "1e9", *args, log=log,
+    )  # fmt: skip
+    worker = lab.nodes[1]
+    cluster = load_inventory(Path(inventory)).cluster
+    try:
+        wait_for(
+            lambda: (
+                "checkpoints/iter-000002" in log.read_text(errors="replace")
+                or (results / (job_id_in(log) or "-") / "checkpoints" / "iter-000002").is_dir()
+            ),
+            300,
+            "the first checkpoint home",
+        )
+        stopped = ssh(lab, worker, f"docker stop {container_name(cluster)}")
+        assert stopped.returncode == 0, stopped.stderr
+        proc.wait(420)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ssh(lab, worker, f"docker start {container_name(cluster)}")  # undone in any case
+    text = log.read_text(errors="replace")
+    doc = json.loads(log.with_suffix(".out").read_text())
+    assert proc.returncode == 0 and doc["status"] == "SUCCEEDED", text[-4000:]
+    attempts = json.loads((results / doc["job_id"] / "attempts.json").read_text())
+    assert [a["attempt"] for a in attempts] == [1, 2], attempts
+    assert attempts[0]["status"] == "FAILED" and attempts[1]["status"] == "SUCCEEDED"
+    assert attempts[1]["resumed_from"] == attempts[0]["job_id"]
+    rows = (results / doc["job_id"] / "metrics.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, 31))  # resumed, not restarted
+    code, listed, err = jobs_json("list", "-i", inventory)
+    assert code == 0, err[-2000:]
+    tries = {j["job_id"]: j["attempt"] for j in listed["jobs"]}
+    assert tries[attempts[0]["job_id"]] == 1 and tries[attempts[1]["job_id"]] == 2
+
+
+def test_down_during_a_followed_job_asks_for_yes_then_stops_it_and_brings_results_home(
+    inventory: str, tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    log = tmp_path / "submit.log"
+    args = ["--max-iterations", "200", "--target-return", "1e9", *SMALL]
+    follower = provisioner_process(
+        "submit", "-i", inventory, "--results", str(results), "--json",
+        str(PLAYBOOKS / "ppo_cartpole.py"), "--", *args, log=log,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: "iter 2 " in log.read_text(errors="replace"), 240, "two iterations")
+        job = job_id_in(log)
+        assert job is not None
+        code, _, err = cli("down", "-i", inventory, "--no-logs")
+        assert code == 1 and job in err and "--yes" in err, err[-2000:]
+        code, out, err = cli(
+            "down", "-i", inventory, "--no-logs", "--yes", "--json", "--results", str(results)
+        )
+        assert code == 0, err[-3000:]
+        assert json.loads(out)["jobs_stopped"][0]["status"] == "STOPPED"
+        follower.wait(200)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    text = log.read_text(errors="replace")
+    assert "unexpected" not in text and "Traceback" not in text, text[-3000:]
+    doc = json.loads(log.with_suffix(".out").read_text())
+    assert follower.returncode == 1 and doc["status"] == "STOPPED", text[-3000:]
+    home = results / job
+    assert (home / "metrics.csv").read_text().count("\n") >= 3  # nothing lost
+    assert (home / "progress.json").is_file()
