@@ -383,7 +383,7 @@ def _render(out: Output, outcome: JobOutcome) -> None:
         if found.refused.fix:
             out.err.print(f"[bold]fix:[/bold] {escape(found.refused.fix)}", markup=True)
     elif found.missing:
-        out.say(f"no result files came home: {escape(found.missing)}")
+        out.say(f"no result files came home: {found.missing}")
 
 
 # Short headers, so that the scaling table fits 80 columns (the CSV keeps the long names).
