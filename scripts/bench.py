@@ -199,7 +199,7 @@ class Context:
     def ensure_pin(self) -> None:
         """Every node holds the pin under the cluster tag (seconds when it does already)."""
         inv = load_inventory(self.inventory)
-        report = push_image(inv, self.pin(), PushOptions())
+        report = push_image(inv, None, pin=self.pin(), opts=PushOptions())
         if not report.ok:
             raise SystemExit(f"cannot push the pin to the lab: {report.errors}")
 

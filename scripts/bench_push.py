@@ -107,20 +107,20 @@ def measure(
     remove_pin(inv, [node], pin, tag)
     results["openssh_seconds"] = round(openssh_baseline(node, pin), 2)
     remove_pin(inv, [node], pin, tag)
-    report = push_image(single, pin, opts, quiet)
+    report = push_image(single, None, quiet, pin=pin, opts=opts)
     if not report.ok:
         raise SystemExit(f"push failed: {report.errors}")
     sent = report.nodes[node.name]
     results["push_seconds"] = round(sent.seconds, 2)
     results["push_bytes"] = sent.bytes_sent
     results["push_vs_openssh"] = round(results["openssh_seconds"] / sent.seconds, 2)
-    again = push_image(single, pin, opts, quiet)
+    again = push_image(single, None, quiet, pin=pin, opts=opts)
     results["repush_seconds"] = round(again.seconds, 2)
     results["repush_bytes"] = again.control_bytes
     if fanout:
         for relay in (False, True):
             remove_pin(inv, list(inv.nodes), pin, tag)
-            report = push_image(inv, pin, replace(opts, relay=relay), quiet)
+            report = push_image(inv, None, quiet, pin=pin, opts=replace(opts, relay=relay))
             if not report.ok:
                 raise SystemExit(f"push (relay={relay}) failed: {report.errors}")
             key = "relay" if relay else "direct"

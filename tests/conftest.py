@@ -21,6 +21,8 @@ def hidden_home(
 ) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
+    # ssh -G reads the account's ~/.ssh/config whatever $HOME says: point it at the hidden one
+    monkeypatch.setenv("PROVISIONER_SSH_CONFIG", str(home / ".ssh" / "config"))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

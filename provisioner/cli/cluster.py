@@ -19,15 +19,17 @@ from provisioner.cluster import render as render_mod
 from provisioner.cluster import status as status_mod
 from provisioner.cluster import token
 from provisioner.cluster import up as up_mod
-from provisioner.cluster.logs import Finding, collect
+from provisioner.cluster.logs import LogMatch, collect
 from provisioner.cluster.preflight import DoctorStopped
 from provisioner.cluster.tunnel import TENSORBOARD_PORT, tunnel
 from provisioner.console import Output
 from provisioner.errors import InputError, ProvisionerError
-from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
+from provisioner.image.lock import Pin, read_pin
 from provisioner.inventory import Inventory, load_inventory
 from provisioner.jobs.manage import JobsRunning, Stopped, stop_for_down
 from provisioner.remote import Pool
+from provisioner.runtime import runtime_for
+from provisioner.runtime.base import Runtime
 
 ForceOption = Annotated[bool, typer.Option("--force", help="Go on despite doctor errors.")]
 
@@ -42,8 +44,10 @@ def _pin(inventory: Inventory) -> Pin:
     return read_pin(inventory.image_lock)
 
 
-def _image_id(inventory: Inventory) -> str | None:
-    return _pin(inventory).image_id if inventory.image_lock is not None else None
+def _runtime(inventory: Inventory) -> Runtime:
+    """The inventory's runtime, with the pin when the inventory names one."""
+    pin = _pin(inventory) if inventory.image_lock is not None else None
+    return runtime_for(inventory, pin)
 
 
 def _default_logs_dir(inventory: Inventory) -> Path:
@@ -51,7 +55,7 @@ def _default_logs_dir(inventory: Inventory) -> Path:
     return inventory.state_dir / "logs" / stamp
 
 
-def _print_findings(out: Output, findings: list[Finding]) -> None:
+def _print_findings(out: Output, findings: list[LogMatch]) -> None:
     if not findings:
         out.say("no known error patterns found")
         return
@@ -73,9 +77,8 @@ def render(
     out = output(False)
     inv = load_inventory(inventory)
     path = token.ensure_token(inv)
-    text = render_mod.render(
-        inv, CLUSTER_TAG if inv.image_lock is None else _pin(inv).image_id, path
-    )
+    pin = _pin(inv) if inv.image_lock is not None else None
+    text = render_mod.render(inv, path, runtime_for(inv, pin))
     if out_file is None:
         out.stdout.write(text)
         return
@@ -98,17 +101,17 @@ def up(
     out = output(json_)
     inv = load_inventory(inventory)
     out.watch_nodes(n.name for n in inv.nodes)
-    pin = _pin(inv)
+    pin = _pin(inv) if inv.image_lock is not None else None
     try:
         with Pool(inv) as pool:
             result = up_mod.up(
-                pool,
                 inv,
-                pin,
+                pool,
+                out.progress,
+                pin=pin,
                 force=force,
                 doctor=not no_doctor,
                 join_timeout=join_timeout,
-                report=out.progress,
             )
     except DoctorStopped as stopped:
         if json_:
@@ -142,11 +145,21 @@ def status(inventory: InventoryOption, json_: JsonOption = False) -> None:
     out = output(json_)
     inv = load_inventory(inventory)
     with Pool(inv) as pool:
-        st = status_mod.gather(pool, inv, image_id=_image_id(inv), report=out.progress)
+        st = status_mod.gather(inv, pool, out.progress, runtime=_runtime(inv))
     if json_:
         out.emit(st.to_json())
     else:
-        table = Table("node", "role", "address", "ssh", "container", "image", "ray", "CPUs")
+        docker = st.runtime == "docker"
+        table = Table(
+            "node",
+            "role",
+            "address",
+            "ssh",
+            "container" if docker else f"ray ({st.runtime})",
+            "image" if docker else "current",
+            "ray",
+            "CPUs",
+        )
         for n in st.nodes:
             table.add_row(
                 n.name,
@@ -189,7 +202,9 @@ def down(
     stopped = _stop_jobs(inv, results, yes, out)
     target = None if no_logs else (logs_dir or _default_logs_dir(inv))
     with Pool(inv) as pool:
-        result = down_mod.bring_down(pool, inv, logs_dir=target, report=out.progress)
+        result = down_mod.bring_down(
+            inv, pool, out.progress, logs_dir=target, runtime=_runtime(inv)
+        )
     if json_:
         out.emit({**result.to_json(), "jobs_stopped": [s.to_json() for s in stopped]})
     else:
@@ -231,7 +246,7 @@ def logs(
     out.watch_nodes(n.name for n in inv.nodes)
     target = out_dir or _default_logs_dir(inv)
     with Pool(inv) as pool:
-        got = collect(pool, inv, target, report=out.progress)
+        got = collect(inv, pool, out.progress, directory=target, runtime=_runtime(inv))
     if json_:
         out.emit(got.to_json())
     else:

@@ -150,7 +150,7 @@ def push_cmd(
         parallelism=parallel, retries=retries, relay=relay, full=full, tag=CLUSTER_TAG
     )
     with out.step(f"pushing {pin.short_id()} to {len(inv.nodes)} node(s)"):
-        report = push_image(inv, pin, opts, out.progress)
+        report = push_image(inv, None, out.progress, pin=pin, opts=opts)
     if json_:
         out.emit(report.to_json())
     else:

@@ -169,7 +169,8 @@ def _with_retries(
         from provisioner.remote import Pool
 
         with Pool(inv) as pool:
-            up(pool, inv, _pin(inv), doctor=False, report=handlers.report)
+            pin = _pin(inv) if inv.image_lock is not None else None
+            up(inv, pool, handlers.report, pin=pin, doctor=False)
 
     def resume_from(
         following: JobSpec, previous: Path

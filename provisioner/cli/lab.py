@@ -53,17 +53,30 @@ def up(
             envvar="PROVISIONER_IMAGE_LOCK",
         ),
     ] = None,
+    runtime: Annotated[
+        str,
+        typer.Option(
+            "--runtime",
+            help="docker: nodes with Docker, for the pinned image; host: nodes with Ray, RLlib "
+            "and torch in a virtualenv (from images/requirements.lock and the wheelhouse) on "
+            "the login shell's PATH only.",
+        ),
+    ] = "docker",
+    images_dir: Annotated[
+        Path,
+        typer.Option("--images", help="host: the images directory (lock and wheelhouse)."),
+    ] = Path("images"),
     json_: JsonOption = False,
 ) -> None:
     """Create (or repair) the lab and write its inventory, key and known_hosts."""
     out = output(json_)
-    cfg = LabConfig.from_env(name=name, subnet=subnet, nodes=nodes)
+    cfg = LabConfig.from_env(name=name, subnet=subnet, nodes=nodes, runtime=runtime)
     if image_lock is None and DEFAULT_LOCK.exists():
         image_lock = DEFAULT_LOCK
     from provisioner.lab.nodes import lab_up
 
     with out.step(f"lab {cfg.name}: {cfg.nodes} nodes on {cfg.subnet}"):
-        lab = lab_up(cfg, out.progress, image_lock)
+        lab = lab_up(cfg, out.progress, image_lock, images_dir)
     if json_:
         out.emit(lab.to_json())
         return
@@ -238,24 +251,35 @@ def fault_unhang(node: NodeArg, name: NameOption = None, json_: JsonOption = Fal
     _done(json_, f"{lab.node(node).name}: sshd answering")
 
 
+AlsoFrom = Annotated[
+    list[str] | None,
+    typer.Option("--also-from", help="a node whose SSH is dropped too (repeat it)"),
+]
+
+
 @fault_app.command("isolate")
-def fault_isolate(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
-    """Drop SSH from this machine to a node; other nodes still reach it (try a jump host).
-    Undo: `lab fault unisolate`."""
+def fault_isolate(
+    node: NodeArg, also_from: AlsoFrom = None, name: NameOption = None, json_: JsonOption = False
+) -> None:
+    """Drop SSH from this machine (and --also-from nodes) to a node; other nodes still reach
+    it (try a jump host, or a chain). Undo: `lab fault unisolate` (same --also-from)."""
     from provisioner.lab import faults
 
     lab = _lab(name)
-    faults.isolate(lab, lab.node(node))
+    others = [lab.node(n) for n in also_from or []]
+    faults.isolate(lab, lab.node(node), others)
     _done(json_, f"{lab.node(node).name}: SSH from this machine dropped")
 
 
 @fault_app.command("unisolate")
-def fault_unisolate(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
-    """Let SSH from this machine reach the node again."""
+def fault_unisolate(
+    node: NodeArg, also_from: AlsoFrom = None, name: NameOption = None, json_: JsonOption = False
+) -> None:
+    """Let SSH from this machine (and --also-from nodes) reach the node again."""
     from provisioner.lab import faults
 
     lab = _lab(name)
-    faults.unisolate(lab, lab.node(node))
+    faults.unisolate(lab, lab.node(node), [lab.node(n) for n in also_from or []])
     _done(json_, f"{lab.node(node).name}: SSH from this machine answered again")
 
 

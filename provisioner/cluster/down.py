@@ -1,4 +1,5 @@
-"""Take the cluster down: collect logs, stop workers then the head, check the ports."""
+"""Take the cluster down: collect logs, stop workers then the head (only this cluster's
+Ray: the runtime's stop), check the ports."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, fan_out
+from provisioner.runtime import runtime_for
+from provisioner.runtime.base import Runtime
 
 
 @dataclass
@@ -50,25 +53,26 @@ def parse_ports(stdout: str) -> list[int]:
 
 
 def bring_down(
-    pool: Pool,
     inventory: Inventory,
+    pool: Pool,
+    report: Reporter = quiet,
     *,
     logs_dir: Path | None,
-    report: Reporter = quiet,
+    runtime: Runtime | None = None,
 ) -> DownResult:
-    """Idempotent: nodes without a container are fine; unreachable nodes are errors."""
+    """Idempotent: nodes without this cluster's Ray are fine; unreachable nodes are errors."""
+    runtime = runtime or runtime_for(inventory)
     result = DownResult()
     if logs_dir is not None:
         try:
-            result.logs = logs.collect(pool, inventory, logs_dir, report=report)
+            result.logs = logs.collect(inventory, pool, report, directory=logs_dir, runtime=runtime)
         except (ProvisionerError, OSError) as exc:  # never keeps Ray from being stopped
             result.errors["logs"] = f"logs not collected: {exc}"
-    remove = commands.remove_container_command(inventory.cluster)
 
     def stop(node: Node) -> list[int]:
-        report(f"{node.name}: removing the Ray container")
+        report(f"{node.name}: {runtime.stopping}")
         session = pool.session(node)
-        session.run(remove, timeout=60).check()
+        session.run(runtime.stop_command(node), timeout=60).check()
         check = session.run(commands.ports_in_use_command(ray_ports(inventory, node)), timeout=20)
         busy = parse_ports(check.stdout)
         report(f"{node.name}: Ray removed" + (f"; ports still in use: {busy}" if busy else ""))

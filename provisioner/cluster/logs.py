@@ -1,4 +1,5 @@
-"""Collect every node's Ray and container logs; name the known errors found in them."""
+"""Collect every node's Ray logs and the runtime's own log (the container's, or `ray
+start`'s output); name the known errors found in them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from provisioner.inventory import Inventory, Node
 from provisioner.local import private_dir
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.receive import Limits, receive_tar
+from provisioner.runtime import runtime_for
+from provisioner.runtime.base import Runtime
 
 # What one node's logs may bring home (Ray's session logs are usually a few MiB).
 LIMITS = Limits(
@@ -94,7 +97,9 @@ PATTERNS: tuple[Pattern, ...] = (
 
 
 @dataclass(frozen=True)
-class Finding:
+class LogMatch:
+    """A known error pattern found in a collected log: where first, how often."""
+
     node: str
     file: str
     line: int
@@ -108,7 +113,7 @@ class Finding:
         return asdict(self)
 
 
-def triage_lines(lines: Iterable[str], *, node: str = "", file: str = "") -> list[Finding]:
+def triage_lines(lines: Iterable[str], *, node: str = "", file: str = "") -> list[LogMatch]:
     """Known error patterns in one file: the first line of each, with the count."""
     first: dict[str, tuple[int, str]] = {}
     counts: dict[str, int] = {}
@@ -122,19 +127,19 @@ def triage_lines(lines: Iterable[str], *, node: str = "", file: str = "") -> lis
         if counts.get(p.name, 0) >= p.min_count:
             number, excerpt = first[p.name]
             found.append(
-                Finding(node, file, number, p.name, p.cause, p.fix, excerpt, counts[p.name])
+                LogMatch(node, file, number, p.name, p.cause, p.fix, excerpt, counts[p.name])
             )
     return found
 
 
-def triage_text(text: str) -> list[Finding]:
+def triage_text(text: str) -> list[LogMatch]:
     return triage_lines(text.splitlines())
 
 
-def triage_dir(root: Path) -> list[Finding]:
+def triage_dir(root: Path) -> list[LogMatch]:
     """Every known error in ROOT/NODE/** (text files only). A file that cannot be read
     (a name too long for this filesystem, a permission) is passed over, never fatal."""
-    findings: list[Finding] = []
+    findings: list[LogMatch] = []
     for path in _files(root):
         rel = path.relative_to(root)
         if len(rel.parts) < 2:
@@ -156,38 +161,45 @@ def _files(root: Path) -> list[Path]:
 
 
 def _ray_logs_dir(inventory: Inventory) -> str:
-    # session_latest is a symlink to an absolute path inside the container; resolve by name.
+    # The cluster's Ray temp dir on the node (every runtime keeps it there); session_latest
+    # may be a link to a path inside a container, so the newest session is found by name.
     return (
         f"cd {layout.node_ray_dir(inventory.cluster)} 2>/dev/null && "
         "s=$(ls -d session_2* 2>/dev/null | sort | tail -n 1)"
     )
 
 
-def collect_command(inventory: Inventory) -> str:
-    """Tar (base64) of the newest session's logs, plus the container's log, on stdout."""
-    name = layout.container_name(inventory.cluster)
+# The runtime's own log, by runtime: the file name it gets in DIR/NODE/.
+RUNTIME_LOG = {"docker": "container.log"}
+
+
+def runtime_log_name(runtime: Runtime) -> str:
+    return RUNTIME_LOG.get(runtime.name, f"{runtime.name}.log")
+
+
+def collect_command(runtime: Runtime) -> str:
+    """Tar (base64) of the newest session's logs, plus the runtime's log, on stdout."""
     return (
         "t=$(mktemp -d) && trap 'rm -rf \"$t\"' EXIT && "
-        f'docker logs --timestamps {name} >"$t/container.log" 2>&1; '
-        f'( {_ray_logs_dir(inventory)} && [ -n "$s" ] && cp -r "$s/logs" "$t/ray" ); '
+        f'{{ {runtime.runtime_log_command()}; }} >"$t/{runtime_log_name(runtime)}" 2>&1; '
+        f'( {_ray_logs_dir(runtime.inventory)} && [ -n "$s" ] && cp -r "$s/logs" "$t/ray" ); '
         # only regular files and directories travel: the control machine refuses the rest
         'find "$t" -mindepth 1 ! -type f ! -type d -exec rm -f {} +; '
         'tar -C "$t" -czf - . | base64 -w0'
     )
 
 
-def tail_command(inventory: Inventory, lines: int = 20) -> str:
-    name = layout.container_name(inventory.cluster)
+def tail_command(runtime: Runtime, lines: int = 20) -> str:
     return (
-        f"echo '== raylet.out'; ( {_ray_logs_dir(inventory)} && "
+        f"echo '== raylet.out'; ( {_ray_logs_dir(runtime.inventory)} && "
         f'tail -n {lines} "$s/logs/raylet.out" ); '
-        f"echo '== container log'; docker logs --tail {lines} {name} 2>&1; true"
+        f"echo '== {runtime.name} log'; {runtime.runtime_log_command(lines)}; true"
     )
 
 
-def tail_node(session: Session, inventory: Inventory) -> str:
-    """The last lines of a node's raylet log and container log."""
-    text: str = session.run(tail_command(inventory), timeout=20).stdout
+def tail_node(session: Session, runtime: Runtime) -> str:
+    """The last lines of a node's raylet log and the runtime's log."""
+    text: str = session.run(tail_command(runtime), timeout=20).stdout
     return text
 
 
@@ -213,7 +225,7 @@ class Collected:
     directory: Path
     nodes: list[str]
     errors: dict[str, str]
-    findings: list[Finding]
+    findings: list[LogMatch]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -225,14 +237,20 @@ class Collected:
 
 
 def collect(
-    pool: Pool, inventory: Inventory, directory: Path, *, report: Reporter = quiet
+    inventory: Inventory,
+    pool: Pool,
+    report: Reporter = quiet,
+    *,
+    directory: Path,
+    runtime: Runtime | None = None,
 ) -> Collected:
     """Fetch every node's logs into DIRECTORY/NODE/ and triage them."""
+    command = collect_command(runtime or runtime_for(inventory))
 
     def one(node: Node) -> str:
         report(f"{node.name}: collecting logs")
         cap = LIMITS.compressed_bytes * 4 // 3 + 4
-        result = pool.session(node).run(collect_command(inventory), timeout=120, max_output=cap)
+        result = pool.session(node).run(command, timeout=120, max_output=cap)
         result.check()
         if result.dropped:
             raise ReceiveError(

@@ -1,9 +1,10 @@
 """Before `up` starts anything: the doctor's verdict, less what `up` itself will fix.
 
 The doctor sees this cluster's own running Ray as "a Ray is already running" and "port in
-use". On a node where this cluster's container exists, `up` either keeps that Ray (it is
-healthy) or replaces the container, so those findings are waived there and only there.
-A missing image is a warning the push fixes. Every other error stops `up` (unless forced).
+use"; it turns those into warnings on the nodes where this cluster's Ray runs (the one
+own-Ray waiver, `doctor.api.explained_by_own_ray`), since `up` keeps that Ray or replaces
+it. A missing image is a warning the push fixes. Every other error stops `up` (unless
+forced).
 """
 
 from __future__ import annotations
@@ -16,9 +17,6 @@ from provisioner.doctor import DoctorReport, Finding, run_doctor
 from provisioner.errors import OperationError
 from provisioner.inventory import Inventory
 from provisioner.remote import Pool
-
-# Findings that this cluster's own Ray container explains on the node that runs it.
-OWN_RAY_CHECKS = frozenset({"ray.stale", "ports.free", "ports.worker_range"})
 
 
 @dataclass
@@ -37,18 +35,10 @@ class Preflight:
         }
 
 
-def split(findings: list[Finding], own_nodes: set[str]) -> tuple[list[Finding], list[Finding]]:
-    """Pure: (errors that stop `up`, errors waived because this cluster's Ray explains them)."""
-    blocking: list[Finding] = []
-    waived: list[Finding] = []
-    for f in findings:
-        if f.severity != "error":
-            continue
-        if f.check in OWN_RAY_CHECKS and f.host in own_nodes:
-            waived.append(f)
-        else:
-            blocking.append(f)
-    return blocking, waived
+def blocking_errors(findings: list[Finding]) -> list[Finding]:
+    """Pure: the errors that stop `up` (the doctor has already turned what this cluster's
+    own Ray explains into warnings)."""
+    return [f for f in findings if f.severity == "error"]
 
 
 class DoctorStopped(OperationError):
@@ -65,23 +55,19 @@ class DoctorStopped(OperationError):
         self.preflight = preflight
 
 
-def own_nodes(doctor: DoctorReport, cluster: str) -> set[str]:
-    """Pure: the nodes that hold a container of this cluster, in any state."""
-    return {name for name, facts in doctor.facts.items() if facts.holds_cluster(cluster)}
-
-
 def check(
     inventory: Inventory,
+    pool: Pool | None = None,
+    report: Reporter = quiet,
     *,
     force: bool = False,
-    report: Reporter = quiet,
-    pool: Pool | None = None,
 ) -> Preflight:
     """Run the doctor; raise DoctorStopped on errors `up` cannot fix (unless `force`).
 
-    Findings that this cluster's own containers explain are waived on their nodes."""
-    doctor = run_doctor(inventory, report=report, pool=pool)
-    blocking, waived = split(doctor.findings, own_nodes(doctor, inventory.cluster))
+    What this cluster's own running Ray explains is waived by the doctor (one waiver)."""
+    doctor = run_doctor(inventory, pool, report, ray_state=True)
+    blocking = blocking_errors(doctor.findings)
+    waived = list(doctor.waived)
     result = Preflight(doctor, blocking, waived, forced=force and bool(blocking))
     for host in sorted({f.host for f in waived}):
         checks = sorted({f.check for f in waived if f.host == host})

@@ -1,8 +1,9 @@
 """Render a cluster.yaml for Ray's cluster launcher (local provider) from an inventory.
 
-The file starts Ray with the same ports and flags as `provisioner up`, runs the pinned
-image without pulling, turns token authentication on, and is checked with the installed
-Ray's own `prepare_config` and `validate_config` before anyone writes it.
+The file starts Ray with the same ports and flags as `provisioner up`, runs it the way the
+runtime says (the pinned image without pulling; or the nodes' own Ray, stopping only this
+cluster's Ray, never with `ray stop`), turns token authentication on, and is checked with
+the installed Ray's own `prepare_config` and `validate_config` before anyone writes it.
 The token itself is not in the file: only the local path of the token file, which
 Ray's launcher copies (mode 0600 kept) to every node as a file mount.
 """
@@ -20,6 +21,7 @@ import yaml
 from provisioner.cluster import commands, layout
 from provisioner.errors import InputError
 from provisioner.inventory import Inventory, Node
+from provisioner.runtime.base import Runtime
 
 HEADER = """\
 # Ray cluster launcher config rendered by `provisioner render` from {inventory}.
@@ -30,29 +32,12 @@ HEADER = """\
 # file before `ray up`, or use `provisioner down -i INVENTORY` (it stops every node).
 """
 
-# Runs on each node before `ray start`, so a stale Ray from an earlier run never holds a port.
-_STOP = "ray stop --force >/dev/null 2>&1 || true"
-
 # Ray 2.60's `ray up` turns on autoscaler v2 for the head. With the local provider, v2 never
 # records the head as a running node, counts it against max_workers and then logs "Adding 1
 # node(s) of type local.cluster.node" every 5 s without starting the last worker (seen on
 # the lab). The head's `ray start` runs with v1, which records the head (and is what the
 # local provider was written for); v1 needs no variable on the machine running `ray up`.
 _AUTOSCALER_V1 = "RAY_enable_autoscaler_v2=0"
-
-
-def _forget_state(cluster: str) -> str:
-    """Remove the local provider's state file on the head before `ray start`.
-
-    /tmp/ray is on the node's disk (logs survive the container), so the state the last
-    head's autoscaler wrote would survive `ray down` and name workers "running" that are
-    not: a new head starts from a fresh state, as it would in a fresh container.
-    """
-    names = " ".join(
-        shlex.quote(f"{layout.CONTAINER_RAY_DIR}/cluster-{cluster}.{ext}")
-        for ext in ("state", "lock")
-    )
-    return f"rm -f {names}"
 
 
 def _start(inventory: Inventory, node: Node, *, extra: list[str]) -> str:
@@ -80,16 +65,7 @@ def _worker_template(inventory: Inventory) -> Node | None:
     return first
 
 
-def run_options(inventory: Inventory) -> list[str]:
-    """`docker run` options: host networking is Ray's own; these add shm, token, logs."""
-    options = [f"-e {k}={shlex.quote(v)}" for k, v in commands.CONTAINER_ENV.items()]
-    options.append(f"-v {layout.node_ray_dir(inventory.cluster)}:{layout.CONTAINER_RAY_DIR}")
-    if inventory.shm_size:
-        options.append(f"--shm-size={int(inventory.shm_size)}")
-    return options
-
-
-def build_config(inventory: Inventory, image: str, token_path: Path) -> dict[str, Any]:
+def build_config(inventory: Inventory, token_path: Path, runtime: Runtime) -> dict[str, Any]:
     """The cluster.yaml document (before Ray's defaults are merged in)."""
     head = inventory.head
     key = head.ssh.key
@@ -99,8 +75,21 @@ def build_config(inventory: Inventory, image: str, token_path: Path) -> dict[str
             "set ssh.key in the inventory",
             where=str(inventory.path),
         )
+    routed = [n.name for n in inventory.nodes if n.ssh.hops or n.ssh.proxy_command]
+    if routed:
+        raise InputError(
+            f"{', '.join(routed)}: reached through a jump host or ProxyCommand, which Ray's"
+            " cluster.yaml (local provider) cannot say",
+            "use `provisioner up`, which goes through them, or reach these nodes directly",
+            where=str(inventory.path),
+        )
     worker = _worker_template(inventory)
     n = len(inventory.workers)
+    section = runtime.render_section(Path(token_path).resolve())
+    flags = list(section.start_flags)
+    head_start = _start(
+        inventory, head, extra=["--autoscaling-config=~/ray_bootstrap_config.yaml", *flags]
+    )
     return {
         "cluster_name": inventory.cluster,
         "min_workers": n,
@@ -113,13 +102,7 @@ def build_config(inventory: Inventory, image: str, token_path: Path) -> dict[str
             "worker_ips": [w.address for w in inventory.workers],
         },
         "auth": {"ssh_user": head.ssh.user, "ssh_private_key": str(Path(key).resolve())},
-        "docker": {
-            "image": image,
-            "container_name": layout.container_name(inventory.cluster),
-            "pull_before_run": False,
-            "run_options": run_options(inventory),
-        },
-        "file_mounts": {layout.CONTAINER_TOKEN_PATH: str(Path(token_path).resolve())},
+        **section.config,
         "cluster_synced_files": [],
         "file_mounts_sync_continuously": False,
         "rsync_exclude": [],
@@ -130,12 +113,16 @@ def build_config(inventory: Inventory, image: str, token_path: Path) -> dict[str
         "head_setup_commands": [],
         "worker_setup_commands": [],
         "head_start_ray_commands": [
-            _STOP,
-            _forget_state(inventory.cluster),
-            f"{_AUTOSCALER_V1} "
-            + _start(inventory, head, extra=["--autoscaling-config=~/ray_bootstrap_config.yaml"]),
+            *section.before_start,
+            *section.head_before_start,
+            f"{section.env}{_AUTOSCALER_V1} {head_start}",
         ],
-        "worker_start_ray_commands": [_STOP, _start(inventory, worker, extra=[])] if worker else [],
+        "worker_start_ray_commands": [
+            *section.before_start,
+            f"{section.env}{_start(inventory, worker, extra=flags)}",
+        ]
+        if worker
+        else [],
     }
 
 
@@ -158,9 +145,9 @@ def validate(config: dict[str, Any], *, where: str) -> dict[str, Any]:
     return prepared
 
 
-def render(inventory: Inventory, image: str, token_path: Path) -> str:
+def render(inventory: Inventory, token_path: Path, runtime: Runtime) -> str:
     """The validated cluster.yaml text."""
-    config = build_config(inventory, image, token_path)
+    config = build_config(inventory, token_path, runtime)
     validate(config, where=str(inventory.path))
     body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=1000)
     header = HEADER.format(inventory=inventory.path, name="cluster.yaml", cluster=inventory.cluster)

@@ -1,8 +1,8 @@
-"""Bring the cluster up: token, old containers out, head and workers started together,
-wait for all to join, probe.
+"""Bring the cluster up: token, old Ray out, head and workers started together, wait for
+all to join, probe. How Ray runs on a node is the runtime's (`provisioner.runtime`).
 
-Idempotent: a node whose container runs the pinned image and whose Ray is alive is left
-alone; a dead worker is restarted alone; a restarted head brings its workers back too.
+Idempotent: a node whose Ray runs what the cluster pins and is alive is left alone; a
+dead worker is restarted alone; a restarted head brings its workers back too.
 """
 
 from __future__ import annotations
@@ -12,18 +12,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.cluster import commands, headprobe, layout, logs, preflight, status, token
-from provisioner.cluster.status import ClusterStatus, ContainerFacts
+from provisioner.cluster.headprobe import GcsNode
+from provisioner.cluster.status import ClusterStatus
 from provisioner.console import Reporter, quiet
 from provisioner.errors import OperationError, ProvisionerError
 from provisioner.image.lock import Pin
-from provisioner.image.push import PushOptions, PushReport, push_image
+from provisioner.image.push import PushReport
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, Session, fan_out
+from provisioner.runtime import runtime_for
+from provisioner.runtime.base import RayState, Runtime
 
 
 @dataclass
 class UpResult:
-    started: list[str] = field(default_factory=list)  # node names whose container was (re)started
+    started: list[str] = field(default_factory=list)  # node names whose Ray was (re)started
     unchanged: list[str] = field(default_factory=list)
     status: ClusterStatus | None = None
     placement: list[dict[str, Any]] = field(default_factory=list)
@@ -32,6 +35,7 @@ class UpResult:
     doctor: preflight.Preflight | None = None
     push: PushReport | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    runtime: str = "docker"
 
     @property
     def changed(self) -> bool:
@@ -39,6 +43,7 @@ class UpResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "runtime": self.runtime,
             "started": self.started,
             "unchanged": self.unchanged,
             "changed": self.changed,
@@ -52,7 +57,7 @@ class UpResult:
         }
 
 
-def install_token(pool: Pool, inventory: Inventory, *, deadline: float = 30) -> None:
+def install_token(inventory: Inventory, pool: Pool, *, deadline: float = 30) -> None:
     """Create the token locally if needed and write it to every node (0600, via stdin)."""
     path = token.ensure_token(inventory)
     data = path.read_bytes()
@@ -82,20 +87,22 @@ def _raise_first(errors: dict[str, ProvisionerError], what: str) -> None:
 
 
 def needs_start(
-    facts: ContainerFacts | None, image_id: str | None, alive: bool, *, head_restarted: bool
+    state: RayState | None, current: bool | None, alive: bool, *, head_restarted: bool
 ) -> bool:
-    """Pure: should this node's container be (re)started?"""
-    if facts is None or not facts.running or head_restarted or not alive:
+    """Pure: should this node's Ray be (re)started? `current`: it runs what the cluster
+    pins (the runtime says; None: unknown)."""
+    if state is None or not state.running or head_restarted or not alive:
         return True
-    return status.image_matches(facts, image_id) is False
+    return current is False
 
 
-def wait_for_gcs(session: Session, inventory: Inventory, *, timeout: float) -> None:
+def wait_for_gcs(session: Session, runtime: Runtime, *, timeout: float) -> None:
     """Wait on the head until its GCS port accepts connections: one remote loop, polling
-    every 0.1 s, that gives up early when the head's container stops."""
+    every 0.1 s, that gives up early when the head's Ray stops."""
+    inventory = runtime.inventory
     result = session.run(
         commands.wait_for_port_command(
-            inventory.cluster, inventory.head.address, inventory.ports.gcs, timeout
+            inventory.head.address, inventory.ports.gcs, timeout, runtime.running_test()
         ),
         timeout=timeout + 15,
     )
@@ -103,16 +110,16 @@ def wait_for_gcs(session: Session, inventory: Inventory, *, timeout: float) -> N
         return
     raise OperationError(
         f"the GCS did not open {commands.head_address(inventory)} within {timeout:.0f}s"
-        + (" (the head's Ray container stopped)" if result.exit_code == 3 else ""),
-        "see `provisioner logs` (gcs_server.out, raylet.out, container log)",
+        + (" (the head's Ray stopped)" if result.exit_code == 3 else ""),
+        "see `provisioner logs` (gcs_server.out, raylet.out, the runtime's log)",
         where=inventory.head.name,
     )
 
 
-def totals(nodes: list[dict[str, Any]]) -> dict[str, float]:
+def totals(nodes: list[GcsNode]) -> dict[str, float]:
     """Sum of CPUs, memory (GiB), GPUs over alive nodes."""
-    alive = [n for n in nodes if n.get("alive")]
-    res = [n.get("resources", {}) for n in alive]
+    alive = [n for n in nodes if n.alive]
+    res = [n.resources for n in alive]
     return {
         "nodes": len(alive),
         "cpus": sum(r.get("CPU", 0) for r in res),
@@ -121,10 +128,10 @@ def totals(nodes: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def not_joined_report(pool: Pool, inventory: Inventory, missing: list[Node]) -> str:
-    """Tail of the raylet and container logs of every node that did not join."""
+def not_joined_report(pool: Pool, runtime: Runtime, missing: list[Node]) -> str:
+    """Tail of the raylet and runtime logs of every node that did not join."""
     parts: list[str] = []
-    group = fan_out(missing, lambda n: logs.tail_node(pool.session(n), inventory), deadline=30)
+    group = fan_out(missing, lambda n: logs.tail_node(pool.session(n), runtime), deadline=30)
     for node in missing:
         text = group.results.get(node.name) or f"(no logs: {group.errors.get(node.name)})"
         causes = logs.triage_text(text)
@@ -134,73 +141,76 @@ def not_joined_report(pool: Pool, inventory: Inventory, missing: list[Node]) -> 
 
 
 def up(
-    pool: Pool,
     inventory: Inventory,
-    pin: Pin,
+    pool: Pool,
+    report: Reporter = quiet,
     *,
+    pin: Pin | None = None,
     force: bool = False,
     doctor: bool = True,
     join_timeout: float = 120,
-    report: Reporter = quiet,
 ) -> UpResult:
-    """The whole `up`: doctor (stop on errors unless forced), push the pin, then bring_up."""
+    """The whole `up`: doctor (stop on errors unless forced), the runtime's preparation
+    (docker: push the pin), then bring_up."""
     t0 = time.monotonic()
-    result = UpResult()
+    runtime = runtime_for(inventory, pin)
+    result = UpResult(runtime=runtime.name)
     if doctor:
         report(f"doctor: checking {len(inventory.nodes)} node(s)")
-        result.doctor = preflight.check(inventory, force=force, report=report, pool=pool)
+        result.doctor = preflight.check(inventory, pool, report, force=force)
         result.timings["doctor"] = time.monotonic() - t0
     t1 = time.monotonic()
-    report(f"image: making every node hold {pin.short_id()}")
-    result.push = push_image(inventory, pin, PushOptions(), report, pool=pool)
+    result.push = runtime.prepare(pool, report)
     result.timings["push"] = time.monotonic() - t1
-    if result.push.errors:
+    if result.push is not None and result.push.errors:
         _raise_first(dict(result.push.errors), "could not push the pinned image")
+    states = result.doctor.report.ray_states(runtime) if result.doctor else None
     bring_up(
-        pool,
         inventory,
-        pin.image_id,
-        image_id=pin.image_id,
+        pool,
+        report,
+        runtime=runtime,
         join_timeout=join_timeout,
-        report=report,
         result=result,
+        states=states,
     )
     result.seconds = time.monotonic() - t0
     return result
 
 
 def bring_up(
-    pool: Pool,
     inventory: Inventory,
-    image: str,
+    pool: Pool,
+    report: Reporter = quiet,
     *,
-    image_id: str | None = None,
+    runtime: Runtime,
     join_timeout: float = 120,
     probe: bool = True,
-    report: Reporter = quiet,
     result: UpResult | None = None,
+    states: dict[str, RayState] | None = None,
 ) -> UpResult:
-    """Start what is missing, wait until every node joined, run the placement probe."""
+    """Start what is missing, wait until every node joined, run the placement probe.
+
+    `states`: this cluster's Ray on every node as the doctor's round found it (then no
+    node is asked again); without them, one round trip asks."""
     t0 = time.monotonic()
-    result = result if result is not None else UpResult()
-    install_token(pool, inventory)
-    before = status.gather(pool, inventory, image_id=image_id, report=report)
+    result = result if result is not None else UpResult(runtime=runtime.name)
+    install_token(inventory, pool)
+    before = status.gather(inventory, pool, report, runtime=runtime, states=states)
     head = inventory.head
     head_session = pool.session(head)
-    facts = before.facts
-    head_state = before.node(head.name)
-    head_alive = head_state.ray_alive and before.gcs_error is None
-    head_restart = needs_start(facts.get(head.name), image_id, head_alive, head_restarted=False)
-    to_start = [
-        w
-        for w in inventory.workers
-        if needs_start(
-            facts.get(w.name),
-            image_id,
-            before.node(w.name).ray_alive,
-            head_restarted=head_restart,
-        )
-    ]
+    states = before.states
+
+    def start_needed(node: Node, *, head_restarted: bool) -> bool:
+        state = states.get(node.name)
+        current = runtime.is_current(state) if state else None
+        alive = before.node(node.name).ray_alive
+        if node is head:
+            alive = alive and before.gcs_error is None
+        return needs_start(state, current, alive, head_restarted=head_restarted)
+
+    head_restart = start_needed(head, head_restarted=False)
+    to_start = [w for w in inventory.workers if start_needed(w, head_restarted=head_restart)]
     if head_restart:
         to_start.insert(0, head)
     else:
@@ -209,31 +219,29 @@ def bring_up(
 
     # Node IDs of the raylets being replaced: the GCS may list them as alive for a while.
     replaced = {n.address for n in to_start}
-    stale = frozenset(
-        n["node_id"] for n in before.gcs if n.get("alive") and n.get("ip") in replaced
-    )
-    # Every old container goes first, so that no new worker meets the old head; then the
-    # head and the workers start together (a worker's Ray waits for the head's by itself).
+    stale = frozenset(n.node_id for n in before.gcs if n.alive and n.ip in replaced)
+    # Every old Ray goes first, so that no new worker meets the old head; then the head
+    # and the workers start together (a worker's Ray waits for the head's by itself).
     # A node that fails either step is named after the others have started.
-    remove = commands.remove_container_command(inventory.cluster)
     removed = fan_out(
-        to_start, lambda n: pool.session(n).run(remove, timeout=60).check(), deadline=90
+        to_start,
+        lambda n: pool.session(n).run(runtime.stop_command(n), timeout=60).check(),
+        deadline=90,
     )
 
     def start(node: Node) -> None:
-        report(f"{node.name}: starting the {node.role} container")
-        command = commands.docker_run_command(inventory, node, image)
-        pool.session(node).run(command, timeout=60).check()
+        report(f"{node.name}: " + runtime.starting.format(role=node.role))
+        pool.session(node).run(runtime.start_command(node), timeout=90).check()
 
     group = fan_out([n for n in to_start if n.name in removed.results], start, deadline=120)
     result.started += [n.name for n in to_start if n.name in group.results]
-    _raise_first({**removed.errors, **group.errors}, "could not start the Ray container")
+    _raise_first({**removed.errors, **group.errors}, "could not start Ray")
     if head_restart:
-        wait_for_gcs(head_session, inventory, timeout=60)
+        wait_for_gcs(head_session, runtime, timeout=60)
         report(f"{head.name}: GCS is up at {commands.head_address(inventory)}")
     report(f"{head.name}: waiting until every node joined" + (", then probing" if probe else ""))
     t_join = time.monotonic()
-    joined = headprobe.join(head_session, inventory, timeout=join_timeout, stale=stale, place=probe)
+    joined = headprobe.join(head_session, runtime, timeout=join_timeout, stale=stale, place=probe)
     result.timings.update({f"join.{k}": v for k, v in joined.timings.items()})
     result.timings["join.began"] = t_join - t0
     nodes, placement = joined.nodes, joined.placement
@@ -246,7 +254,7 @@ def bring_up(
         names = ", ".join(n.name for n in missing)
         raise OperationError(
             f"{len(missing)} node(s) did not join within {join_timeout:.0f}s: {names}\n"
-            + not_joined_report(pool, inventory, missing),
+            + not_joined_report(pool, runtime, missing),
             "fix the cause above, then run `provisioner up` again (it restarts only those nodes)",
         )
     if probe:
@@ -259,10 +267,10 @@ def bring_up(
                 "see `provisioner logs` for worker crashes on those nodes",
             )
     result.totals = totals(list(fresh.values()))
-    after, errors = status.container_facts(pool, inventory)
-    result.status = status.assemble(
-        inventory, after, errors, list(fresh.values()), image_id=image_id
-    )
+    # After the start: what was started runs what the runtime started; the rest as before.
+    began = runtime.started_state()
+    after = {n: began if n in result.started else s for n, s in before.states.items()}
+    result.status = status.assemble(inventory, runtime, after, {}, list(fresh.values()))
     result.timings["start"] = time.monotonic() - t0
     result.seconds = time.monotonic() - t0
     return result

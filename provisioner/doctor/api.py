@@ -5,19 +5,17 @@ from __future__ import annotations
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from provisioner.console import Reporter, quiet
-from provisioner.doctor.cluster_checks import check_clock, check_versions
+from provisioner.doctor.cluster_checks import check_clock
 from provisioner.doctor.facts import NodeFacts
 from provisioner.doctor.findings import CATALOGUE, Finding, error, ordered, warning
 from provisioner.doctor.gather import gather_facts, run_probes, stop_listeners
 from provisioner.doctor.node_checks import (
     check_address,
-    check_docker,
-    check_image,
     check_resources,
-    check_shells,
     check_sudo,
     check_tools,
 )
@@ -27,6 +25,8 @@ from provisioner.doctor.ports import judge_probes, probe_plan
 from provisioner.errors import InputError, ProvisionerError
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool
+from provisioner.runtime import judges, runtime_for
+from provisioner.runtime.base import RayState, Runtime
 
 _CONNECT_CHECK = {
     "auth": "ssh.auth",
@@ -43,6 +43,7 @@ class DoctorReport:
     round_trips: int = 0  # commands run per node
     timings: dict[str, float] = field(default_factory=dict)
     facts: dict[str, NodeFacts] = field(default_factory=dict)  # node name -> what it told
+    waived: list[Finding] = field(default_factory=list)  # errors this cluster's own Ray explains
 
     @property
     def errors(self) -> list[Finding]:
@@ -51,6 +52,13 @@ class DoctorReport:
     @property
     def healthy(self) -> bool:
         return not self.errors
+
+    def ray_states(self, runtime: Runtime) -> dict[str, RayState] | None:
+        """This cluster's Ray on every node, from this round (None unless every node told)."""
+        told = {n: f.ray_state for n, f in self.facts.items() if f.ray_state is not None}
+        if set(told) != set(self.nodes):
+            return None
+        return {n: runtime.parse_state(text) for n, text in told.items()}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,17 +85,20 @@ def connection_finding(node: Node, exc: ProvisionerError) -> Finding:
     )
 
 
-# Findings that this cluster's own running Ray container explains on its node.
+# Findings that this cluster's own running Ray explains on its node.
 OWN_RAY_CHECKS = frozenset({"ray.stale", "ports.free", "ports.worker_range"})
 
 
-def explained_by_own_ray(findings: list[Finding], facts: NodeFacts, cluster: str) -> list[Finding]:
+def explained_by_own_ray(
+    findings: list[Finding], facts: NodeFacts, cluster: str, runtime: str = "docker"
+) -> list[Finding]:
     """Pure: on a node running this cluster's Ray, busy Ray ports are that Ray, not a fault.
 
-    They become warnings that say so (`provisioner up` keeps a healthy cluster; `provisioner
-    down` stops it); on any other node they stay errors.
+    They become warnings that say so (`provisioner up` keeps a healthy cluster or replaces
+    it; `provisioner down` stops it); on any other node they stay errors. The one own-Ray
+    waiver: `up` reads these warnings, it does not waive anything itself.
     """
-    if not facts.holds_cluster(cluster, running=True):
+    if not judges(runtime).own_ray(facts, cluster):
         return findings
     return [
         replace(
@@ -96,19 +107,22 @@ def explained_by_own_ray(findings: list[Finding], facts: NodeFacts, cluster: str
             message=f"this cluster's own Ray is running here: {f.message}",
             fix=f"nothing to do for `provisioner up`; `provisioner down` stops it ({f.fix})",
         )
-        if f.severity == "error" and f.check in OWN_RAY_CHECKS
+        if is_waived(f)
         else f
         for f in findings
     ]
+
+
+def is_waived(f: Finding) -> bool:
+    """An error on the list of what this cluster's own Ray explains."""
+    return f.severity == "error" and f.check in OWN_RAY_CHECKS
 
 
 def node_findings(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
     """Every single-node check (pure)."""
     findings = [
         *check_sudo(node, facts),
-        *check_docker(node, facts),
-        *check_shells(node, facts, plan),
-        *check_image(node, facts, plan),
+        *judges(plan.runtime).node(node, facts, plan),
         *check_ports(node, facts, plan),
         *check_stale_ray(node, facts),
         *check_address(node, facts),
@@ -150,21 +164,31 @@ def read_pin_facts(inventory: Inventory) -> tuple[PinFacts | None, list[Finding]
     return PinFacts(pin.image_id, pin.versions.python, pin.versions.ray, arch), []
 
 
+def control_ray_version() -> str:
+    """The Ray installed on this machine (it submits the jobs), or "" without one."""
+    try:
+        return version("ray")
+    except PackageNotFoundError:
+        return ""
+
+
 def run_doctor(
     inventory: Inventory,
-    *,
+    pool: Pool | None = None,
     report: Reporter = quiet,
+    *,
     ray_up: bool = False,
     reachability: bool = True,
     parallelism: int = 32,
-    pool: Pool | None = None,
+    ray_state: bool = False,
 ) -> DoctorReport:
     """Diagnose every node; never raises for a node's failure (it becomes a finding).
 
-    `pool`: SSH sessions to reuse (and leave open), as `up` does; otherwise its own."""
+    `pool`: SSH sessions to reuse (and leave open), as `up` does; otherwise its own.
+    `ray_state`: also ask each node for this cluster's Ray in the same round (for `up`)."""
     started = time.monotonic()
     pin, findings = read_pin_facts(inventory)
-    plan = plan_for(inventory, pin, ray_up=ray_up)
+    plan = plan_for(inventory, pin, ray_up=ray_up, control_ray=control_ray_version())
     timings: dict[str, float] = {}
     with ExitStack() as stack:
         pool = pool if pool is not None else stack.enter_context(Pool(inventory))
@@ -175,18 +199,21 @@ def run_doctor(
             pin.image_id if pin else "",
             reachability=reachability,
             parallelism=parallelism,
+            ray_state=runtime_for(inventory).state_command() if ray_state else "",
         )
         timings["facts"] = time.monotonic() - started
         rounds = 1
+        waived: list[Finding] = []
         for node in inventory.nodes:
             if node.name in group.errors:
                 findings.append(connection_finding(node, group.errors[node.name]))
             else:
                 facts = group.results[node.name]
-                findings += explained_by_own_ray(
-                    node_findings(node, facts, plan), facts, inventory.cluster
-                )
-        findings += check_versions(group.results, plan)
+                judged = node_findings(node, facts, plan)
+                kept = explained_by_own_ray(judged, facts, inventory.cluster, plan.runtime)
+                waived += [f for f, k in zip(judged, kept, strict=True) if f != k]
+                findings += kept
+        findings += judges(plan.runtime).cluster(group.results, plan)
         if reachability:
             bound = {name: f.bound_ports for name, f in group.results.items() if f.listener_pid}
             probes = probe_plan(list(inventory.nodes), inventory.ports, bound)
@@ -227,6 +254,7 @@ def run_doctor(
         round_trips=rounds,
         timings=timings,
         facts=dict(group.results),
+        waived=waived,
     )
 
 

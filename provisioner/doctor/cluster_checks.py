@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from provisioner.doctor.facts import NodeFacts
-from provisioner.doctor.findings import Finding, error, ok, warning
+from provisioner.doctor.findings import Finding, ok, warning
 from provisioner.doctor.plan import CLOCK_WARN_S, Plan
 
 
@@ -17,8 +17,8 @@ def _versions(
     reference = values.get(plan.head) if head is not None else None
     if reference is None:
         reference = max(set(values.values()), key=lambda v: list(values.values()).count(v))
-    make = error if plan.host_mode else warning
-    note = "" if plan.host_mode else " (Ray itself runs inside the pinned image)"
+    # The docker runtime's check (host mode's, with errors: runtime/host.py).
+    make, note = warning, " (Ray itself runs inside the pinned image)"
     findings = []
     for host, value in values.items():
         if value == reference:

@@ -19,6 +19,8 @@ class Shell:
     ray: str | None = None  # path of the `ray` executable
     ray_version: str | None = None
     ray_python: str | None = None  # Python version of the interpreter `ray` runs with
+    ray_interpreter: str | None = None  # that interpreter (the `ray` script's #! line)
+    ray_stack: str | None = None  # "rllib=V torch=V gymnasium=V" of that interpreter
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class NodeFacts:
     image: str = ""  # "ID os/arch" of the pinned image, or empty
     plain: Shell = field(default_factory=Shell)
     login: Shell = field(default_factory=Shell)
+    ray_python: Shell = field(default_factory=Shell)  # the inventory's ray.python, if named
     listening: tuple[Listener, ...] = ()
     ray_processes: tuple[str, ...] = ()
     ray_session: str = ""
@@ -85,6 +88,7 @@ class NodeFacts:
     listener_pid: int | None = None
     bound_ports: tuple[int, ...] = ()
     complete: bool = False  # the script ran to its end
+    ray_state: str | None = None  # the runtime's state command's output, when asked for
 
     def holds_cluster(self, cluster: str, *, running: bool = False) -> bool:
         """A container of `cluster` is on this node (`running`: and it runs)."""
@@ -132,6 +136,8 @@ def parse_shell(text: str) -> Shell:
         ray=values.get("ray") or None,
         ray_version=values.get("ray_version") or None,
         ray_python=values.get("ray_python") or None,
+        ray_interpreter=values.get("ray_interp") or None,
+        ray_stack=values.get("ray_stack") or None,
     )
 
 
@@ -255,6 +261,7 @@ def parse_facts(host: str, text: str, sent_at: float = 0.0, received_at: float =
         image=s.get("image", ""),
         plain=parse_shell(s.get("shell_plain", "")),
         login=parse_shell(s.get("shell_login", "")),
+        ray_python=parse_shell(s.get("ray_python", "")),
         listening=parse_listening(s.get("listening", "")),
         ray_processes=tuple(_lines(s.get("ray_processes", ""))),
         ray_session=s.get("ray_session", ""),
@@ -262,4 +269,5 @@ def parse_facts(host: str, text: str, sent_at: float = 0.0, received_at: float =
         listener_pid=pid,
         bound_ports=bound,
         complete="end" in s,
+        ray_state=s.get("ray_state"),
     )

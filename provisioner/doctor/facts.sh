@@ -1,12 +1,12 @@
 #!/bin/bash
 # provisioner doctor: everything a node must tell, in one round trip.
-# Fed on stdin: bash -s -- HEAD_ADDRESS NODE_ADDRESS IMAGE_REF LISTEN_PORTS LISTEN_SECONDS
+# Fed on stdin: bash -s -- HEAD_ADDRESS NODE_ADDRESS IMAGE_REF LISTEN_PORTS LISTEN_SECONDS [RAY_PYTHON]
 # Prints sections "@@name" followed by raw command output; the control machine judges them.
 # Reads only, except for one temporary listener (python3) on LISTEN_PORTS for the
 # reachability probes, which exits after LISTEN_SECONDS or when killed.
 set -u
 export LC_ALL=C
-head_addr=$1 node_addr=$2 image=$3 listen_ports=$4 listen_seconds=$5
+head_addr=$1 node_addr=$2 image=$3 listen_ports=$4 listen_seconds=$5 ray_python=${6:-}
 section() { printf '\n@@%s\n' "$1"; }
 has() { command -v "$1" >/dev/null 2>&1; }
 with_timeout() { if has timeout; then timeout "$@"; else shift; "$@"; fi; }
@@ -37,7 +37,7 @@ lookup() {  # the first executable NAME on PATH, in REPLY
   done
   return 1
 }
-ask() {  # ask KIND FILE: FILE's python version or Ray version, in REPLY
+ask() {  # ask KIND FILE: FILE's python version, Ray version or RLlib stack, in REPLY
   local kind=$1 file=$2 f k v
   # the same binary has one version; Ray's version depends on the path (a venv's python3
   # is a link to the system's), so for Ray only the same path counts
@@ -49,6 +49,16 @@ ask() {  # ask KIND FILE: FILE's python version or Ray version, in REPLY
   done <<<"${PROVISIONER_MEMO:-}"
   if [ "$kind" = version ]; then
     v=$("$file" -S -c 'import sys; print(sys.version.split()[0])' 2>/dev/null)
+  elif [ "$kind" = stack ]; then  # RLlib (Ray's, when ray/rllib is there), torch, gymnasium
+    v=$("$file" -c 'import importlib.metadata as m, importlib.util as u, os
+def v(d):
+    try:
+        return m.version(d)
+    except Exception:
+        return "-"
+s = u.find_spec("ray")
+r = s is not None and any(os.path.isdir(os.path.join(p, "rllib")) for p in s.submodule_search_locations or ())
+print("rllib=%s torch=%s gymnasium=%s" % (v("ray") if r else "-", v("torch"), v("gymnasium")))' 2>/dev/null)
   else
     v=$("$file" -c 'import importlib.metadata as m; print(m.version("ray"))' 2>/dev/null)
   fi
@@ -72,8 +82,10 @@ pyray() {
         interp=${words[0]:-}
         if [ "${interp##*/}" = env ] && lookup "${words[1]:-}"; then interp=$REPLY; fi
         if [ -n "$interp" ]; then
+          echo "%%ray_interp=$interp"
           ask version "$interp"; echo "%%ray_python=$REPLY"
           ask ray "$interp"; echo "%%ray_version=$REPLY"
+          ask stack "$interp"; echo "%%ray_stack=$REPLY"
         fi
         ;;
     esac
@@ -182,6 +194,15 @@ section shell_plain; pyray
 export PROVISIONER_MEMO
 section shell_login
 with_timeout 15 bash --login -i -c "$(declare -f lookup ask pyray); pyray" </dev/null 2>/dev/null | grep '^%%'
+
+# The interpreter the inventory names for host mode (ray: {python: PATH}), if any.
+section ray_python
+if [ -n "$ray_python" ] && [ -x "$ray_python" ]; then
+  echo "%%ray=$ray_python"; echo "%%ray_interp=$ray_python"
+  ask version "$ray_python"; echo "%%ray_python=$REPLY"
+  ask ray "$ray_python"; echo "%%ray_version=$REPLY"
+  ask stack "$ray_python"; echo "%%ray_stack=$REPLY"
+fi
 
 # sudo, and the listening sockets with their processes (all users' with sudo).
 if has sudo && listening=$(sudo -n ss -Htlnp 2>/dev/null); then

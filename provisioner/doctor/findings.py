@@ -20,6 +20,11 @@ CATALOGUE: dict[str, str] = {
     "cmd`",
     "python.version": "the same Python version (patch level) on every node",
     "ray.version": "the same Ray version on every node",
+    "rllib.version": "host mode: the same RLlib, torch and gymnasium on every node",
+    "ray.python": "host mode: a Python with Ray and RLlib for Ray to run with (the login "
+    "shell's `ray`, or the inventory's ray.python)",
+    "ray.control": "host mode: this machine's Ray (it submits the jobs) has the cluster's "
+    "major.minor version",
     "image.present": "the node holds the pinned image",
     "image.arch": "the node's CPU architecture matches the pinned image's",
     "ports.free": "every port Ray will use is free (and who holds a busy one)",

@@ -30,10 +30,19 @@ def _deadline(inventory: Inventory, command_timeout: float) -> float:
 
 
 def gather_facts(
-    pool: Pool, inventory: Inventory, image_ref: str, *, reachability: bool, parallelism: int
+    pool: Pool,
+    inventory: Inventory,
+    image_ref: str,
+    *,
+    reachability: bool,
+    parallelism: int,
+    ray_state: str = "",
 ) -> GroupResult[NodeFacts]:
-    """Round 1 on every node at once."""
+    """Round 1 on every node at once. `ray_state`: the runtime's state command, run in the
+    same round (section `ray_state`), so that `up` asks no node twice."""
     text = _script("facts.sh")
+    if ray_state:
+        text += f"\nsection ray_state\n{{ {ray_state}\n}} 2>&1\n".encode()
 
     def one(node: Node) -> NodeFacts:
         ports = (
@@ -45,6 +54,7 @@ def gather_facts(
             image_ref,
             ports,
             LISTEN_SECONDS,
+            inventory.ray_python or "",
         ]
         result = pool.session(node).run(script("bash", args), timeout=FACTS_TIMEOUT_S, stdin=text)
         return parse_facts(

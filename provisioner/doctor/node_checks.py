@@ -128,10 +128,10 @@ def check_shells(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
     else:
         message = "python3/ray differ between a login shell and a non-interactive one"
         fix = f"set PATH (and any virtualenv activation) the same way for both: {where}"
-    make = error if plan.host_mode else warning
-    if not plan.host_mode:
-        message += " (Ray runs inside the pinned image: only commands on the host are affected)"
-    return [make("shell.env", node.name, message, evidence, fix)]
+    # The docker runtime's check (host mode has its own, runtime/host.py): Ray runs inside
+    # the pinned image, so only the user's own commands on the node are affected.
+    message += " (Ray runs inside the pinned image: only commands on the host are affected)"
+    return [warning("shell.env", node.name, message, evidence, fix)]
 
 
 def check_image(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
@@ -298,6 +298,8 @@ def check_resources(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
     for disk in f.disks:
         free = disk.free_kb / GIB_KB
         is_docker = disk.path == (f.docker_root or "/var/lib/docker")
+        if is_docker and plan.host_mode:
+            continue  # host mode uses no Docker: its disk is not Ray's
         low, warn = (DISK_ERROR_GIB, DISK_WARN_GIB) if is_docker else (1.0, TMP_WARN_GIB)
         what = (
             "Docker's data"

@@ -32,14 +32,19 @@ class Plan:
     shm_size: int | None = None
     object_store_memory: int | None = None
     ray_up: bool = False  # the user will run Ray's own `ray up` with the rendered file
+    runtime: str = "docker"  # how Ray runs on the nodes (the inventory's `runtime:`)
+    ray_python: str | None = None  # host mode: the interpreter the inventory names
+    control_ray: str = ""  # the Ray version on this machine, which submits the jobs
 
     @property
     def host_mode(self) -> bool:
-        """Without a pin, Ray would come from the nodes' own PATH."""
-        return self.pin is None
+        """Ray comes from the nodes' own Python."""
+        return self.runtime == "host"
 
 
-def plan_for(inventory: Inventory, pin: PinFacts | None, *, ray_up: bool = False) -> Plan:
+def plan_for(
+    inventory: Inventory, pin: PinFacts | None, *, ray_up: bool = False, control_ray: str = ""
+) -> Plan:
     return Plan(
         ports=inventory.ports,
         head=inventory.head.name,
@@ -47,4 +52,7 @@ def plan_for(inventory: Inventory, pin: PinFacts | None, *, ray_up: bool = False
         shm_size=inventory.shm_size,
         object_store_memory=inventory.object_store_memory,
         ray_up=ray_up,
+        runtime=inventory.runtime,
+        ray_python=inventory.ray_python,
+        control_ray=control_ray,
     )

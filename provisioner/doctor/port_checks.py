@@ -95,7 +95,10 @@ def check_stale_ray(node: Node, f: NodeFacts) -> list[Finding]:
     if ray_containers:
         fix += f" (or docker rm -f {names} on {node.name})"
     if f.ray_processes:
-        fix += f"; for a Ray started by hand: ray stop --force on {node.name}"
+        fix += (
+            f"; for a Ray started by hand: stop it where it was started on {node.name} "
+            "(`ray stop` would stop every Ray there, other users' too)"
+        )
     return [
         error(
             "ray.stale",

@@ -38,7 +38,9 @@ def facts_script(tag: str = CLUSTER_TAG) -> str:
 
 
 @dataclass(frozen=True)
-class NodeFacts:
+class ImageFacts:
+    """What a node's Docker holds, for the push (the doctor's facts are doctor.facts.NodeFacts)."""
+
     docker: Literal["ok", "missing", "down"]
     docker_error: str = ""
     root: str = ""
@@ -47,7 +49,7 @@ class NodeFacts:
     images: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def parse_facts(output: str) -> NodeFacts:
+def parse_facts(output: str) -> ImageFacts:
     values: dict[str, str] = {}
     images: dict[str, tuple[str, ...]] = {}
     for line in output.splitlines():
@@ -63,7 +65,7 @@ def parse_facts(output: str) -> NodeFacts:
         "ok" if state == "ok" else "down" if state == "down" else "missing"
     )
     free = values.get("free", "")
-    return NodeFacts(
+    return ImageFacts(
         docker=docker,
         docker_error=values.get("docker_error", ""),
         root=values.get("root", ""),
@@ -96,7 +98,7 @@ def shared_prefix(pin_layers: Sequence[str], images: Mapping[str, Sequence[str]]
     return best
 
 
-def decide(pin: Pin, facts: NodeFacts, host: str, tag: str = CLUSTER_TAG) -> NodePlan:
+def decide(pin: Pin, facts: ImageFacts, host: str, tag: str = CLUSTER_TAG) -> NodePlan:
     """The plan for one node, or a RemoteError naming what stops the push there."""
     if facts.docker == "missing":
         raise RemoteError(

@@ -25,13 +25,15 @@ DEFAULT_OPTIONS = PushOptions()
 
 def push_image(
     inventory: Inventory,
-    pin: Pin,
-    opts: PushOptions = DEFAULT_OPTIONS,
+    pool: Pool | None,
     report: Reporter = quiet,
     *,
-    pool: Pool | None = None,
+    pin: Pin,
+    opts: PushOptions = DEFAULT_OPTIONS,
 ) -> PushReport:
-    """Push the pin to every node of the inventory; one node's failure stops no other."""
+    """Push the pin to every node of the inventory; one node's failure stops no other.
+
+    `pool`: SSH sessions to reuse (and leave open), as `up` does; None: its own."""
     t0 = time.monotonic()
     out = PushReport(pin.image_id, opts.tag)
     own = pool is None

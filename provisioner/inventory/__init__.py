@@ -2,6 +2,7 @@
 
 from provisioner.inventory.loader import load_inventory
 from provisioner.inventory.models import (
+    Hop,
     HostKeyPolicy,
     Inventory,
     Node,
@@ -11,6 +12,7 @@ from provisioner.inventory.models import (
 )
 
 __all__ = [
+    "Hop",
     "HostKeyPolicy",
     "Inventory",
     "Node",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import ipaddress
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$")
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 _CLUSTER = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+_PYTHON = re.compile(r"^/[A-Za-z0-9_./+-]{1,255}$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 # One table per settings schema: name -> what it holds (used for errors and docs).
@@ -30,7 +32,8 @@ TOP_FIELDS = {
     "head": "the head node: an address or {name, address, ...}",
     "workers": "a list of worker nodes: addresses or {name, address, ...}",
     "image": "the image pin: {lock: PATH}",
-    "ray": "Ray settings: {ports, shm_size, object_store_memory}",
+    "ray": "Ray settings: {ports, shm_size, object_store_memory, python}",
+    "runtime": "how Ray runs on the nodes: docker (the pinned image) | host (the node's Python)",
 }
 SSH_FIELDS = {
     "user": "login user",
@@ -56,6 +59,8 @@ RAY_FIELDS = {
     "ports": "Ray's ports: {gcs, dashboard, client, ...}",
     "shm_size": "size of /dev/shm for the Ray container (bytes or 8GiB)",
     "object_store_memory": "object store size (bytes or 4GiB)",
+    "python": "host runtime: the interpreter Ray runs with (absolute path; default: a login "
+    "shell's `ray`)",
 }
 
 
@@ -98,6 +103,9 @@ def check_keys(
 
 
 def check_name(value: Any, where: Where, field: str) -> str:
+    if isinstance(value, str) and ":" in value:  # an IPv6 address used as a host's name
+        with contextlib.suppress(ValueError):
+            return str(ipaddress.IPv6Address(value))
     if not isinstance(value, str) or not _NAME.match(value):
         raise where.error(
             field,
@@ -155,23 +163,56 @@ def check_number(value: Any, where: Where, field: str, *, zero_ok: bool = False)
         with contextlib.suppress(ValueError):
             value = float(value)
     bad = isinstance(value, bool) or not isinstance(value, int | float)
-    if bad or value < 0 or (value == 0 and not zero_ok):
-        raise where.error(field, f"expected a positive number, got {value!r}", "use e.g. 10")
+    if bad or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        expected = "a number, 0 or more" if zero_ok else "a positive number"
+        raise where.error(field, f"expected {expected}, got {value!r}", "use e.g. 10")
     return float(value)
 
 
 def check_jump(value: Any, where: Where, field: str) -> str | None:
+    """ProxyJump: [user@]host[:port] or ssh://[user@]host[:port], several joined by commas."""
     if value is None:
         return None
     text = str(value)
-    user, _, rest = text.rpartition("@")
-    host, _, port = rest.partition(":")
-    if user:
-        check_user(user, where, field)
-    check_address(host, where, field)
-    if port:
-        check_port(port, where, field)
+    for spec in text.split(","):
+        spec = spec.strip().removeprefix("ssh://").rstrip("/")
+        user, _, rest = spec.rpartition("@")
+        if rest.startswith("["):
+            host, _, tail = rest[1:].partition("]")
+            port = tail.removeprefix(":")
+        else:
+            host, _, port = rest.partition(":")
+        if user:
+            check_user(user, where, field)
+        check_address(host, where, field)
+        if port:
+            check_port(port, where, field)
     return text
+
+
+def check_runtime(value: Any, where: Where, field: str) -> str:
+    from provisioner.runtime import names
+
+    known = names()
+    if value not in known:
+        raise where.error(
+            field,
+            f"expected {' | '.join(known)}, got {value!r}",
+            "docker: Ray in the pinned image; host: Ray from each node's own Python",
+        )
+    return str(value)
+
+
+def check_python(value: Any, where: Where, field: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _PYTHON.match(value):
+        raise where.error(
+            field,
+            f"expected an absolute path to a Python interpreter, got {value!r}",
+            "e.g. /opt/venv/bin/python (letters, digits, / . _ + - only)",
+        )
+    return value
 
 
 def check_size(value: Any, where: Where, field: str) -> int | None:
@@ -180,13 +221,18 @@ def check_size(value: Any, where: Where, field: str) -> int | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    match = _SIZE.match(str(value))
-    if not match:
+    match = None if isinstance(value, bool) else _SIZE.match(str(value))
+    size = 0
+    if match:
+        number, unit = float(match.group(1)), match.group(2).lower()
+        size = int(number * 1024 ** "_kmgt".index(unit or "_"))
+    if size < 1:
         raise where.error(
-            field, f"expected a size such as 8GiB or 4000000000, got {value!r}", "use e.g. 8GiB"
+            field,
+            f"expected a size above zero such as 8GiB or 4000000000, got {value!r}",
+            "use e.g. 8GiB, or leave it out for the default",
         )
-    number, unit = float(match.group(1)), match.group(2).lower()
-    return int(number * 1024 ** "_kmgt".index(unit or "_"))
+    return size
 
 
 def check_string_map(value: Any, where: Where, field: str) -> dict[str, str]:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
+from typing import Any
 
 from provisioner.errors import InventoryError
-from provisioner.inventory.ansible import is_ansible_yaml, parse_ini, parse_yaml_groups, to_raw
-from provisioner.inventory.located import load_yaml
+from provisioner.inventory.ansible import parse_ansible
+from provisioner.inventory.fields import TOP_FIELDS, Where
+from provisioner.inventory.located import LocatedMap, load_yaml
 from provisioner.inventory.models import Inventory
 from provisioner.inventory.native import parse_native
 from provisioner.inventory.raw import RawInventory
-from provisioner.inventory.resolve import build, read_ssh_config
+from provisioner.inventory.resolve import build
 
-_INI_START = re.compile(r"^\s*\[[A-Za-z0-9_.:-]+\]\s*$", re.MULTILINE)
+_YAML_SUFFIXES = (".yaml", ".yml", ".json")
+_GROUP_KEYS = {"hosts", "vars", "children"}
 
 
 def _read(path: Path) -> str:
@@ -34,35 +36,73 @@ def _read(path: Path) -> str:
         ) from None
 
 
-def _looks_ini(path: Path, text: str) -> bool:
-    if path.suffix in (".ini", ".cfg"):
+def is_native(document: Any) -> bool:
+    """provisioner's own YAML: top-level cluster/ssh/head/workers/image/ray, where head is an
+    address or a node (not an Ansible group of hosts/vars/children)."""
+    if not isinstance(document, dict) or not document:
+        return False
+    if any(k in document for k in ("cluster", "ssh", "image", "ray")):
         return True
-    first = next(
-        (
-            line
-            for line in text.splitlines()
-            if line.strip() and not line.lstrip().startswith(("#", ";"))
-        ),
-        "",
-    )
-    return bool(_INI_START.match(first))
+    head = document.get("head")
+    if isinstance(head, str) or (isinstance(head, dict) and not set(head) <= _GROUP_KEYS):
+        return True
+    return isinstance(document.get("workers"), list) and set(document) <= set(TOP_FIELDS)
+
+
+def _check_groups(path: Path, groups: dict[Any, Any], prefix: str = "") -> None:
+    """The shape of an Ansible YAML inventory: groups of hosts, vars and children, each a
+    mapping. What ansible-core would refuse or skip with a warning (both refused here too)
+    is refused at once, with its line, without starting ansible-core."""
+
+    def refuse(mapping: Any, key: Any, message: str) -> InventoryError:
+        line = mapping.line_of(key) if isinstance(mapping, LocatedMap) else 0
+        return Where(path, line).error(
+            f"{prefix}{key}",
+            message[:200],
+            "see inventories/ansible.yaml (or provisioner's own: inventories/onprem.yaml)",
+        )
+
+    for name, group in groups.items():
+        if group is None:
+            continue
+        if not isinstance(group, dict):
+            raise refuse(groups, name, f"expected a group (hosts, vars, children), got {group!r}")
+        for key, value in group.items():
+            if key not in _GROUP_KEYS:
+                raise refuse(group, key, "unknown key in a group: expected hosts, vars, children")
+            if value is not None and not isinstance(value, dict):
+                raise refuse(group, key, f"expected a mapping, got {value!r}")
+        for host, host_vars in (group.get("hosts") or {}).items():
+            if host_vars is not None and not isinstance(host_vars, dict):
+                raise refuse(
+                    group["hosts"], host, f"expected the host's variables, got {host_vars!r}"
+                )
+        _check_groups(path, group.get("children") or {}, f"{prefix}{name}.children.")
 
 
 def parse(path: Path, text: str) -> RawInventory:
-    """The inventory's content in any supported format."""
-    if _looks_ini(path, text):
-        return to_raw(path, parse_ini(path, text))
-    document = load_yaml(path, text)
-    if is_ansible_yaml(document):
-        return to_raw(path, parse_yaml_groups(path, document))
-    return parse_native(path, document)
+    """The inventory's content: provisioner's YAML, or anything ansible-core reads."""
+    if path.suffix.lower() in _YAML_SUFFIXES:
+        document = load_yaml(path, text)  # syntax errors named with their line here
+        if not isinstance(document, dict) or is_native(document):
+            return parse_native(path, document)  # not a mapping: refused there, with the fix
+        _check_groups(path, document)
+        return parse_ansible(path)
+    try:
+        document = load_yaml(path, text)
+    except InventoryError:
+        return parse_ansible(path)  # INI (or TOML): not YAML at all
+    return parse_native(path, document) if is_native(document) else parse_ansible(path)
 
 
-def load_inventory(path: Path, *, ssh_config: Path | None = None) -> Inventory:
-    """Read and validate an inventory (provisioner YAML, Ansible INI or YAML).
+def load_inventory(
+    path: Path, *, ssh_config: Path | None = None, openssh: bool | None = None
+) -> Inventory:
+    """Read and validate an inventory (provisioner YAML, or Ansible INI/YAML/TOML read by
+    ansible-core).
 
-    ~/.ssh/config (or `ssh_config`) supplies HostName, User, Port, IdentityFile and
-    ProxyJump where the inventory does not say them. Raises InventoryError.
+    ~/.ssh/config (or `ssh_config`) is applied as OpenSSH applies it (`ssh -G`; paramiko's
+    reader where no ssh client is installed, or with openssh=False). Raises InventoryError.
     """
     path = Path(path).expanduser().absolute()
-    return build(parse(path, _read(path)), read_ssh_config(ssh_config))
+    return build(parse(path, _read(path)), ssh_config, openssh=openssh)

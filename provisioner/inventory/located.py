@@ -41,6 +41,12 @@ def _mapping(loader: _Loader, node: yaml.MappingNode) -> LocatedMap:
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
+        if isinstance(key, list | dict):
+            raise InventoryError(
+                f"a {'list' if isinstance(key, list) else 'mapping'} used as a key: {key!r}",
+                "keys are names: write `name: value` (quote a key that looks like a list or map)",
+                where=f"{loader.name}:{line}",
+            )
         if key in result.key_lines:
             raise InventoryError(
                 f"key {key!r} appears twice (first on line {result.key_lines[key]})",

@@ -14,6 +14,17 @@ HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new")
 
 
 @dataclass(frozen=True)
+class Hop:
+    """One jump host on the way to a node (ProxyJump), resolved through ssh_config."""
+
+    name: str  # as ProxyJump names it (an alias, or user@host:port)
+    address: str
+    user: str
+    port: int = 22
+    key: Path | None = None
+
+
+@dataclass(frozen=True)
 class SSHSettings:
     """How to reach one node over SSH."""
 
@@ -24,8 +35,12 @@ class SSHSettings:
     # one records keys accepted under host_key_policy "accept-new".
     known_hosts: tuple[Path, ...] = ()
     host_key_policy: HostKeyPolicy = "strict"
-    jump: str | None = None  # user@host:port of a jump host
+    jump: str | None = None  # ProxyJump as written: [user@]host[:port][,...]
     connect_timeout: float = 10.0
+    # The route, first connection first: `hops` (ProxyJump, each resolved through
+    # ssh_config) and a ProxyCommand (tokens expanded) that opens the first connection.
+    hops: tuple[Hop, ...] = ()
+    proxy_command: str | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +106,8 @@ class Inventory:
     image_lock: Path | None = None
     shm_size: int | None = None  # bytes; None: about 30% of the node's memory
     object_store_memory: int | None = None  # bytes; None: Ray's default
+    runtime: str = "docker"  # how Ray runs on the nodes: a module of provisioner.runtime
+    ray_python: str | None = None  # host runtime: the interpreter (None: a login shell's `ray`)
 
     @property
     def nodes(self) -> tuple[Node, ...]:

@@ -21,7 +21,9 @@ from provisioner.inventory.fields import (
     check_name,
     check_number,
     check_port,
+    check_python,
     check_resource_map,
+    check_runtime,
     check_size,
     check_string_map,
     check_user,
@@ -163,4 +165,8 @@ def parse_native(path: Path, document: Any) -> RawInventory:
             _line(ray, "object_store_memory", ray_where),
             "ray.object_store_memory",
         ),
+        runtime=check_runtime(
+            document.get("runtime", "docker"), _line(document, "runtime", top), "runtime"
+        ),
+        ray_python=check_python(ray.get("python"), _line(ray, "python", ray_where), "ray.python"),
     )

@@ -16,7 +16,7 @@ class RawSSH:
     user: str | None = None
     port: int | None = None
     key: Path | None = None
-    jump: str | None = None
+    jump: str | None = None  # ProxyJump: [user@]host[:port][,...]
 
 
 @dataclass
@@ -25,6 +25,11 @@ class RawHost:
     address: str
     where: Where
     ssh: RawSSH = field(default_factory=RawSSH)
+    # ssh command-line options around the explicit ones, in Ansible's order: ssh_args
+    # before, ssh_common_args and ssh_extra_args after (first one wins in ssh)
+    args_before: tuple[str, ...] = ()
+    args_after: tuple[str, ...] = ()
+    args_where: Where | None = None
     resources: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -43,6 +48,8 @@ class RawInventory:
     image_lock: Path | None = None
     shm_size: int | None = None
     object_store_memory: int | None = None
+    runtime: str = "docker"
+    ray_python: str | None = None
 
 
 def relative_path(base: Path, value: str) -> Path:

@@ -1,4 +1,5 @@
-"""From what the file says to the model: ~/.ssh/config and defaults fill gaps; final checks."""
+"""From what the file says to the model: ssh_config (as `ssh -G` reads it) fills gaps;
+ProxyJump chains and ProxyCommand are resolved hop by hop; final checks."""
 
 from __future__ import annotations
 
@@ -7,32 +8,27 @@ import os
 import stat
 from pathlib import Path
 
-import paramiko
-
-from provisioner.errors import InventoryError
-from provisioner.inventory.fields import Where, check_address, check_jump, check_port, check_user
+from provisioner.inventory.fields import Where, check_address, check_port, check_user
 from provisioner.inventory.models import (
+    Hop,
     HostKeyPolicy,
     Inventory,
     Node,
     Role,
     SSHSettings,
 )
+from provisioner.inventory.proxies import expand_proxy_command, split_jump
 from provisioner.inventory.raw import RawHost, RawInventory
+from provisioner.inventory.sshconfig import (
+    Resolved,
+    check_ssh_args,
+    explicit_keys,
+    homes,
+    lookup,
+)
 from provisioner.local import state_root
 
-
-def read_ssh_config(path: Path | None) -> paramiko.SSHConfig | None:
-    """The user's ~/.ssh/config (or `path`), or None when there is none."""
-    path = path or Path.home() / ".ssh" / "config"
-    if not path.is_file():
-        return None
-    try:
-        return paramiko.SSHConfig.from_path(str(path))
-    except (OSError, ValueError, paramiko.ssh_exception.ConfigParseError) as exc:
-        raise InventoryError(
-            f"cannot read SSH config: {exc}", "fix or move the file", where=str(path)
-        ) from None
+MAX_HOPS = 8
 
 
 def check_key_file(key: Path, where: Where, field: str) -> None:
@@ -56,43 +52,154 @@ def check_key_file(key: Path, where: Where, field: str) -> None:
         )
 
 
-def _settings(
-    raw: RawInventory, host: RawHost, config: paramiko.SSHConfig | None
-) -> tuple[str, SSHSettings]:
-    found = config.lookup(host.address) if config else paramiko.SSHConfigDict()
-    address = host.address
-    if "hostname" in found and found["hostname"] != host.address:
-        address = check_address(
-            found["hostname"], host.where, f"{host.name} (HostName in ~/.ssh/config)"
-        )
-    user = host.ssh.user or raw.ssh.user or found.get("user") or getpass.getuser()
-    port = host.ssh.port or raw.ssh.port or found.get("port") or 22
+class _Resolver:
+    """ssh_config look-ups for one inventory (`ssh -G`, or paramiko without OpenSSH)."""
+
+    def __init__(self, config: Path | None, openssh: bool | None) -> None:
+        self.config = config
+        self.openssh = openssh
+        self.home = Path.home()
+
+    def __call__(self, alias: str, args: list[str], where: Where, field: str) -> Resolved:
+        bad = check_ssh_args(args)
+        if bad is not None:
+            raise where.error(
+                field,
+                f"ssh option {bad!r} cannot be honoured by provisioner",
+                "keep to -o Option=value, -J, -p, -l, -i, -F (and flags such as -C);"
+                " or put the setting in ~/.ssh/config",
+            )
+        try:
+            resolved = lookup(alias, args, self.config, home=self.home, openssh=self.openssh)
+        except Exception as exc:
+            if hasattr(exc, "where") and getattr(exc, "where", None) is None:
+                exc.where = str(where)
+            raise
+        if resolved.refused:
+            raise where.error(
+                field,
+                f"ssh_config sets {', '.join(resolved.refused)} for {alias}, which provisioner"
+                " cannot honour",
+                "remove it for this host (provisioner checks host keys by address and port)",
+            )
+        return resolved
+
+    def key(self, resolved: Resolved, where: Where, field: str) -> Path | None:
+        tokens = [f for f in resolved.identity_files if "%" in f]
+        if tokens:
+            raise where.error(
+                field,
+                f"IdentityFile {tokens[0]} uses % tokens, which provisioner does not expand",
+                "write the key's path without tokens for this host",
+            )
+        existing = [k for k in explicit_keys(resolved, self.home) if k.is_file()]
+        return existing[0].absolute() if existing else None
+
+
+def _explicit_args(raw: RawInventory, host: RawHost) -> list[str]:
+    """The inventory's own settings as ssh options (they win over ssh_config)."""
+    args: list[str] = []
+    port = host.ssh.port or raw.ssh.port
+    if port:
+        args += ["-o", f"Port={port}"]
     key = host.ssh.key or raw.ssh.key
-    if key is None:
-        existing = [
-            Path(p).expanduser()
-            for p in found.get("identityfile", [])
-            if Path(p).expanduser().is_file()
-        ]
-        key = existing[0] if existing else None
-    jump = host.ssh.jump or raw.ssh.jump or found.get("proxyjump")
+    if key:
+        args += ["-o", f'IdentityFile="{key}"']
+    user = host.ssh.user or raw.ssh.user
+    if user:
+        args += ["-o", f'User="{user}"']
+    jump = host.ssh.jump or raw.ssh.jump
+    if jump:
+        args += ["-J", jump]
+    return args
+
+
+def _hops(
+    resolve: _Resolver, jump: str, where: Where, name: str, node_key: Path | None
+) -> tuple[tuple[Hop, ...], str | None]:
+    """The chain of ProxyJump `jump`, first hop first, each resolved through ssh_config as
+    OpenSSH does (the last hop is reached through the ones before it, `-J rest`); and a
+    ProxyCommand that opens the first hop's connection, if its config has one. A hop with
+    no IdentityFile of its own logs in with the node's key (OpenSSH would use only the
+    agent and default keys there; provisioner's `ssh.key` has always covered jump hosts)."""
+    hops: list[Hop] = []
+    proxy_command = None
+    pending: str | None = jump
+    while pending:
+        if len(hops) >= MAX_HOPS:
+            raise where.error(
+                f"{name}.jump",
+                f"more than {MAX_HOPS} jump hosts (a ProxyJump loop?)",
+                "fix ProxyJump",
+            )
+        rest, spec = split_jump(pending)
+        hop_user, hop_host, hop_port = spec
+        field = f"{name}.jump ({hop_host})"
+        check_address(hop_host, where, field)
+        args = [*(["-l", check_user(hop_user, where, field)] if hop_user else [])]
+        args += ["-p", str(check_port(hop_port, where, field))] if hop_port else []
+        args += ["-J", rest] if rest else []
+        found = resolve(hop_host, args, where, field)
+        hop = Hop(
+            name=hop_host,
+            address=check_address(found.hostname, where, f"{field} HostName"),
+            user=check_user(found.user or getpass.getuser(), where, f"{field} User"),
+            port=check_port(found.port, where, f"{field} Port"),
+            key=resolve.key(found, where, field) or node_key,
+        )
+        hops.insert(0, hop)
+        # with `-J rest` the hop's ProxyJump is `rest`; the first hop keeps its own config's
+        pending = found.proxy_jump
+        if not pending and found.proxy_command:
+            proxy_command = expand_proxy_command(found.proxy_command, found, hop_host)
+    return tuple(hops), proxy_command
+
+
+def _settings(raw: RawInventory, host: RawHost, resolve: _Resolver) -> tuple[str, SSHSettings]:
+    args = [*host.args_before, *_explicit_args(raw, host), *host.args_after]
+    field = f"{host.name} (ssh options)"
+    found = resolve(host.address, args, host.args_where or host.where, field)
+    address = host.address
+    if found.hostname != host.address:
+        address = check_address(found.hostname, host.where, f"{host.name} (HostName in ssh_config)")
+    key = host.ssh.key or raw.ssh.key or resolve.key(found, host.where, f"{host.name}.key")
+    hops: tuple[Hop, ...] = ()
+    proxy_command = None
+    if found.proxy_jump:
+        hops, proxy_command = _hops(resolve, found.proxy_jump, host.where, host.name, key)
+    elif found.proxy_command:
+        proxy_command = expand_proxy_command(found.proxy_command, found, host.address)
     policy: HostKeyPolicy = "accept-new" if raw.host_key_policy == "accept-new" else "strict"
     known_hosts = raw.known_hosts or (state_root() / "clusters" / raw.cluster / "known_hosts",)
+    known_hosts += _config_known_hosts(found, resolve.home, known_hosts)
     settings = SSHSettings(
-        user=check_user(user, host.where, f"{host.name}.user"),
-        port=check_port(port, host.where, f"{host.name}.port"),
+        user=check_user(found.user or getpass.getuser(), host.where, f"{host.name}.user"),
+        port=check_port(found.port, host.where, f"{host.name}.port"),
         key=key,
         known_hosts=known_hosts,
         host_key_policy=policy,
-        jump=check_jump(jump, host.where, f"{host.name}.jump") if jump and jump != "none" else None,
+        jump=found.proxy_jump,
         connect_timeout=raw.connect_timeout,
+        hops=hops,
+        proxy_command=proxy_command,
     )
     return address, settings
 
 
-def _node(raw: RawInventory, host: RawHost, role: Role, config: paramiko.SSHConfig | None) -> Node:
-    address, settings = _settings(raw, host, config)
-    if settings.key is not None:
+def _config_known_hosts(found: Resolved, home: Path, already: tuple[Path, ...]) -> tuple[Path, ...]:
+    """UserKnownHostsFile files named in ssh_config, besides ~/.ssh/known_hosts (always read)."""
+    defaults = {h / ".ssh" / name for h in homes(home) for name in ("known_hosts", "known_hosts2")}
+    extra = []
+    for name in found.known_hosts:
+        path = Path(os.path.expanduser(name))
+        if path not in defaults and path not in already and path not in extra:
+            extra.append(path)
+    return tuple(extra)
+
+
+def _node(raw: RawInventory, host: RawHost, role: Role, resolve: _Resolver) -> Node:
+    address, settings = _settings(raw, host, resolve)
+    if settings.key is not None and (host.ssh.key or raw.ssh.key):
         check_key_file(settings.key, host.where, f"{host.name}.key")
     return Node(host.name, address, role, settings, dict(host.resources), dict(host.labels))
 
@@ -100,10 +207,14 @@ def _node(raw: RawInventory, host: RawHost, role: Role, config: paramiko.SSHConf
 def _check_unique(nodes: list[tuple[Node, Where]]) -> None:
     head, head_where = nodes[0]
     seen_names: dict[str, Where] = {}
-    seen_endpoints: dict[tuple[str, int], Where] = {}
+    seen_endpoints: dict[tuple[str, int, tuple[Hop, ...]], Where] = {}
     for node, where in nodes:
         if node.role == "worker" and (
-            (node.address == head.address and node.ssh.port == head.ssh.port)
+            (
+                node.address == head.address
+                and node.ssh.port == head.ssh.port
+                and node.ssh.hops == head.ssh.hops
+            )
             or node.name == head.name
         ):
             raise where.error(
@@ -117,7 +228,7 @@ def _check_unique(nodes: list[tuple[Node, Where]]) -> None:
                 f"duplicate node name (also at {seen_names[node.name]})",
                 "give each node its own name, or remove the duplicate",
             )
-        endpoint = (node.address, node.ssh.port)
+        endpoint = (node.address, node.ssh.port, node.ssh.hops)
         if endpoint in seen_endpoints:
             raise where.error(
                 node.name,
@@ -129,10 +240,11 @@ def _check_unique(nodes: list[tuple[Node, Where]]) -> None:
         seen_endpoints[endpoint] = where
 
 
-def build(raw: RawInventory, config: paramiko.SSHConfig | None) -> Inventory:
+def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None) -> Inventory:
     """The validated Inventory."""
-    nodes = [(_node(raw, raw.head, "head", config), raw.head.where)]
-    nodes += [(_node(raw, w, "worker", config), w.where) for w in raw.workers]
+    resolve = _Resolver(config, openssh)
+    nodes = [(_node(raw, raw.head, "head", resolve), raw.head.where)]
+    nodes += [(_node(raw, w, "worker", resolve), w.where) for w in raw.workers]
     _check_unique(nodes)
     return Inventory(
         path=raw.path,
@@ -143,4 +255,6 @@ def build(raw: RawInventory, config: paramiko.SSHConfig | None) -> Inventory:
         image_lock=raw.image_lock,
         shm_size=raw.shm_size,
         object_store_memory=raw.object_store_memory,
+        runtime=raw.runtime,
+        ray_python=raw.ray_python,
     )

@@ -64,7 +64,7 @@ class JobSpec:
     def entrypoint(self) -> str:
         """The shell command the head runs: this job's results directory made, then the
         playbook. The node's results root comes from the Ray container's environment."""
-        missing = "the cluster was started without a results directory; run provisioner up"
+        missing = "this Ray container has no results directory; run provisioner down, then up"
         root = f'"${{{RESULTS_ROOT_ENV}:?{missing}}}"'
         results = f"{root}/{self.job_id}"
         run = shlex.join(["python3", "-u", self.playbook.name, *self.args])

@@ -204,17 +204,18 @@ def job_info(link: Link, job_id: str) -> Any:
 
 
 def _cluster_gone(target: Target) -> bool:
-    """True when the head answers SSH and has no Ray container of the cluster (`down`)."""
-    from provisioner.cluster.commands import container_facts_command
+    """True when the head answers SSH and has no Ray of the cluster (`down`)."""
+    from provisioner.runtime import runtime_for
 
     if target.inventory is None:
         return False
+    runtime = runtime_for(target.inventory)
     try:
         with target.ssh() as session:
-            facts = session.run(container_facts_command(target.cluster), timeout=30)
+            facts = session.run(runtime.state_command(), timeout=30)
     except ProvisionerError:
         return False
-    return facts.ok and facts.stdout.strip() == "null"
+    return facts.ok and runtime.parse_state(facts.stdout).status == "absent"
 
 
 def follow(

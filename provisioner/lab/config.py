@@ -18,6 +18,7 @@ DEFAULT_NAME = "lab"
 DEFAULT_SUBNET = "10.250.0.0/24"
 FIRST_HOST = 10  # node i gets the subnet's address .10 + i
 MAX_NODES = 32
+LAB_RUNTIMES = ("docker", "host")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
 
 
@@ -45,18 +46,24 @@ class LabConfig:
     name: str = DEFAULT_NAME
     subnet: str = DEFAULT_SUBNET
     nodes: int = 3
+    runtime: str = "docker"  # host: nodes with Ray in a virtualenv on the login shell's PATH
 
     def __post_init__(self) -> None:
         validate(self)
 
     @classmethod
     def from_env(
-        cls, name: str | None = None, subnet: str | None = None, nodes: int = 3
+        cls,
+        name: str | None = None,
+        subnet: str | None = None,
+        nodes: int = 3,
+        runtime: str = "docker",
     ) -> LabConfig:
         return cls(
             name=name or os.environ.get("PROVISIONER_LAB_NAME") or DEFAULT_NAME,
             subnet=subnet or os.environ.get("PROVISIONER_LAB_SUBNET") or DEFAULT_SUBNET,
             nodes=nodes,
+            runtime=runtime,
         )
 
     @property
@@ -118,6 +125,11 @@ def validate(cfg: LabConfig) -> None:
         raise InputError(
             f"lab subnet {cfg.subnet!r} must be a private IPv4 network", "use e.g. 10.250.0.0/24"
         )
+    if cfg.runtime not in LAB_RUNTIMES:
+        raise InputError(
+            f"--runtime must be one of {', '.join(LAB_RUNTIMES)}, got {cfg.runtime!r}",
+            "docker: nodes with Docker for the pinned image; host: nodes with Ray in a virtualenv",
+        )
     if not 1 <= cfg.nodes <= MAX_NODES:
         raise InputError(f"--nodes must be between 1 and {MAX_NODES}, got {cfg.nodes}")
     if net.num_addresses < FIRST_HOST + cfg.nodes + 2:
@@ -140,7 +152,9 @@ def inventory_document(cfg: LabConfig, image_lock: Path | None = None) -> dict[s
         "head": {"name": nodes[0].name, "address": nodes[0].address},
         "workers": [{"name": n.name, "address": n.address} for n in nodes[1:]],
     }
-    if image_lock is not None:
+    if cfg.runtime != "docker":
+        doc["runtime"] = cfg.runtime
+    elif image_lock is not None:
         doc["image"] = {"lock": str(image_lock.resolve())}
     return doc
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,26 +190,31 @@ def unhang(lab: LabInfo, node: LabNode) -> None:
 # --- isolate / unisolate: SSH only through a jump host -------------------------------------
 
 
-def _isolate_rule(node: LabNode) -> str:
+def _isolate_rules(node: LabNode, also_from: Sequence[LabNode]) -> list[str]:
     # the control machine, as the node sees it: the lab network's gateway
     gateway = _run(node, "ip route | awk '/^default/ {print $3; exit}'").strip()
     if not gateway:
         raise LabError(f"{node.name}: no default route; cannot tell the control machine")
-    return f"INPUT -p tcp --dport 22 -s {gateway} -m comment --comment {TAG} -j DROP"
+    sources = [gateway, *(other.address for other in also_from)]
+    return [
+        f"INPUT -p tcp --dport 22 -s {source} -m comment --comment {TAG} -j DROP"
+        for source in sources
+    ]
 
 
-def isolate(lab: LabInfo, node: LabNode) -> None:
-    """Drop SSH from the control machine to the node; the other nodes still reach it (reach
-    it through a jump host, e.g. the head)."""
-    rule = _isolate_rule(node)
-    _run(node, f"iptables -C {rule} 2>/dev/null || iptables -I {rule}")
-    _record(lab, Fault("isolate", node.name), True)
+def isolate(lab: LabInfo, node: LabNode, also_from: Sequence[LabNode] = ()) -> None:
+    """Drop SSH from the control machine (and from the nodes `also_from`) to the node; the
+    other nodes still reach it (reach it through a jump host, or a chain of them). Only SSH
+    is dropped: Ray's own traffic between the nodes goes on."""
+    for rule in _isolate_rules(node, also_from):
+        _run(node, f"iptables -C {rule} 2>/dev/null || iptables -I {rule}")
+    _record(lab, Fault("isolate", node.name, ",".join(n.name for n in also_from)), True)
 
 
-def unisolate(lab: LabInfo, node: LabNode) -> None:
-    rule = _isolate_rule(node)
-    _run(node, f"while iptables -C {rule} 2>/dev/null; do iptables -D {rule}; done")
-    _record(lab, Fault("isolate", node.name), False)
+def unisolate(lab: LabInfo, node: LabNode, also_from: Sequence[LabNode] = ()) -> None:
+    for rule in _isolate_rules(node, also_from):
+        _run(node, f"while iptables -C {rule} 2>/dev/null; do iptables -D {rule}; done")
+    _record(lab, Fault("isolate", node.name, ",".join(n.name for n in also_from)), False)
 
 
 # --- break / mend: one doctor check's fault on a node -------------------------------------
@@ -385,7 +390,7 @@ def clear(lab: LabInfo) -> list[Fault]:
         elif f.kind == "hang":
             unhang(lab, node)
         elif f.kind == "isolate":
-            unisolate(lab, node)
+            unisolate(lab, node, [lab.node(n) for n in f.arg.split(",") if n])
         elif f.kind == "break":
             mend(lab, node, f.arg)
         undone.append(f)

@@ -189,6 +189,48 @@ def ensure_node_image(report: Reporter = quiet) -> str:
     return tag
 
 
+HOST_DOCKERFILE = "host.Dockerfile"
+
+
+def host_node_tag(node: str, lock_text: str) -> str:
+    recipe = (_recipe_dir() / HOST_DOCKERFILE).read_bytes()
+    return f"provisioner-lab-host:{_digest(node, recipe, lock_text)}"
+
+
+def ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
+    """The tag of the host-mode lab node image: the node image plus a virtualenv built
+    offline from images/requirements.lock and the wheelhouse (images/.wheelhouse), on
+    the login shell's PATH only. Built once per lock."""
+    from provisioner.image.requirements import parse_lock
+    from provisioner.image.wheelhouse import ensure_wheels
+
+    node = ensure_node_image(report)
+    lock = images_dir / "requirements.lock"
+    if not lock.is_file():
+        raise PrerequisiteError(
+            f"no requirements lock at {lock}: host-mode nodes get their virtualenv from it",
+            "run from the repository root, or pass --images DIR",
+        )
+    text = lock.read_text()
+    tag = host_node_tag(node, text)
+    if _exists(tag):
+        return tag
+    wheels = ensure_wheels(parse_lock(text, str(lock)), images_dir / ".wheelhouse", report=report)
+    report(f"building the host-mode lab node image {tag} (a virtualenv with Ray; minutes)")
+    with tempfile.TemporaryDirectory(prefix="lab-host-") as tmp:
+        ctx = Path(tmp)
+        (ctx / "wheels").mkdir()
+        for wheel in wheels:
+            try:
+                os.link(wheel, ctx / "wheels" / wheel.name)
+            except OSError:
+                shutil.copy2(wheel, ctx / "wheels" / wheel.name)
+        shutil.copy2(lock, ctx / "requirements.lock")
+        shutil.copy2(_recipe_dir() / HOST_DOCKERFILE, ctx / "Dockerfile")
+        _docker_build(ctx, "Dockerfile", tag, {"NODE_IMAGE": node}, report)
+    return tag
+
+
 def _docker_build(
     context: Path, dockerfile: str, tag: str, buildargs: dict[str, str], report: Reporter
 ) -> None:

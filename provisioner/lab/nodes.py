@@ -25,7 +25,7 @@ from provisioner.lab.config import (
     node_run_args,
 )
 from provisioner.lab.engine import client, docker_cli, exec_rc
-from provisioner.lab.images import ensure_node_image
+from provisioner.lab.images import ensure_host_node_image, ensure_node_image
 from provisioner.lab.keys import ensure_keypair
 from provisioner.local import private_dir
 
@@ -93,7 +93,12 @@ def load_config(name: str | None = None) -> LabConfig:
     if not record.exists():
         raise InputError(f"no lab named {probe.name!r} is up", "run `provisioner lab up`")
     data = json.loads(record.read_text())
-    return LabConfig(name=data["name"], subnet=data["subnet"], nodes=data["nodes"])
+    return LabConfig(
+        name=data["name"],
+        subnet=data["subnet"],
+        nodes=data["nodes"],
+        runtime=data.get("runtime", "docker"),
+    )
 
 
 def load_lab(name: str | None = None) -> LabInfo:
@@ -101,14 +106,23 @@ def load_lab(name: str | None = None) -> LabInfo:
     return info(load_config(name))
 
 
-def lab_up(cfg: LabConfig, report: Reporter = quiet, image_lock: Path | None = None) -> LabInfo:
+def lab_up(
+    cfg: LabConfig,
+    report: Reporter = quiet,
+    image_lock: Path | None = None,
+    images_dir: Path = Path("images"),
+) -> LabInfo:
     """Create or repair the lab; a running, healthy lab is left as it is.
 
     `image_lock`: the pin (from `provisioner image build`) the lab's inventory refers to.
+    `images_dir`: host runtime: the requirements lock and wheelhouse of the nodes' virtualenv.
     """
     _check_not_resized(cfg)
     image_lock = image_lock or _previous_image_lock(cfg)
-    image = ensure_node_image(report)
+    if cfg.runtime == "host":
+        image = ensure_host_node_image(images_dir, report)
+    else:
+        image = ensure_node_image(report)
     private_dir(cfg.state_dir)
     cfg.state_dir.chmod(0o700)
     pub = ensure_keypair(cfg.key, f"provisioner-{cfg.name}")
@@ -125,7 +139,10 @@ def lab_up(cfg: LabConfig, report: Reporter = quiet, image_lock: Path | None = N
         + yaml.safe_dump(inventory_document(cfg, image_lock), sort_keys=False)
     )
     (cfg.state_dir / "lab.json").write_text(
-        json.dumps({"name": cfg.name, "subnet": cfg.subnet, "nodes": cfg.nodes}) + "\n"
+        json.dumps(
+            {"name": cfg.name, "subnet": cfg.subnet, "nodes": cfg.nodes, "runtime": cfg.runtime}
+        )
+        + "\n"
     )
     return info(cfg)
 

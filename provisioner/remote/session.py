@@ -16,6 +16,7 @@ from provisioner.inventory import Node
 from provisioner.remote.forward import serve_forward
 from provisioner.remote.hostkeys import VerifyPolicy, host_key_name, jumped_name, load_known_hosts
 from provisioner.remote.results import Result
+from provisioner.remote.route import hop_targets, open_hop_channel, open_proxy_command
 from provisioner.remote.translate import CONNECT_ERRORS, translate
 
 _CHUNK = 1 << 16
@@ -38,18 +39,13 @@ def _client(
     return client
 
 
-def _jump_target(jump: str, default_user: str) -> tuple[str, str, int]:
-    user, _, rest = jump.rpartition("@")
-    host, _, port = rest.partition(":")
-    return user or default_user, host, int(port or 22)
-
-
 def _open(
     node: Node,
     address: str,
     port: int,
     user: str,
-    sock: paramiko.Channel | None,
+    sock: paramiko.Channel | paramiko.ProxyCommand | None,
+    key: Path | None,
     via: str | None = None,
 ) -> paramiko.SSHClient:
     """Connect to address:port (over `sock` when given). Through jump host `via`, the host
@@ -66,8 +62,8 @@ def _open(
             hostname=name,
             port=port,
             username=user,
-            key_filename=str(settings.key) if settings.key else None,
-            look_for_keys=settings.key is None,
+            key_filename=str(key) if key else None,
+            look_for_keys=key is None,
             allow_agent=True,
             timeout=t,
             banner_timeout=t,
@@ -86,7 +82,7 @@ def _open(
             address=address,
             port=port,
             user=user,
-            key=settings.key,
+            key=key,
             known_hosts=settings.known_hosts,
             timeout=t,
         ) from None
@@ -97,48 +93,45 @@ class Session:
     """A live SSH connection to `node`. Use Pool to get one; close() when done."""
 
     def __init__(
-        self, node: Node, client: paramiko.SSHClient, jump: paramiko.SSHClient | None = None
+        self,
+        node: Node,
+        client: paramiko.SSHClient,
+        hops: list[paramiko.SSHClient] | None = None,
     ) -> None:
         self.node = node
         self._client = client
-        self._jump = jump
+        self._hops = hops or []
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.Lock()
 
     @classmethod
     def connect(cls, node: Node) -> Session:
-        """Connect (through the jump host if any), verifying the host key."""
-        jump_client = None
-        sock = None
-        if node.ssh.jump:
-            user, host, port = _jump_target(node.ssh.jump, node.ssh.user)
-            jump_client = _open(node, host, port, user, None)
-            try:
-                transport = jump_client.get_transport()
-                assert transport is not None
-                sock = transport.open_channel(
-                    "direct-tcpip",
-                    (node.address, node.ssh.port),
-                    ("127.0.0.1", 0),
-                    timeout=node.ssh.connect_timeout,
-                )
-            except CONNECT_ERRORS as exc:
-                jump_client.close()
-                raise RemoteError(
-                    node.name,
-                    f"jump host {node.ssh.jump} cannot reach {node.address}:{node.ssh.port}: {exc}",
-                    "check the address from the jump host (ssh JUMP nc -z ADDRESS PORT)",
-                    kind="jump",
-                ) from None
+        """Connect through the node's route (ProxyCommand, then each ProxyJump hop), verifying
+        the host key of every hop and of the node."""
+        hops: list[paramiko.SSHClient] = []
         try:
+            sock: paramiko.Channel | paramiko.ProxyCommand | None = open_proxy_command(node)
+            route: list[str] = []  # the jump hops passed so far: keys learned behind them
+            for hop, (address, port) in hop_targets(node):  # are recorded as such
+                via = ",".join(route) or None
+                client = _open(node, hop.address, hop.port, hop.user, sock, hop.key, via)
+                hops.append(client)
+                route.append(f"{hop.user}@{hop.address}:{hop.port}")
+                sock = open_hop_channel(node, client, hop, address, port)
             client = _open(
-                node, node.address, node.ssh.port, node.ssh.user, sock, via=node.ssh.jump
+                node,
+                node.address,
+                node.ssh.port,
+                node.ssh.user,
+                sock,
+                node.ssh.key,
+                ",".join(route) or None,
             )
         except ProvisionerError:
-            if jump_client:
-                jump_client.close()
+            for hop_client in reversed(hops):
+                hop_client.close()
             raise
-        return cls(node, client, jump_client)
+        return cls(node, client, hops)
 
     @property
     def host(self) -> str:
@@ -300,8 +293,8 @@ class Session:
             if self._sftp is not None:
                 self._sftp.close()
         self._client.close()
-        if self._jump is not None:
-            self._jump.close()
+        for hop in reversed(self._hops):
+            hop.close()
 
 
 class _Capped:

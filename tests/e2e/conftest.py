@@ -21,6 +21,9 @@ from provisioner.lab.nodes import LabInfo, lab_down, lab_up
 
 E2E_NAME = os.environ.get("PROVISIONER_LAB_NAME", "e2e")
 E2E_SUBNET = os.environ.get("PROVISIONER_LAB_SUBNET", "10.250.100.0/24")
+# The host-mode lab (Ray in a virtualenv on each node, no image): a lab of its own.
+HOST_NAME = os.environ.get("PROVISIONER_HOST_LAB_NAME", f"{E2E_NAME}-host")
+HOST_SUBNET = os.environ.get("PROVISIONER_HOST_LAB_SUBNET", "10.250.101.0/24")
 
 
 # The e2e modules share one lab; this order keeps the expensive state (the image on every
@@ -31,6 +34,7 @@ MODULE_ORDER = (
     "test_doctor",
     "test_image_push",
     "test_cluster_lifecycle",
+    "test_ssh_routes",
     "test_ray_up",
     "test_jobs",
     "test_long_runs",
@@ -38,6 +42,7 @@ MODULE_ORDER = (
     "test_security",
     "test_hostile_returns",
     "test_bench_smoke",
+    "test_host_mode",
 )
 
 
@@ -114,7 +119,24 @@ def cluster_inventory(lab: LabInfo, image_pin: Path) -> Iterator[Path]:
         LabConfig(name=lab.name, subnet=E2E_SUBNET, nodes=len(lab.nodes)), print, image_pin
     )
     inv = load_inventory(info.inventory)
-    report = push_image(inv, read_pin(image_pin), report=print)
+    report = push_image(inv, None, print, pin=read_pin(image_pin))
     assert report.ok, report.errors
     yield info.inventory
     run(["down", "-i", str(info.inventory), "--no-logs"])
+
+
+@pytest.fixture(scope="session")
+def host_lab() -> Iterator[LabInfo]:
+    """A lab whose nodes run Ray from their own virtualenv (`lab up --runtime host`), with
+    an inventory that says `runtime: host`; removed at the end unless kept."""
+    cfg = LabConfig(name=HOST_NAME, subnet=HOST_SUBNET, nodes=3, runtime="host")
+    try:
+        info = lab_up(cfg, print, images_dir=IMAGES)
+    except InputError:  # a leftover lab of that name on another subnet: start clean
+        lab_down(cfg)
+        info = lab_up(cfg, print, images_dir=IMAGES)
+    faults.clear(info)
+    yield info
+    faults.clear(info)
+    if os.environ.get("PROVISIONER_KEEP_LAB") != "1":
+        lab_down(cfg)

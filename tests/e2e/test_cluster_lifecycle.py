@@ -24,6 +24,7 @@ from provisioner.doctor.facts import NodeFacts, parse_facts
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.nodes import LabInfo
+from provisioner.runtime import runtime_for
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -133,11 +134,11 @@ def test_up_passes_while_the_gcs_still_lists_a_killed_raylet(inventory: str, lab
     worker = lab.nodes[1]
     container = "ray-" + inv.cluster
     ssh(lab, worker, f"docker kill -s KILL {container} && docker start {container}")
-    both: list[dict] = []  # type: ignore[type-arg]
+    both: list[headprobe.GcsNode] = []
     with Pool(inv) as pool:
         for _ in range(40):  # until the replacement registered beside the old ID
-            listed = headprobe.gcs_nodes(pool.session(inv.head), inv)
-            both = [n for n in listed if n["alive"] and n["ip"] == worker.address]
+            listed = headprobe.gcs_nodes(pool.session(inv.head), runtime_for(inv))
+            both = [n for n in listed if n.alive and n.ip == worker.address]
             if len(both) == 2:
                 break
             time.sleep(0.5)

@@ -104,9 +104,9 @@ def edited_inventory(lab: LabInfo, tmp_path: Path, **ssh: object) -> Path:
 
 
 def unpinned(lab: LabInfo, tmp_path: Path) -> Path:
-    """The lab's inventory without an image pin: Ray is then the nodes' own, so their
-    Python and Ray matter (with a pin, only the image's do). The image tests, later in the
-    suite, write a pin into the lab's inventory; this keeps these tests order-proof."""
+    """The lab's inventory without an image pin, so that the doctor judges the nodes' own
+    Python and Ray without the image's. The image tests, later in the suite, write a pin
+    into the lab's inventory; this keeps these tests order-proof."""
     path = edited_inventory(lab, tmp_path)
     document = yaml.safe_load(path.read_text())
     document.pop("image", None)
@@ -169,8 +169,10 @@ def test_ray_only_in_login_shell(lab: LabInfo, tmp_path: Path) -> None:
     worker = lab.nodes[1]
     with broken(lab, (worker, "ray-login-only")):
         report = doctor(unpinned(lab, tmp_path))
-    assert only_on(report, "error", "shell.env") == {worker.name}
-    (finding,) = [f for f in report.errors if f.check == "shell.env"]
+    # docker runtime: Ray runs in the image, so a `ray` on the login PATH only is a warning
+    # about the node's own commands (host mode runs Ray through a login shell: also fine)
+    assert only_on(report, "warning", "shell.env") == {worker.name}
+    (finding,) = [f for f in report.findings if f.check == "shell.env" and f.severity != "ok"]
     assert "command not found" in finding.message and RAYENV in finding.fix
 
 
@@ -178,8 +180,10 @@ def test_python_versions_differ(lab: LabInfo, tmp_path: Path) -> None:
     worker = lab.nodes[2]
     with broken(lab, (worker, "python-3.10")):
         report = doctor(unpinned(lab, tmp_path))
-    assert only_on(report, "error", "python.version") == {worker.name}
-    assert errors_by_host(report) == {worker.name: {"python.version"}}
+    # docker runtime: the nodes' own Python only matters to commands on the host (host
+    # mode's version errors: tests/e2e/test_host_mode.py, on nodes with a real virtualenv)
+    assert only_on(report, "warning", "python.version") == {worker.name}
+    assert errors_by_host(report) == {}
 
 
 def test_docker_unusable_without_sudo(lab: LabInfo) -> None:

@@ -191,7 +191,7 @@ def test_disk_filling_during_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
         # filesystem there fills up part way through the 48 MB layer.
         on_node(worker, "mount -t tmpfs -o size=8m faults-full /var/lib/docker/tmp")
         try:
-            report = push_image(inventory, blob, opts, print)
+            report = push_image(inventory, None, print, pin=blob, opts=opts)
         finally:
             on_node(worker, "umount /var/lib/docker/tmp || umount -l /var/lib/docker/tmp")
         assert set(report.errors) == {worker.name}, report.errors
@@ -202,7 +202,7 @@ def test_disk_filling_during_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
         assert image_on(worker, blob.image_id) == "" and image_on(worker, BLOB_TAG) == ""
         for node in lab.nodes[:2]:
             assert image_on(node, BLOB_TAG) == blob.image_id
-        again = push_image(inventory, blob, opts, print)
+        again = push_image(inventory, None, print, pin=blob, opts=opts)
         assert again.ok, again.errors
         assert image_on(worker, BLOB_TAG) == blob.image_id
         s.observed = (
@@ -223,7 +223,7 @@ def test_image_push_through_a_jump_host(inv: str, lab: LabInfo, blob: Pin, tmp_p
     opts = PushOptions(tag=BLOB_TAG, cache_dir=tmp_path / "cache")
     try:
         with ssh_only_through_a_jump(lab, worker):
-            report = push_image(inventory, blob, opts, print)
+            report = push_image(inventory, None, print, pin=blob, opts=opts)
         assert report.ok, report.errors
         sent = report.nodes[worker.name]
         assert sent.action == "send" and sent.bytes_sent > 40 << 20, sent

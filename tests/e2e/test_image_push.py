@@ -99,11 +99,13 @@ def test_push_reaches_every_node_sending_only_missing_layers(
     for node in inventory.nodes:
         wipe(node)
     third = inventory.workers[-1]
-    first = push_image(only(inventory, third), older, PushOptions(tag=OLDER_TAG), print)
+    first = push_image(
+        only(inventory, third), None, print, pin=older, opts=PushOptions(tag=OLDER_TAG)
+    )
     assert_ok(first)
     assert image_on(third, OLDER_TAG) == older.image_id
 
-    report = push_image(inventory, pin, PushOptions(), print)
+    report = push_image(inventory, None, print, pin=pin, opts=PushOptions())
 
     assert_ok(report)
     for node in inventory.nodes:
@@ -119,7 +121,7 @@ def test_push_reaches_every_node_sending_only_missing_layers(
 
 
 def test_a_second_push_sends_no_image_bytes(inventory: Inventory, pin: Pin) -> None:
-    report = push_image(inventory, pin, PushOptions(), print)
+    report = push_image(inventory, None, print, pin=pin, opts=PushOptions())
     assert_ok(report)
     assert report.control_bytes == 0
     assert {n.action for n in report.nodes.values()} == {"none"}
@@ -137,7 +139,7 @@ def test_a_different_image_under_the_cluster_tag_is_corrected(
     assert rc == 0, out
     assert image_on(node, CLUSTER_TAG) not in ("", pin.image_id)
 
-    report = push_image(inventory, pin, PushOptions(), print)
+    report = push_image(inventory, None, print, pin=pin, opts=PushOptions())
 
     assert_ok(report)
     assert report.nodes[node.name].action == "tag"
@@ -152,7 +154,7 @@ def push_killed_once(inventory: Inventory, pin: Pin, node: Node, retries: int) -
     result: list[PushReport] = []
     worker = threading.Thread(
         target=lambda: result.append(
-            push_image(inventory, pin, PushOptions(retries=retries), lines.append)
+            push_image(inventory, None, lines.append, pin=pin, opts=PushOptions(retries=retries))
         )
     )
     worker.start()
@@ -212,7 +214,7 @@ def test_relay_sends_about_one_image_from_the_control_machine(
         for node in inventory.nodes:
             wipe(node)
 
-        report = push_image(inventory, pin, PushOptions(relay=True), print)
+        report = push_image(inventory, None, print, pin=pin, opts=PushOptions(relay=True))
 
         assert_ok(report)
         for node in inventory.nodes:

@@ -21,11 +21,13 @@ import pytest
 import yaml
 
 from provisioner.cli import run
-from provisioner.cluster import commands, render
+from provisioner.cluster import render
 from provisioner.cluster.token import local_token_path, read_token
 from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
 from provisioner.remote import Pool
+from provisioner.runtime import docker
+from provisioner.runtime.docker import DockerRuntime
 from tests.e2e.faults.lab import cli, edited_inventory, on_node, probe
 from tests.e2e.faults.record import scenario
 
@@ -135,13 +137,14 @@ def test_hostile_labels_and_resources_reach_the_node_quoted(
                 inv = replace(inventory, workers=(node,))
                 session = pool.session(node)
                 shim = "docker() { printf '%s\\0' \"$@\"; }; ray() { printf '%s\\0' \"$@\"; }; "
-                run_cmd = commands.docker_run_command(inv, node, "img")
+                run_cmd = docker.docker_run_command(inv, node, "img")
                 result = session.run(shim + run_cmd, timeout=30).check()
                 words = result.stdout.split("\0")
                 assert f"--labels=zone={value}" in words, words[-12:]
                 (res,) = [w for w in words if w.startswith("--resources=")]
                 assert json.loads(res.removeprefix("--resources=")) == {value[:200]: 1.0}
-                start = render.build_config(inv, "img", token)["worker_start_ray_commands"][-1]
+                runtime = DockerRuntime(inv, None, image="img")
+                start = render.build_config(inv, token, runtime)["worker_start_ray_commands"][-1]
                 result = session.run(shim + start, timeout=30).check()
                 assert f"--labels=zone={value}" in result.stdout.split("\0")
                 checked += 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from provisioner.inventory import Inventory, Node, SSHSettings
+from provisioner.runtime.docker import DockerRuntime
 
 
 def make_inventory(tmp: Path, *, workers: int = 2, **kw: object) -> Inventory:
@@ -16,3 +17,8 @@ def make_inventory(tmp: Path, *, workers: int = 2, **kw: object) -> Inventory:
         Node(f"worker-{i}", f"10.250.9.{10 + i}", "worker", ssh) for i in range(1, workers + 1)
     )
     return Inventory(path=tmp / "inventory.yaml", cluster="demo", head=head, workers=nodes, **kw)  # type: ignore[arg-type]
+
+
+def docker_runtime(inventory: Inventory, image: str) -> DockerRuntime:
+    """The docker runtime running `image` (no pin: the render tests name the image)."""
+    return DockerRuntime(inventory, None, image=image)

@@ -7,8 +7,12 @@ from pathlib import Path
 import pytest
 
 from provisioner.cluster import commands, down, status, token, up
+from provisioner.cluster.headprobe import GcsNode
 from provisioner.errors import InputError
+from provisioner.runtime import docker
+from provisioner.runtime.base import RayState
 from tests.unit.inventories import make_inventory
+from tests.unit.test_image_lock import make_pin
 
 
 def test_worker_ray_start(tmp_path: Path) -> None:
@@ -26,7 +30,7 @@ def test_worker_ray_start(tmp_path: Path) -> None:
 
 def test_head_docker_run_is_quoted_and_carries_no_token(tmp_path: Path) -> None:
     inv = make_inventory(tmp_path, shm_size=2**30)
-    cmd = commands.docker_run_command(inv, inv.head, "sha256:abc")
+    cmd = docker.docker_run_command(inv, inv.head, "sha256:abc")
     assert cmd == (
         'mkdir -p "$HOME"/.provisioner/clusters/demo/ray '
         '"$HOME"/.provisioner/clusters/demo/results '
@@ -50,8 +54,8 @@ def test_head_docker_run_is_quoted_and_carries_no_token(tmp_path: Path) -> None:
 
 def test_default_shm_is_computed_on_the_node_like_rays_launcher(tmp_path: Path) -> None:
     inv = make_inventory(tmp_path)
-    assert "MemAvailable" in commands.shm_size(inv)
-    assert "0.3*1.1" in commands.shm_size(inv)
+    assert "MemAvailable" in docker.shm_size(inv)
+    assert "0.3*1.1" in docker.shm_size(inv)
 
 
 def test_token_file_is_private_and_stable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,24 +78,25 @@ def test_token_install_reads_stdin_never_argv() -> None:
 
 
 def test_parse_container_facts() -> None:
-    assert status.parse_container_facts("null\n").status == "absent"
-    f = status.parse_container_facts(
+    assert docker.parse_container_facts("null\n").status == "absent"
+    f = docker.parse_container_facts(
         '{"running": true, "status": "running", "image": "sha256:x", "started_at": "t",'
         ' "restarts": 2, "exit_code": 0, "oom_killed": false}'
     )
-    assert f.running and f.image == "sha256:x" and f.restarts == 2
+    assert f.running and f.runs == "sha256:x" and f.restarts == 2
 
 
 def test_assemble_counts_only_nodes_alive_at_their_inventory_address(tmp_path: Path) -> None:
     inv = make_inventory(tmp_path)
-    run = status.ContainerFacts(status="running", image="sha256:x")
+    run = RayState(status="running", runs="sha256:x")
     facts = {n.name: run for n in inv.nodes}
     gcs = [
-        {"ip": "10.250.9.10", "alive": True, "resources": {"CPU": 2.0}},
-        {"ip": "10.250.9.11", "alive": False},
-        {"ip": "127.0.1.1", "alive": True},  # wrong address: does not count
+        GcsNode("a", "10.250.9.10", True, {"CPU": 2.0}),
+        GcsNode("b", "10.250.9.11", False),
+        GcsNode("c", "127.0.1.1", True),  # wrong address: does not count
     ]
-    st = status.assemble(inv, facts, {}, gcs, image_id="sha256:x")
+    runtime = docker.DockerRuntime(inv, make_pin(image_id="sha256:x"))
+    st = status.assemble(inv, runtime, facts, {}, gcs)
     assert (st.alive_nodes, st.expected_nodes, st.healthy) == (1, 3, False)
     doc = st.to_json()
     assert doc["nodes"][0]["ray_alive"] is True and doc["nodes"][0]["image_ok"] is True
@@ -99,12 +104,13 @@ def test_assemble_counts_only_nodes_alive_at_their_inventory_address(tmp_path: P
 
 
 def test_needs_start() -> None:
-    ok = status.ContainerFacts(status="running", image="sha256:x")
-    assert not up.needs_start(ok, "sha256:x", True, head_restarted=False)
-    assert up.needs_start(ok, "sha256:x", True, head_restarted=True)
-    assert up.needs_start(ok, "sha256:y", True, head_restarted=False)
-    assert up.needs_start(ok, "sha256:x", False, head_restarted=False)
-    assert up.needs_start(None, "sha256:x", True, head_restarted=False)
+    ok = RayState(status="running", runs="sha256:x")
+    assert not up.needs_start(ok, True, True, head_restarted=False)
+    assert not up.needs_start(ok, None, True, head_restarted=False)  # host: nothing pinned
+    assert up.needs_start(ok, True, True, head_restarted=True)
+    assert up.needs_start(ok, False, True, head_restarted=False)  # another image
+    assert up.needs_start(ok, True, False, head_restarted=False)
+    assert up.needs_start(None, None, True, head_restarted=False)
 
 
 def test_down_checks_role_ports(tmp_path: Path) -> None:
@@ -124,10 +130,11 @@ def test_wait_for_port_command_runs_in_bash() -> None:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         port = server.getsockname()[1]
-        wait = commands.wait_for_port_command("nosuch", "127.0.0.1", port, 5)
+        running = docker.container_running_test("nosuch")
+        wait = commands.wait_for_port_command("127.0.0.1", port, 5, running)
         assert subprocess.run(["bash", "-c", wait], timeout=30).returncode == 0
-    wait = commands.wait_for_port_command("nosuch", "127.0.0.1", port, 5)
+    wait = commands.wait_for_port_command("127.0.0.1", port, 5, running)
     assert subprocess.run(["bash", "-c", wait], timeout=30).returncode == 3
-    wait = commands.wait_for_port_command("nosuch", "127.0.0.1", port, 0.3)
+    wait = commands.wait_for_port_command("127.0.0.1", port, 0.3, running)
     assert subprocess.run(["bash", "-c", wait], timeout=30).returncode == 1
     assert "'exec 3<>/dev/tcp/127.0.0.1/" in wait and "ray-nosuch" in wait

@@ -1,43 +1,34 @@
-"""`up`'s reading of the doctor: its own Ray is waived on its own nodes, nothing else."""
+"""`up`'s reading of the doctor, and of the GCS: its own Ray is waived (by the doctor) on its
+own nodes, nothing else; replaced raylets do not count."""
 
 from __future__ import annotations
 
 from provisioner.cluster import headprobe
-from provisioner.cluster.preflight import own_nodes, split
+from provisioner.cluster.headprobe import GcsNode
+from provisioner.cluster.preflight import blocking_errors
 from provisioner.cluster.probe import best_per_address
-from provisioner.doctor import DoctorReport, Finding
-from provisioner.doctor.facts import NodeFacts, parse_facts
+from provisioner.doctor import Finding
 
 
 def f(check: str, host: str, severity: str = "error") -> Finding:
     return Finding(check, severity, host, f"{check} on {host}")  # type: ignore[arg-type]
 
 
-def test_own_ray_waived_only_where_this_cluster_runs() -> None:
-    findings = [f("ray.stale", "h"), f("ports.free", "h"), f("ports.free", "w2")]
-    blocking, waived = split(findings, own_nodes={"h"})
-    assert [x.host for x in waived] == ["h", "h"]
-    assert blocking == [f("ports.free", "w2")]
-
-
-def test_other_errors_always_block() -> None:
+def test_every_error_blocks_and_warnings_never_do() -> None:
+    # What this cluster's own running Ray explains, the doctor has turned into warnings
+    # already (tests/unit/test_doctor_own_ray.py): up waives nothing itself.
     findings = [f("net.reachability", "h"), f("docker.daemon", "h"), f("shell.env", "w1")]
-    blocking, waived = split(findings, own_nodes={"h", "w1"})
-    assert blocking == findings and waived == []
-
-
-def test_warnings_and_oks_never_block() -> None:
-    findings = [f("image.present", "w1", "warning"), f("ports.free", "w1", "ok")]
-    assert split(findings, own_nodes=set()) == ([], [])
+    assert blocking_errors(findings) == findings
+    assert blocking_errors([f("image.present", "w1", "warning"), f("ports.free", "w1", "ok")]) == []
 
 
 def test_a_replaced_raylet_still_listed_alive_is_not_counted() -> None:
-    old = {"node_id": "old", "ip": "10.0.0.12", "alive": True}
-    head = {"node_id": "h", "ip": "10.0.0.10", "alive": True}
-    dead = {"node_id": "d", "ip": "10.0.0.11", "alive": False}
+    old = GcsNode("old", "10.0.0.12", True)
+    head = GcsNode("h", "10.0.0.10", True)
+    dead = GcsNode("d", "10.0.0.11", False)
     nodes = [head, old, dead]
     assert headprobe.alive_addresses(nodes, frozenset({"old"})) == {"10.0.0.10"}
-    new = {"node_id": "new", "ip": "10.0.0.12", "alive": True}
+    new = GcsNode("new", "10.0.0.12", True)
     fresh = headprobe.fresh_nodes([*nodes, new], frozenset({"old"}))
     assert fresh == {"10.0.0.10": head, "10.0.0.12": new}
 
@@ -53,20 +44,3 @@ def test_placement_keeps_one_result_per_address_and_a_success_wins() -> None:
     # an address whose only tasks failed keeps its failure (the first one)
     other = {"ip": "10.0.0.12", "ok": False, "error": "no answer within 10s"}
     assert best_per_address([head, dead, other]) == [head, dead]
-
-
-def test_own_nodes_are_those_holding_this_clusters_container_in_any_state() -> None:
-    def told(containers: str) -> NodeFacts:
-        return parse_facts("n", f"@@containers\n{containers}\n@@end\n")
-
-    report = DoctorReport(
-        findings=[],
-        nodes=["h", "w1", "w2", "w3"],
-        facts={
-            "h": told("ray-lab\tabc123\trunning\tlab"),
-            "w1": told("ray-lab\tabc123\texited\tlab"),
-            "w2": told("ray-other\tabc123\trunning\tother\nweb\tnginx\trunning\t"),
-            "w3": told(""),
-        },
-    )
-    assert own_nodes(report, "lab") == {"h", "w1"}

@@ -31,6 +31,21 @@ def test_own_running_ray_turns_its_port_findings_into_warnings() -> None:
     assert "this cluster's own Ray" in out[0].message and "provisioner down" in out[0].fix
 
 
+def test_host_mode_own_ray_is_a_raylet_naming_this_clusters_temp_dir() -> None:
+    ours = (
+        "  912 raylet /v/ray/core/src/ray/raylet/raylet "
+        "--raylet_socket_name=/home/lab/.provisioner/clusters/demo/ray/session_x/sockets/raylet"
+    )
+    other = ours.replace("/clusters/demo/", "/clusters/other/")
+    own = replace(NodeFacts(host="n0"), ray_processes=(ours,))
+    out = explained_by_own_ray(BUSY, own, "demo", "host")
+    assert [f.severity for f in out] == ["warning", "warning", "error"]
+    foreign = replace(NodeFacts(host="n0"), ray_processes=(other,))
+    assert [f.severity for f in explained_by_own_ray(BUSY, foreign, "demo", "host")] == [
+        "error"
+    ] * 3
+
+
 def test_other_clusters_or_stopped_containers_stay_errors() -> None:
     for c in (
         Container("ray-other", "x", "running", "other"),

@@ -10,7 +10,7 @@ from provisioner.errors import RemoteError
 from provisioner.image.lock import CLUSTER_TAG
 from provisioner.image.plan import (
     SPARE_BYTES,
-    NodeFacts,
+    ImageFacts,
     decide,
     facts_script,
     parse_facts,
@@ -51,12 +51,12 @@ def test_shared_prefix_is_the_longest_ordered_prefix() -> None:
 
 
 def test_a_node_holding_the_pin_under_the_tag_gets_nothing() -> None:
-    facts = NodeFacts("ok", free_bytes=0, tagged_id=D, images={D: (L1, L2, L3)})
+    facts = ImageFacts("ok", free_bytes=0, tagged_id=D, images={D: (L1, L2, L3)})
     assert decide(make_pin(), facts, "n").action == "none"
 
 
 def test_a_node_holding_the_pin_under_another_tag_is_only_retagged() -> None:
-    facts = NodeFacts("ok", free_bytes=0, tagged_id=OTHER, images={D: (L1, L2, L3)})
+    facts = ImageFacts("ok", free_bytes=0, tagged_id=OTHER, images={D: (L1, L2, L3)})
     assert decide(make_pin(), facts, "n").action == "tag"
 
 
@@ -69,12 +69,12 @@ def test_a_node_sharing_base_layers_gets_only_the_missing_ones() -> None:
 
 
 def test_an_empty_node_gets_every_layer() -> None:
-    plan = decide(make_pin(), NodeFacts("ok", free_bytes=10**12), "n")
+    plan = decide(make_pin(), ImageFacts("ok", free_bytes=10**12), "n")
     assert (plan.action, plan.first_missing, plan.layers_to_send) == ("send", 0, (L1, L2, L3))
 
 
 def test_too_little_disk_is_a_clear_error_before_sending() -> None:
-    facts = NodeFacts("ok", root="/var/lib/docker", free_bytes=SPARE_BYTES, images={})
+    facts = ImageFacts("ok", root="/var/lib/docker", free_bytes=SPARE_BYTES, images={})
     with pytest.raises(RemoteError) as err:
         decide(make_pin(), facts, "node-1")
     assert err.value.kind == "no-space"
@@ -85,7 +85,7 @@ def test_too_little_disk_is_a_clear_error_before_sending() -> None:
 @pytest.mark.parametrize("state", ["missing", "down"])
 def test_no_docker_is_a_clear_error(state: str) -> None:
     with pytest.raises(RemoteError) as err:
-        decide(make_pin(), NodeFacts(state, docker_error="denied"), "node-2")  # type: ignore[arg-type]
+        decide(make_pin(), ImageFacts(state, docker_error="denied"), "node-2")  # type: ignore[arg-type]
     assert err.value.kind == "no-docker"
     assert err.value.fix and "docker" in err.value.fix
 

@@ -129,12 +129,13 @@ gpu1 ansible_host=10.1.0.2 ansible_port=2200
 gpu2 ansible_host=10.1.0.3
 
 [workers:vars]
-ansible_ssh_private_key_file=id_ed25519
+ansible_ssh_private_key_file=KEY
 """
 
 
 def test_ansible_ini(tmp_path: Path, key: Path) -> None:
-    inv = load_inventory(write(tmp_path, "hosts.ini", INI))
+    """As Ansible hands the key to ssh: ~ expanded, relative paths from the current directory."""
+    inv = load_inventory(write(tmp_path, "hosts.ini", INI.replace("KEY", str(key))))
     assert (
         inv.cluster == "rack" and inv.head.address == "10.1.0.1" and inv.head.ssh.user == "ubuntu"
     )
@@ -185,7 +186,8 @@ def test_ssh_config_fills_gaps(tmp_path: Path, key: Path) -> None:
         "alice",
         2201,
     )
-    assert head.ssh.key == key and head.ssh.jump == "bastion@10.3.0.254:22"
+    assert head.ssh.key == key and head.ssh.jump == "bastion@[10.3.0.254]:22"  # as ssh -G says
+    assert [(h.address, h.user, h.port) for h in head.ssh.hops] == [("10.3.0.254", "bastion", 22)]
 
 
 @pytest.mark.parametrize("name", ["onprem.yaml", "ansible.ini", "ansible.yaml"])

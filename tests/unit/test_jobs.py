@@ -48,7 +48,7 @@ def test_the_entrypoint_refuses_a_cluster_without_a_results_directory(tmp_path: 
         spec.entrypoint().split(" && exec ")[0] + ' && echo "$PROVISIONER_RESULTS_DIR"',
     ]
     missing = subprocess.run(shell, capture_output=True, text=True, env={}, check=False)
-    assert missing.returncode != 0 and "without a results directory" in missing.stderr
+    assert missing.returncode != 0 and "has no results directory" in missing.stderr
     root = tmp_path / "root"
     given = subprocess.run(
         shell, capture_output=True, text=True, env={"PROVISIONER_RESULTS_ROOT": str(root)}

@@ -8,7 +8,7 @@ import yaml
 from provisioner.cluster import render
 from provisioner.errors import InputError
 from provisioner.inventory import Node
-from tests.unit.inventories import make_inventory
+from tests.unit.inventories import docker_runtime, make_inventory
 
 
 @pytest.fixture
@@ -17,7 +17,7 @@ def inv(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def test_rendered_file_passes_rays_own_validation(inv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    text = render.render(inv, "sha256:" + "a" * 64, tmp_path / "auth_token")
+    text = render.render(inv, tmp_path / "auth_token", docker_runtime(inv, "sha256:" + "a" * 64))
     config = yaml.safe_load(text)
     prepared = render.validate(config, where="test")
     node_type = prepared["available_node_types"]["local.cluster.node"]
@@ -35,7 +35,7 @@ def test_rendered_file_passes_rays_own_validation(inv, tmp_path: Path) -> None: 
 def test_token_value_never_in_file_only_its_path(inv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     token = tmp_path / "auth_token"
     token.write_text("s3cr3t-token-value")
-    text = render.render(inv, "img", token)
+    text = render.render(inv, token, docker_runtime(inv, "img"))
     assert "s3cr3t-token-value" not in text
     config = yaml.safe_load(text)
     assert config["file_mounts"] == {"/run/provisioner/auth_token": str(token)}
@@ -44,7 +44,7 @@ def test_token_value_never_in_file_only_its_path(inv, tmp_path: Path) -> None:  
 
 
 def test_start_commands_use_the_same_ports_as_up(inv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    config = yaml.safe_load(render.render(inv, "img", tmp_path / "t"))
+    config = yaml.safe_load(render.render(inv, tmp_path / "t", docker_runtime(inv, "img")))
     head = config["head_start_ray_commands"][-1]
     worker = config["worker_start_ray_commands"][-1]
     assert "--port=6379" in head and "--dashboard-host=127.0.0.1" in head
@@ -61,18 +61,34 @@ def test_workers_with_different_resources_are_refused(tmp_path: Path) -> None:
     odd = Node("w9", "10.250.9.99", "worker", inv.head.ssh, {"GPU": 1.0})
     inv = type(inv)(inv.path, inv.cluster, inv.head, (*inv.workers, odd))
     with pytest.raises(InputError, match="differ in resources"):
+        render.build_config(inv, tmp_path / "t", docker_runtime(inv, "img"))
+
+
+def test_nodes_behind_a_jump_host_are_refused_not_dropped(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from provisioner.inventory import Hop
+
+    inv = make_inventory(tmp_path)
+    hidden = replace(
+        inv.workers[0],
+        ssh=replace(inv.head.ssh, hops=(Hop("bastion", "10.250.9.1", "lab"),)),
+    )
+    inv = type(inv)(inv.path, inv.cluster, inv.head, (hidden, *inv.workers[1:]))
+    with pytest.raises(InputError, match="jump host or ProxyCommand") as caught:
         render.build_config(inv, "img", tmp_path / "t")
+    assert hidden.name in str(caught.value)
 
 
 def test_ray_rejects_a_bad_config_as_input_error(inv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    config = render.build_config(inv, "img", tmp_path / "t")
+    config = render.build_config(inv, tmp_path / "t", docker_runtime(inv, "img"))
     config["docker"]["no_such_field"] = 1
     with pytest.raises(InputError, match="Ray rejects"):
         render.validate(config, where="x")
 
 
 def test_head_starts_with_autoscaler_v1_and_a_fresh_launcher_state(inv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    config = yaml.safe_load(render.render(inv, "img", tmp_path / "auth_token"))
+    config = yaml.safe_load(render.render(inv, tmp_path / "auth_token", docker_runtime(inv, "img")))
     head = config["head_start_ray_commands"]
     start = next(c for c in head if "ray start --head" in c)
     # `ray up` exports RAY_enable_autoscaler_v2=1 before our command; ours must win.

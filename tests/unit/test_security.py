@@ -18,10 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisioner.cluster import commands, render, token
+from provisioner.cluster import render, token
 from provisioner.errors import InputError
 from provisioner.inventory import Inventory, Node, RayPorts, SSHSettings
 from provisioner.remote.commands import masked
+from provisioner.runtime import docker
+from tests.unit.inventories import docker_runtime
 
 SHIM = "docker() { printf '%s\\0' \"$@\"; }; ray() { printf '%s\\0' \"$@\"; }; mkdir() { :; }; "
 # Text a shell would act on, mixed with ordinary characters (no NUL: argv cannot hold it).
@@ -77,12 +79,14 @@ def words(command: str, cwd: Path) -> list[str]:
 def test_hostile_labels_and_resources_stay_one_word(tmp_path: Path, value: str, key: str) -> None:
     inv = inventory(tmp_path, {"zone": value}, {key: 1.0})
     node = inv.workers[0]
-    got = words(commands.docker_run_command(inv, node, "img"), tmp_path)
+    got = words(docker.docker_run_command(inv, node, "img"), tmp_path)
     assert f"--labels=zone={value}" in got
     resources = [w for w in got if w.startswith("--resources=")]
     assert len(resources) == 1
     assert json.loads(resources[0].removeprefix("--resources=")) == {key: 1.0}
-    start = render.build_config(inv, "img", tmp_path / "t")["worker_start_ray_commands"][-1]
+    start = render.build_config(inv, tmp_path / "t", docker_runtime(inv, "img"))[
+        "worker_start_ray_commands"
+    ][-1]
     assert f"--labels=zone={value}" in words(start, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "the shell created a file"
 

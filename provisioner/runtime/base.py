@@ -1,0 +1,120 @@
+"""The protocol every runtime implements: what `up`, `status`, `down`, `logs`, `render`,
+the doctor and the probes need from "Ray on a node".
+
+A runtime is built for one cluster (`runtime_for(inventory, pin)`) and answers with pure,
+quoted command strings and pure parsers; the verbs in `provisioner.cluster` run them over
+SSH. Options a later runtime needs (GPUs, a block of ports) come from the inventory and its
+nodes, so the callers never change: `start_command(node)` is all `up` asks for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from provisioner.console import Reporter
+    from provisioner.doctor.facts import NodeFacts
+    from provisioner.doctor.findings import Finding
+    from provisioner.doctor.plan import Plan
+    from provisioner.image.push import PushReport
+    from provisioner.inventory import Inventory, Node
+    from provisioner.remote import Pool
+
+
+@dataclass(frozen=True)
+class RayState:
+    """This cluster's Ray on one node, as its runtime sees it."""
+
+    status: str = "absent"  # absent | running | exited | restarting | created | ...
+    runs: str | None = None  # what it runs: the image ID (docker), the interpreter (host)
+    started_at: str | None = None
+    restarts: int = 0
+    exit_code: int | None = None
+    oom_killed: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+
+@dataclass(frozen=True)
+class Judges:
+    """A runtime's pure doctor judges, applied to the facts of the doctor's one round trip.
+
+    `node`: its checks of one node; `cluster`: across nodes (versions); `own_ray`: whether
+    the facts show this cluster's own Ray running on the node (its busy ports and
+    processes are then that Ray, not a fault: the one own-Ray waiver)."""
+
+    node: Callable[[Node, NodeFacts, Plan], list[Finding]]
+    cluster: Callable[[dict[str, NodeFacts], Plan], list[Finding]]
+    own_ray: Callable[[NodeFacts, str], bool]
+
+
+@dataclass(frozen=True)
+class RenderSection:
+    """What a runtime puts into Ray's cluster.yaml (`provisioner render`)."""
+
+    config: dict[str, Any]  # top-level keys: docker, file_mounts (the token file)
+    before_start: tuple[str, ...] = ()  # on every node before `ray start`
+    head_before_start: tuple[str, ...] = ()  # on the head, after those
+    env: str = ""  # `VAR=value ` words before `ray start`
+    start_flags: tuple[str, ...] = ()  # trusted text added to `ray start`
+
+
+class Runtime(Protocol):
+    """How Ray runs on the nodes of one cluster."""
+
+    name: str
+    inventory: Inventory
+    starting: str  # progress line of a start, with {role}: "starting the {role} container"
+    stopping: str  # progress line of a stop: "removing the Ray container"
+
+    def prepare(self, pool: Pool, report: Reporter) -> PushReport | None:
+        """Make every node able to run Ray (docker: push the pin); before any start."""
+        ...
+
+    def state_command(self) -> str:
+        """One node's `RayState`, as text for `parse_state` (one round trip)."""
+        ...
+
+    def parse_state(self, stdout: str) -> RayState:
+        """Pure: the output of `state_command`."""
+        ...
+
+    def started_state(self) -> RayState:
+        """Pure: the state of a node right after `start_command` succeeded there."""
+        ...
+
+    def is_current(self, state: RayState) -> bool | None:
+        """Pure: whether the node runs what the cluster pins (None: unknown or not pinned)."""
+        ...
+
+    def start_command(self, node: Node) -> str:
+        """Start this cluster's Ray on `node`, detached from the SSH session; returns when
+        Ray's processes are started (a worker's Ray then waits for the head's by itself)."""
+        ...
+
+    def stop_command(self, node: Node) -> str:
+        """Stop this cluster's Ray on `node` and nothing else; succeeds when none runs."""
+        ...
+
+    def running_test(self) -> str:
+        """A shell condition, true while this cluster's Ray runs on the node."""
+        ...
+
+    def python_command(self, *args: str) -> str:
+        """Run a Python script read from stdin where Ray runs (with the cluster's token)."""
+        ...
+
+    def runtime_log_command(self, lines: int | None = None) -> str:
+        """The runtime's own log of Ray on the node (container log, start output) on
+        stdout; its last `lines` when given."""
+        ...
+
+    def render_section(self, token_path: Path) -> RenderSection:
+        """How Ray runs, for Ray's own launcher (`ray up`); `token_path`: the local token."""
+        ...

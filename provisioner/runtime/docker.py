@@ -1,0 +1,241 @@
+"""Ray in the pinned image's container: `docker run --net=host IMAGE ray start --block`.
+
+The container is named after the cluster and carries its labels; Ray's temp dir is the
+node directory `~/.provisioner/clusters/CLUSTER/ray`, mounted at /tmp/ray so that logs
+survive the container; the token is a read-only file mount named by RAY_AUTH_TOKEN_PATH,
+so it never appears on a command line. A restart policy restarts a crashed Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from provisioner.cluster import layout
+from provisioner.cluster.commands import ray_start_args
+from provisioner.doctor import cluster_checks, node_checks
+from provisioner.doctor.facts import NodeFacts
+from provisioner.doctor.findings import Finding
+from provisioner.doctor.plan import Plan
+from provisioner.errors import InputError
+from provisioner.image.lock import CLUSTER_TAG, Pin
+from provisioner.image.push import PushOptions, PushReport, push_image
+from provisioner.inventory import Inventory, Node
+from provisioner.runtime.base import Judges, RayState, RenderSection
+
+if TYPE_CHECKING:
+    from provisioner.console import Reporter
+    from provisioner.remote import Pool
+
+# Ray's own launcher sizes /dev/shm to 30% of available memory plus 10%, capped at 200 GB.
+_SHM_FROM_MEMINFO = (
+    "$(awk '/MemAvailable/ {s=$2*1024*0.3*1.1; if (s>200e9) s=200e9; printf \"%d\", s}'"
+    " /proc/meminfo)"
+)
+
+CONTAINER_ENV: Mapping[str, str] = {
+    "RAY_AUTH_MODE": "token",
+    "RAY_AUTH_TOKEN_PATH": layout.CONTAINER_TOKEN_PATH,
+    "RAY_USAGE_STATS_ENABLED": "0",
+    layout.RESULTS_ROOT_ENV: layout.CONTAINER_RESULTS_DIR,
+}
+
+
+def shm_size(inventory: Inventory) -> str:
+    """The --shm-size value: the inventory's, or computed on the node like Ray's launcher."""
+    if inventory.shm_size:
+        return shlex.quote(str(inventory.shm_size))
+    return f'"{_SHM_FROM_MEMINFO}"'
+
+
+def docker_run_command(inventory: Inventory, node: Node, image: str) -> str:
+    """`docker run` for the node's Ray container (run by a POSIX shell on the node)."""
+    cluster = inventory.cluster
+    parts = [
+        "docker run -d",
+        f"--name {shlex.quote(layout.container_name(cluster))}",
+        "--net=host",
+        "--restart=unless-stopped",
+        f"--shm-size={shm_size(inventory)}",
+        f"-v {layout.node_ray_dir(cluster)}:{layout.CONTAINER_RAY_DIR}",
+        f"-v {layout.node_token_path(cluster)}:{layout.CONTAINER_TOKEN_PATH}:ro",
+        f"-v {layout.node_results_dir(cluster)}:{layout.CONTAINER_RESULTS_DIR}",
+        *(f"-e {shlex.quote(f'{k}={v}')}" for k, v in CONTAINER_ENV.items()),
+        f"--label {shlex.quote(f'{layout.LABEL_CLUSTER}={cluster}')}",
+        f"--label {shlex.quote(f'{layout.LABEL_ROLE}={node.role}')}",
+        shlex.quote(image),
+        shlex.join(ray_start_args(inventory, node)),
+    ]
+    prepare = f"mkdir -p {layout.node_ray_dir(cluster)} {layout.node_results_dir(cluster)}"
+    return f"{prepare} && " + " ".join(parts)
+
+
+def remove_container_command(cluster: str) -> str:
+    """Stop and remove the node's Ray container; succeeds when there is none."""
+    name = shlex.quote(layout.container_name(cluster))
+    return f"docker rm -f {name} >/dev/null 2>&1; ! docker inspect {name} >/dev/null 2>&1"
+
+
+def container_running_test(cluster: str) -> str:
+    name = shlex.quote(layout.container_name(cluster))
+    return f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {name} 2>/dev/null)\" = true ]"
+
+
+def exec_python_command(cluster: str, *args: str) -> str:
+    """Run a Python script read from stdin inside the node's Ray container."""
+    name = shlex.quote(layout.container_name(cluster))
+    return f"docker exec -i {name} python - " + shlex.join(args)
+
+
+def container_facts_command(cluster: str) -> str:
+    """One line of JSON about the Ray container (or `null`)."""
+    name = shlex.quote(layout.container_name(cluster))
+    fmt = shlex.quote(
+        '{"running": {{json .State.Running}}, "status": {{json .State.Status}}, '
+        '"image": {{json .Image}}, "started_at": {{json .State.StartedAt}}, '
+        '"restarts": {{json .RestartCount}}, "exit_code": {{json .State.ExitCode}}, '
+        '"oom_killed": {{json .State.OOMKilled}}}'
+    )
+    return f"docker inspect --format {fmt} {name} 2>/dev/null || echo null"
+
+
+def parse_container_facts(stdout: str) -> RayState:
+    """Parse the one JSON line of `container_facts_command` (`null`: absent)."""
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    data = json.loads(lines[-1]) if lines else None
+    if not data:
+        return RayState()
+    return RayState(
+        status=str(data.get("status") or "unknown"),
+        runs=data.get("image"),
+        started_at=data.get("started_at"),
+        restarts=int(data.get("restarts") or 0),
+        exit_code=data.get("exit_code"),
+        oom_killed=bool(data.get("oom_killed")),
+    )
+
+
+def container_log_command(cluster: str, lines: int | None = None) -> str:
+    name = shlex.quote(layout.container_name(cluster))
+    tail = f" --tail {int(lines)}" if lines is not None else ""
+    return f"docker logs --timestamps{tail} {name} 2>&1"
+
+
+# Runs in the container before `ray start`: the container holds this cluster's Ray only.
+_STOP = "ray stop --force >/dev/null 2>&1 || true"
+
+
+def _forget_state(cluster: str) -> str:
+    """Remove the local provider's state file on the head before `ray start`.
+
+    /tmp/ray is on the node's disk (logs survive the container), so the state the last
+    head's autoscaler wrote would survive `ray down` and name workers "running" that are
+    not: a new head starts from a fresh state, as it would in a fresh container.
+    """
+    names = " ".join(
+        shlex.quote(f"{layout.CONTAINER_RAY_DIR}/cluster-{cluster}.{ext}")
+        for ext in ("state", "lock")
+    )
+    return f"rm -f {names}"
+
+
+def run_options(inventory: Inventory) -> list[str]:
+    """`docker run` options for `ray up`: host networking is Ray's own; these add shm,
+    token, logs."""
+    options = [f"-e {k}={shlex.quote(v)}" for k, v in CONTAINER_ENV.items()]
+    options.append(f"-v {layout.node_ray_dir(inventory.cluster)}:{layout.CONTAINER_RAY_DIR}")
+    if inventory.shm_size:
+        options.append(f"--shm-size={int(inventory.shm_size)}")
+    return options
+
+
+class DockerRuntime:
+    """Ray in the pinned image, one container per node."""
+
+    name = "docker"
+    starting = "starting the {role} container"
+    stopping = "removing the Ray container"
+
+    def __init__(self, inventory: Inventory, pin: Pin | None, *, image: str | None = None) -> None:
+        self.inventory = inventory
+        self.pin = pin
+        self.cluster = inventory.cluster
+        # what `docker run` names: the pinned ID, else the cluster tag a push leaves
+        self.image = image or (pin.image_id if pin else CLUSTER_TAG)
+
+    def prepare(self, pool: Pool, report: Reporter) -> PushReport | None:
+        if self.pin is None:
+            raise InputError(
+                "the inventory names no image pin (image.lock), and the docker runtime runs Ray "
+                "in the pinned image",
+                "run `provisioner image build`, then set image.lock in the inventory "
+                "(or `runtime: host` to run Ray from the nodes' own Python)",
+                where=str(self.inventory.path),
+            )
+        report(f"image: making every node hold {self.pin.short_id()}")
+        return push_image(self.inventory, pool, report, pin=self.pin, opts=PushOptions())
+
+    def state_command(self) -> str:
+        return container_facts_command(self.cluster)
+
+    def parse_state(self, stdout: str) -> RayState:
+        return parse_container_facts(stdout)
+
+    def started_state(self) -> RayState:
+        return RayState(status="running", runs=self.image)
+
+    def is_current(self, state: RayState) -> bool | None:
+        if self.pin is None or state.runs is None:
+            return None
+        return state.runs == self.pin.image_id
+
+    def start_command(self, node: Node) -> str:
+        return docker_run_command(self.inventory, node, self.image)
+
+    def stop_command(self, node: Node) -> str:
+        return remove_container_command(self.cluster)
+
+    def running_test(self) -> str:
+        return container_running_test(self.cluster)
+
+    def python_command(self, *args: str) -> str:
+        return exec_python_command(self.cluster, *args)
+
+    def runtime_log_command(self, lines: int | None = None) -> str:
+        return container_log_command(self.cluster, lines)
+
+    def render_section(self, token_path: Path) -> RenderSection:
+        config = {
+            "docker": {
+                "image": self.image,
+                "container_name": layout.container_name(self.cluster),
+                "pull_before_run": False,
+                "run_options": run_options(self.inventory),
+            },
+            "file_mounts": {layout.CONTAINER_TOKEN_PATH: str(token_path)},
+        }
+        # Inside the container: a stale Ray there never holds a port; the launcher's state
+        # on the node's disk (/tmp/ray is mounted) is this cluster's own.
+        return RenderSection(
+            config, before_start=(_STOP,), head_before_start=(_forget_state(self.cluster),)
+        )
+
+
+def node_judges(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
+    return [
+        *node_checks.check_docker(node, facts),
+        *node_checks.check_shells(node, facts, plan),
+        *node_checks.check_image(node, facts, plan),
+    ]
+
+
+def own_ray(facts: NodeFacts, cluster: str) -> bool:
+    """This cluster's container runs on the node."""
+    return facts.holds_cluster(cluster, running=True)
+
+
+RUNTIME = DockerRuntime
+JUDGES = Judges(node=node_judges, cluster=cluster_checks.check_versions, own_ray=own_ray)

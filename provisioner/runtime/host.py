@@ -1,0 +1,405 @@
+"""Ray from the node's own Python, as people run it from a virtualenv in .bashrc.
+
+Every command runs in a login interactive bash (`bash --login -i -c`, as Ray's own
+launcher does), so `ray` is found on the PATH a login shell sets up; or the inventory
+names the interpreter (`ray: {python: /opt/venv/bin/python}`). Ray starts detached from
+the SSH session (`setsid`) with this cluster's own temp dir (`--temp-dir`, the node
+directory `~/.provisioner/clusters/CLUSTER/ray`), and is stopped by its processes: those
+whose command line names that temp dir, the other processes of the session `up` started
+them in, and their descendants (Ray's workers). Never `ray stop`: it stops every Ray on
+the node, other users' and other clusters' included.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from provisioner.cluster import layout
+from provisioner.cluster.commands import ray_start_args
+from provisioner.doctor.facts import NodeFacts, Shell
+from provisioner.doctor.findings import Finding, error, ok, warning
+from provisioner.doctor.plan import Plan
+from provisioner.image.lock import Pin
+from provisioner.inventory import Inventory, Node
+from provisioner.remote.commands import login_shell
+from provisioner.runtime.base import Judges, RayState, RenderSection
+
+if TYPE_CHECKING:
+    from provisioner.console import Reporter
+    from provisioner.image.push import PushReport
+    from provisioner.remote import Pool
+
+START_LOG = "start.log"
+STOP_WAIT_S = 15
+
+
+def temp_dir(cluster: str) -> str:
+    """Shell word: this cluster's Ray temp dir on a node (absolute once $HOME expands)."""
+    return layout.node_ray_dir(cluster)
+
+
+def temp_dir_mark(cluster: str) -> str:
+    """What every Ray process of this cluster has on its command line (a path fragment)."""
+    return f"/{layout.node_dir(cluster)}/ray/"
+
+
+def _interpreter(python: str | None) -> str:
+    """Shell lines that set PY to the interpreter Ray runs with (in a login shell)."""
+    if python:
+        return f'PY={shlex.quote(python)}; export PATH="${{PY%/*}}:$PATH"'
+    return (
+        'r=$(command -v ray) || { echo "ray: not on the PATH of a login shell" >&2; exit 127; }; '
+        'IFS= read -r l <"$r"; PY=${l#\\#!}'
+    )
+
+
+def _env(cluster: str) -> str:
+    """The token by path, no usage stats, and where jobs write their results (the node's
+    results directory, as the docker runtime mounts it)."""
+    return (
+        "export RAY_AUTH_MODE=token "
+        f"RAY_AUTH_TOKEN_PATH={layout.node_token_path(cluster)} RAY_USAGE_STATS_ENABLED=0 "
+        f"{layout.RESULTS_ROOT_ENV}={layout.node_results_dir(cluster)}"
+    )
+
+
+def _mark_vars(cluster: str) -> str:
+    """awk options whose concatenation `a b` is `temp_dir_mark` without the trailing slash;
+    apart, so that no command line of ours (this shell's, awk's) holds the mark itself."""
+    mark = temp_dir_mark(cluster).rstrip("/")
+    head, _, tail = mark.rpartition("/")
+    return f"-v a={shlex.quote(head + '/')} -v b={shlex.quote(tail)}"
+
+
+def _pids(cluster: str) -> str:
+    """Shell: PIDS = this cluster's Ray processes: those whose command line names its temp
+    dir, every process of their sessions (`up` starts Ray in a session of its own, so
+    Ray's client server, which names no path, is found too; never session 1 nor the
+    stop's own), and every descendant of them (Ray's workers rename themselves)."""
+    return (
+        'me=$(ps -o sid= -p $$ | tr -d " "); '
+        f'PIDS=$(ps -e -ww -o pid=,ppid=,sid=,args= | awk {_mark_vars(cluster)} -v me="$me" '
+        '\'BEGIN { m = a b } { parent[$1] = $2; sid[$1] = $3; line = $0 " " } '
+        'index(line, m "/") || index(line, m " ") '
+        "{ own[$1] = 1; if ($3 != 1 && $3 != me) ours[$3] = 1 } "
+        "END { for (p in sid) if (sid[p] in ours) own[p] = 1; "
+        "do { n = 0; for (p in parent) if (!(p in own) && (parent[p] in own)) "
+        "{ own[p] = 1; n++ } } while (n); for (p in own) print p }')"
+    )
+
+
+def start_command(inventory: Inventory, node: Node, python: str | None) -> str:
+    """Start this cluster's Ray on `node` from the node's own Python, detached."""
+    cluster = inventory.cluster
+    args = ray_start_args(inventory, node, block=False)[2:]  # after `ray start`
+    args.append("--temp-dir=TEMPDIR")
+    words = " ".join(
+        f"--temp-dir={temp_dir(cluster)}" if a == "--temp-dir=TEMPDIR" else shlex.quote(a)
+        for a in args
+    )
+    log = f"{temp_dir(cluster)}/{START_LOG}"
+    script = (
+        f"set -e; {_interpreter(python)}; {_env(cluster)}; "
+        f"mkdir -p {temp_dir(cluster)} {layout.node_results_dir(cluster)}; "
+        f'cd "$HOME"; echo "== $(date -u +%FT%TZ) ray start with $PY" >>{log}; '
+        f"setsid -w $PY -m ray.scripts.scripts start {words} </dev/null >>{log} 2>&1 "
+        f'|| {{ rc=$?; tail -n 20 {log} >&2; exit "$rc"; }}'
+    )
+    return login_shell(script)
+
+
+def stop_command(cluster: str) -> str:
+    """TERM this cluster's Ray processes, KILL those left after a while; nothing else."""
+    return (
+        f'{_pids(cluster)}; [ -z "$PIDS" ] && exit 0; kill -TERM $PIDS 2>/dev/null; '
+        f"for i in $(seq {STOP_WAIT_S * 10}); do left=; "
+        'for p in $PIDS; do kill -0 "$p" 2>/dev/null && left="$left $p"; done; '
+        '[ -z "$left" ] && break; sleep 0.1; done; '
+        '[ -n "$left" ] && kill -KILL $left 2>/dev/null && sleep 0.3; '
+        f'{_pids(cluster)}; [ -z "$PIDS" ] && exit 0; kill -KILL $PIDS 2>/dev/null; sleep 0.5; '
+        f'{_pids(cluster)}; [ -z "$PIDS" ]'
+    )
+
+
+def state_command(cluster: str) -> str:
+    """`raylet=PID`, `gcs=PID`, `session=NAME`, `python=...` lines about this cluster's Ray."""
+    mark = shlex.quote(temp_dir_mark(cluster))
+    return (
+        "ps -e -ww -o pid=,comm=,args= | awk -v m=" + mark + " "
+        '\'index($0, m) && ($2 == "raylet" || $2 == "gcs_server") '
+        '{ print ($2 == "raylet" ? "raylet" : "gcs") "=" $1 }\'; '
+        f"d={temp_dir(cluster)}; "
+        '[ -d "$d" ] && echo "dir=yes"; '
+        's=$(ls -d "$d"/session_2* 2>/dev/null | sort | tail -n 1); '
+        '[ -n "$s" ] && echo "session=${s##*/}"; '
+        f'grep -h "ray start with" "$d"/{START_LOG} 2>/dev/null | tail -n 1 | '
+        "sed 's/.* ray start with /python=/'; true"
+    )
+
+
+def parse_state(stdout: str) -> RayState:
+    """Pure: `state_command`'s output."""
+    values: dict[str, str] = {}
+    for line in stdout.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep:
+            values.setdefault(key, value)
+    # No restart policy here: this cluster's Ray runs, or it is gone (old sessions stay
+    # on disk as logs).
+    status = "running" if "raylet" in values or "gcs" in values else "absent"
+    return RayState(status=status, runs=values.get("python"), started_at=values.get("session"))
+
+
+def running_test(cluster: str) -> str:
+    mark = shlex.quote(temp_dir_mark(cluster))
+    return (
+        "ps -e -ww -o comm=,args= | awk -v m=" + mark + " "
+        '\'index($0, m) && ($1 == "raylet" || $1 == "gcs_server") { f = 1 } END { exit !f }\''
+    )
+
+
+def python_command(cluster: str, python: str | None, *args: str) -> str:
+    """Run a Python script read from stdin with the interpreter Ray runs with."""
+    script = f"{_interpreter(python)}; {_env(cluster)}; exec $PY - " + shlex.join(args)
+    return login_shell(script)
+
+
+def log_command(cluster: str, lines: int | None = None) -> str:
+    log = f"{temp_dir(cluster)}/{START_LOG}"
+    return f"tail -n {int(lines)} {log} 2>&1" if lines is not None else f"cat {log} 2>&1"
+
+
+# --- the doctor: which Python Ray runs with, and the same everywhere
+
+
+def ray_shell(facts: NodeFacts, python: str | None) -> Shell:
+    """The interpreter Ray would run with on this node, as the facts tell it."""
+    return facts.ray_python if python else facts.login
+
+
+def _stack(shell: Shell) -> str:
+    return shell.ray_stack or ""
+
+
+def check_host_python(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
+    """Pure: the node has a Python with Ray and RLlib for Ray to run with."""
+    shell = ray_shell(facts, plan.ray_python)
+    where = (
+        f"the inventory's ray.python {plan.ray_python}"
+        if plan.ray_python
+        else "a login shell's `ray`"
+    )
+    if not shell.ray_version:
+        fix = (
+            f"install Ray {plan.control_ray or ''} with RLlib into {plan.ray_python}".replace(
+                "  ", " "
+            )
+            if plan.ray_python
+            else "install Ray with RLlib in a virtualenv and activate it from ~/.profile or "
+            "~/.bashrc, or name its interpreter in the inventory (ray: {python: PATH})"
+        )
+        return [
+            error(
+                "ray.python",
+                node.name,
+                f"no Ray found for host mode ({where})",
+                f"PATH login: {facts.login.path}",
+                fix,
+            )
+        ]
+    if "rllib=-" in _stack(shell) or not _stack(shell):
+        return [
+            error(
+                "ray.python",
+                node.name,
+                f"Ray {shell.ray_version} at {shell.ray_interpreter or shell.ray} has no RLlib",
+                f"{shell.ray_interpreter}: {_stack(shell) or 'no RLlib stack'}",
+                f'install "ray[rllib]=={shell.ray_version}" (and torch) into that environment',
+            )
+        ]
+    return [
+        ok(
+            "ray.python",
+            node.name,
+            f"Ray {shell.ray_version} with Python {shell.ray_python} at "
+            f"{shell.ray_interpreter or shell.ray} ({where})",
+            _stack(shell),
+        )
+    ]
+
+
+def _same_everywhere(
+    values: dict[str, str], head: str, check: str, what: str, where: dict[str, str]
+) -> list[Finding]:
+    if not values:
+        return []
+    reference = values.get(head) or max(
+        set(values.values()), key=lambda v: list(values.values()).count(v)
+    )
+    findings = []
+    for host, value in values.items():
+        if value == reference:
+            findings.append(ok(check, host, f"{what} {value}, as on the head"))
+            continue
+        findings.append(
+            error(
+                check,
+                host,
+                f"{what} {value} here ({where.get(host, '?')}), {reference} on the head "
+                f"({where.get(head, '?')}): Ray refuses nodes whose versions differ",
+                "; ".join(f"{h}: {v}" for h, v in values.items()),
+                f"install {what} {reference} into {where.get(host, 'the environment')} on "
+                f"{host} (or make every node match this one)",
+            )
+        )
+    return findings
+
+
+def _major_minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split(".")[:2])
+
+
+def check_host_versions(facts: dict[str, NodeFacts], plan: Plan) -> list[Finding]:
+    """Pure: Python, Ray and RLlib identical on every node, and Ray compatible with the
+    control machine's (which submits the jobs)."""
+    shells = {host: ray_shell(f, plan.ray_python) for host, f in facts.items()}
+    shells = {h: s for h, s in shells.items() if s.ray_version}
+    where = {h: s.ray_interpreter or s.ray or "?" for h, s in shells.items()}
+    findings = [
+        *_same_everywhere(
+            {h: s.ray_python or "?" for h, s in shells.items()},
+            plan.head,
+            "python.version",
+            "Python",
+            where,
+        ),
+        *_same_everywhere(
+            {h: s.ray_version or "?" for h, s in shells.items()},
+            plan.head,
+            "ray.version",
+            "Ray",
+            where,
+        ),
+        *_same_everywhere(
+            {h: _stack(s) for h, s in shells.items()}, plan.head, "rllib.version", "RLlib", where
+        ),
+    ]
+    head = shells.get(plan.head)
+    if head is not None and plan.control_ray and head.ray_version:
+        if _major_minor(head.ray_version) != _major_minor(plan.control_ray):
+            findings.append(
+                error(
+                    "ray.control",
+                    "local",
+                    f"this machine has Ray {plan.control_ray}, the cluster runs Ray "
+                    f"{head.ray_version}: jobs submitted from here may be refused or fail",
+                    f"local: ray {plan.control_ray}; head {plan.head}: ray {head.ray_version}",
+                    f'pip install "ray[default]=={head.ray_version}" here, or install Ray '
+                    f"{plan.control_ray} on the nodes",
+                )
+            )
+        else:
+            findings.append(
+                ok(
+                    "ray.control",
+                    "local",
+                    f"Ray {plan.control_ray} here, {head.ray_version} on the cluster",
+                )
+            )
+    return findings
+
+
+def check_host_shell(node: Node, facts: NodeFacts) -> list[Finding]:
+    """Host mode runs Ray through a login shell: a `ray` on the login PATH only is what
+    the blog post's setup gives, and it works; say so, once, as a warning."""
+    login, plain = facts.login, facts.plain
+    if login.ray and not plain.ray:
+        return [
+            warning(
+                "shell.env",
+                node.name,
+                "`ray` is on the PATH of a login shell only: provisioner runs Ray through a "
+                "login shell, but `ssh host ray ...` of your own fails",
+                f"PATH login: {login.path}\nPATH plain: {plain.path}",
+                "nothing to do for provisioner; for your own ssh commands, set PATH in "
+                "~/.bashrc above its 'not interactive' return",
+            )
+        ]
+    return []
+
+
+class HostRuntime:
+    """Ray from each node's own Python (a virtualenv, a conda env, the system's)."""
+
+    name = "host"
+    starting = "starting the {role}'s Ray from the node's own Python"
+    stopping = "stopping this cluster's Ray processes"
+
+    def __init__(self, inventory: Inventory, pin: Pin | None = None) -> None:
+        self.inventory = inventory
+        self.cluster = inventory.cluster
+        self.python = inventory.ray_python
+
+    def prepare(self, pool: Pool, report: Reporter) -> PushReport | None:
+        return None  # the nodes bring their own Ray; the doctor checked the versions
+
+    def state_command(self) -> str:
+        return state_command(self.cluster)
+
+    def parse_state(self, stdout: str) -> RayState:
+        return parse_state(stdout)
+
+    def started_state(self) -> RayState:
+        return RayState(status="running", runs=self.python)
+
+    def is_current(self, state: RayState) -> bool | None:
+        if self.python is None or state.runs is None:
+            return None
+        return state.runs == self.python
+
+    def start_command(self, node: Node) -> str:
+        return start_command(self.inventory, node, self.python)
+
+    def stop_command(self, node: Node) -> str:
+        return stop_command(self.cluster)
+
+    def running_test(self) -> str:
+        return running_test(self.cluster)
+
+    def python_command(self, *args: str) -> str:
+        return python_command(self.cluster, self.python, *args)
+
+    def runtime_log_command(self, lines: int | None = None) -> str:
+        return log_command(self.cluster, lines)
+
+    def render_section(self, token_path: Path) -> RenderSection:
+        """Ray's launcher runs these through a login shell too; before `ray start`, this
+        cluster's own Ray is stopped (by its temp dir), never with `ray stop`."""
+        token = f"~/{layout.node_dir(self.cluster)}/auth_token"
+        env = (
+            f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={layout.node_token_path(self.cluster)} "
+            f"RAY_USAGE_STATS_ENABLED=0 "
+            f"{layout.RESULTS_ROOT_ENV}={layout.node_results_dir(self.cluster)} "
+        )
+        return RenderSection(
+            {"file_mounts": {token: str(token_path)}},
+            before_start=(stop_command(self.cluster),),
+            env=env,
+            start_flags=(f"--temp-dir={temp_dir(self.cluster)}",),
+        )
+
+
+def node_judges(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
+    return [*check_host_python(node, facts, plan), *check_host_shell(node, facts)]
+
+
+def own_ray(facts: NodeFacts, cluster: str) -> bool:
+    """A raylet or GCS of this cluster (its temp dir on their command line) runs here."""
+    mark = temp_dir_mark(cluster)
+    return any(mark in line for line in facts.ray_processes)
+
+
+RUNTIME = HostRuntime
+JUDGES = Judges(node=node_judges, cluster=check_host_versions, own_ray=own_ray)

@@ -1,0 +1,221 @@
+"""Host mode on a lab of its own: Ray from each node's virtualenv, no container, no image.
+
+The lab's nodes (`lab up --runtime host`) hold a virtualenv built from the locked wheels,
+activated from ~/.profile: `ray` is on a login shell's PATH only, as in the blog post's
+setup. The inventory says `runtime: host`. The path is the user's: doctor, up, PPO with
+env runners on every node, status, logs, down; then no Ray process of the cluster is left
+on any node, and a process that only looks like Ray (another user's) is still there:
+`down` never runs `ray stop`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner.cli import run
+from provisioner.lab.config import LabNode
+from provisioner.lab.engine import docker_cli, exec_rc
+from provisioner.lab.nodes import LabInfo
+from provisioner.local import state_root
+from tests.e2e.helpers import ssh
+
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+VENV = "/home/lab/ray-venv"
+SITE = f"{VENV}/lib/python3.11/site-packages"
+LOCKED_RAY = "2.60.0"
+OTHER_RAY = "2.59.0"  # a real release: its wheel comes from the package index once
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = run(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def cli_json(*args: str) -> tuple[int, Any, str]:
+    code, out, err = cli(*args, "--json")
+    return code, json.loads(out), err
+
+
+def as_root(node: LabNode, script: str, timeout: float = 180) -> str:
+    rc, out = exec_rc(node.container, script, timeout=timeout)
+    assert rc == 0, f"{node.name}: {script!r} failed: {out[-2000:]}"
+    return out
+
+
+def cluster_processes(lab: LabInfo, node: LabNode, cluster: str) -> list[str]:
+    """Processes on the node whose command line names this cluster's Ray temp dir, plus
+    every raylet and GCS (ps as the SSH user sees it: every user's processes)."""
+    listing = ssh(lab, node, "ps -e -ww -o pid=,comm=,args=").stdout
+    mark = f"/.provisioner/clusters/{cluster}/ray"
+    return [
+        line
+        for line in listing.splitlines()
+        if mark in line or line.split()[1:2] in (["raylet"], ["gcs_server"])
+    ]
+
+
+@pytest.fixture(scope="module")
+def inventory(host_lab: LabInfo) -> str:
+    return str(host_lab.inventory)
+
+
+@pytest.fixture(scope="module")
+def other_ray_wheel() -> Path:
+    """The wheel of another Ray release, downloaded once into the state dir's cache."""
+    cache = state_root() / "cache" / "other-ray"
+    found = sorted(cache.glob(f"ray-{OTHER_RAY}-cp311-*.whl"))
+    if not found:
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary",
+             ":all:", "--python-version", "3.11", "--platform", "manylinux2014_x86_64", "-d",
+             str(cache), f"ray=={OTHER_RAY}"],
+            check=True,
+            timeout=600,
+        )  # fmt: skip
+        found = sorted(cache.glob(f"ray-{OTHER_RAY}-cp311-*.whl"))
+    assert found, f"no ray {OTHER_RAY} wheel in {cache}"
+    return found[0]
+
+
+@contextmanager
+def other_ray_in_venv(node: LabNode, wheel: Path) -> Iterator[None]:
+    """The node's virtualenv gets another Ray release (pip, --no-deps); the locked one is
+    kept as hard links beside it and put back afterwards."""
+    keep = "/home/lab/ray-locked"
+    as_root(
+        node,
+        f"rm -rf {keep} && mkdir -p {keep} && "
+        f"cp -al {SITE}/ray {SITE}/ray-{LOCKED_RAY}.dist-info {keep}/",
+    )
+    docker_cli(["cp", str(wheel), f"{node.container}:/tmp/{wheel.name}"])
+    try:
+        as_root(
+            node,
+            f"su lab -c '{VENV}/bin/python -m pip install --quiet --no-deps --no-index "
+            f"/tmp/{wheel.name}'",
+            timeout=300,
+        )
+        yield
+    finally:
+        as_root(
+            node,
+            f"rm -rf {SITE}/ray {SITE}/ray-{OTHER_RAY}.dist-info /tmp/{wheel.name} && "
+            f"mv {keep}/ray {keep}/ray-{LOCKED_RAY}.dist-info {SITE}/ && rm -rf {keep}",
+        )
+
+
+def test_nodes_have_ray_on_the_login_path_only(host_lab: LabInfo) -> None:
+    node = host_lab.nodes[1]
+    plain = ssh(host_lab, node, "command -v ray || echo none")
+    login = ssh(host_lab, node, "bash --login -c 'ray --version'")
+    assert plain.stdout.strip() == "none"
+    assert login.returncode == 0 and LOCKED_RAY in login.stdout, login.stderr
+
+
+def test_doctor_in_host_mode(inventory: str, host_lab: LabInfo) -> None:
+    code, doc, err = cli_json("doctor", "-i", inventory)
+    assert code == 0, err[-3000:]
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert errors == []
+    names = {n.name for n in host_lab.nodes}
+    by_check: dict[str, set[str]] = {}
+    for f in doc["findings"]:
+        if f["severity"] == "ok":
+            by_check.setdefault(f["check"], set()).add(f["host"])
+    for check in ("ray.python", "python.version", "ray.version", "rllib.version"):
+        assert by_check.get(check) == names, (check, by_check.get(check))
+    assert by_check.get("ray.control") == {"local"}
+    # the blog post's setup: found through a login shell, said once per node as a warning
+    login_only = {f["host"] for f in doc["findings"] if f["check"] == "shell.env"}
+    assert login_only == names
+    assert not any(f["check"].startswith(("docker.", "image.")) for f in doc["findings"])
+
+
+def test_doctor_names_both_ray_versions(
+    inventory: str, host_lab: LabInfo, other_ray_wheel: Path
+) -> None:
+    odd = host_lab.nodes[2]
+    with other_ray_in_venv(odd, other_ray_wheel):
+        code, doc, err = cli_json("doctor", "-i", inventory)
+    assert code == 1, err[-3000:]
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert {f["host"] for f in errors} == {odd.name}
+    (ray,) = [f for f in errors if f["check"] == "ray.version"]
+    assert OTHER_RAY in ray["message"] and LOCKED_RAY in ray["message"]
+    assert {f["check"] for f in errors} <= {"ray.version", "rllib.version"}
+    # undone: the node's virtualenv holds the locked Ray again
+    again = ssh(host_lab, odd, "bash --login -c 'ray --version'")
+    assert LOCKED_RAY in again.stdout
+
+
+def test_up_train_status_logs_down(inventory: str, host_lab: LabInfo, tmp_path: Path) -> None:
+    cluster = host_lab.name
+    head = host_lab.nodes[0]
+    # Something on the head that merely looks like Ray (as another user's Ray would to
+    # `ray stop`, which matches by name): `down` must leave it alone.
+    decoy = ssh(
+        host_lab, head, "setsid bash -c 'exec -a raylet sleep 600' >/dev/null 2>&1 & echo $!"
+    )
+    decoy_pid = decoy.stdout.strip()
+    assert decoy_pid.isdigit(), decoy.stderr
+    try:
+        code, up, err = cli_json("up", "-i", inventory)
+        assert code == 0, err[-3000:]
+        assert up["runtime"] == "host" and up["push"] is None
+        assert up["totals"]["nodes"] == 3
+        assert sorted(p["ip"] for p in up["placement"] if p["ok"]) == sorted(
+            n.address for n in host_lab.nodes
+        )
+        # detached: the SSH sessions of `up` are gone, Ray runs on in its own session
+        for node in host_lab.nodes:
+            own = cluster_processes(host_lab, node, cluster)
+            assert any(" raylet " in f" {line} " for line in own), own
+        code, again, err = cli_json("up", "-i", inventory)
+        assert code == 0 and again["changed"] is False, err[-3000:]
+
+        code, st, err = cli_json("status", "-i", inventory)
+        assert code == 0, err[-3000:]
+        assert st["runtime"] == "host" and st["alive_nodes"] == 3 and st["healthy"]
+
+        # PPO with the default env runners (the cluster's CPUs minus one): every node
+        playbook = str(PLAYBOOKS / "ppo_cartpole.py")
+        code, out, err = cli(
+            "submit", "-i", inventory, "--results", str(tmp_path), "--json", playbook,
+            "--", "--train-batch", "300", "--max-iterations", "2",
+        )  # fmt: skip
+        assert code == 0, err[-3000:]
+        job = json.loads(out)
+        assert job["status"] == "SUCCEEDED"
+        runners = json.loads((tmp_path / job["job_id"] / "runners.json").read_text())
+        assert {r["node_ip"] for r in runners} == {n.address for n in host_lab.nodes}, runners
+
+        code, collected, err = cli_json("logs", "-i", inventory, "-o", str(tmp_path / "logs"))
+        assert code == 0 and sorted(collected["nodes"]) == sorted(n.name for n in host_lab.nodes)
+        for node in host_lab.nodes:
+            got = tmp_path / "logs" / node.name
+            assert (got / "ray" / "raylet.out").stat().st_size > 0
+            assert "ray start with" in (got / "host.log").read_text()
+
+        code, down, err = cli_json("down", "-i", inventory, "--no-logs")
+        assert code == 0 and down["ok"], err[-3000:]
+        for node in host_lab.nodes:
+            assert cluster_processes(host_lab, node, cluster) == []
+        alive = ssh(host_lab, head, f"kill -0 {decoy_pid} && echo alive")
+        assert alive.stdout.strip() == "alive", "down stopped a process that was not its own"
+        code, down, err = cli_json("down", "-i", inventory, "--no-logs")
+        assert code == 0 and down["ok"], err[-3000:]  # twice is fine
+    finally:
+        ssh(host_lab, head, f"kill {decoy_pid}")
+        cli("down", "-i", inventory, "--no-logs")

@@ -1,0 +1,121 @@
+"""The doctor's host-mode judges, against facts.sh output captured on host-mode lab nodes
+(`lab up --runtime host`): golden/doctor/host_*.txt.
+
+host_head, host_worker: a clean node (Ray 2.60 in ~/ray-venv, on the login PATH only);
+host_other_ray: that virtualenv with Ray 2.59.0 installed over it (pip, --no-deps);
+host_running_head: the head while this cluster (`e2e12h`) ran on it in host mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from provisioner.doctor.api import explained_by_own_ray, node_findings
+from provisioner.doctor.facts import NodeFacts, parse_facts
+from provisioner.doctor.findings import CATALOGUE, Finding, error
+from provisioner.doctor.plan import Plan
+from provisioner.inventory import Node, RayPorts, SSHSettings
+from provisioner.runtime import host, judges
+
+GOLDEN = Path(__file__).parent / "golden" / "doctor"
+SSH = SSHSettings(user="lab")
+HEAD = Node("provisioner-e2e12h-0", "10.250.113.10", "head", SSH)
+W1 = Node("provisioner-e2e12h-1", "10.250.113.11", "worker", SSH)
+W2 = Node("provisioner-e2e12h-2", "10.250.113.12", "worker", SSH)
+PLAN = Plan(ports=RayPorts(), head=HEAD.name, runtime="host", control_ray="2.60.0")
+
+
+def facts(name: str, node: Node) -> NodeFacts:
+    return parse_facts(node.name, (GOLDEN / f"{name}.txt").read_text())
+
+
+def bad(findings: list[Finding]) -> set[tuple[str, str, str]]:
+    return {(f.check, f.severity, f.host) for f in findings if f.severity != "ok"}
+
+
+def test_the_login_shells_ray_is_parsed_with_its_interpreter_and_stack() -> None:
+    shell = facts("host_head", HEAD).login
+    assert shell.ray == "/home/lab/ray-venv/bin/ray"
+    assert shell.ray_interpreter == "/home/lab/ray-venv/bin/python"
+    assert (shell.ray_version, shell.ray_python) == ("2.60.0", "3.11.2")
+    assert shell.ray_stack is not None and shell.ray_stack.startswith("rllib=2.60.0 torch=")
+    assert facts("host_head", HEAD).plain.ray is None  # login PATH only
+
+
+def test_clean_host_nodes_have_no_errors_and_no_docker_checks() -> None:
+    for name, node in (("host_head", HEAD), ("host_worker", W1)):
+        found = node_findings(node, facts(name, node), PLAN)
+        assert not [f for f in found if f.severity == "error"], found
+        assert not any(f.check.startswith(("docker.", "image.")) for f in found)
+        assert all(f.check in CATALOGUE for f in found)
+        (python,) = [f for f in found if f.check == "ray.python"]
+        assert python.severity == "ok" and "/home/lab/ray-venv/bin/python" in python.message
+        (shell,) = [f for f in found if f.check == "shell.env"]
+        assert shell.severity == "warning" and "login shell" in shell.message
+
+
+def test_dockers_disk_does_not_matter_in_host_mode() -> None:
+    full = facts("host_head", HEAD)
+    root = full.docker_root or "/var/lib/docker"
+    disks = tuple(replace(d, free_kb=1024) if d.path == root else d for d in full.disks)
+    assert any(d.path == root for d in disks)
+    low = replace(full, disks=disks)
+    host_disk = [f for f in node_findings(HEAD, low, PLAN) if f.check == "resources.disk"]
+    assert root not in " ".join(f.message for f in host_disk)
+    docker = replace(PLAN, runtime="docker")
+    (bad_disk,) = [
+        f
+        for f in node_findings(HEAD, low, docker)
+        if f.check == "resources.disk" and root in f.message
+    ]
+    assert bad_disk.severity == "error"
+
+
+def test_another_ray_on_one_node_is_an_error_naming_both_versions() -> None:
+    all_facts = {
+        HEAD.name: facts("host_head", HEAD),
+        W1.name: facts("host_worker", W1),
+        W2.name: facts("host_other_ray", W2),
+    }
+    found = judges("host").cluster(all_facts, PLAN)
+    assert bad(found) == {
+        ("ray.version", "error", W2.name),
+        ("rllib.version", "error", W2.name),
+    }
+    (ray,) = [f for f in found if f.check == "ray.version" and f.severity == "error"]
+    assert "2.59.0" in ray.message and "2.60.0" in ray.message
+    assert "/home/lab/ray-venv/bin/python" in ray.message and "2.60.0" in ray.fix
+
+
+def test_the_control_machines_ray_must_match_the_clusters() -> None:
+    all_facts = {HEAD.name: facts("host_head", HEAD), W1.name: facts("host_worker", W1)}
+    older = replace(PLAN, control_ray="2.59.0")
+    (control,) = [f for f in judges("host").cluster(all_facts, older) if f.check == "ray.control"]
+    assert control.severity == "error" and control.host == "local"
+    assert "2.59.0" in control.message and "2.60.0" in control.message
+    (same,) = [f for f in judges("host").cluster(all_facts, PLAN) if f.check == "ray.control"]
+    assert same.severity == "ok"
+
+
+def test_a_named_interpreter_that_is_missing_is_an_error() -> None:
+    plan = replace(PLAN, ray_python="/opt/nowhere/bin/python")
+    found = host.check_host_python(HEAD, facts("host_head", HEAD), plan)
+    assert bad(found) == {("ray.python", "error", HEAD.name)}
+    assert "/opt/nowhere/bin/python" in found[0].message
+
+
+def test_no_ray_at_all_is_an_error_with_the_fix() -> None:
+    bare = replace(facts("host_head", HEAD), login=facts("host_head", HEAD).plain)
+    (finding,) = host.check_host_python(HEAD, bare, PLAN)
+    assert finding.severity == "error" and "ray: {python: PATH}" in finding.fix
+
+
+def test_this_clusters_running_ray_is_waived_on_its_node_only() -> None:
+    running = facts("host_running_head", HEAD)
+    assert host.own_ray(running, "e2e12h") and not host.own_ray(running, "other")
+    busy = [error("ports.free", HEAD.name, "port 6379 (gcs) is in use by gcs_server")]
+    assert [f.severity for f in explained_by_own_ray(busy, running, "e2e12h", "host")] == [
+        "warning"
+    ]
+    assert [f.severity for f in explained_by_own_ray(busy, running, "other", "host")] == ["error"]

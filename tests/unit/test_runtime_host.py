@@ -1,0 +1,123 @@
+"""The host runtime's commands (pure strings, some run here in bash) and state parsing."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from provisioner.cluster import render
+from provisioner.runtime import host, names, runtime_for
+from provisioner.runtime.base import RayState
+from tests.unit.inventories import make_inventory
+
+
+def test_runtimes_are_found_by_module() -> None:
+    assert names() == ("docker", "host")
+
+
+def test_start_is_detached_with_its_own_temp_dir_and_no_token_value(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path, runtime="host")
+    cmd = host.start_command(inv, inv.workers[0], None)
+    assert cmd.startswith("bash --login -i -c ")
+    assert "setsid -w $PY -m ray.scripts.scripts start --address=10.250.9.10:6379 " in cmd
+    assert '--temp-dir="$HOME"/.provisioner/clusters/demo/ray ' in cmd
+    assert "RAY_AUTH_TOKEN_PATH=" in cmd and "RAY_AUTH_MODE=token" in cmd
+    assert "--block" not in cmd and "ray stop" not in cmd
+    assert "command -v ray" in cmd  # the login shell's ray names the interpreter
+
+
+def test_named_interpreter_is_quoted_and_leads_the_path(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path, runtime="host", ray_python="/opt/venv/bin/python")
+    cmd = runtime_for(inv).start_command(inv.head)
+    assert "PY=/opt/venv/bin/python" in cmd and "PATH=" in cmd
+    assert "command -v ray" not in cmd
+    assert "--head" in cmd and "--dashboard-host=127.0.0.1" in cmd
+
+
+def test_parse_state() -> None:
+    assert host.parse_state("") == RayState()
+    running = host.parse_state(
+        "raylet=812\ngcs=790\ndir=yes\nsession=session_2026-12-01_02-50-01_1\n"
+        "python=/home/lab/ray-venv/bin/python3\n"
+    )
+    assert running.running and running.runs == "/home/lab/ray-venv/bin/python3"
+    assert host.parse_state("dir=yes\nsession=session_x\n").status == "absent"
+
+
+def _spawn(argv0: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["bash", "-c", f'exec -a "{argv0}" sleep 60'], start_new_session=True)
+
+
+def _session(leader: int) -> list[str]:
+    """Live (not zombie) processes of the session `leader` leads."""
+    out = subprocess.run(
+        ["ps", "-o", "pid=,stat=", "-s", str(leader)], capture_output=True, text=True, check=False
+    ).stdout
+    return [line for line in out.splitlines() if line.strip() and "Z" not in line.split()[-1]]
+
+
+def test_stop_ends_only_this_clusters_processes_and_their_children(tmp_path: Path) -> None:
+    """The stop command run here: a process naming this cluster's temp dir, its child and
+    a process of its session naming no path (as Ray's client server) end; a process of
+    another cluster and one merely called raylet stay; the stop's own shell (whose text
+    names the cluster) is not taken for Ray."""
+    ours_dir = f"{tmp_path}/.provisioner/clusters/demo/ray"
+    raylet = f'exec -a "raylet --session_dir={ours_dir}/session_1" bash -c "sleep 60 & wait"'
+    leader = subprocess.Popen(
+        ["bash", "-c", f"( exec -a client-server sleep 60 ) & ( {raylet} ) & wait"],
+        start_new_session=True,
+    )
+    other = _spawn(f"raylet --session_dir={tmp_path}/.provisioner/clusters/demo2/ray/s")
+    decoy = _spawn("raylet")
+    time.sleep(0.5)
+    assert len(_session(leader.pid)) >= 4  # the shell, the client server, the raylet, its child
+    try:
+        done = subprocess.run(["bash", "-c", host.stop_command("demo")], timeout=30, check=False)
+        assert done.returncode == 0
+        leader.wait(timeout=5)
+        assert _session(leader.pid) == []
+        assert other.poll() is None and decoy.poll() is None
+        state = subprocess.run(["bash", "-c", host.running_test("demo")], check=False)
+        assert state.returncode == 1
+    finally:
+        for p in (leader, other, decoy):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_running_test_sees_a_raylet_of_this_cluster(tmp_path: Path) -> None:
+    exe = tmp_path / "raylet"
+    exe.symlink_to("/bin/bash")  # comm "raylet", the marker on its command line
+    marker = f"{tmp_path}/.provisioner/clusters/demo/ray/x"
+    proc = subprocess.Popen([str(exe), "-c", "sleep 60; :", marker])
+    try:
+        time.sleep(0.2)
+        assert subprocess.run(["bash", "-c", host.running_test("demo")]).returncode == 0
+        out = subprocess.run(
+            ["bash", "-c", host.state_command("demo")],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "HOME": str(tmp_path)},
+        ).stdout
+        assert host.parse_state(out).running, out
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_render_for_host_mode_stops_only_this_cluster(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path, runtime="host")
+    config = render.build_config(inv, tmp_path / "token", runtime_for(inv))
+    assert "docker" not in config
+    head = config["head_start_ray_commands"]
+    assert not any("ray stop" in c for c in head + config["worker_start_ray_commands"])
+    assert head[0] == host.stop_command("demo")
+    assert '--temp-dir="$HOME"/' in head[-1] and "RAY_AUTH_MODE=token" in head[-1]
+    assert list(config["file_mounts"]) == ["~/.provisioner/clusters/demo/auth_token"]
+    render.validate(config, where="test")

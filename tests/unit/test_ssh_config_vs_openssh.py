@@ -1,0 +1,315 @@
+"""Differential: ssh_config look-ups as provisioner resolves a node, against real `ssh -G`.
+
+For each case a provisioner inventory names the host (and maybe a user or port, as `ssh -l
+USER -p PORT` would); the reference is the output of `ssh -G -F CONFIG [-l USER] [-p PORT]
+HOST`, taken at test time. provisioner must agree on address, user, port, key and jump, and
+each ProxyJump hop must be what `ssh -G` says of that hop. The same corpus goes through the
+fallback for machines without OpenSSH (paramiko's reader): it must agree or refuse with a
+clear error. The corpus follows ssh_config(5): Host patterns and negation, first match
+wins, Match host/originalhost/user/all/exec, Include (absolute, glob, relative, inside a
+Host block), tokens, ~, quotes, `=`, trailing comments, ProxyJump aliases, chains and URIs,
+ProxyCommand. `ssh -G` connects nowhere.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from provisioner.errors import InventoryError
+from provisioner.inventory import Inventory, load_inventory
+from provisioner.inventory.sshconfig import login_home, parse_ssh_g
+
+
+@dataclass
+class Case:
+    name: str
+    config: str  # {d}: the case's directory
+    host: str
+    user: str | None = None
+    port: int | None = None
+    files: tuple[tuple[str, str], ...] = ()
+    refuse: str | None = None  # provisioner refuses, with OpenSSH too
+
+
+BASE = "Host *\n  User fallbackuser\n"
+C = [
+    Case("alias", "Host gpu\n  HostName 10.0.0.5\n  User ops\n  Port 2201\n", "gpu"),
+    Case("wildcard", "Host *.example.com\n  User wild\n  Port 2202\n", "n1.example.com"),
+    Case("question-mark", "Host node?\n  HostName 10.0.1.1\n  User q\n", "node7"),
+    Case(
+        "negation",
+        "Host *.example.com !bad.example.com\n  User good\nHost *\n  User other\n",
+        "bad.example.com",
+    ),
+    Case(
+        "negation-match",
+        "Host *.example.com !bad.example.com\n  User good\nHost *\n  User other\n",
+        "ok.example.com",
+    ),
+    Case("several-patterns", "Host a b c\n  Port 2203\n", "b"),
+    Case(
+        "first-match-specific-first",
+        "Host gpu\n  User specific\nHost *\n  User general\n  Port 2204\n",
+        "gpu",
+    ),
+    Case(
+        "first-match-general-first",
+        "Host *\n  User general\nHost gpu\n  User specific\n  Port 2205\n",
+        "gpu",
+    ),
+    Case("defaults-at-end", "Host gpu\n  HostName 10.0.0.6\n" + BASE, "gpu"),
+    Case("match-host", "Match host 10.1.*\n  User matched\n", "10.1.2.3"),
+    Case(
+        "match-host-after-hostname",
+        "Host gpu\n  HostName 10.2.0.1\nMatch host 10.2.*\n  User byaddress\n",
+        "gpu",
+    ),
+    Case(
+        "match-originalhost",
+        "Host gpu\n  HostName 10.2.0.2\nMatch originalhost gpu\n  Port 2206\n",
+        "gpu",
+    ),
+    Case(
+        "match-user-from-inventory",
+        "Match user ops\n  Port 2207\n  IdentityFile {d}/id_ops\n",
+        "10.3.0.1",
+        user="ops",
+        files=(("id_ops", "k"),),
+    ),
+    Case("match-user-not-matching", "Match user ops\n  Port 2207\n", "10.3.0.1", user="admin"),
+    Case("match-all", "Match all\n  User everyone\n", "10.3.0.2"),
+    Case("match-exec", 'Match exec "true"\n  User execd\n', "10.3.0.3"),
+    Case(
+        "include-absolute",
+        "Include {d}/extra.conf\nHost *\n  User main\n",
+        "inc",
+        files=(("extra.conf", "Host inc\n  HostName 10.4.0.1\n  User included\n"),),
+    ),
+    Case(
+        "include-glob",
+        "Include {d}/conf.d/*.conf\n",
+        "g2",
+        files=(
+            ("conf.d/10-a.conf", "Host g*\n  User first\n"),
+            ("conf.d/20-b.conf", "Host g2\n  User second\n  Port 2208\n"),
+        ),
+    ),
+    Case("include-relative-missing", "Include not-there.conf\nHost rel\n  User rel\n", "rel"),
+    Case(
+        "include-in-host-block",
+        "Host inside\n  Include {d}/inner.conf\nHost *\n  Port 2209\n",
+        "inside",
+        files=(("inner.conf", "User innerusr\n"),),
+    ),
+    Case("token-hostname", "Host gpu-*\n  HostName %h.internal.example.com\n", "gpu-3"),
+    Case(
+        "token-percent",
+        "Host pct\n  HostName 10.5.0.1\n  IdentityFile {d}/key%%1\n",
+        "pct",
+        files=(("key%1", "k"),),
+        refuse="% tokens",
+    ),
+    Case(
+        "token-identity",
+        "Host tok\n  User tokusr\n  IdentityFile {d}/id_%r\n",
+        "tok",
+        files=(("id_tokusr", "k"),),
+        refuse="% tokens",
+    ),
+    Case("tilde-identity", "Host tl\n  IdentityFile ~/.ssh/id_nowhere_14\n", "tl"),
+    Case("trailing-comment", "Host tc\n  HostName 10.6.0.1 # the rack\n  Port 2210 # ssh\n", "tc"),
+    Case("quoted-values", 'Host qv\n  HostName "10.6.0.2"\n  User "quoted"\n', "qv"),
+    Case("equals-syntax", "Host eq\n  HostName=10.6.0.3\n  Port = 2211\n", "eq"),
+    Case("keyword-case", "HOST kc\n  HOSTNAME 10.6.0.4\n  user lower\n", "kc"),
+    Case("tab-separated", "Host\ttabbed\n\tHostName\t10.6.0.5\n\tPort\t2212\n", "tabbed"),
+    Case("ip-pattern", "Host 10.7.0.*\n  User ipuser\n", "10.7.0.9"),
+    Case("ipv6-hostname", "Host v6\n  HostName 2001:db8::5\n", "v6"),
+    Case(
+        "proxyjump-alias",
+        "Host bastion\n  HostName 192.0.2.1\n  User jumper\n  Port 2222\nHost inner\n  HostName 10.8.0.5\n  ProxyJump bastion\n",
+        "inner",
+    ),
+    Case(
+        "proxyjump-userhostport",
+        "Host inner2\n  HostName 10.8.0.6\n  ProxyJump ops@192.0.2.2:2223\n",
+        "inner2",
+    ),
+    Case(
+        "proxyjump-chain",
+        "Host a\n  HostName 192.0.2.3\nHost b\n  HostName 10.8.1.1\n  User buser\nHost deep\n  HostName 10.8.2.1\n  ProxyJump a,b\n",
+        "deep",
+    ),
+    Case(
+        "proxyjump-uri",
+        "Host uri\n  HostName 10.8.0.7\n  ProxyJump ssh://jumpu@192.0.2.4:2224\n",
+        "uri",
+    ),
+    Case(
+        "proxyjump-none-for-bastion",
+        "Host bastion2\n  HostName 192.0.2.5\n  ProxyJump none\nHost *\n  ProxyJump bastion2\n",
+        "bastion2",
+    ),
+    Case(
+        "proxyjump-host-star",
+        "Host bastion3\n  HostName 192.0.2.6\n  ProxyJump none\nHost *\n  ProxyJump bastion3\n",
+        "10.8.0.8",
+    ),
+    Case(
+        "proxycommand-tokens",
+        "Host pc\n  HostName 10.9.0.1\n  User pcu\n  ProxyCommand ssh -W %h:%p gateway.example.com\n",
+        "pc",
+    ),
+    Case(
+        "proxycommand-none",
+        "Host pcn\n  ProxyCommand none\nHost *\n  ProxyCommand nc %h %p\n",
+        "pcn",
+    ),
+    Case(
+        "identity-several",
+        "Host ids\n  IdentityFile {d}/missing_key\n  IdentityFile {d}/id_second\n",
+        "ids",
+        files=(("id_second", "k"),),
+    ),
+    Case("inventory-user-wins", "Host iu\n  User cfguser\n  Port 2213\n", "iu", user="invuser"),
+    Case("inventory-port-wins", "Host ip\n  User cfguser\n  Port 2213\n", "ip", port=2299),
+    Case("hostkeyalias", "Host hka\n  HostKeyAlias other\n", "hka", refuse="HostKeyAlias"),
+    Case("bad-keyword", "Host bk\n  NoSuchOption yes\n", "bk", refuse="Bad configuration option"),
+    Case(
+        "ignore-unknown",
+        "IgnoreUnknown NoSuchOption\nHost iu2\n  NoSuchOption yes\n  Port 2214\n",
+        "iu2",
+    ),
+    Case(
+        "match-host-negated-list",
+        "Match host !skip.example.com,*.example.com\n  User listed\n",
+        "keep.example.com",
+    ),
+]
+CASES = {c.name: c for c in C}
+
+
+def _setup(case: Case, base: Path) -> tuple[Path, Path]:
+    d = base / case.name
+    d.mkdir()
+    for rel, text in case.files:
+        path = d / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o600)
+    config = d / "ssh_config"
+    config.write_text(case.config.replace("{d}", str(d)))
+    head = {"address": case.host, "name": "head"}
+    head.update({"user": case.user} if case.user else {})
+    head.update({"port": case.port} if case.port else {})
+    inventory = d / "inventory.yaml"
+    inventory.write_text(f"cluster: c\nhead: {head!r}\n".replace("'", '"'))
+    return inventory, config
+
+
+def ssh_g(config: Path, host: str, user: str | None, port: int | None) -> dict[str, list[str]]:
+    args = ["ssh", "-G", "-F", str(config)]
+    args += ["-l", user] if user else []
+    args += ["-p", str(port)] if port else []
+    done = subprocess.run(
+        [*args, host], capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL
+    )
+    return parse_ssh_g(done.stdout)
+
+
+def expected_key(files: list[str]) -> Path | None:
+    home = login_home()
+    paths = [Path(str(home) + f[1:] if f.startswith("~/") else f).absolute() for f in files]
+    defaults = {
+        home / ".ssh" / n
+        for n in ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk", "id_xmss")
+    }
+    if all(p in defaults for p in paths):
+        return None
+    return next((p for p in paths if p.is_file()), None)
+
+
+def _hop_spec(spec: str) -> tuple[str | None, str, int | None]:
+    spec = spec.removeprefix("ssh://")
+    user, _, rest = spec.rpartition("@")
+    if rest.startswith("["):  # ssh -G writes [host]:port
+        host, _, tail = rest[1:].partition("]")
+        port = tail.removeprefix(":")
+    else:
+        host, _, port = rest.partition(":")
+    return user or None, host, int(port) if port else None
+
+
+def check_against_ssh_g(case: Case, inventory: Inventory, config: Path) -> None:
+    want = ssh_g(config, case.host, case.user, case.port)
+    node = inventory.head
+    got = (node.address, node.ssh.user, node.ssh.port, node.ssh.key, node.ssh.jump)
+    expected = (
+        want["hostname"][0],
+        want["user"][0],
+        int(want["port"][0]),
+        expected_key(want.get("identityfile", [])),
+        want.get("proxyjump", [None])[0],
+    )
+    assert got == expected, f"{case.name}: ssh -G {expected}, provisioner {got}"
+    assert (node.ssh.proxy_command is not None) == ("proxycommand" in want)
+    jump = want.get("proxyjump", [""])[0]
+    if jump and "," not in jump:  # a single hop: what ssh -G says of that hop
+        user, host, port = _hop_spec(jump)
+        hop_want = ssh_g(config, host, user, port)
+        (hop,) = node.ssh.hops
+        assert (hop.address, hop.user, hop.port) == (
+            hop_want["hostname"][0],
+            hop_want["user"][0],
+            int(hop_want["port"][0]),
+        )
+    if jump and "," in jump:
+        assert len(node.ssh.hops) == len(jump.split(","))
+
+
+def test_the_corpus_is_large_enough() -> None:
+    assert len([c for c in C if not c.refuse]) >= 40
+
+
+def test_the_fallback_reads_the_plain_cases(tmp_path: Path) -> None:
+    """The fallback is useful, not a refusal of everything: plain Host blocks, patterns,
+    first match, quotes, `=`, ProxyJump and ProxyCommand are read without OpenSSH."""
+    accepted = []
+    for case in C:
+        inventory_path, config = _setup(case, tmp_path)
+        try:
+            load_inventory(inventory_path, ssh_config=config, openssh=False)
+        except InventoryError:
+            continue
+        accepted.append(case.name)
+    assert len(accepted) >= 25, accepted
+
+
+@pytest.mark.parametrize("name", [c.name for c in C])
+def test_agrees_with_ssh_g(name: str, tmp_path: Path) -> None:
+    case = CASES[name]
+    inventory_path, config = _setup(case, tmp_path)
+    if case.refuse:
+        with pytest.raises(InventoryError) as caught:
+            load_inventory(inventory_path, ssh_config=config, openssh=True)
+        assert case.refuse in str(caught.value) and caught.value.fix
+        return
+    check_against_ssh_g(
+        case, load_inventory(inventory_path, ssh_config=config, openssh=True), config
+    )
+
+
+@pytest.mark.parametrize("name", [c.name for c in C])
+def test_fallback_without_openssh_agrees_or_refuses(name: str, tmp_path: Path) -> None:
+    case = CASES[name]
+    inventory_path, config = _setup(case, tmp_path)
+    try:
+        inventory = load_inventory(inventory_path, ssh_config=config, openssh=False)
+    except InventoryError as exc:
+        assert exc.fix and exc.exit_code == 2
+        return
+    assert not case.refuse, f"{name}: the fallback accepted what OpenSSH's reading refuses"
+    check_against_ssh_g(case, inventory, config)
