@@ -7,7 +7,7 @@ PROV := $(BIN)/provisioner
 LAB_INVENTORY = $$($(PROV) lab up --json | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["inventory"])')
 
 .PHONY: help install lint typecheck unit e2e test lab lab-down demo bench bench-doctor clean prereqs \
-	goldens
+	reliability-check reliability-table goldens
 
 help:
 	@echo "make install   virtualenv in $(VENV), editable install, torch pinned to the CPU build"
@@ -15,6 +15,7 @@ help:
 	@echo "make test      ruff, mypy, unit tests, end-to-end tests on the lab"
 	@echo "make lab       start a 3-node lab (make lab-down removes it)"
 	@echo "make bench     benchmarks side by side (results in bench-results/)"
+	@echo "make reliability-table   README's Reliability table from the last e2e run's record"
 	@echo "make goldens   recapture the doctor's golden facts from a lab"
 
 $(BIN)/python:
@@ -44,10 +45,19 @@ typecheck: install
 unit: install
 	$(BIN)/pytest -q tests/unit
 
+# The e2e tests record what each fault and security scenario observed (build/reliability.json,
+# started afresh); README's Reliability table must be what that record renders.
 e2e: install prereqs
+	rm -f build/reliability.json
 	$(BIN)/pytest -q -m e2e tests/e2e
 
-test: prereqs lint typecheck unit e2e
+reliability-check: install
+	$(BIN)/python scripts/reliability_table.py --check
+
+reliability-table: install
+	$(BIN)/python scripts/reliability_table.py --write
+
+test: prereqs lint typecheck unit e2e reliability-check
 
 # The doctor's golden facts (tests/unit/golden/doctor/), captured from a real lab.
 goldens: install prereqs

@@ -1,49 +1,139 @@
-"""Render the fault and security suite's record (build/reliability.json) as Markdown.
+"""README's Reliability table, rendered from the suite's own record (build/reliability.json).
 
-    .venv/bin/pytest -m e2e tests/e2e/test_faults.py tests/e2e/test_security.py
-    .venv/bin/python scripts/reliability_table.py [RECORD.json] > table.md
+    .venv/bin/python scripts/reliability_table.py           # print the table
+    .venv/bin/python scripts/reliability_table.py --write   # into README.md: make reliability-table
+    .venv/bin/python scripts/reliability_table.py --check   # exit 1 if README.md's table differs
 
-One row per scenario: what must happen, what the last run observed, and whether it passed.
+Every row is one scenario a test recorded (tests/e2e/faults/record.py): what must happen,
+what the test asserted and found to hold, and what it measured in that run. The table
+lists exactly the rows the record holds, sorted (faults first, then by name), so a new
+recording test needs nothing here: re-render README with `make reliability-table`.
+`--check` compares every column but the last: the measurements differ from run to run
+and are shown for what they are (the figures of the run that rendered the table).
 """
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import json
+import re
 import sys
 from pathlib import Path
 
-DEFAULT = Path(__file__).resolve().parents[1] / "build" / "reliability.json"
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ROOT / "build" / "reliability.json"
+README = ROOT / "README.md"
+BEGIN = (
+    "<!-- reliability-table: rendered by `make reliability-table` from build/reliability.json -->"
+)
+END = "<!-- end of reliability-table -->"
+HEADER = [
+    "| kind | scenario | expected | asserted by the suite, every run "
+    "| measured in the rendering run |",
+    "|---|---|---|---|---|",
+]
 
 
 def cell(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """One table cell: pipes escaped, one line, printable characters only."""
+    flat = str(text).replace("\n", " ")
+    return "".join(c for c in flat if c.isprintable()).replace("|", "\\|").strip()
+
+
+def rows(record: dict[str, dict[str, object]]) -> list[list[str]]:
+    entries = sorted(
+        record.values(), key=lambda r: (str(r.get("kind")) != "fault", str(r["scenario"]))
+    )
+    out = []
+    for r in entries:
+        asserted = (
+            str(r.get("observed", ""))
+            if r.get("passed")
+            else "**FAILED**: " + str(r.get("observed", "")).removeprefix("FAILED: ")
+        )
+        out.append(
+            [
+                cell(r.get("kind", "")),
+                cell(r["scenario"]),
+                cell(r["expected"]),
+                cell(asserted),
+                cell(r.get("measured", "")),
+            ]
+        )
+    return out
 
 
 def table(record: dict[str, dict[str, object]]) -> str:
-    rows = sorted(
-        record.values(), key=lambda r: (str(r.get("kind")) != "fault", str(r["scenario"]))
-    )
-    lines = [
-        "| kind | scenario | expected | observed in the suite | result |",
-        "|---|---|---|---|---|",
-    ]
-    for r in rows:
-        verdict = "pass" if r.get("passed") else "**FAIL**"
-        lines.append(
-            f"| {cell(r.get('kind', ''))} | {cell(r['scenario'])} | {cell(r['expected'])} "
-            f"| {cell(r.get('observed', ''))} | {verdict} |"
-        )
+    lines = [*HEADER, *("| " + " | ".join(row) + " |" for row in rows(record))]
     return "\n".join(lines) + "\n"
 
 
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+
+def readme_block(text: str) -> tuple[int, int]:
+    """The character span between the markers in README (exclusive of them)."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise SystemExit(f"README.md has no `{BEGIN}` ... `{END}` block")
+    return start + len(BEGIN), end
+
+
+def comparable(table_text: str) -> list[list[str]]:
+    """The table's rows without the last (measured) column."""
+    return [_cells(line)[:-1] for line in table_text.strip().splitlines() if line.startswith("|")]
+
+
 def main(argv: list[str]) -> int:
-    path = Path(argv[1]) if len(argv) > 1 else DEFAULT
-    if not path.exists():
-        print(f"no record at {path}: run the fault and security suites first", file=sys.stderr)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("record", nargs="?", type=Path, default=DEFAULT)
+    parser.add_argument("--readme", type=Path, default=README)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="render the table into the README")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the README's table differs")
+    args = parser.parse_args(argv)
+    if not args.record.exists():
+        print(
+            f"no record at {args.record}: run the end-to-end tests first (make e2e)",
+            file=sys.stderr,
+        )
         return 2
-    sys.stdout.write(table(json.loads(path.read_text())))
-    return 0
+    record = json.loads(args.record.read_text())
+    rendered = table(record)
+    if not (args.write or args.check):
+        sys.stdout.write(rendered)
+        return 0
+    text = args.readme.read_text()
+    start, end = readme_block(text)
+    if args.write:
+        args.readme.write_text(text[:start] + "\n" + rendered + text[end:])
+        print(f"{args.readme}: Reliability table rendered from {args.record} ({len(record)} rows)")
+        return 0
+    failed = [str(r["scenario"]) for r in record.values() if not r.get("passed")]
+    want, have = comparable(rendered), comparable(text[start:end])
+    if want == have and not failed:
+        print(f"{args.readme}: the Reliability table matches {args.record} ({len(record)} rows)")
+        return 0
+    if failed:
+        print(f"scenarios that failed in the record: {', '.join(failed)}", file=sys.stderr)
+    if want != have:
+        diff = difflib.unified_diff(
+            [" | ".join(r) for r in have],
+            [" | ".join(r) for r in want],
+            "README.md",
+            str(args.record),
+            lineterm="",
+        )
+        print("\n".join(diff), file=sys.stderr)
+        print(
+            "README's Reliability table differs from what the suite recorded: "
+            "re-render it with `make reliability-table` (and read the diff above)",
+            file=sys.stderr,
+        )
+    return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main(sys.argv[1:]))

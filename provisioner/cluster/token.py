@@ -59,8 +59,19 @@ def read_token(inventory: Inventory) -> str:
             f"no token for cluster {inventory.cluster!r} at {path}",
             "run `provisioner up` first; it creates the token",
         )
-    check_token_file(path)
-    return path.read_text().strip()
+    return read_token_file(path)
+
+
+def read_token_file(path: Path) -> str:
+    """The one way to read a token file: present, private (0600) and not empty."""
+    try:
+        check_token_file(path)
+        return path.read_text().strip()
+    except OSError as exc:
+        raise InputError(
+            f"cannot read the cluster's token file {path}: {exc.strerror}",
+            "run `provisioner up` first (it creates the token), or pass --token-file",
+        ) from exc
 
 
 def install_command(cluster: str) -> str:

@@ -25,12 +25,12 @@ from provisioner.inventory.fields import (
     check_address,
     check_cluster,
     check_jump,
+    check_label_map,
     check_name,
     check_port,
     check_python,
     check_resource_map,
     check_runtime,
-    check_string_map,
     check_user,
     closest,
 )
@@ -197,7 +197,7 @@ def _host(path: Path, entry: dict[str, Any]) -> RawHost:
             at("provisioner_resources"),
             f"{name}.provisioner_resources",
         ),
-        labels=check_string_map(
+        labels=check_label_map(
             values.get("provisioner_labels"), at("provisioner_labels"), f"{name}.provisioner_labels"
         ),
     )

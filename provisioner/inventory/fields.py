@@ -22,6 +22,13 @@ _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$")
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 _CLUSTER = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+# Ray's node label syntax (Kubernetes'): a name of 63 characters at most, alphanumeric at
+# both ends, `-_.` between; a key may have a DNS-style prefix and `/`. Ray splits
+# `--labels=k=v,k=v` on `,` and `=`, so a value holding them would reach it as other labels.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?"
+_LABEL_VALUE = re.compile(rf"^(?:{_LABEL})?$")
+_LABEL_KEY = re.compile(rf"^(?:(?=[^/]{{1,253}}/)(?:{_LABEL})(?:\.(?:{_LABEL}))*/)?{_LABEL}$")
+RAY_LABEL_PREFIX = "ray.io/"  # reserved for Ray's own labels
 _PYTHON = re.compile(r"^/[A-Za-z0-9_./+-]{1,255}$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -243,6 +250,31 @@ def check_string_map(value: Any, where: Where, field: str) -> dict[str, str]:
             field, f"expected a mapping of names to text, got {value!r}", "e.g. {zone: a}"
         )
     return {k: str(v) for k, v in value.items()}
+
+
+def check_label_map(value: Any, where: Where, field: str) -> dict[str, str]:
+    """Ray labels: each key and value as Ray's own label syntax allows (so Ray receives
+    exactly these labels, one each)."""
+    labels = check_string_map(value, where, field)
+    syntax = (
+        "63 characters at most, letters and digits at both ends, `-`, `_`, `.` between "
+        "(Ray's label syntax; a key may have a DNS prefix: example.com/zone)"
+    )
+    for key, text in labels.items():
+        if not _LABEL_KEY.match(key) or key.startswith(RAY_LABEL_PREFIX):
+            raise where.error(
+                f"{field}.{key[:60]}",
+                f"{key[:60]!r} is not a Ray label name",
+                f"use {syntax}, not starting with {RAY_LABEL_PREFIX}",
+            )
+        if not _LABEL_VALUE.match(text):
+            raise where.error(
+                f"{field}.{key}",
+                f"{text[:60]!r} is not a Ray label value (Ray would read `,` and `=` as other "
+                "labels)",
+                f"use {syntax}",
+            )
+    return labels
 
 
 def check_resource_map(value: Any, where: Where, field: str) -> dict[str, float]:

@@ -18,6 +18,7 @@ from provisioner.inventory.fields import (
     check_cluster,
     check_jump,
     check_keys,
+    check_label_map,
     check_name,
     check_number,
     check_port,
@@ -25,7 +26,6 @@ from provisioner.inventory.fields import (
     check_resource_map,
     check_runtime,
     check_size,
-    check_string_map,
     check_user,
 )
 from provisioner.inventory.located import LocatedList, LocatedMap
@@ -82,9 +82,7 @@ def parse_host(item: Any, where: Where, path: Path, field: str) -> RawHost:
         resources=check_resource_map(
             data.get("resources"), _line(data, "resources", where), f"{field}.resources"
         ),
-        labels=check_string_map(
-            data.get("labels"), _line(data, "labels", where), f"{field}.labels"
-        ),
+        labels=check_label_map(data.get("labels"), _line(data, "labels", where), f"{field}.labels"),
     )
 
 

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from provisioner.errors import InputError, OperationError
+from provisioner.cluster.token import read_token_file
+from provisioner.errors import OperationError
 
 
 @contextmanager
@@ -40,20 +41,6 @@ class AuthRefused(OperationError):
     """The dashboard refused the request: token missing or wrong."""
 
 
-def read_token(path: Path) -> str:
-    """The token in `path`, checked: present, not empty."""
-    try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise InputError(
-            f"cannot read the cluster's token file {path}: {exc.strerror}",
-            "run `provisioner up` first (it creates the token), or pass --token-file",
-        ) from exc
-    if not token:
-        raise InputError(f"the token file {path} is empty", "run `provisioner up` to make one")
-    return token
-
-
 def auth_headers(token: str | None) -> dict[str, str]:
     """The HTTP headers Ray's token authentication expects (none without a token)."""
     return {"Authorization": f"Bearer {token}"} if token else {}
@@ -64,7 +51,7 @@ def connect(dashboard_url: str, token_path: Path | None) -> Any:
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
-    token = read_token(token_path) if token_path is not None else None
+    token = read_token_file(token_path) if token_path is not None else None
     try:
         client = JobSubmissionClient(dashboard_url, headers=auth_headers(token))
         client.list_jobs()  # the version probe does not always need the token; this does

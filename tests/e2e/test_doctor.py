@@ -355,7 +355,13 @@ def test_every_node_check_faulted_in_one_doctor_run(lab: LabInfo, tmp_path: Path
     )
     assert "does not answer" in said[("docker.daemon", one.name)]
     assert said[("resources.cpu", one.name)] == "1 CPU"
-    assert "/tmp" in said[("resources.disk", two.name)]
+    assert any(  # the machine's own disk may add warnings: the error is /tmp's
+        f.check == "resources.disk"
+        and f.host == two.name
+        and f.severity == "error"
+        and "/tmp" in f.message
+        for f in report.findings
+    )
     assert "2.59.0" in said[("ray.version", two.name)]
     assert "password" in said[("sudo", two.name)]
     assert (

@@ -136,18 +136,34 @@ def test_a_playbook_that_raises_exits_1_with_its_traceback(inventory: str, tmp_p
     assert (tmp_path / "r").is_dir() and list((tmp_path / "r").glob("broken-*/job.log"))
 
 
+def job_ids(inventory: str) -> set[str]:
+    """The cluster's jobs, as `provisioner jobs list` reads them from Ray's Jobs API."""
+    code, out, err = cli("jobs", "list", "-i", inventory, "--json")
+    assert code == 0, err[-2000:]
+    return {j["job_id"] for j in json.loads(out)["jobs"]}
+
+
 def test_submit_without_the_token_is_refused(inventory: str, tmp_path: Path) -> None:
     spec = make_spec(PLAYBOOKS / "ppo_cartpole.py")
     wrong = tmp_path / "wrong"
     wrong.write_text(secrets.token_hex(32))
+    wrong.chmod(0o600)  # a private file: the refusal must come from the cluster, not the mode check
     inv = load_inventory(Path(inventory))
     with pytest.raises(AuthRefused, match="requires a token"):
         submit(Target(inv, None, None), spec, tmp_path)
     with pytest.raises(AuthRefused, match="refused the token"):
         submit(Target(inv, None, wrong), spec, tmp_path)
-    code, _, err = cli("submit", "-i", inventory, "--token-file", str(wrong), str(spec.playbook))
+    before = job_ids(inventory)
+    assert spec.job_id not in before  # neither library call created a job
+    results = tmp_path / "results"
+    code, _, err = cli(
+        "submit", "-i", inventory, "--token-file", str(wrong), "--results", str(results),
+        str(spec.playbook),
+    )  # fmt: skip
     assert code == 1 and "refused the token" in err
-    assert not list(tmp_path.glob("ppo-cartpole-*"))  # nothing ran, nothing came home
+    assert not results.exists() or not list(results.iterdir())  # nothing came home
+    after = job_ids(inventory)  # and no job was created
+    assert after == before, after - before
 
 
 def test_ctrl_c_detaches_and_the_job_goes_on_until_jobs_stop(

@@ -107,9 +107,9 @@ def test_hostile_values_in_validated_fields_are_rejected(lab: LabInfo, tmp_path:
                     tried += 1
         assert no_marker_anywhere(lab)
         s.observed = (
-            f"{tried} runs of doctor/up/status/image push/down/logs with "
-            f"{len(REJECTED_FIELDS)} fields x {len(HOSTILE)} hostile values: all exit 2 naming "
-            "the field; no marker on any node"
+            f"{tried} runs of doctor, up, status, image push, down and logs with "
+            f"{len(REJECTED_FIELDS)} fields x {len(HOSTILE)} hostile values: each exit 2 naming "
+            "the field, no traceback; no marker file on any node"
         )
 
 
@@ -150,49 +150,75 @@ def test_hostile_labels_and_resources_reach_the_node_quoted(
                 checked += 2
         assert no_marker_anywhere(lab)
         s.observed = (
-            f"{checked} commands with {len(HOSTILE)} hostile values run by a node's shell: "
-            "each value arrived as one intact word; no marker on any node"
+            f"{checked} commands (`up`'s `docker run`, cluster.yaml's `ray start`) with "
+            f"{len(HOSTILE)} hostile values run by a node's login shell: each value arrived as "
+            "one intact word; no marker file on any node"
         )
 
 
 def test_token_never_shown(inv: str, lab: LabInfo, tmp_path: Path) -> None:
     inventory = load_inventory(Path(inv))
     token = read_token(inventory)
+    token_on_node = shlex.quote(f".provisioner/clusters/{inventory.cluster}/auth_token")
+    book = tmp_path / "book" / "hello.py"
+    book.parent.mkdir()
+    book.write_text("print('hello from the job', flush=True)\n")
     with scenario(
         "the cluster token's whereabouts",
-        "never in `ps` on any node, cluster.yaml, collected logs, --json output or the "
-        "tool's own output and files; secret files mode 0600",
+        "never in `ps` on any node, cluster.yaml, collected logs, the output of `up` (which "
+        "installs it), `submit --json` and the other commands, or the tool's own files; "
+        "secret files mode 0600",
         kind="security",
     ) as s:
+        for node in lab.nodes:  # this `up` must install the token again
+            on_node(node, f"rm -f /home/{node.user}/{token_on_node}")
         runs = {
             "up": cli("up", "-i", inv, "--json"),
             "status": cli("status", "-i", inv, "--json"),
             "doctor": cli("doctor", "-i", inv, "--json"),
+            "submit": cli(
+                "submit", "-i", inv, "--results", str(tmp_path / "r"), "--json", str(book)
+            ),
             "logs": cli("logs", "-i", inv, "-o", str(tmp_path / "logs"), "--json"),
             "render": cli("render", "-i", inv, "-o", str(tmp_path / "cluster.yaml")),
         }
         for name, run in runs.items():
             assert token not in run.text, name
-        assert runs["up"].code == 0 and runs["logs"].code == 0
+        assert runs["up"].code == 0 and runs["logs"].code == 0, runs["up"].stderr[-2000:]
+        # positive controls: the output searched holds what it should
+        assert runs["submit"].code == 0, runs["submit"].stderr[-2000:]
+        assert "hello from the job" in runs["submit"].text
+        assert runs["submit"].json()["status"] == "SUCCEEDED"
         assert token not in (tmp_path / "cluster.yaml").read_text()
+        assert "ray start" in (tmp_path / "cluster.yaml").read_text()
         files = [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]
         assert len(files) > 3 and not [p for p in files if token.encode() in p.read_bytes()]
+        assert any(p.name == "raylet.out" for p in files), [p.name for p in files][:20]
         for node in lab.nodes:  # every process of the node, its nested containers' included
-            assert token not in on_node(node, "ps auxwwe"), node.name
+            ps = on_node(node, "ps auxwwe")
+            assert token not in ps, node.name
+            # positive control: this `ps` shows Ray's processes and their environments
+            assert "raylet" in ps and "RAY_AUTH_TOKEN_PATH=" in ps, (node.name, ps[-2000:])
+            if node == lab.nodes[0]:
+                assert "gcs_server" in ps, ps[-2000:]
+            # the `up` above installed it: the node's file holds the token, mode 0600
+            out = on_node(node, f"stat -c '%a %U' /home/{node.user}/{token_on_node}")
+            assert out.split() == ["600", node.user], (node.name, out)
+            held = on_node(node, f"cat /home/{node.user}/{token_on_node}").strip()
+            assert held == token, node.name
         state = Path(inventory.state_dir)
         holders = [p for p in state.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
         assert holders == [local_token_path(inventory)], holders
         modes = {str(p): oct(p.stat().st_mode & 0o777) for p in (holders[0], lab.key)}
         assert set(modes.values()) == {"0o600"}, modes
-        token_on_node = shlex.quote(f".provisioner/clusters/{inventory.cluster}/auth_token")
-        for node in lab.nodes:
-            out = on_node(node, f"stat -c '%a %U' /home/{node.user}/{token_on_node}")
-            assert out.split() == ["600", node.user], (node.name, out)
         s.observed = (
-            "absent from ps (with environments) on 3 nodes, cluster.yaml, "
-            f"{len(files)} collected log files, the output of up/status/doctor/logs/render "
-            "and the state dir; local token, node tokens and the lab key are 0600"
+            "absent from `ps` with environments on 3 nodes (which shows raylet, gcs_server on "
+            "the head, and RAY_AUTH_TOKEN_PATH), cluster.yaml, the collected logs (raylet.out "
+            "among them), the output of up (which installed it on every node again), status, "
+            "doctor, submit --json (which showed the job's output) and logs, and the state "
+            "dir but for its own file; the local token, node tokens and the lab key are 0600"
         )
+        s.measured = f"{len(files)} collected log files searched"
 
 
 REACH = """
@@ -223,13 +249,95 @@ def test_dashboard_and_jobs_api_not_reachable_from_another_node(inv: str, lab: L
     ) as s:
         seen = {}
         targets = {
-            "dashboard /api/jobs/": (ports.dashboard, "/api/jobs/"),
-            "agent /api/job_agent/jobs/": (ports.dashboard_agent_http, "/api/job_agent/jobs/"),
-        }
-        for what, (port, path) in targets.items():
-            script = f"python3 -c {shlex.quote(REACH)} {head.address} {port} {path}"
-            seen[what] = on_node(worker, script).strip()
+            "dashboard /api/jobs/": (worker, head.address, ports.dashboard, "/api/jobs/"),
+            "agent /api/job_agent/jobs/": (
+                worker, head.address, ports.dashboard_agent_http, "/api/job_agent/jobs/"
+            ),
+            # positive controls: the worker does reach the head (its GCS port), and the
+            # dashboard is up, answering on the head's own loopback
+            "GCS": (worker, head.address, ports.gcs, "/"),
+            "dashboard on the head's 127.0.0.1": (head, "127.0.0.1", ports.dashboard, "/api/jobs/"),
+        }  # fmt: skip
+        for what, (node, host, port, path) in targets.items():
+            script = f"python3 -c {shlex.quote(REACH)} {host} {port} {path}"
+            seen[what] = on_node(node, script).strip()
         assert seen["dashboard /api/jobs/"].startswith("unreachable"), seen
-        agent = seen["agent /api/job_agent/jobs/"]
-        assert agent.startswith("unreachable") or " 401 " in agent or " 403 " in agent, seen
-        s.observed = "; ".join(f"{k} (port): {v}" for k, v in seen.items())
+        assert " 401 " in seen["agent /api/job_agent/jobs/"], seen
+        assert not seen["GCS"].startswith("unreachable"), seen
+        assert seen["dashboard on the head's 127.0.0.1"].startswith("HTTP/"), seen
+        s.observed = (
+            "from a worker: the dashboard port unreachable (bound to the head's 127.0.0.1) "
+            "while the head's GCS port accepts the same worker's connection; on the head "
+            "itself the dashboard answers; the dashboard agent's HTTP port answers 401 "
+            "without the token"
+        )
+        s.measured = "; ".join(
+            f"{k}: {v if v.isprintable() else 'connected (a binary answer)'}"
+            for k, v in seen.items()
+        )
+
+
+NODE_LABELS = """
+import json, ray
+ray.init(address="auto", logging_level="ERROR")
+print(json.dumps({n["NodeManagerAddress"]: n["Labels"] for n in ray.nodes() if n["Alive"]}))
+"""
+
+
+def labelled(inventory: Path, target: Path, labels: dict[str, str]) -> Path:
+    """A copy of the inventory whose first worker has `labels`."""
+    path = edited_inventory(inventory, target)
+    document = yaml.safe_load(path.read_text())
+    first = document["workers"][0]
+    document["workers"][0] = {
+        **(first if isinstance(first, dict) else {"address": first}),
+        "labels": labels,
+    }
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_labels_reach_ray_as_one_label_each(inv: str, lab: LabInfo, tmp_path: Path) -> None:
+    """Ray reads `--labels=k=v,k=v`: a value holding `,` or `=` would become other labels.
+    Such a value is refused before any connection; one that Ray's syntax allows arrives as
+    exactly that label, in Ray's own node list on the live cluster. Last in the module: the
+    worker keeps its labels until the module's `down`."""
+    inventory = load_inventory(Path(inv))
+    worker = lab.nodes[1]
+    with scenario(
+        "Ray labels with `,` and `=` in their values",
+        "refused (exit 2, the field named) before any connection, since Ray would read them "
+        "as several labels; a label Ray's syntax allows reaches Ray as exactly that one label",
+        kind="security",
+    ) as s:
+        refused = {}
+        for value in ("a,b=c", "a=b", "gpu,zone=x"):
+            hostile = labelled(Path(inv), tmp_path / "hostile.yaml", {"zone": value})
+            code, text = in_process("up", "-i", str(hostile))
+            assert code == 2 and "labels.zone" in text and "Traceback" not in text, text[-800:]
+            refused[value] = text
+        labels = {"example.com/zone": "rack-1.row_2", "tier": "a-b"}
+        with_labels = labelled(Path(inv), tmp_path / "labelled.yaml", labels)
+        on_node(worker, f"docker rm -f ray-{inventory.cluster}")  # `up` starts it again
+        up = cli("up", "-i", str(with_labels), "--json")
+        assert up.code == 0, up.stderr[-3000:]
+        head = lab.nodes[0]
+        listed = json.loads(
+            on_node(
+                head,
+                f"docker exec ray-{inventory.cluster} python -c {shlex.quote(NODE_LABELS)}",
+            )
+            .strip()
+            .splitlines()[-1]
+        )
+        own = {
+            address: {k: v for k, v in node_labels.items() if not k.startswith("ray.io/")}
+            for address, node_labels in listed.items()
+        }
+        assert own == {n.address: (labels if n == worker else {}) for n in lab.nodes}, own
+        s.observed = (
+            "`up` with the values `a,b=c`, `a=b`, `gpu,zone=x`: exit 2 naming the label, "
+            "nothing started; `example.com/zone: rack-1.row_2` and `tier: a-b`: Ray's node list "
+            "shows exactly these two labels on that worker and none on the others"
+        )
+        s.measured = f"up with the labels {up.seconds:.1f} s"

@@ -199,3 +199,59 @@ def test_examples_load(name: str, hidden_home: Path) -> None:
     inv = load_inventory(Path(__file__).parents[2] / "inventories" / name)
     assert inv.cluster == "rl-rack" and inv.head.name == "gpu-head"
     assert inv.node("gpu-2").ssh.port == 2222 and inv.node("gpu-2").ssh.user == "admin"
+
+
+LABELS = [
+    "a",
+    "gpu-a100",
+    "rack_1.row-2",
+    "",
+    "a,b=c",
+    "zone=b",
+    "a b",
+    "-lead",
+    "trail.",
+    "x" * 64,
+    "$(touch /tmp/x)",
+    "é",
+]
+
+
+@pytest.mark.parametrize("value", LABELS)
+def test_labels_accepted_exactly_when_ray_reads_them_as_that_one_label(
+    tmp_path: Path, key: Path, value: str
+) -> None:
+    """Ray's own parser of `ray start --labels=...` is the reference: a label the inventory
+    accepts reaches Ray as that one label; a value Ray would split (`,`, `=`) or refuse is
+    an inventory error naming the field."""
+    from ray._private.label_utils import parse_node_labels_string
+
+    try:
+        ray_reads: dict[str, str] | None = parse_node_labels_string(f"zone={value}")
+    except ValueError:
+        ray_reads = None
+    text = NATIVE.replace("labels: {zone: a}", f"labels: {{zone: {value!r}}}")
+    if ray_reads == {"zone": value}:
+        assert load_inventory(write(tmp_path, "inv.yaml", text)).node("w-1").labels == {
+            "zone": value
+        }
+    else:
+        with pytest.raises(InventoryError, match=r"workers\[0\]\.labels\.zone|labels\.zone"):
+            load_inventory(write(tmp_path, "inv.yaml", text))
+
+
+@pytest.mark.parametrize("name", ["zone", "example.com/zone", "ray.io/zone", "a,b", "k=v", ""])
+def test_label_names_follow_ray(tmp_path: Path, key: Path, name: str) -> None:
+    from ray._private.label_utils import parse_node_labels_string, validate_node_labels
+
+    try:
+        ray_reads: dict[str, str] | None = parse_node_labels_string(f"{name}=a")
+        validate_node_labels(ray_reads)
+    except ValueError:
+        ray_reads = None
+    text = NATIVE.replace("labels: {zone: a}", f"labels: {{{name!r}: a}}")
+    if ray_reads == {name: "a"}:
+        assert load_inventory(write(tmp_path, "inv.yaml", text)).node("w-1").labels == {name: "a"}
+    else:
+        with pytest.raises(InventoryError, match="Ray label name"):
+            load_inventory(write(tmp_path, "inv.yaml", text))

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.cluster.token import read_token_file
 from provisioner.errors import InputError
-from provisioner.jobs.client import auth_headers, read_token
+from provisioner.jobs.client import auth_headers
 from provisioner.jobs.results import tail
 from provisioner.jobs.spec import (
     META_RESUMED,
@@ -109,11 +110,20 @@ def test_token_goes_in_a_bearer_header_and_a_missing_file_is_bad_input(tmp_path:
     assert auth_headers("abc") == {"Authorization": "Bearer abc"}
     assert auth_headers(None) == {}
     with pytest.raises(InputError, match="cannot read the cluster's token"):
-        read_token(tmp_path / "absent")
+        read_token_file(tmp_path / "absent")
     empty = tmp_path / "empty"
     empty.write_text("\n")
+    empty.chmod(0o600)
     with pytest.raises(InputError, match="empty"):
-        read_token(empty)
+        read_token_file(empty)
+    shared = tmp_path / "shared"
+    shared.write_text("abc\n")
+    shared.chmod(0o644)
+    with pytest.raises(InputError, match="others can read it") as refused:
+        read_token_file(shared)
+    assert refused.value.fix == f"chmod 600 {shared}"
+    shared.chmod(0o600)
+    assert read_token_file(shared) == "abc"
 
 
 def test_the_cli_starts_without_importing_matplotlib() -> None:

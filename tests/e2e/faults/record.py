@@ -1,10 +1,13 @@
 """Each fault or security scenario records what the suite observed, for README's table.
 
 `with scenario("a node dies during up", "exit 1 naming it; others up") as s:` runs the
-checks; `s.observed = "..."` says what was measured. The record (scenario -> expected,
-observed, passed, seconds) goes to build/reliability.json (or $PROVISIONER_RELIABILITY_JSON);
-`scripts/reliability_table.py` renders it as Markdown. A scenario whose checks raise is
-recorded as failed, with the first line of the error.
+checks; `s.observed = "..."` states what the checks asserted and found to hold, in words
+that do not change from run to run (no node names, no timings: README's table is compared
+with it every run), and `s.measured = "..."` what this run measured (seconds, counts).
+The record (scenario -> expected, observed, measured, passed, seconds, test) goes to
+build/reliability.json (or $PROVISIONER_RELIABILITY_JSON); `scripts/reliability_table.py`
+renders it into README. A scenario whose checks raise is recorded as failed, with the
+first line of the error.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class Scenario:
     expected: str
     kind: str
     observed: str = ""
+    measured: str = ""
 
 
 def _write(entry: dict[str, object]) -> None:
@@ -58,6 +62,8 @@ def scenario(name: str, expected: str, *, kind: str = "fault") -> Iterator[Scena
                 "kind": kind,
                 "expected": expected,
                 "observed": s.observed,
+                "measured": s.measured,
+                "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
                 "passed": passed,
                 "seconds": round(time.monotonic() - t0, 1),
             }
