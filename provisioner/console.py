@@ -7,6 +7,7 @@ that the CLI gives it. With `--json`, stdout carries exactly one JSON document.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -15,9 +16,30 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 # A reporter receives one line of progress (e.g. "node-1: loading image 40%").
 Reporter = Callable[[str], None]
+
+# What a node or a job may send that a terminal would act on: C0 controls but tab and
+# newline (ESC starts colour, title and cursor sequences; CR overwrites a line), DEL, C1
+# controls (CSI 0x9b), and the bidirectional overrides that reorder what is shown.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def clean(text: str) -> str:
+    """`text` with every control character shown as an escape (`\\x1b`), never acted on."""
+    return _CONTROLS.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+class SafeConsole(Console):
+    """A rich Console that shows control characters instead of sending them: every string
+    it renders (printed text, table cells, titles) passes through `clean`. Markup is off
+    unless a call asks for it (and then escapes what it interpolates)."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(clean(text), **kwargs)
 
 
 def quiet(_: str) -> None:
@@ -33,8 +55,8 @@ class Output:
     stderr: TextIO = field(default_factory=lambda: sys.stderr)
 
     def __post_init__(self) -> None:
-        self.out = Console(file=self.stdout, highlight=False, soft_wrap=True)
-        self.err = Console(file=self.stderr, highlight=False, soft_wrap=True)
+        self.out = SafeConsole(file=self.stdout, highlight=False, soft_wrap=True, markup=False)
+        self.err = SafeConsole(file=self.stderr, highlight=False, soft_wrap=True, markup=False)
         self._started = time.monotonic()
         self.nodes: dict[str, str] = {}  # watched node -> its last progress line
         self.emitted = False  # the one JSON document was written
@@ -53,7 +75,7 @@ class Output:
         if sep and name in self.nodes:
             self.nodes[name] = rest
         elapsed = time.monotonic() - self._started
-        self.err.print(f"[dim]{elapsed:6.1f}s[/dim] {line}", markup=True, highlight=False)
+        self.err.print(f"[dim]{elapsed:6.1f}s[/dim] {escape(line)}", markup=True, highlight=False)
 
     def say(self, text: str) -> None:
         """Human output on stdout (suppressed in --json mode)."""

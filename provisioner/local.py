@@ -24,6 +24,18 @@ def state_root() -> Path:
     return Path(base).expanduser().resolve() / "provisioner"
 
 
+def private_dir(path: Path) -> Path:
+    """Make `path` and its missing parents; the folders from the state root down to `path`
+    are 0700 (the state holds tokens, accepted host keys and collected logs). Folders
+    outside the state root (a user's `-o DIR`) keep their modes."""
+    path.mkdir(parents=True, exist_ok=True)
+    root = state_root()
+    for folder in (path, *path.parents):
+        if folder == root or root in folder.parents:
+            folder.chmod(0o700)
+    return path
+
+
 @cache
 def docker_client() -> docker.DockerClient:
     """A docker SDK client for the local engine, or a PrerequisiteError saying how to start one."""

@@ -118,7 +118,9 @@ def up(
             out.emit({"stopped_by": "doctor", "doctor": stopped.preflight.to_json()})
         else:
             render_findings(out, stopped.preflight.report, show_ok=False)
-            out.err.print(f"[bold red]up stopped:[/bold red] {escape(stopped.fix or '')}")
+            out.err.print(
+                f"[bold red]up stopped:[/bold red] {escape(stopped.fix or '')}", markup=True
+            )
         raise typer.Exit(1) from None
     if json_:
         out.emit(result.to_json())
@@ -208,6 +210,8 @@ def down(
     else:
         if result.logs:
             out.say(f"logs: {result.logs.directory}")
+            for name, err in result.logs.errors.items():
+                out.say(f"{name}: logs not collected: {err}")
         out.say(f"removed Ray from: {', '.join(result.removed) or 'no node'}")
         for name, busy in result.ports_busy.items():
             out.say(f"{name}: Ray ports still in use: {busy}")

@@ -7,9 +7,10 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from provisioner.cli.common import InventoryOption, JsonOption, output
-from provisioner.console import Output
+from provisioner.console import Output, clean
 from provisioner.doctor import DoctorReport, Finding, run_doctor
 from provisioner.inventory import load_inventory
 
@@ -23,14 +24,18 @@ def render(out: Output, report: DoctorReport, *, show_ok: bool) -> None:
         if f.severity != "ok" or show_ok:
             by_host.setdefault(f.host, []).append(f)
     for host, findings in by_host.items():
-        table = Table("", "check", "finding", title=escape(host), title_justify="left", expand=True)
+        table = Table(
+            "", "check", "finding", title=Text(clean(host)), title_justify="left", expand=True
+        )
         for f in findings:
             text = escape(f.message)
             if f.evidence and f.severity != "ok":
                 text += f"\n[dim]{escape(f.evidence)}[/dim]"
             if f.fix:
                 text += f"\n[bold]fix:[/bold] {escape(f.fix)}"
-            table.add_row(f"[{_STYLE[f.severity]}]{f.severity}[/]", f.check, text)
+            table.add_row(
+                Text(f.severity, style=_STYLE[f.severity]), f.check, Text.from_markup(clean(text))
+            )
         out.out.print(table)
     oks = sum(f.severity == "ok" for f in report.findings)
     warnings = sum(f.severity == "warning" for f in report.findings)
@@ -40,7 +45,7 @@ def render(out: Output, report: DoctorReport, *, show_ok: bool) -> None:
     )
     style = "bold red" if report.errors else "bold green"
     hint = "" if show_ok else " (--all shows the passing checks)"
-    out.out.print(f"[{style}]{summary}[/]{hint}")
+    out.out.print(f"[{style}]{summary}[/]{hint}", markup=True)
 
 
 def doctor(

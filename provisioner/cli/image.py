@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from provisioner.cli.common import InventoryOption, JsonOption, output
@@ -167,7 +168,11 @@ def push_cmd(
         out.out.print(table)
         out.say(f"sent from this machine: {report.control_bytes / 1e6:,.0f} MB")
         for host, err in report.errors.items():
-            out.err.print(f"[bold red]{host}[/bold red]: {err.message}", highlight=False)
+            out.err.print(
+                f"[bold red]{escape(host)}[/bold red]: {escape(err.message)}",
+                markup=True,
+                highlight=False,
+            )
             if err.fix:
                 out.err.print(f"  fix: {err.fix}", highlight=False)
     if not report.ok:

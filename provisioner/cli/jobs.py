@@ -20,7 +20,9 @@ from provisioner.jobs.link import Link, Target
 from provisioner.jobs.pull import Pulled
 from provisioner.jobs.spec import JOB_ID, asks_for_help
 from provisioner.jobs.stream import Handlers
+from provisioner.jobs.submit import upload_for, upload_line
 from provisioner.jobs.tables import read_rows
+from provisioner.jobs.upload import Upload
 
 InventoryFile = Annotated[
     Path | None,
@@ -100,6 +102,13 @@ def submit_cmd(
         ),
     ] = 0,
     verbose: VerboseOption = False,
+    show_upload: Annotated[
+        bool,
+        typer.Option(
+            "--show-upload",
+            help="List the files that would be sent (secrets left out) and stop; no cluster.",
+        ),
+    ] = False,
     json_: JsonOption = False,
 ) -> None:
     """Run PLAYBOOK on the cluster as a Ray job; its directory travels as the working_dir.
@@ -110,6 +119,9 @@ def submit_cmd(
     """
     out = output(json_)
     spec = make_spec(playbook, args or [])
+    if show_upload:
+        _show_upload(out, upload_for(spec), json_)
+        return
     if asks_for_help(spec.args) and _local_help(out, spec):
         return
     target = _target(inventory, address, token_file)
@@ -122,6 +134,16 @@ def submit_cmd(
     else:
         outcome = submit(target, spec, results, handlers=handlers, detach=detach, prepare=prepare)
     _finish(out, json_, outcome)
+
+
+def _show_upload(out: Output, upload: Upload, json_: bool) -> None:
+    if json_:
+        out.emit({**upload.to_json(), "files": upload.files})
+        return
+    for name in upload.files:
+        out.say(name)
+    out.say(upload_line(upload))
+    out.say("(control it with .gitignore or .rayignore in that directory; see the README)")
 
 
 def _with_retries(
@@ -243,7 +265,7 @@ def _handlers(out: Output, json_: bool, verbose: bool) -> Handlers:
 
     def report(text: str) -> None:
         line.clear()
-        out.progress(escape(text))
+        out.progress(text)  # progress shows node text as text (console.py)
 
     return Handlers(on_line=on_line, on_progress=line.show, on_pulled=on_pulled, report=report)
 
@@ -352,7 +374,7 @@ def _render(out: Output, outcome: JobOutcome) -> None:
     for plot in found.plots:
         out.say(f"plot: {plot}")
     for problem in found.unreadable:
-        out.say(f"could not read {escape(problem)}")
+        out.say(f"could not read {problem}")
     if found.refused is not None:
         out.err.print(
             f"[bold red]results refused:[/bold red] {escape(found.refused.message)}",
@@ -362,7 +384,7 @@ def _render(out: Output, outcome: JobOutcome) -> None:
         if found.refused.fix:
             out.err.print(f"[bold]fix:[/bold] {escape(found.refused.fix)}", markup=True)
     elif found.missing:
-        out.say(f"no result files came home: {escape(found.missing)}")
+        out.say(f"no result files came home: {found.missing}")
 
 
 # Short headers, so that the scaling table fits 80 columns (the CSV keeps the long names).

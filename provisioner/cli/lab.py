@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from provisioner.cli.common import JsonOption, output
 from provisioner.lab.config import LabConfig
@@ -134,8 +135,8 @@ def _lab(name: str | None) -> LabInfo:
     return load_lab(name)
 
 
-def _mark(ok: bool) -> str:
-    return "[green]ok[/green]" if ok else "[red]no[/red]"
+def _mark(ok: bool) -> Text:
+    return Text("ok", style="green") if ok else Text("no", style="red")
 
 
 def _done(json_: bool, what: str) -> None:

@@ -25,7 +25,9 @@ class DownResult:
 
     @property
     def ok(self) -> bool:
-        return not self.errors and not self.ports_busy
+        """Ray stopped everywhere, its ports free, and every node's logs collected (when asked)."""
+        logs_failed = self.logs is not None and bool(self.logs.errors)
+        return not self.errors and not self.ports_busy and not logs_failed
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -16,6 +16,7 @@ from provisioner.cluster import layout
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ReceiveError
 from provisioner.inventory import Inventory, Node
+from provisioner.local import private_dir
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.receive import Limits, receive_tar
 from provisioner.runtime import runtime_for
@@ -260,7 +261,7 @@ def collect(
         receive_logs(result.stdout, directory / node.name, node.name)
         return node.name
 
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(directory)
     group = fan_out(inventory.nodes, one, deadline=150)
     errors: dict[str, str] = {k: str(v) for k, v in group.errors.items()}
     return Collected(directory, sorted(group.results), errors, triage_dir(directory))

@@ -15,6 +15,7 @@ from pathlib import Path
 from provisioner.cluster import layout
 from provisioner.errors import InputError
 from provisioner.inventory import Inventory
+from provisioner.local import private_dir
 
 TOKEN_FILE = "auth_token"
 
@@ -27,7 +28,7 @@ def local_token_path(inventory: Inventory) -> Path:
 def ensure_token(inventory: Inventory) -> Path:
     """Return the token file's path, creating a new random token (mode 0600) if there is none."""
     path = local_token_path(inventory)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     if path.exists():
         check_token_file(path)
         return path

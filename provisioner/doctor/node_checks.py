@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import shlex
 
 from provisioner.doctor.facts import NodeFacts
 from provisioner.doctor.findings import Finding, error, ok, warning
@@ -121,7 +122,9 @@ def check_shells(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
             "`ray` is on the PATH of a login shell only: "
             "`ssh host ray ...` fails with `ray: command not found`"
         )
-        fix = f"put the PATH change (export PATH={login.ray.rsplit('/', 1)[0]}:$PATH) in {where}"
+        # the directory comes from the node: quoted, so the line can be pasted as it is
+        directory = shlex.quote(login.ray.rsplit("/", 1)[0])
+        fix = f'put the PATH change (export PATH={directory}:"$PATH") in {where}'
     else:
         message = "python3/ray differ between a login shell and a non-interactive one"
         fix = f"set PATH (and any virtualenv activation) the same way for both: {where}"

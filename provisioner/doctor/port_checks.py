@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from provisioner.doctor.facts import Listener, NodeFacts
 from provisioner.doctor.findings import Finding, error, ok, warning
 from provisioner.doctor.plan import Plan
@@ -88,7 +90,7 @@ def check_stale_ray(node: Node, f: NodeFacts) -> list[Finding]:
     if not evidence:
         note = " (an old session directory is left in /tmp/ray, harmless)" if f.ray_session else ""
         return [ok("ray.stale", node.name, "no Ray running" + note)]
-    names = " ".join(c.name for c in ray_containers)
+    names = " ".join(shlex.quote(c.name) for c in ray_containers)  # node text: quoted
     fix = "provisioner down -i INVENTORY"
     if ray_containers:
         fix += f" (or docker rm -f {names} on {node.name})"

@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -43,6 +42,7 @@ from provisioner.image.direct import (
 from provisioner.image.lock import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, Session, fan_out
+from provisioner.remote.hostkeys import read_known_hosts
 
 KEY_GRACE_S = 600  # the relay key's lifetime beyond the push's own timeouts
 
@@ -180,9 +180,9 @@ def known_host_lines(node: Node) -> list[str]:
     for path in files:
         if not path.is_file():
             continue
-        keys = paramiko.HostKeys(str(path)).lookup(name)
-        if keys is not None:
-            lines += [f"{name} {kind} {keys[kind].get_base64()}" for kind in keys]
+        lines += [
+            f"{name} {k.get_name()} {k.get_base64()}" for k in read_known_hosts(path).lookup(name)
+        ]
         if lines:
             break
     if not lines:

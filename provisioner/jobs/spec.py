@@ -55,6 +55,7 @@ class JobSpec:
     run: str = ""  # the first attempt's id when this is a retry (`--retries`)
     attempt: int = 1
     resumed_from: str = ""  # the job or path this one continues from
+    excludes: tuple[str, ...] = ()  # beyond EXCLUDES: the secrets found (jobs/upload.py)
 
     @property
     def working_dir(self) -> Path:
@@ -74,7 +75,8 @@ class JobSpec:
         env = {"PYTHONUNBUFFERED": "1", **self.env}
         if self.resumed_from:
             env[RESUME_ENV] = f"{RESUME_DIR}/checkpoint"
-        return {"working_dir": str(self.working_dir), "excludes": list(EXCLUDES), "env_vars": env}
+        excludes = [*EXCLUDES, *self.excludes]
+        return {"working_dir": str(self.working_dir), "excludes": excludes, "env_vars": env}
 
     def metadata(self) -> dict[str, str]:
         """What Ray keeps beside the job, for `jobs list` and retries."""

@@ -37,15 +37,23 @@ class JobNotFound(OperationError):
     """The Jobs API does not know the job."""
 
 
-class LineSplitter:
-    """Turns arbitrary text chunks into whole lines, holding back an unfinished one."""
+MAX_LINE = 1024 * 1024  # an unfinished line longer than this is passed on in pieces
 
-    def __init__(self) -> None:
+
+class LineSplitter:
+    """Turns arbitrary text chunks into whole lines, holding back an unfinished one (at
+    most MAX_LINE characters: a job printing without newlines cannot fill memory)."""
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
         self._partial = ""
+        self._max = max_line
 
     def feed(self, chunk: str) -> list[str]:
         text = self._partial + chunk
         *lines, self._partial = text.split("\n")
+        while len(self._partial) > self._max:
+            lines.append(self._partial[: self._max])
+            self._partial = self._partial[self._max :]
         return lines
 
     def flush(self) -> list[str]:

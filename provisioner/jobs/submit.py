@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,10 @@ from provisioner.errors import OperationError
 from provisioner.jobs.client import refused
 from provisioner.jobs.link import Link, Target
 from provisioner.jobs.results import Results, bring_home, finish, tail
-from provisioner.jobs.spec import JobSpec
+from provisioner.jobs.spec import EXCLUDES, JobSpec
 from provisioner.jobs.stream import Followed, Handlers, follow
+from provisioner.jobs.upload import Upload, plan_upload
+from provisioner.local import state_root
 
 SUCCEEDED = "SUCCEEDED"
 STOPPED = "STOPPED"
@@ -39,6 +41,7 @@ class JobOutcome:
     interrupted: bool = False
     detached: bool = False
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    upload: Upload | None = None  # what was sent of the playbook's directory
 
     @property
     def ok(self) -> bool:
@@ -55,7 +58,21 @@ class JobOutcome:
             **self.results.to_json(),
             "log_tail": self.log_tail,
             "attempts": self.attempts,
+            "upload": self.upload.to_json() if self.upload else None,
         }
+
+
+def upload_for(spec: JobSpec) -> Upload:
+    """What Ray will send of the playbook's directory (obvious secrets left out)."""
+    return plan_upload(spec.working_dir, [*EXCLUDES, *spec.excludes], state_root())
+
+
+def upload_line(upload: Upload) -> str:
+    """One line saying what is sent: counts, and every file left out as a secret."""
+    line = f"sending {len(upload.files)} file(s), {upload.size / 1e6:.1f} MB of {upload.directory}"
+    if upload.secrets:
+        line += f"; left out as secrets: {', '.join(upload.secrets)}"
+    return line
 
 
 def start(link: Link, spec: JobSpec) -> None:
@@ -101,6 +118,8 @@ def submit(
     resume from on the head)."""
     h = handlers or Handlers()
     home = results_root / spec.job_id
+    upload = upload_for(spec)
+    spec = replace(spec, excludes=tuple(upload.excludes[len(EXCLUDES) :]))
     with target.link() as link:
         if link.pool is not None:  # the job's directory, owned by the SSH user, made first
             prepare_results(link, spec.job_id)
@@ -109,10 +128,13 @@ def submit(
         h.report(
             f"submitting {spec.playbook.name} as job {spec.job_id} (working_dir {spec.working_dir})"
         )
+        h.report(upload_line(upload))
         start(link, spec)
     if detach:
-        return JobOutcome(spec.job_id, "PENDING", Results(home), detached=True)
-    return follow_to_end(target, spec.job_id, results_root, h)
+        return JobOutcome(spec.job_id, "PENDING", Results(home), detached=True, upload=upload)
+    outcome = follow_to_end(target, spec.job_id, results_root, h)
+    outcome.upload = upload
+    return outcome
 
 
 def follow_to_end(

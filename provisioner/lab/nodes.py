@@ -27,6 +27,7 @@ from provisioner.lab.config import (
 from provisioner.lab.engine import client, docker_cli, exec_rc
 from provisioner.lab.images import ensure_host_node_image, ensure_node_image
 from provisioner.lab.keys import ensure_keypair
+from provisioner.local import private_dir
 
 READY_TIMEOUT = 90.0
 
@@ -122,7 +123,7 @@ def lab_up(
         image = ensure_host_node_image(images_dir, report)
     else:
         image = ensure_node_image(report)
-    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(cfg.state_dir)
     cfg.state_dir.chmod(0o700)
     pub = ensure_keypair(cfg.key, f"provisioner-{cfg.name}")
     (cfg.state_dir / "authorized_keys").write_text(pub + "\n")

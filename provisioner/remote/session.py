@@ -14,7 +14,7 @@ import paramiko
 from provisioner.errors import ProvisionerError, RemoteError
 from provisioner.inventory import Node
 from provisioner.remote.forward import serve_forward
-from provisioner.remote.hostkeys import VerifyPolicy, load_known_hosts
+from provisioner.remote.hostkeys import VerifyPolicy, host_key_name, jumped_name, load_known_hosts
 from provisioner.remote.results import Result
 from provisioner.remote.route import hop_targets, open_hop_channel, open_proxy_command
 from provisioner.remote.translate import CONNECT_ERRORS, translate
@@ -28,11 +28,14 @@ MAX_OUTPUT = 16 * 1024 * 1024
 _KEEP_TAIL = 64 * 1024
 
 
-def _client(node: Node, accept_record: Path | None) -> paramiko.SSHClient:
+def _client(
+    node: Node, accept_record: Path | None, alias: tuple[str, str] | None = None
+) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
-    load_known_hosts(client, node.ssh.known_hosts)
+    known = load_known_hosts(client, node.ssh.known_hosts, alias=alias)
     accept = node.ssh.host_key_policy == "accept-new"
-    client.set_missing_host_key_policy(VerifyPolicy(node.name, accept, accept_record))
+    policy = VerifyPolicy(node.name, accept, accept_record, known.revoked)
+    client.set_missing_host_key_policy(policy)
     return client
 
 
@@ -43,14 +46,20 @@ def _open(
     user: str,
     sock: paramiko.Channel | paramiko.ProxyCommand | None,
     key: Path | None,
+    via: str | None = None,
 ) -> paramiko.SSHClient:
+    """Connect to address:port (over `sock` when given). Through jump host `via`, the host
+    key is looked up and recorded under `jumped_name`: a key learned that way is never
+    trusted for a direct connection; keys trusted for the plain name are still accepted."""
     settings = node.ssh
     record_to = settings.known_hosts[0] if settings.known_hosts else None
-    client = _client(node, record_to)
+    name = jumped_name(address, via) if via else address
+    alias = (host_key_name(name, port), host_key_name(address, port)) if via else None
+    client = _client(node, record_to, alias)
     t = settings.connect_timeout
     try:
         client.connect(
-            hostname=address,
+            hostname=name,
             port=port,
             username=user,
             key_filename=str(key) if key else None,
@@ -102,11 +111,22 @@ class Session:
         hops: list[paramiko.SSHClient] = []
         try:
             sock: paramiko.Channel | paramiko.ProxyCommand | None = open_proxy_command(node)
-            for hop, (address, port) in hop_targets(node):
-                client = _open(node, hop.address, hop.port, hop.user, sock, hop.key)
+            route: list[str] = []  # the jump hops passed so far: keys learned behind them
+            for hop, (address, port) in hop_targets(node):  # are recorded as such
+                via = ",".join(route) or None
+                client = _open(node, hop.address, hop.port, hop.user, sock, hop.key, via)
                 hops.append(client)
+                route.append(f"{hop.user}@{hop.address}:{hop.port}")
                 sock = open_hop_channel(node, client, hop, address, port)
-            client = _open(node, node.address, node.ssh.port, node.ssh.user, sock, node.ssh.key)
+            client = _open(
+                node,
+                node.address,
+                node.ssh.port,
+                node.ssh.user,
+                sock,
+                node.ssh.key,
+                ",".join(route) or None,
+            )
         except ProvisionerError:
             for hop_client in reversed(hops):
                 hop_client.close()

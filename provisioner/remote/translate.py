@@ -46,7 +46,8 @@ def translate(
     if isinstance(exc, ProvisionerError):
         return exc
     if isinstance(exc, paramiko.BadHostKeyException):
-        name = host_key_name(address, port)
+        names = [str(getattr(exc, "hostname", "")), host_key_name(address, port)]
+        name = next((n for n in names if n and file_holding(n, known_hosts, strict=True)), names[1])
         path = file_holding(name, known_hosts)
         return ConnectError(
             host,

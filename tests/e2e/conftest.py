@@ -40,6 +40,7 @@ MODULE_ORDER = (
     "test_long_runs",
     "test_faults",
     "test_security",
+    "test_hostile_returns",
     "test_bench_smoke",
     "test_host_mode",
 )

@@ -187,3 +187,20 @@ def test_docker_socket_output_parses_like_the_docker_cli_fallback() -> None:
     assert next((x.port, x.process) for x in new.listening if x.port == 22) == (22, "sshd")
     assert new.docker_ok and new.docker_root == "/var/lib/docker" and new.sudo == "ok"
     assert new.image.endswith("linux/amd64") and new.complete
+
+
+def test_node_text_in_a_fix_is_quoted_for_pasting() -> None:
+    import shlex
+
+    from provisioner.doctor.facts import Container
+    from provisioner.doctor.port_checks import check_stale_ray
+
+    f = facts("ray_login_only", WORKER1)
+    hostile_dir = "/opt/x $(touch /tmp/pwned)"
+    f.login = dataclasses.replace(f.login, ray=f"{hostile_dir}/ray")
+    (finding,) = [g for g in node_findings(WORKER1, f, PLAN) if g.check == "shell.env"]
+    assert f"export PATH={shlex.quote(hostile_dir)}:" in finding.fix
+    stale = facts("stale_raylet", HEAD)
+    stale.containers = [Container("ray-x;rm -rf ~", "img", "running", "")]
+    (finding,) = [g for g in check_stale_ray(HEAD, stale) if g.check == "ray.stale"]
+    assert "docker rm -f 'ray-x;rm -rf ~'" in finding.fix

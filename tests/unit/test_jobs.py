@@ -145,3 +145,66 @@ def test_a_playbooks_help_is_answered_here_without_a_cluster_or_a_job(
     assert run(["submit", str(playbook), "--", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--checkpoint-every" in out and "--resume-from" in out
+
+
+def test_a_line_without_end_is_passed_on_in_bounded_pieces() -> None:
+    splitter = LineSplitter(max_line=10)
+    got = splitter.feed("x" * 25) + splitter.feed("y\nz") + splitter.flush()
+    assert got == ["x" * 10, "x" * 10, "xxxxxy", "z"]
+
+
+def _playbook_dir(tmp_path: Path) -> Path:
+    book = tmp_path / "book"
+    (book / "data").mkdir(parents=True)
+    (book / "train.py").write_text("print('hi')\n")
+    (book / "data" / "table.csv").write_text("a\n1\n")
+    (book / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n")
+    (book / "id_ed25519.pub").write_text("ssh-ed25519 AAAA me\n")
+    (book / ".env").write_text("WANDB_API_KEY=secret\n")
+    (book / "data" / "deploy").write_text("-----BEGIN RSA PRIVATE KEY-----\nabc\n")
+    (book / "state" / "clusters" / "c").mkdir(parents=True)
+    (book / "state" / "clusters" / "c" / "known_hosts").write_text("h ssh-ed25519 AAAA\n")
+    (book / "ignored.bin").write_text("x")
+    (book / ".gitignore").write_text("ignored.bin\n")
+    return book
+
+
+def test_the_upload_leaves_secrets_and_the_state_directory_behind(tmp_path: Path) -> None:
+    import zipfile
+
+    from ray._private.runtime_env.packaging import _zip_files
+
+    from provisioner.jobs.spec import EXCLUDES
+    from provisioner.jobs.upload import plan_upload
+
+    book = _playbook_dir(tmp_path)
+    upload = plan_upload(book, list(EXCLUDES), book / "state")
+    assert upload.files == [".gitignore", "data/table.csv", "id_ed25519.pub", "train.py"]
+    assert upload.secrets == [
+        ".env",
+        "data/deploy",  # no telling name, but it starts like a private key
+        "id_ed25519",
+        "state/clusters/c/known_hosts",
+    ]
+    assert upload.size == sum((book / f).stat().st_size for f in upload.files)
+    # Ray's own packer, given these excludes, sends exactly the listed files
+    _zip_files(str(book), upload.excludes, str(tmp_path / "pkg.zip"), include_gitignore=True)
+    names = sorted(
+        n for n in zipfile.ZipFile(tmp_path / "pkg.zip").namelist() if not n.endswith("/")
+    )
+    assert names == upload.files
+
+
+def test_show_upload_lists_what_would_be_sent_without_a_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.cli import cli
+
+    book = _playbook_dir(tmp_path)
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(book / "state"))
+    shown = cli("submit", str(book / "train.py"), "--show-upload")
+    assert shown.exit_code == 0, shown.stderr
+    assert "train.py" in shown.stdout and "left out as secrets: .env, data/deploy" in shown.stdout
+    as_json = cli("submit", str(book / "train.py"), "--show-upload", "--json").json()
+    assert as_json["files"] == [".gitignore", "data/table.csv", "id_ed25519.pub", "train.py"]
+    assert ".env" in as_json["left_out_as_secrets"]

@@ -150,3 +150,76 @@ def test_output_past_the_cap_is_drained_counted_and_said() -> None:
     small = _Capped(1000)
     small.add(b"ok\n")
     assert (small.value(), small.dropped) == (b"ok\n", 0)
+
+
+def _keys() -> tuple[paramiko.PKey, paramiko.PKey]:
+    return paramiko.Ed25519Key.from_private_key_file(
+        _keyfile("a")
+    ), paramiko.Ed25519Key.from_private_key_file(_keyfile("b"))
+
+
+def _keyfile(name: str) -> str:
+    import subprocess
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return str(path)
+
+
+def test_known_hosts_markers_are_read_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from provisioner.remote.hostkeys import VerifyPolicy, load_known_hosts
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    good, revoked = _keys()
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        f"@cert-authority *.example.org ssh-ed25519 {good.get_base64()}\n"
+        f"@revoked * ssh-ed25519 {revoked.get_base64()}\n"
+        "this line is not a host key at all\n"
+        f"10.0.0.1 ssh-ed25519 {good.get_base64()}\n"
+        f"10.0.0.2 ssh-ed25519 {revoked.get_base64()}\n"
+    )
+    client = paramiko.SSHClient()
+    read = load_known_hosts(client, (known,))  # paramiko alone raises InvalidHostKey here
+    assert client.get_host_keys().lookup("10.0.0.1") is not None
+    assert client.get_host_keys().lookup("10.0.0.2") is None  # revoked wins over listed
+    assert read.revoked == {("ssh-ed25519", revoked.get_base64())}
+    # a host presenting the revoked key is refused, even under accept-new
+    policy = VerifyPolicy("w", True, tmp_path / "record", read.revoked)
+    with pytest.raises(ConnectError, match="@revoked") as caught:
+        policy.missing_host_key(client, "10.0.0.2", revoked)
+    assert caught.value.kind == "hostkey-revoked" and caught.value.fix
+    assert not (tmp_path / "record").exists()
+
+
+def test_a_key_learned_through_a_jump_host_is_not_trusted_directly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from provisioner.remote.hostkeys import (
+        VerifyPolicy,
+        jumped_name,
+        load_known_hosts,
+        read_known_hosts,
+    )
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    learned, pinned = _keys()
+    record = tmp_path / "known_hosts"
+    jumped = host_key_name(jumped_name("10.0.0.5", "lab@head:22"), 2222)
+    client = paramiko.SSHClient()
+    policy = VerifyPolicy("w", True, record, set())
+    policy.missing_host_key(client, jumped, learned)  # accept-new, through the jump host
+    assert read_known_hosts(record).lookup(jumped)
+    assert not read_known_hosts(record).lookup(host_key_name("10.0.0.5", 2222))
+    direct = paramiko.SSHClient()
+    load_known_hosts(direct, (record,))
+    assert direct.get_host_keys().lookup("[10.0.0.5]:2222") is None
+    # a key the user pinned for the plain name is still trusted through the jump host
+    record.write_text(f"[10.0.0.5]:2222 ssh-ed25519 {pinned.get_base64()}\n")
+    via = paramiko.SSHClient()
+    load_known_hosts(via, (record,), alias=(jumped, "[10.0.0.5]:2222"))
+    found = via.get_host_keys().lookup(jumped)
+    assert found is not None and found["ssh-ed25519"].get_base64() == pinned.get_base64()

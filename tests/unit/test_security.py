@@ -131,3 +131,65 @@ def test_masked_hides_a_secret_and_its_quoted_form() -> None:
     secret = "a'b c"
     text = f"token={secret} quoted={shlex.quote(secret)}"
     assert secret not in masked(text, [secret]) and "'a'\"'\"'b c'" not in masked(text, [secret])
+
+
+def test_state_folders_are_private_and_others_keep_their_modes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from provisioner.local import private_dir
+
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    tmp_path.chmod(0o755)
+    (tmp_path / "state").mkdir(mode=0o755)
+    private_dir(tmp_path / "state" / "clusters" / "c" / "logs")
+    modes = {
+        p.relative_to(tmp_path).as_posix(): stat.S_IMODE(p.stat().st_mode)
+        for p in tmp_path.rglob("*")
+    }
+    assert set(modes.values()) == {0o700}, modes
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o755
+    private_dir(tmp_path / "elsewhere" / "logs")  # a user's -o DIR: left as the umask says
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "elsewhere").stat().st_mode) == 0o777 & ~umask
+
+
+def test_node_and_job_text_cannot_drive_the_terminal() -> None:
+    import io
+
+    from rich.table import Table
+
+    from provisioner.console import Output
+
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    hostile = "[/tmp/x] [bold]x[/] \x1b]0;title\x07\x1b[2J\r\x9b31m\u202eevil"
+    out.say(hostile)  # a job line
+    out.progress(f"node-1: {hostile}")  # a node's progress line, rich markup on
+    table = Table("cell")
+    table.add_row(hostile)
+    out.out.print(table)
+    shown = out.stdout.getvalue() + out.stderr.getvalue()  # type: ignore[attr-defined]
+    assert not any(c in shown for c in "\x1b\x07\r\x9b\u202e")
+    assert shown.count("[/tmp/x] [bold]x[/]") == 3  # shown as written, not interpreted
+    assert "\\x1b]0;title\\x07" in shown
+
+
+def test_triage_passes_over_names_too_long_for_this_filesystem(tmp_path: Path) -> None:
+    from provisioner.cluster.logs import triage_dir
+
+    (tmp_path / "node-1").mkdir()
+    (tmp_path / "node-1" / "raylet.out").write_text("OSError: [Errno 98] Address in use\n")
+    fd = os.open(tmp_path / "node-1", os.O_RDONLY)
+    try:  # a tree deeper than PATH_MAX, made relative to a descriptor
+        for _ in range(20):
+            os.mkdir("d" * 250, dir_fd=fd)
+            child = os.open("d" * 250, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        os.close(os.open("deep.log", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd))
+    finally:
+        os.close(fd)
+    found = triage_dir(tmp_path)
+    assert [(f.node, f.file, f.pattern) for f in found] == [
+        ("node-1", "raylet.out", "address-in-use")
+    ]
