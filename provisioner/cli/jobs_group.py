@@ -23,7 +23,9 @@ from provisioner.cli.jobs import (
     duration_text,
     progress_text,
 )
+from provisioner.errors import OperationError
 from provisioner.jobs import manage
+from provisioner.jobs.client import JOB_LOG_CAP, job_log
 from provisioner.jobs.results import bring_home
 from provisioner.jobs.spec import check_job_id
 from provisioner.jobs.stream import job_info, visible
@@ -94,7 +96,13 @@ def logs_cmd(
         return
     with target.link() as link:
         job_info(link, job_id)
-        manage_log = link.client.get_job_logs(job_id)
+        manage_log = job_log(link.client, job_id)
+    if manage_log is None:
+        raise OperationError(
+            f"the log of job {job_id} is over {JOB_LOG_CAP >> 20} MiB, more than is read here "
+            "at once",
+            f"stream it line by line: provisioner jobs logs {job_id} --follow",
+        )
     lines = visible(manage_log.splitlines())
     if json_:
         out.emit({"job_id": job_id, "lines": lines})

@@ -7,8 +7,9 @@ process can talk to several clusters and a test can talk without a token.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,47 @@ def connect(dashboard_url: str, token_path: Path | None) -> Any:
             "check that the cluster is up (`provisioner status`) and the tunnel is open",
         ) from exc
     return client
+
+
+# The most bytes of a job's log (Ray's JSON answer) held on this machine at once; a job's
+# output is the job's to choose, so it is read with a bound, never whole.
+JOB_LOG_CAP = 64 * 1024 * 1024
+
+
+def read_bounded(chunks: Iterable[bytes], cap: int) -> bytes | None:
+    """The bytes of `chunks` when they add up to at most `cap`; None (reading stops there)
+    when there are more."""
+    kept: list[bytes] = []
+    size = 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > cap:
+            return None
+        kept.append(chunk)
+    return b"".join(kept)
+
+
+def job_log(client: Any, job_id: str, cap: int = JOB_LOG_CAP) -> str | None:
+    """The job's whole log from Ray's Jobs API (what `get_job_logs` answers), read with a
+    bound: None when Ray's answer is over `cap` bytes (the head keeps the log; `jobs logs
+    --follow` streams it line by line)."""
+    response = client._do_request("GET", f"/api/jobs/{job_id}/logs", stream=True)
+    try:
+        if response.status_code != 200:
+            client._raise_error(response)
+        body = read_bounded(response.iter_content(1 << 20), cap)
+    finally:
+        response.close()
+    if body is None:
+        return None
+    try:
+        logs = json.loads(body)["logs"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise OperationError(
+            f"Ray's Jobs API sent an unreadable log for job {job_id}",
+            "check the cluster's Ray version (`provisioner doctor`)",
+        ) from exc
+    return str(logs)
 
 
 def refused(dashboard_url: str, had_token: bool) -> AuthRefused:

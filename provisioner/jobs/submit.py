@@ -16,7 +16,7 @@ from typing import Any
 
 from provisioner.cluster import layout
 from provisioner.errors import OperationError
-from provisioner.jobs.client import refused
+from provisioner.jobs.client import JOB_LOG_CAP, job_log, refused
 from provisioner.jobs.link import Link, Target
 from provisioner.jobs.results import Results, bring_home, finish, tail
 from provisioner.jobs.spec import EXCLUDES, JobSpec
@@ -168,7 +168,12 @@ def collect(
     log: str | None = None
     try:
         with target.link() as link:
-            log = link.client.get_job_logs(job_id)
+            log = job_log(link.client, job_id)
+            if log is None:
+                h.report(
+                    f"the job's log is over {JOB_LOG_CAP >> 20} MiB: not brought here "
+                    f"(`provisioner jobs logs {job_id} --follow` streams it)"
+                )
             if not followed.terminal:
                 info = link.client.get_job_info(job_id)
                 status, message = str(info.status.value), str(info.message or "")

@@ -248,19 +248,6 @@ class Session:
                     raise self._lost(exc) from None
             return self._sftp
 
-    def sftp_get(self, remote: str, local: Path) -> None:
-        """Copy a file from the node."""
-        try:
-            self._sftp_client().get(remote, str(local))
-        except FileNotFoundError:
-            raise RemoteError(
-                self.host, f"{remote} does not exist on the node", None, kind="sftp"
-            ) from None
-        except CONNECT_ERRORS as exc:
-            raise RemoteError(
-                self.host, f"cannot fetch {remote}: {exc}", None, kind="sftp"
-            ) from None
-
     def open_remote(self, remote: str) -> paramiko.SFTPFile:
         """A node's file open for reading over SFTP (prefetching), to stream it home."""
         try:

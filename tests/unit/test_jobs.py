@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -208,3 +212,63 @@ def test_show_upload_lists_what_would_be_sent_without_a_cluster(
     as_json = cli("submit", str(book / "train.py"), "--show-upload", "--json").json()
     assert as_json["files"] == [".gitignore", "data/table.csv", "id_ed25519.pub", "train.py"]
     assert ".env" in as_json["left_out_as_secrets"]
+
+
+def test_a_job_log_is_read_with_a_bound() -> None:
+    from provisioner.jobs.client import read_bounded
+
+    assert read_bounded([b"ab", b"cd"], 4) == b"abcd"
+    assert read_bounded([], 4) == b""
+
+    def endless() -> Iterator[bytes]:
+        while True:  # a log that never ends: reading must stop at the cap
+            yield b"x" * 1000
+
+    assert read_bounded(endless(), 10_000) is None
+    assert read_bounded([b"abc", b"de"], 4) is None
+
+
+def test_job_log_goes_through_rays_own_client_with_a_bound() -> None:
+    """Ray's real JobSubmissionClient against a loopback server answering as the Jobs API
+    does (/api/version, /api/jobs/ID/logs): a log under the cap comes back whole; one over
+    it is refused after reading at most the cap."""
+    from ray.job_submission import JobSubmissionClient
+
+    from provisioner.jobs.client import job_log
+
+    big = "y" * 200_000
+    served: list[int] = []
+
+    class Api(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/api/version":
+                body = json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x"})
+            elif self.path == "/api/jobs/small/logs":
+                body = json.dumps({"logs": "line 1\nline 2\n"})
+            elif self.path == "/api/jobs/big/logs":
+                body = json.dumps({"logs": big})
+            else:
+                self.send_error(404)
+                return
+            data = body.encode()
+            served.append(len(data))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = JobSubmissionClient(f"http://127.0.0.1:{server.server_address[1]}")
+        assert job_log(client, "small") == "line 1\nline 2\n"
+        assert job_log(client, "big", cap=50_000) is None
+        assert job_log(client, "big", cap=1_000_000) == big
+    finally:
+        server.shutdown()
+        server.server_close()
