@@ -42,6 +42,7 @@ class JobOutcome:
     detached: bool = False
     attempts: list[dict[str, Any]] = field(default_factory=list)
     upload: Upload | None = None  # what was sent of the playbook's directory
+    lost_node: bool = False  # the job's log shows a node, worker or head going away
 
     @property
     def ok(self) -> bool:
@@ -190,6 +191,9 @@ def collect(
         status=status,
         results=results,
         log_tail=[] if status == SUCCEEDED or log is None else tail(log, TAIL_LINES),
+        # the whole end of the log, not just the tail shown: Ray prints a dead raylet's
+        # last 20 log lines after the error that names it
+        lost_node=status != SUCCEEDED and log is not None and shows_a_lost_node(log[-LOST_SCAN:]),
         message=message,
     )
 
@@ -236,7 +240,15 @@ LOST = (
     "GcsRpcError",
     "RaySystemError",
     "unexpectedly exited",
+    "Raylet is terminated",
 )
+
+
+LOST_SCAN = 256 * 1024  # how much of the log's end is searched for the signs above
+
+
+def shows_a_lost_node(text: str) -> bool:
+    return any(sign in text for sign in LOST)
 
 
 def lost_a_node(outcome: JobOutcome) -> bool:
@@ -245,8 +257,7 @@ def lost_a_node(outcome: JobOutcome) -> bool:
         return True
     if outcome.status != "FAILED":
         return False
-    text = "\n".join([outcome.message, *outcome.log_tail])
-    return any(sign in text for sign in LOST)
+    return outcome.lost_node or shows_a_lost_node("\n".join([outcome.message, *outcome.log_tail]))
 
 
 def attempt_record(outcome: JobOutcome, spec: JobSpec) -> dict[str, Any]:

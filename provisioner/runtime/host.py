@@ -90,6 +90,9 @@ def _pids(cluster: str) -> str:
     )
 
 
+WORKER_START_TRIES = 10  # 3 s apart
+
+
 def start_command(inventory: Inventory, node: Node, python: str | None) -> str:
     """Start this cluster's Ray on `node` from the node's own Python, detached."""
     cluster = inventory.cluster
@@ -100,12 +103,18 @@ def start_command(inventory: Inventory, node: Node, python: str | None) -> str:
         for a in args
     )
     log = f"{temp_dir(cluster)}/{START_LOG}"
+    tries = 1 if node.role == "head" else WORKER_START_TRIES
     script = (
         f"set -e; {_interpreter(python)}; {_env(cluster)}; "
         f"mkdir -p {temp_dir(cluster)} {layout.node_results_dir(cluster)}; "
         f'cd "$HOME"; echo "== $(date -u +%FT%TZ) ray start with $PY" >>{log}; '
-        f"setsid -w $PY -m ray.scripts.scripts start {words} </dev/null >>{log} 2>&1 "
-        f'|| {{ rc=$?; tail -n 20 {log} >&2; exit "$rc"; }}'
+        # A worker started with the head may ask the GCS before the head has registered
+        # ("No node info found for head node"): no restart policy heals that here, so a
+        # worker tries again a few times; the head tries once.
+        f"n=0; until setsid -w $PY -m ray.scripts.scripts start {words} </dev/null >>{log} 2>&1; "
+        f'do rc=$?; n=$((n+1)); if [ "$n" -ge {tries} ]; then '
+        f'tail -n 20 {log} >&2; exit "$rc"; fi; '
+        f"echo '== the head is not ready yet; trying again' >>{log}; sleep 3; done"
     )
     return login_shell(script)
 

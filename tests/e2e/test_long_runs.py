@@ -313,7 +313,7 @@ def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
         # a checkpoint at iteration 2 is on the head: the retry resumes from what the
         # failed attempt left there (its results come home when it ends)
         wait_for(lambda: "iter 3 " in log.read_text(errors="replace"), 300, "iteration 3")
-        stopped = ssh(lab, worker, f"docker stop {container_name(cluster)}")
+        stopped = ssh(lab, worker, f"docker kill {container_name(cluster)}")  # at once, mid-run
         assert stopped.returncode == 0, stopped.stderr
         proc.wait(420)
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import shlex
+import time
 from collections.abc import Callable, Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import replace
@@ -280,7 +281,7 @@ def test_dashboard_and_jobs_api_not_reachable_from_another_node(inv: str, lab: L
 NODE_LABELS = """
 import json, ray
 ray.init(address="auto", logging_level="ERROR")
-print(json.dumps({n["NodeManagerAddress"]: n["Labels"] for n in ray.nodes() if n["Alive"]}))
+print(json.dumps([[n["NodeManagerAddress"], n["Labels"]] for n in ray.nodes() if n["Alive"]]))
 """
 
 
@@ -322,17 +323,26 @@ def test_labels_reach_ray_as_one_label_each(inv: str, lab: LabInfo, tmp_path: Pa
         up = cli("up", "-i", str(with_labels), "--json")
         assert up.code == 0, up.stderr[-3000:]
         head = lab.nodes[0]
-        listed = json.loads(
-            on_node(
-                head,
-                f"docker exec ray-{inventory.cluster} python -c {shlex.quote(NODE_LABELS)}",
+        # The removed container's raylet left without a goodbye: the GCS lists it alive (with
+        # no labels) until its health checks fail, beside the new one. Wait for one per node.
+        deadline = time.monotonic() + 120
+        while True:
+            listed = json.loads(
+                on_node(
+                    head,
+                    f"docker exec ray-{inventory.cluster} python -c {shlex.quote(NODE_LABELS)}",
+                )
+                .strip()
+                .splitlines()[-1]
             )
-            .strip()
-            .splitlines()[-1]
-        )
+            addresses = [address for address, _ in listed]
+            if len(addresses) == len(set(addresses)) or time.monotonic() > deadline:
+                break
+            time.sleep(3)
+        assert sorted(addresses) == sorted(n.address for n in lab.nodes), listed
         own = {
             address: {k: v for k, v in node_labels.items() if not k.startswith("ray.io/")}
-            for address, node_labels in listed.items()
+            for address, node_labels in listed
         }
         assert own == {n.address: (labels if n == worker else {}) for n in lab.nodes}, own
         s.observed = (

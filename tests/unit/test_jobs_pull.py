@@ -4,6 +4,7 @@ and a resumed run's steps/s."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import subprocess
@@ -28,7 +29,7 @@ from provisioner.jobs.pull import (
 )
 from provisioner.jobs.results import Results, capped_log, finish, tail
 from provisioner.jobs.resume import find_source, head_copy_command, latest_checkpoint
-from provisioner.jobs.submit import JobOutcome, lost_a_node
+from provisioner.jobs.submit import JobOutcome, lost_a_node, shows_a_lost_node
 from provisioner.remote.receive import Receiver
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "playbooks"))
@@ -227,3 +228,8 @@ def test_only_a_lost_node_or_head_is_worth_a_retry(tmp_path: Path) -> None:
     assert lost_a_node(outcome("UNKNOWN"))  # the head went away while we followed
     assert not lost_a_node(outcome("FAILED", "ValueError: reward is NaN"))  # the playbook's
     assert not lost_a_node(outcome("STOPPED", died))  # stopped on purpose
+    # the error above the 20 lines of a dead raylet's log that Ray prints after it
+    far = JobOutcome("j", "FAILED", Results(tmp_path), log_tail=["[raylet] ..."] * 20)
+    assert not lost_a_node(far)
+    assert lost_a_node(dataclasses.replace(far, lost_node=True))
+    assert shows_a_lost_node("(raylet) Raylet is terminated. Termination is unexpected.")
