@@ -27,7 +27,8 @@ from provisioner.errors import InventoryError
 from provisioner.inventory.ansible import read_with_ansible_core, to_raw
 from provisioner.inventory.models import Inventory
 from provisioner.inventory.resolve import build
-from provisioner.inventory.sshconfig import login_home, parse_ssh_g
+from provisioner.inventory.sshconfig import parse_ssh_g
+from tests.unit.test_ssh_config_vs_openssh import expected_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -376,18 +377,6 @@ def _ssh_g(argv: list[str], config: Path) -> dict[str, list[str]]:
     return parse_ssh_g(done.stdout)
 
 
-def _expected_key(files: list[str]) -> Path | None:
-    home = login_home()
-    paths = [Path(str(home) + f[1:] if f.startswith("~/") else f).absolute() for f in files]
-    defaults = {
-        home / ".ssh" / n
-        for n in ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk", "id_xmss")
-    }
-    if all(p in defaults for p in paths):
-        return None
-    return next((p for p in paths if p.is_file()), None)
-
-
 def _ours(answers: dict[str, Any], name: str) -> Inventory:
     path = answers["paths"][name]
     return build(to_raw(path, answers["ours"][name]), path.parent / "ssh_config", openssh=True)
@@ -415,7 +404,7 @@ def test_agrees_with_ansible_core(answers: dict[str, Any], name: str) -> None:
             want["hostname"][0],
             want["user"][0],
             int(want["port"][0]),
-            _expected_key(want.get("identityfile", [])),
+            expected_key(want.get("identityfile", [])),
             want.get("proxyjump", [None])[0],
         )
         assert got == expected, f"{name} {node.name}: ansible+ssh -G {expected}, ours {got}"
