@@ -28,7 +28,7 @@ from provisioner.inventory.ansible import read_with_ansible_core, to_raw
 from provisioner.inventory.models import Inventory
 from provisioner.inventory.resolve import build
 from provisioner.inventory.sshconfig import parse_ssh_g
-from tests.unit.test_ssh_config_vs_openssh import expected_key
+from tests.unit.test_ssh_config_vs_openssh import connection_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -399,14 +399,7 @@ def test_agrees_with_ansible_core(answers: dict[str, Any], name: str) -> None:
     for node in inventory.nodes:
         argv = reference["head" if node.is_head else "workers"][node.name]
         want = _ssh_g(argv, config)
-        got = (node.address, node.ssh.user, node.ssh.port, node.ssh.key, node.ssh.jump)
-        expected = (
-            want["hostname"][0],
-            want["user"][0],
-            int(want["port"][0]),
-            expected_key(want.get("identityfile", [])),
-            want.get("proxyjump", [None])[0],
-        )
+        got, expected = connection_pair(node, want)
         assert got == expected, f"{name} {node.name}: ansible+ssh -G {expected}, ours {got}"
         assert (node.ssh.proxy_command is None) == ("proxycommand" not in want)
 

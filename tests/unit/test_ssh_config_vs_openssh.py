@@ -21,6 +21,7 @@ import pytest
 
 from provisioner.errors import InventoryError
 from provisioner.inventory import Inventory, load_inventory
+from provisioner.inventory.models import Node
 from provisioner.inventory.sshconfig import login_home, parse_ssh_g
 
 
@@ -243,9 +244,8 @@ def _hop_spec(spec: str) -> tuple[str | None, str, int | None]:
     return user or None, host, int(port) if port else None
 
 
-def check_against_ssh_g(case: Case, inventory: Inventory, config: Path) -> None:
-    want = ssh_g(config, case.host, case.user, case.port)
-    node = inventory.head
+def connection_pair(node: Node, want: dict[str, list[str]]) -> tuple[tuple[object, ...], ...]:
+    """(ours, what `ssh -G` says): address, user, port, key and jump of one node."""
     got = (node.address, node.ssh.user, node.ssh.port, node.ssh.key, node.ssh.jump)
     expected = (
         want["hostname"][0],
@@ -254,6 +254,13 @@ def check_against_ssh_g(case: Case, inventory: Inventory, config: Path) -> None:
         expected_key(want.get("identityfile", [])),
         want.get("proxyjump", [None])[0],
     )
+    return got, expected
+
+
+def check_against_ssh_g(case: Case, inventory: Inventory, config: Path) -> None:
+    want = ssh_g(config, case.host, case.user, case.port)
+    node = inventory.head
+    got, expected = connection_pair(node, want)
     assert got == expected, f"{case.name}: ssh -G {expected}, provisioner {got}"
     assert (node.ssh.proxy_command is not None) == ("proxycommand" in want)
     jump = want.get("proxyjump", [""])[0]
