@@ -15,7 +15,7 @@ from provisioner.image.build import BuildOptions, build_image, default_images_di
 from provisioner.image.lock import BUILD_TAG, CLUSTER_TAG, pin_to_dict, read_pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.image.requirements import format_lock, resolve
-from provisioner.inventory import load_inventory
+from provisioner.inventory import load_cluster
 
 app = typer.Typer(
     help="The pinned cluster image: lock, build, push to every node.", no_args_is_help=True
@@ -143,7 +143,7 @@ def push_cmd(
 ) -> None:
     """Make every node hold exactly the pinned image under the cluster tag."""
     out = output(json_)
-    inv = load_inventory(inventory)
+    inv = load_cluster(inventory)
     out.watch_nodes(n.name for n in inv.nodes)
     lock_path = lock or inv.image_lock
     if lock_path is None:
