@@ -320,7 +320,9 @@ def _tear_down(run: _Run, added: dict[str, Added | None], out: PushReport) -> No
         out.errors[name] = (
             exc
             if first is None
-            else RemoteError(name, f"{first.message}; and {exc.message}", exc.fix, kind=exc.kind)
+            else RemoteError(
+                name, f"{first.message}; and {exc.message}", exc.fix, kind="relay-cleanup"
+            )
         )
 
     def rm(node: Node) -> None:
