@@ -117,6 +117,8 @@ def recorded_nodes(inventory: Inventory) -> list[Node]:
 def departed(inventory: Inventory, recorded: Iterable[Node], gcs: Iterable[GcsNode]) -> list[Node]:
     """Pure: the nodes this cluster ran on that the inventory no longer lists: recorded
     ones, and addresses the GCS lists alive (reached with the head's SSH settings)."""
+    if inventory.slurm is not None:
+        return []  # the allocation is the membership: its nodes change with every job
     listed = {n.address for n in inventory.nodes} | {n.name for n in inventory.nodes}
     gone: dict[str, Node] = {}
     for node in recorded:
