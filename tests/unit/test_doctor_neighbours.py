@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from provisioner.doctor.api import node_findings
+import pytest
+
+from provisioner.cluster.up import _refuse_foreign_gcs
+from provisioner.doctor.api import DoctorReport, node_findings
 from provisioner.doctor.facts import NodeFacts, parse_facts
 from provisioner.doctor.findings import Finding
 from provisioner.doctor.neighbours import free_base, port_owner, rays_on_node
 from provisioner.doctor.plan import Plan
-from provisioner.inventory import Node, RayPorts, SSHSettings
+from provisioner.errors import OperationError
+from provisioner.inventory import Inventory, Node, RayPorts, SSHSettings
+from provisioner.runtime.base import RayState
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
 SSH = SSHSettings(user="lab")
@@ -94,3 +99,26 @@ def test_the_usual_ports_meet_the_usual_ports() -> None:
     assert {f.check for f in errors} == {"ray.cluster"}
     messages = " ".join(f.message for f in errors)
     assert "cluster i15's Ray" in messages and "6379" in messages and "10001-19999" in messages
+
+
+def test_up_force_never_takes_another_clusters_gcs_for_its_own(tmp_path: Path) -> None:
+    """`up --force` past the doctor: the head's GCS port held by another cluster's Ray
+    stops it before anything starts (the GCS wait would otherwise see that GCS)."""
+
+    head = facts("two_clusters_head", HEAD)
+    report = DoctorReport(findings=[], nodes=[HEAD.name], facts={HEAD.name: head})
+    other = Inventory(path=tmp_path / "i.yaml", cluster="other", head=HEAD, workers=(WORKER,))
+    with pytest.raises(OperationError) as caught:
+        _refuse_foreign_gcs(other, report, {HEAD.name: RayState()})
+    assert "the GCS port 6379 is held by cluster i15's Ray" in caught.value.message
+    assert "nothing was started" in caught.value.message
+    # the cluster's own running head, or a free GCS port: nothing to refuse
+    _refuse_foreign_gcs(other, report, {HEAD.name: RayState(status="running")})
+    moved = Inventory(
+        path=tmp_path / "i.yaml",
+        cluster="other",
+        head=HEAD,
+        workers=(WORKER,),
+        ports=RayPorts.from_base(23000),
+    )
+    _refuse_foreign_gcs(moved, report, {HEAD.name: RayState()})
