@@ -74,8 +74,8 @@ def _owner(
         container = _container_of(current, containers)
         if container is not None:
             return container.cluster_label, f"container {container.name}"
-        if current.container:
-            return "", f"container {current.container[:12]}"
+        # a container the node's Docker does not list is the node's own (the machine is
+        # itself a container): the process counts as the node's
         if current.cluster:
             return current.cluster, f"processes under ~/.provisioner/clusters/{current.cluster}"
         current = by_pid.get(current.ppid)

@@ -1,10 +1,14 @@
-"""Clusters that share nodes: two clusters (other names, other port blocks) on the same 3
-lab nodes, each with its own jobs and its own `down`; a third whose ports collide is
-stopped by the doctor, naming the ports and the cluster that holds them.
+"""Clusters that share nodes, and membership that follows the inventory, on the lab.
 
-The first cluster is the session's (`cluster_inventory`, Ray's usual ports); the second
-is a copy of its inventory with another name and `ray: {port_base: 20000}`. Both are
-taken down at the end.
+- Two clusters (other names, other port blocks) on the same 3 lab nodes: the session's
+  (`cluster_inventory`, Ray's usual ports) and a copy of its inventory with another name
+  and `ray: {port_base: 20000}`; a job runs on each; a third whose block overlaps the
+  second's is stopped by the doctor (and by `up`, even `--force`), naming the ports and the
+  cluster; `down` of the second leaves the first untouched (container start times).
+- The same in host mode, on the host-mode lab (two clusters from the nodes' own Python).
+- A worker removed from the inventory: `status` names it, `up` removes this cluster's Ray
+  and token there, a container restarted without the token cannot start.
+Every cluster started here is taken down at the end (the session's by its fixture).
 """
 
 from __future__ import annotations
@@ -208,3 +212,65 @@ def test_a_worker_removed_from_the_inventory_leaves_the_cluster(
     assert restart.returncode != 0 and "auth_token" in restart.stderr, restart
     code, up_doc, err = cli_json("up", "-i", cluster_a)
     assert code == 0 and up_doc["started"] == [worker.name], err[-3000:]
+
+
+def raylets(lab: LabInfo, cluster: str) -> dict[str, list[str]]:
+    """Each node's raylet processes of a host-mode cluster (their command line names the
+    cluster's temp dir): PIDs, which change when Ray is restarted."""
+    mark = f"/.provisioner/clusters/{cluster}/ray"
+    found = {}
+    for node in lab.nodes:
+        listing = ssh(lab, node, "ps -e -ww -o pid=,comm=,args=").stdout.splitlines()
+        found[node.name] = [
+            line.split()[0] for line in listing if line.split()[1:2] == ["raylet"] and mark in line
+        ]
+    return found
+
+
+def test_host_mode_clusters_share_the_nodes(host_lab: LabInfo, tmp_path: Path) -> None:
+    """The same in host mode: two clusters from the nodes' own Python on their own blocks;
+    the doctor names the other one by its processes; `down` of one leaves the other."""
+    first = str(host_lab.inventory)
+    name_b = f"{host_lab.name}-b"
+    document = yaml.safe_load(host_lab.inventory.read_text())
+    blocks = {}
+    for suffix, base in (("b", 22000), ("c", 22500)):
+        blocks[suffix] = str(
+            edited_inventory(
+                host_lab.inventory,
+                tmp_path / f"{suffix}.yaml",
+                cluster=f"{host_lab.name}-{suffix}",
+                ray={**(document.get("ray") or {}), "port_base": base},
+            )
+        )
+    try:
+        for inventory in (first, blocks["b"]):
+            code, doc, err = cli_json("up", "-i", inventory)
+            assert code == 0 and doc["status"]["alive_nodes"] == 3, err[-3000:]
+        before = raylets(host_lab, host_lab.name)
+        assert all(before.values()) and all(raylets(host_lab, name_b).values())
+
+        code, doc, _ = cli_json("doctor", "-i", blocks["c"])
+        assert code == 1
+        found = [f for f in doc["findings"] if f["check"] == "ray.cluster"]
+        errors = [f for f in found if f["severity"] == "error"]
+        assert len(errors) == 3, found
+        assert all(
+            f"cluster {name_b}'s Ray (processes under ~/.provisioner/clusters/{name_b})"
+            in f["message"]
+            and "22600-22999" in f["message"]  # B's workers, C's workers
+            and ("22500-22508" if f["host"] == host_lab.nodes[0].name else "22503-22508")
+            in f["message"]  # C's single ports in B's worker range (22500-22502: head only)
+            for f in errors
+        ), errors
+        assert sum(f"cluster {host_lab.name}'s Ray" in f["message"] for f in found) == 3
+
+        code, _, err = cli("down", "-i", blocks["b"], "--no-logs")
+        assert code == 0, err[-3000:]
+        assert not any(raylets(host_lab, name_b).values())
+        assert raylets(host_lab, host_lab.name) == before  # untouched
+        code, st, _ = cli_json("status", "-i", first)
+        assert code == 0 and st["alive_nodes"] == 3, st
+    finally:
+        for inventory in (blocks["b"], first):
+            cli("down", "-i", inventory, "--no-logs")

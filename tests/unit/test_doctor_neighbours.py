@@ -122,3 +122,32 @@ def test_up_force_never_takes_another_clusters_gcs_for_its_own(tmp_path: Path) -
         ports=RayPorts.from_base(23000),
     )
     _refuse_foreign_gcs(moved, report, {HEAD.name: RayState()})
+
+
+def test_host_mode_rays_are_told_by_their_node_directory() -> None:
+    """golden/doctor/host_two_clusters_head.txt: the host-mode lab's head with `i15-host`
+    (usual ports) and `i15-host-b` (port_base 22000) running from the node's own Python.
+    The lab node is itself a container, whose ID every process's cgroup names: a container
+    the node's Docker does not list is the node's own, not a Ray container."""
+    node = Node("provisioner-i15-host-0", "10.250.116.10", "head", SSH)
+    head = facts("host_two_clusters_head", node)
+    rays = {r.cluster: r for r in rays_on_node(head)}
+    assert set(rays) == {"i15-host", "i15-host-b"}
+    b = rays["i15-host-b"]
+    assert b.via == "processes under ~/.provisioner/clusters/i15-host-b"
+    assert {22000, 22003, 22004, 22005, 22006, 22007, 22008} <= b.ports
+    assert set(range(22100, 23000)) <= b.ports
+    idle = [p.pid for p in head.ray_owners if p.title == "ray::IDLE"]
+    assert idle and all(any(pid in r.pids for r in rays.values()) for pid in idle)
+    plan = Plan(ports=RayPorts.from_base(22500), head=node.name, cluster="i15-host-c")
+    (error,) = [
+        f
+        for f in node_findings(node, head, plan)
+        if f.check == "ray.cluster" and f.severity == "error"
+    ]
+    assert error.message.startswith(
+        "cluster i15-host-b's Ray (processes under ~/.provisioner/clusters/i15-host-b) uses "
+        "port(s) 22500-22508, 22600-22999"
+    )
+    stale = [f for f in node_findings(node, head, plan) if f.check == "ray.stale"]
+    assert [f.severity for f in stale] == ["ok"]
