@@ -722,7 +722,10 @@ def rows_scale(ctx: Context) -> list[Row]:
     """Labs of each --scale-nodes size, one at a time (made here, removed after)."""
     args = ctx.args
     small = bench_scale.small_pin(ctx.pin_path, args.scale_image)
-    results = []
+    results: list[dict[str, Any]] = []
+    earlier = args.out / "scale.json"
+    if args.scale_merge and earlier.exists():  # sizes measured by an earlier run stay
+        results = [r for r in json.loads(earlier.read_text()) if r["nodes"] not in args.scale_nodes]
     for i, n in enumerate(args.scale_nodes):
         cfg = bench_scale.lab_config(args.lab, args.subnet, n, i)
         log(f"scale: {n} nodes on lab {cfg.name} ({cfg.subnet})")
@@ -741,6 +744,7 @@ def rows_scale(ctx: Context) -> list[Row]:
             ),
         )
         results.append(got if got is not None else {"nodes": n, "failed": True})
+        results.sort(key=lambda r: int(r["nodes"]))
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "scale.json").write_text(json.dumps(results, indent=1) + "\n")
     scale_plot(results, small.size, args.out / "scale.png")
@@ -904,6 +908,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--keep-lab", action="store_true", help="keep a lab made here")
     p.add_argument("--scale-nodes", default="3,6,10", help="scale rows: lab sizes, one at a time")
     p.add_argument("--scale-image", type=int, default=64, metavar="MB", help="scale push image")
+    p.add_argument(
+        "--scale-merge",
+        action="store_true",
+        help="keep the other lab sizes of an earlier scale.json in --out",
+    )
     p.add_argument(
         "--scale-bring-up-max",
         type=int,
