@@ -350,8 +350,11 @@ class HostRuntime:
         self.inventory = inventory
         self.cluster = inventory.cluster
         self.python = inventory.ray_python
+        self.image_id = ""
 
-    def prepare(self, pool: Pool, report: Reporter) -> PushReport | None:
+    def prepare(
+        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
+    ) -> PushReport | None:
         return None  # the nodes bring their own Ray; the doctor checked the versions
 
     def state_command(self) -> str:
