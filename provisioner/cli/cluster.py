@@ -25,11 +25,12 @@ from provisioner.cluster.tunnel import TENSORBOARD_PORT, tunnel
 from provisioner.console import Output
 from provisioner.errors import InputError, ProvisionerError
 from provisioner.image.lock import Pin, read_pin
-from provisioner.inventory import Inventory, load_inventory
+from provisioner.inventory import Inventory, load_cluster, load_inventory
+from provisioner.inventory.loader import require_nodes
 from provisioner.jobs.manage import JobsRunning, Stopped, stop_for_down
 from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
-from provisioner.runtime.base import Runtime
+from provisioner.runtime.base import PUSH_MODES, Runtime
 
 ForceOption = Annotated[bool, typer.Option("--force", help="Go on despite doctor errors.")]
 
@@ -72,10 +73,35 @@ def render(
     out_file: Annotated[
         Path | None, typer.Option("-o", "--output", help="Write here (default: stdout).")
     ] = None,
+    slurm: Annotated[
+        bool,
+        typer.Option(
+            "--slurm",
+            help="A standalone sbatch script instead (the inventory's scheduler section): "
+            "Ray on every allocated node, PLAYBOOK as the driver, results in a directory.",
+        ),
+    ] = False,
+    playbook: Annotated[
+        Path | None, typer.Argument(help="--slurm: the playbook, a Python file.")
+    ] = None,
+    args: Annotated[
+        list[str] | None, typer.Argument(help="--slurm: arguments for the playbook, after `--`.")
+    ] = None,
 ) -> None:
-    """A cluster.yaml for `ray up` (local provider), validated with Ray's own code."""
+    """A cluster.yaml for `ray up` (local provider), validated with Ray's own code; or with
+    --slurm, an sbatch script that runs PLAYBOOK on Ray across a SLURM allocation."""
     out = output(False)
     inv = load_inventory(inventory)
+    if slurm or playbook is not None:
+        text = _render_sbatch(inv, slurm, playbook, args or [])
+        if out_file is None:
+            out.stdout.write(text)
+            return
+        out_file.write_text(text)
+        out_file.chmod(0o755)
+        out.progress(f"wrote {out_file}; next: sbatch {out_file} (on the cluster's login node)")
+        return
+    require_nodes(inv)
     path = token.ensure_token(inv)
     pin = _pin(inv) if inv.image_lock is not None else None
     text = render_mod.render(inv, path, runtime_for(inv, pin))
@@ -84,6 +110,33 @@ def render(
         return
     out_file.write_text(text)
     out.progress(f"wrote {out_file}; next: ray up -y {out_file}")
+
+
+def _render_sbatch(inv: Inventory, slurm: bool, playbook: Path | None, args: list[str]) -> str:
+    from provisioner.slurm.sbatch import SbatchJob, pack_playbook, render_sbatch
+
+    if not slurm:
+        raise InputError("a PLAYBOOK is rendered only with --slurm", "add --slurm")
+    if playbook is None:
+        raise InputError("render --slurm needs the PLAYBOOK", "e.g. render --slurm PLAYBOOK.py")
+    if inv.slurm is None:
+        raise InputError(
+            "the inventory has no scheduler section",
+            "add scheduler: {type: slurm, login: ADDRESS, nodes: N, ...}",
+            where=str(inv.path),
+        )
+    if not playbook.is_file():
+        raise InputError(f"no playbook at {playbook}", "pass the path of a Python file")
+    job = SbatchJob(
+        name=inv.cluster,
+        slurm=inv.slurm,
+        playbook=playbook.name,
+        args=tuple(args),
+        payload=pack_playbook(playbook),
+        python=inv.ray_python,
+        source=inv.path.name,
+    )
+    return render_sbatch(job)
 
 
 def up(
@@ -95,11 +148,24 @@ def up(
     join_timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait for every node to join.", min=1)
     ] = 120,
+    push: Annotated[
+        str,
+        typer.Option(
+            "--push",
+            help="How the image goes: direct (every node from here), relay (this machine "
+            "sends once, each node forwards to the next), auto (relay when 2+ nodes lack it).",
+        ),
+    ] = "auto",
     json_: JsonOption = False,
 ) -> None:
     """Doctor, push the pin, start the head and the workers, wait until all joined, probe."""
+    if push not in PUSH_MODES:
+        raise InputError(
+            f"--push {push!r} is not a push mode",
+            f"use one of: {', '.join(PUSH_MODES)}",
+        )
     out = output(json_)
-    inv = load_inventory(inventory)
+    inv = load_cluster(inventory)
     out.watch_nodes(n.name for n in inv.nodes)
     pin = _pin(inv) if inv.image_lock is not None else None
     try:
@@ -112,6 +178,7 @@ def up(
                 force=force,
                 doctor=not no_doctor,
                 join_timeout=join_timeout,
+                push=push,
             )
     except DoctorStopped as stopped:
         if json_:
@@ -143,7 +210,7 @@ def up(
 def status(inventory: InventoryOption, json_: JsonOption = False) -> None:
     """Each node's SSH, container, image and Ray liveness; exit 1 when unhealthy."""
     out = output(json_)
-    inv = load_inventory(inventory)
+    inv = load_cluster(inventory)
     with Pool(inv) as pool:
         st = status_mod.gather(inv, pool, out.progress, runtime=_runtime(inv))
     if json_:
@@ -197,7 +264,7 @@ def down(
     With a job running: refuses, unless --yes (the job is stopped and its results come home
     first)."""
     out = output(json_)
-    inv = load_inventory(inventory)
+    inv = load_cluster(inventory)
     out.watch_nodes(n.name for n in inv.nodes)
     stopped = _stop_jobs(inv, results, yes, out)
     target = None if no_logs else (logs_dir or _default_logs_dir(inv))
@@ -242,7 +309,7 @@ def logs(
 ) -> None:
     """Every node's Ray session logs and container log into DIR/NODE/; known errors named."""
     out = output(json_)
-    inv = load_inventory(inventory)
+    inv = load_cluster(inventory)
     out.watch_nodes(n.name for n in inv.nodes)
     target = out_dir or _default_logs_dir(inv)
     with Pool(inv) as pool:
@@ -276,7 +343,7 @@ def tunnel_cmd(
 ) -> None:
     """Forward the head's dashboard (8265) and TensorBoard (6006) here until Ctrl-C."""
     out = output(False)
-    inv = load_inventory(inventory)
+    inv = load_cluster(inventory)
     with Pool(inv) as pool, ExitStack() as stack:
         dash = stack.enter_context(tunnel(inv, local_port=port, pool=pool))
         board = stack.enter_context(tunnel(inv, remote_port=TENSORBOARD_PORT, pool=pool))

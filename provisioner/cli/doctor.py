@@ -12,7 +12,7 @@ from rich.text import Text
 from provisioner.cli.common import InventoryOption, JsonOption, output
 from provisioner.console import Output, clean
 from provisioner.doctor import DoctorReport, Finding, run_doctor
-from provisioner.inventory import load_inventory
+from provisioner.inventory import load_cluster
 
 _STYLE = {"error": "bold red", "warning": "yellow", "ok": "green"}
 
@@ -66,7 +66,7 @@ def doctor(
 ) -> None:
     """Diagnose every node before anything starts; exit 1 when any finding is an error."""
     out = output(json_)
-    inv = load_inventory(inventory)
+    inv = load_cluster(inventory)
     report = run_doctor(
         inv, report=out.progress, ray_up=ray_up, reachability=reachability, parallelism=parallel
     )

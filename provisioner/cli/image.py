@@ -15,7 +15,7 @@ from provisioner.image.build import BuildOptions, build_image, default_images_di
 from provisioner.image.lock import BUILD_TAG, CLUSTER_TAG, pin_to_dict, read_pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.image.requirements import format_lock, resolve
-from provisioner.inventory import load_inventory
+from provisioner.inventory import load_cluster
 
 app = typer.Typer(
     help="The pinned cluster image: lock, build, push to every node.", no_args_is_help=True
@@ -123,6 +123,14 @@ def push_cmd(
         bool,
         typer.Option("--relay", help="Send once to the head, which sends on to the workers."),
     ] = False,
+    forward: Annotated[
+        bool,
+        typer.Option(
+            "--forward",
+            help="Send once into a chain of nodes; each streams on what it receives while "
+            "loading it (no node sends more than about two images).",
+        ),
+    ] = False,
     full: Annotated[
         bool, typer.Option("--full", help="Send every layer, even those a node holds.")
     ] = False,
@@ -135,7 +143,7 @@ def push_cmd(
 ) -> None:
     """Make every node hold exactly the pinned image under the cluster tag."""
     out = output(json_)
-    inv = load_inventory(inventory)
+    inv = load_cluster(inventory)
     out.watch_nodes(n.name for n in inv.nodes)
     lock_path = lock or inv.image_lock
     if lock_path is None:
@@ -145,9 +153,19 @@ def push_cmd(
             "or pass --lock",
             where=str(inventory),
         )
+    if relay and forward:
+        raise InputError(
+            "--relay and --forward are two ways to relay the image; choose one",
+            "--relay: the head sends to every worker; --forward: every node sends to the next",
+        )
     pin = read_pin(lock_path)
     opts = PushOptions(
-        parallelism=parallel, retries=retries, relay=relay, full=full, tag=CLUSTER_TAG
+        parallelism=parallel,
+        retries=retries,
+        relay=relay,
+        forward=forward,
+        full=full,
+        tag=CLUSTER_TAG,
     )
     with out.step(f"pushing {pin.short_id()} to {len(inv.nodes)} node(s)"):
         report = push_image(inv, None, out.progress, pin=pin, opts=opts)
@@ -167,6 +185,8 @@ def push_cmd(
             )
         out.out.print(table)
         out.say(f"sent from this machine: {report.control_bytes / 1e6:,.0f} MB")
+        if forward:
+            out.say(f"sent by the busiest node: {report.busiest_node_bytes / 1e6:,.0f} MB")
         for host, err in report.errors.items():
             out.err.print(
                 f"[bold red]{escape(host)}[/bold red]: {escape(err.message)}",

@@ -52,9 +52,9 @@ ResultsOption = Annotated[
 def _target(inventory: Path | None, address: str | None, token_file: Path | None) -> Target:
     """Where the cluster is: the inventory (tunnel, token, SSH to the head), or an address."""
     from provisioner.cluster import token
-    from provisioner.inventory import load_inventory
+    from provisioner.inventory import load_cluster
 
-    inv = load_inventory(inventory) if inventory is not None else None
+    inv = load_cluster(inventory) if inventory is not None else None
     if address is not None:
         if token_file is None and inv is None:
             raise InputError(

@@ -66,16 +66,28 @@ def up(
         Path,
         typer.Option("--images", help="host: the images directory (lock and wheelhouse)."),
     ] = Path("images"),
+    slurm: Annotated[
+        bool,
+        typer.Option(
+            "--slurm",
+            help="A SLURM cluster: a login node (slurmctld) and --nodes compute nodes "
+            "(slurmd, Ray in a virtualenv as with --runtime host), reached only through the "
+            "login node; the inventory asks SLURM for the nodes.",
+        ),
+    ] = False,
     json_: JsonOption = False,
 ) -> None:
     """Create (or repair) the lab and write its inventory, key and known_hosts."""
     out = output(json_)
-    cfg = LabConfig.from_env(name=name, subnet=subnet, nodes=nodes, runtime=runtime)
+    cfg = LabConfig.from_env(name=name, subnet=subnet, nodes=nodes, runtime=runtime, slurm=slurm)
     if image_lock is None and DEFAULT_LOCK.exists():
         image_lock = DEFAULT_LOCK
     from provisioner.lab.nodes import lab_up
 
-    with out.step(f"lab {cfg.name}: {cfg.nodes} nodes on {cfg.subnet}"):
+    kind = (
+        f"SLURM, a login node and {cfg.nodes} compute nodes" if cfg.slurm else f"{cfg.nodes} nodes"
+    )
+    with out.step(f"lab {cfg.name}: {kind} on {cfg.subnet}"):
         lab = lab_up(cfg, out.progress, image_lock, images_dir)
     if json_:
         out.emit(lab.to_json())

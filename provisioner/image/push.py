@@ -1,8 +1,9 @@
 """`provisioner image push`: make every node hold exactly the pinned image.
 
-Every node in parallel (bounded), each from this machine (`direct.py`), or with
-`--relay` the head from this machine and the workers from the head (`relay.py`); a
-node's failure stops no other.
+Every node in parallel (bounded), each from this machine (`direct.py`); or with
+`--relay` the head from this machine and the workers from the head (`relay.py`); or with
+`--forward` along a chain in which every node streams on what it receives
+(`forward.py`). A node's failure stops no other.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable, Collection
 
 from provisioner.console import Reporter, quiet
 from provisioner.image.direct import NodePush, PushOptions, PushReport, SavedCache, push_node
+from provisioner.image.forward import push_forwarded
 from provisioner.image.lock import Pin
 from provisioner.image.relay import push_relayed
 from provisioner.inventory import Inventory, Node
@@ -36,11 +38,14 @@ def push_image(
 
     `pool`: SSH sessions to reuse (and leave open), as `up` does; None: its own.
     `held`: names of nodes already known to hold the pin under its ID (the doctor's
-    round saw it there): nothing is sent or asked there (direct pushes only: a relay
-    plans its own senders). `up` runs containers by the pinned ID: no tag is needed."""
+    round saw it there): when every node does, nothing is asked; a direct push skips
+    them, a relay plans its own senders. `up` runs containers by the pinned ID: no tag
+    is needed."""
     t0 = time.monotonic()
     out = PushReport(pin.image_id, opts.tag)
-    held = () if opts.relay else held
+    everyone = {n.name for n in inventory.nodes}
+    if not everyone <= set(held) and (opts.relay or opts.forward):
+        held = ()
     for name in held:
         out.nodes[name] = NodePush(name, "none", len(pin.layers), via="doctor")
     todo = [n for n in inventory.nodes if n.name not in held]
@@ -50,7 +55,10 @@ def push_image(
     own = pool is None
     pool = pool or Pool(inventory)
     try:
-        if opts.relay and inventory.workers:
+        if opts.forward and inventory.workers:
+            push_forwarded(pool, inventory, pin, opts, report, out)
+        elif opts.relay and inventory.workers:
+            out.mode = "relay"
             push_relayed(pool, inventory, pin, opts, report, out)
         else:
             group = fan_out(

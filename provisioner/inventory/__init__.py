@@ -1,6 +1,6 @@
 """The inventory: which machines, how to reach them, and Ray's settings for them."""
 
-from provisioner.inventory.loader import load_inventory
+from provisioner.inventory.loader import load_cluster, load_inventory
 from provisioner.inventory.models import (
     Hop,
     HostKeyPolicy,
@@ -19,5 +19,6 @@ __all__ = [
     "RayPorts",
     "Role",
     "SSHSettings",
+    "load_cluster",
     "load_inventory",
 ]

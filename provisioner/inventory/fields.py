@@ -41,6 +41,7 @@ TOP_FIELDS = {
     "image": "the image pin: {lock: PATH}",
     "ray": "Ray settings: {ports, shm_size, object_store_memory, python}",
     "runtime": "how Ray runs on the nodes: docker (the pinned image) | host (the node's Python)",
+    "scheduler": "instead of head and workers: {type: slurm, login, partition, nodes, time, ...}",
 }
 SSH_FIELDS = {
     "user": "login user",

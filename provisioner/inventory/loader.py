@@ -106,3 +106,23 @@ def load_inventory(
     """
     path = Path(path).expanduser().absolute()
     return build(parse(path, _read(path)), ssh_config, openssh=openssh)
+
+
+def load_cluster(
+    path: Path, *, ssh_config: Path | None = None, openssh: bool | None = None
+) -> Inventory:
+    """`load_inventory` for the verbs that work on the cluster's nodes: an inventory whose
+    nodes come from a scheduler must have them (an allocation) first."""
+    return require_nodes(load_inventory(path, ssh_config=ssh_config, openssh=openssh))
+
+
+def require_nodes(inventory: Inventory) -> Inventory:
+    """The inventory, when its nodes are known (a list, or a SLURM allocation)."""
+    if inventory.slurm is not None and not inventory.allocated:
+        raise InventoryError(
+            f"cluster {inventory.cluster!r} has no SLURM allocation: its nodes are not known",
+            "render a script for sbatch with `provisioner render --slurm -i INVENTORY "
+            "PLAYBOOK` (provisioner up on SLURM is not built yet)",
+            where=str(inventory.path),
+        )
+    return inventory

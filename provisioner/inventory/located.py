@@ -65,6 +65,15 @@ def _sequence(loader: _Loader, node: yaml.SequenceNode) -> LocatedList:
     return result
 
 
+def _int(loader: _Loader, node: yaml.ScalarNode) -> int | str:
+    """YAML 1.1 reads 1:30:00 as a base-60 number (5400); YAML 1.2 and every user mean the
+    text (a SLURM time limit, a port mapping): keep it as written."""
+    if ":" in str(node.value):
+        return str(node.value)
+    return int(loader.construct_yaml_int(node))
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _int)
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _sequence)
 

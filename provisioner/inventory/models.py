@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
 from provisioner.local import state_root
 
-Role = Literal["head", "worker"]
+Role = Literal["head", "worker", "login"]  # login: a SLURM login node, never a Ray node
 HostKeyPolicy = Literal["strict", "accept-new"]
 HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new")
 
@@ -78,6 +79,44 @@ class RayPorts:
         return range(self.min_worker, self.max_worker + 1)
 
 
+_TIME = re.compile(
+    r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+    r"|(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)|(?P<mm>\d+):(?P<ss>\d+)|(?P<min>\d+))$"
+)
+
+
+def time_seconds(text: str) -> int:
+    """Seconds in a SLURM time limit (sbatch --time's formats); ValueError if not one."""
+    m = _TIME.match(text)
+    if not m:
+        raise ValueError(text)
+    g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+    if "d" in g:
+        return ((g["d"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
+    if "h" in g:
+        return (g["h"] * 60 + g["m"]) * 60 + g["s"]
+    if "mm" in g:
+        return g["mm"] * 60 + g["ss"]
+    return g["min"] * 60
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """What to ask SLURM for. `login` is resolved into a Node by the inventory's builder."""
+
+    partition: str | None = None
+    nodes: int = 1
+    time: str | None = None
+    cpus_per_node: int | None = None
+    gpus_per_node: int | None = None
+    account: str | None = None
+    extra_sbatch_args: tuple[str, ...] = ()
+
+    @property
+    def time_limit_s(self) -> int | None:
+        return None if self.time is None else time_seconds(self.time)
+
+
 @dataclass(frozen=True)
 class Node:
     """One machine of the cluster."""
@@ -108,6 +147,11 @@ class Inventory:
     object_store_memory: int | None = None  # bytes; None: Ray's default
     runtime: str = "docker"  # how Ray runs on the nodes: a module of provisioner.runtime
     ray_python: str | None = None  # host runtime: the interpreter (None: a login shell's `ray`)
+    # SLURM: what to ask for, and the login node; the head and workers are the allocated
+    # nodes once `up` has them (until then the head is the login node, and `allocated` False)
+    slurm: Slurm | None = None
+    login: Node | None = None
+    allocated: bool = True
 
     @property
     def nodes(self) -> tuple[Node, ...]:

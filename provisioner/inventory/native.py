@@ -31,6 +31,7 @@ from provisioner.inventory.fields import (
 from provisioner.inventory.located import LocatedList, LocatedMap
 from provisioner.inventory.models import HOST_KEY_POLICIES, RayPorts
 from provisioner.inventory.raw import RawHost, RawInventory, RawSSH, relative_path
+from provisioner.inventory.scheduler import parse_scheduler
 
 PORT_FIELDS = {f.name: f"port ({f.default})" for f in fields(RayPorts)}
 
@@ -126,8 +127,25 @@ def parse_native(path: Path, document: Any) -> RawInventory:
             "see inventories/ for examples",
         )
     check_keys(document, TOP_FIELDS, top, "")
-    if "head" not in document:
-        raise top.error("head", "missing", "add head: ADDRESS (the machine that runs Ray's head)")
+    scheduler = None
+    if "scheduler" in document:
+        for listed in ("head", "workers"):
+            if listed in document:
+                raise _line(document, listed, top).error(
+                    listed,
+                    "an inventory with a scheduler lists no nodes: the scheduler allocates them",
+                    f"remove {listed}: (or remove scheduler: to list the machines yourself)",
+                )
+        scheduler = parse_scheduler(
+            document["scheduler"], _line(document, "scheduler", top), path, parse_host
+        )
+    elif "head" not in document:
+        raise top.error(
+            "head",
+            "missing",
+            "add head: ADDRESS (the machine that runs Ray's head), or scheduler: {type: slurm,"
+            " ...} to have SLURM allocate the nodes",
+        )
     cluster = check_cluster(
         document.get("cluster", path.stem.lower()), _line(document, "cluster", top), "cluster"
     )
@@ -147,7 +165,9 @@ def parse_native(path: Path, document: Any) -> RawInventory:
     return RawInventory(
         path=path,
         cluster=cluster,
-        head=parse_host(document["head"], _line(document, "head", top), path, "head"),
+        head=scheduler.login
+        if scheduler
+        else parse_host(document["head"], _line(document, "head", top), path, "head"),
         workers=_workers(document.get("workers"), _line(document, "workers", top), path),
         ssh=parse_ssh(ssh, ssh_where, path, "ssh"),
         known_hosts=_known_hosts(ssh.get("known_hosts"), path),
@@ -167,4 +187,5 @@ def parse_native(path: Path, document: Any) -> RawInventory:
             document.get("runtime", "docker"), _line(document, "runtime", top), "runtime"
         ),
         ray_python=check_python(ray.get("python"), _line(ray, "python", ray_where), "ray.python"),
+        slurm=scheduler.slurm if scheduler else None,
     )

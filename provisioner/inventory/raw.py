@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provisioner.inventory.fields import Where
-from provisioner.inventory.models import RayPorts
+from provisioner.inventory.models import RayPorts, Slurm
 
 
 @dataclass
@@ -50,6 +50,8 @@ class RawInventory:
     object_store_memory: int | None = None
     runtime: str = "docker"
     ray_python: str | None = None
+    # SLURM (`scheduler:`): the login node (also `head` until the allocation is known)
+    slurm: Slurm | None = None
 
 
 def relative_path(base: Path, value: str) -> Path:

@@ -243,6 +243,22 @@ def _check_unique(nodes: list[tuple[Node, Where]]) -> None:
 def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None) -> Inventory:
     """The validated Inventory."""
     resolve = _Resolver(config, openssh)
+    if raw.slurm is not None:
+        login = _node(raw, raw.head, "login", resolve)
+        return Inventory(
+            path=raw.path,
+            cluster=raw.cluster,
+            head=login,
+            workers=(),
+            ports=raw.ports,
+            shm_size=raw.shm_size,
+            object_store_memory=raw.object_store_memory,
+            runtime=raw.runtime,
+            ray_python=raw.ray_python,
+            slurm=raw.slurm,
+            login=login,
+            allocated=False,
+        )
     nodes = [(_node(raw, raw.head, "head", resolve), raw.head.where)]
     nodes += [(_node(raw, w, "worker", resolve), w.where) for w in raw.workers]
     _check_unique(nodes)

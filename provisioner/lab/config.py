@@ -47,6 +47,9 @@ class LabConfig:
     subnet: str = DEFAULT_SUBNET
     nodes: int = 3
     runtime: str = "docker"  # host: nodes with Ray in a virtualenv on the login shell's PATH
+    # a SLURM cluster: node 0 is the login node (slurmctld), `nodes` compute nodes (slurmd,
+    # Ray in a virtualenv as in host mode) reached only through it
+    slurm: bool = False
 
     def __post_init__(self) -> None:
         validate(self)
@@ -58,12 +61,14 @@ class LabConfig:
         subnet: str | None = None,
         nodes: int = 3,
         runtime: str = "docker",
+        slurm: bool = False,
     ) -> LabConfig:
         return cls(
             name=name or os.environ.get("PROVISIONER_LAB_NAME") or DEFAULT_NAME,
             subnet=subnet or os.environ.get("PROVISIONER_LAB_SUBNET") or DEFAULT_SUBNET,
             nodes=nodes,
-            runtime=runtime,
+            runtime="host" if slurm else runtime,
+            slurm=slurm,
         )
 
     @property
@@ -97,8 +102,25 @@ class LabConfig:
     def node_storage(self, node: LabNode) -> Path:
         return self.state_dir / "nodes" / node.name / "docker"
 
+    @property
+    def slurm_conf(self) -> Path:
+        return self.state_dir / "slurm.conf"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.state_dir / "munge.key"
+
     def lab_nodes(self) -> tuple[LabNode, ...]:
         net = ipaddress.ip_network(self.subnet)
+        if self.slurm:
+            return tuple(
+                LabNode(
+                    name=f"{self.prefix}-{i}",
+                    address=str(net[FIRST_HOST + i]),
+                    role="login" if i == 0 else "compute",
+                )
+                for i in range(self.nodes + 1)
+            )
         return tuple(
             LabNode(
                 name=f"{self.prefix}-{i}",
@@ -132,23 +154,33 @@ def validate(cfg: LabConfig) -> None:
         )
     if not 1 <= cfg.nodes <= MAX_NODES:
         raise InputError(f"--nodes must be between 1 and {MAX_NODES}, got {cfg.nodes}")
-    if net.num_addresses < FIRST_HOST + cfg.nodes + 2:
+    if cfg.slurm and cfg.runtime != "host":
+        raise InputError(
+            "a SLURM lab runs Ray in host mode", "leave out --runtime (or say --runtime host)"
+        )
+    if net.num_addresses < FIRST_HOST + cfg.nodes + 3:
         raise InputError(f"lab subnet {cfg.subnet} is too small for {cfg.nodes} nodes", "use a /24")
+
+
+def _ssh_section(cfg: LabConfig) -> dict[str, Any]:
+    return {
+        "user": LAB_USER,
+        "key": cfg.key.name,
+        "port": 22,
+        "known_hosts": cfg.known_hosts.name,
+        "host_key_policy": "strict",
+        "connect_timeout": 10,
+    }
 
 
 def inventory_document(cfg: LabConfig, image_lock: Path | None = None) -> dict[str, Any]:
     """The inventory, in provisioner's own format, that describes the lab's nodes."""
     nodes = cfg.lab_nodes()
+    if cfg.slurm:
+        return slurm_inventory_document(cfg)
     doc: dict[str, Any] = {
         "cluster": cfg.name,
-        "ssh": {
-            "user": LAB_USER,
-            "key": cfg.key.name,
-            "port": 22,
-            "known_hosts": cfg.known_hosts.name,
-            "host_key_policy": "strict",
-            "connect_timeout": 10,
-        },
+        "ssh": _ssh_section(cfg),
         "head": {"name": nodes[0].name, "address": nodes[0].address},
         "workers": [{"name": n.name, "address": n.address} for n in nodes[1:]],
     }
@@ -157,6 +189,72 @@ def inventory_document(cfg: LabConfig, image_lock: Path | None = None) -> dict[s
     elif image_lock is not None:
         doc["image"] = {"lock": str(image_lock.resolve())}
     return doc
+
+
+SLURM_PARTITION = "lab"
+SLURM_CPUS = 2  # per compute node, as slurm.conf says
+
+
+def slurm_inventory_document(
+    cfg: LabConfig, cluster: str | None = None, nodes: int | None = None
+) -> dict[str, Any]:
+    """An inventory for a cluster allocated on the SLURM lab: its login node, the partition,
+    `nodes` nodes (default: all) of SLURM_CPUS CPUs each, host mode."""
+    login = cfg.lab_nodes()[0]
+    return {
+        "cluster": cluster or cfg.name,
+        "ssh": _ssh_section(cfg),
+        "scheduler": {
+            "type": "slurm",
+            "login": {"name": login.name, "address": login.address},
+            "partition": SLURM_PARTITION,
+            "nodes": nodes or cfg.nodes,
+            "time": "00:30:00",
+            "cpus_per_node": SLURM_CPUS,
+        },
+        "runtime": "host",
+    }
+
+
+def slurm_conf(cfg: LabConfig) -> str:
+    """slurm.conf for the lab: munge, no cgroups (a container), cons_tres by core, and one
+    partition where every core may be given to two jobs at once (OverSubscribe=FORCE:2),
+    so that two allocations share nodes."""
+    login, *compute = cfg.lab_nodes()
+    lines = [
+        "# Written by `provisioner lab up --slurm`.",
+        f"ClusterName={cfg.name}",
+        f"SlurmctldHost={login.name}({login.address})",
+        "AuthType=auth/munge",
+        "CryptoType=crypto/munge",
+        "MpiDefault=none",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SchedulerType=sched/backfill",
+        "SlurmdParameters=config_overrides",
+        "ReturnToService=2",
+        "SlurmUser=slurm",
+        "StateSaveLocation=/var/spool/slurmctld",
+        "SlurmdSpoolDir=/var/spool/slurmd",
+        "SlurmctldPidFile=/run/slurmctld.pid",
+        "SlurmdPidFile=/run/slurmd.pid",
+        "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
+        "SlurmdLogFile=/var/log/slurm/slurmd.log",
+        "SchedulerParameters=sched_interval=2",
+        "KillWait=5",
+        "InactiveLimit=0",
+        "MinJobAge=30",
+        *(
+            f"NodeName={n.name} NodeAddr={n.address} CPUs={SLURM_CPUS} State=UNKNOWN"
+            for n in compute
+        ),
+        f"PartitionName={SLURM_PARTITION} Nodes={','.join(n.name for n in compute)} "
+        "Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:2",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def known_hosts_lines(address: str, host_keys: str) -> list[str]:
@@ -204,5 +302,19 @@ def node_run_args(cfg: LabConfig, node: LabNode, image: str) -> list[str]:
         f"{cfg.node_storage(node)}:/var/lib/docker:rw",
         "-v",
         f"{cfg.state_dir / 'authorized_keys'}:/lab/authorized_keys:ro",
+        *_slurm_args(cfg, node, image),
+    ]
+
+
+def _slurm_args(cfg: LabConfig, node: LabNode, image: str) -> list[str]:
+    if not cfg.slurm:
+        return [image]
+    return [
+        "-v",
+        f"{cfg.slurm_conf}:/lab/slurm.conf:ro",
+        "-v",
+        f"{cfg.munge_key}:/lab/munge.key:ro",
         image,
+        "/usr/local/sbin/lab-slurm-node",
+        node.role,
     ]

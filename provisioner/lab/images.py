@@ -231,6 +231,27 @@ def ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
     return tag
 
 
+SLURM_RECIPE = ("slurm.Dockerfile", "slurm-entrypoint.sh")
+
+
+def slurm_node_tag(host: str) -> str:
+    recipe = _recipe_dir()
+    return (
+        f"provisioner-lab-slurm:{_digest(host, *((recipe / f).read_bytes() for f in SLURM_RECIPE))}"
+    )
+
+
+def ensure_slurm_node_image(images_dir: Path, report: Reporter = quiet) -> str:
+    """The tag of the SLURM lab node image: the host-mode node image plus Debian's
+    slurm-wlm and munge packages (from the Debian mirror at build time). Built once."""
+    host = ensure_host_node_image(images_dir, report)
+    tag = slurm_node_tag(host)
+    if not _exists(tag):
+        report(f"building the SLURM lab node image {tag} (slurm-wlm, munge; a minute)")
+        _docker_build(_recipe_dir(), "slurm.Dockerfile", tag, {"HOST_IMAGE": host}, report)
+    return tag
+
+
 def _docker_build(
     context: Path, dockerfile: str, tag: str, buildargs: dict[str, str], report: Reporter
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import time
@@ -23,9 +24,14 @@ from provisioner.lab.config import (
     inventory_document,
     known_hosts_lines,
     node_run_args,
+    slurm_conf,
 )
 from provisioner.lab.engine import client, docker_cli, exec_rc
-from provisioner.lab.images import ensure_host_node_image, ensure_node_image
+from provisioner.lab.images import (
+    ensure_host_node_image,
+    ensure_node_image,
+    ensure_slurm_node_image,
+)
 from provisioner.lab.keys import ensure_keypair
 from provisioner.local import private_dir
 
@@ -98,6 +104,7 @@ def load_config(name: str | None = None) -> LabConfig:
         subnet=data["subnet"],
         nodes=data["nodes"],
         runtime=data.get("runtime", "docker"),
+        slurm=data.get("slurm", False),
     )
 
 
@@ -119,7 +126,9 @@ def lab_up(
     """
     _check_not_resized(cfg)
     image_lock = image_lock or _previous_image_lock(cfg)
-    if cfg.runtime == "host":
+    if cfg.slurm:
+        image = ensure_slurm_node_image(images_dir, report)
+    elif cfg.runtime == "host":
         image = ensure_host_node_image(images_dir, report)
     else:
         image = ensure_node_image(report)
@@ -127,12 +136,16 @@ def lab_up(
     cfg.state_dir.chmod(0o700)
     pub = ensure_keypair(cfg.key, f"provisioner-{cfg.name}")
     (cfg.state_dir / "authorized_keys").write_text(pub + "\n")
+    if cfg.slurm:
+        _write_slurm_files(cfg)
     _ensure_network(cfg)
     nodes = cfg.lab_nodes()
     for node in nodes:
         _ensure_node(cfg, node, image, report)
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         list(pool.map(lambda n: wait_ready(n, report), nodes))
+    if cfg.slurm:
+        wait_slurm_idle(cfg, report)
     _write_known_hosts(cfg, nodes)
     cfg.inventory.write_text(
         "# Written by `provisioner lab up`: the lab's nodes in provisioner's inventory format.\n"
@@ -140,11 +153,47 @@ def lab_up(
     )
     (cfg.state_dir / "lab.json").write_text(
         json.dumps(
-            {"name": cfg.name, "subnet": cfg.subnet, "nodes": cfg.nodes, "runtime": cfg.runtime}
+            {
+                "name": cfg.name,
+                "subnet": cfg.subnet,
+                "nodes": cfg.nodes,
+                "runtime": cfg.runtime,
+                "slurm": cfg.slurm,
+            }
         )
         + "\n"
     )
     return info(cfg)
+
+
+def _write_slurm_files(cfg: LabConfig) -> None:
+    """slurm.conf (rewritten: it follows the lab's nodes) and the munge key every node
+    shares (made once; 1 KiB of random bytes, 0600 here, 0400 for munge on the nodes)."""
+    cfg.slurm_conf.write_text(slurm_conf(cfg))
+    if not cfg.munge_key.exists():
+        with open(cfg.munge_key, "xb", opener=lambda p, f: os.open(p, f, 0o600)) as f:
+            f.write(os.urandom(1024))
+
+
+def wait_slurm_idle(cfg: LabConfig, report: Reporter = quiet, timeout: float = 90.0) -> None:
+    """Wait until slurmctld lists every compute node as idle (or mixed/allocated: in use)."""
+    login = cfg.lab_nodes()[0]
+    deadline = time.monotonic() + timeout
+    out = ""
+    while time.monotonic() < deadline:
+        rc, out = exec_rc(login.container, "sinfo -h -N -o '%N %t'")
+        states = [line.split()[-1] for line in out.splitlines() if line.strip()]
+        if (
+            rc == 0
+            and len(states) == cfg.nodes
+            and all(s.rstrip("*") in ("idle", "mix", "alloc") for s in states)
+        ):
+            return
+        time.sleep(1)
+    raise LabError(
+        f"SLURM lab {cfg.name}: compute nodes not idle after {timeout:.0f}s: {out[-400:]}",
+        f"look at /var/log/slurm/ on the nodes (docker exec {login.container} sinfo -R)",
+    )
 
 
 def _previous_image_lock(cfg: LabConfig) -> Path | None:
@@ -210,7 +259,7 @@ def wait_ready(node: LabNode, report: Reporter = quiet, timeout: float = READY_T
     """Wait until the node's sshd answers with a banner and its dockerd answers."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if _ssh_banner(node.address) and exec_rc(node.container, "docker info >/dev/null")[0] == 0:
+        if _sshd_answers(node) and exec_rc(node.container, "docker info >/dev/null")[0] == 0:
             return
         time.sleep(0.5)
     _, log = exec_rc(node.container, "tail -n 5 /var/log/dockerd.log /var/log/sshd.log")
@@ -219,6 +268,16 @@ def wait_ready(node: LabNode, report: Reporter = quiet, timeout: float = READY_T
         f"{log[-600:]}",
         f"inspect with `docker logs {node.container}`; `provisioner lab down` then `lab up`",
     )
+
+
+def _sshd_answers(node: LabNode) -> bool:
+    """The node's sshd sends its banner: to this machine, or for a SLURM compute node
+    (which refuses SSH from here) to the node itself."""
+    if node.role != "compute":
+        return _ssh_banner(node.address)
+    probe = "exec 3<>/dev/tcp/127.0.0.1/22 && timeout 2 head -c 4 <&3"
+    rc, out = exec_rc(node.container, probe, timeout=10)
+    return rc == 0 and out.startswith("SSH-")
 
 
 def _ssh_banner(address: str) -> bool:
@@ -272,7 +331,7 @@ def lab_status(cfg: LabConfig) -> list[dict[str, Any]]:
             {
                 **node.to_json(),
                 "container": state,
-                "sshd": running and _ssh_banner(node.address),
+                "sshd": running and _sshd_answers(node),
                 "dockerd": running and exec_rc(node.container, "docker info >/dev/null")[0] == 0,
             }
         )

@@ -24,6 +24,9 @@ E2E_SUBNET = os.environ.get("PROVISIONER_LAB_SUBNET", "10.250.100.0/24")
 # The host-mode lab (Ray in a virtualenv on each node, no image): a lab of its own.
 HOST_NAME = os.environ.get("PROVISIONER_HOST_LAB_NAME", f"{E2E_NAME}-host")
 HOST_SUBNET = os.environ.get("PROVISIONER_HOST_LAB_SUBNET", "10.250.101.0/24")
+# The SLURM lab (a login node with slurmctld, compute nodes with slurmd): a lab of its own.
+SLURM_NAME = os.environ.get("PROVISIONER_SLURM_LAB_NAME", f"{E2E_NAME}-slurm")
+SLURM_SUBNET = os.environ.get("PROVISIONER_SLURM_LAB_SUBNET", "10.250.102.0/24")
 
 
 # The e2e modules share one lab; this order keeps the expensive state (the image on every
@@ -33,6 +36,7 @@ MODULE_ORDER = (
     "test_lab",
     "test_doctor",
     "test_image_push",
+    "test_image_forward",
     "test_cluster_lifecycle",
     "test_ssh_routes",
     "test_ray_up",
@@ -43,6 +47,7 @@ MODULE_ORDER = (
     "test_hostile_returns",
     "test_bench_smoke",
     "test_host_mode",
+    "test_slurm",
 )
 
 
@@ -138,5 +143,20 @@ def host_lab() -> Iterator[LabInfo]:
     faults.clear(info)
     yield info
     faults.clear(info)
+    if os.environ.get("PROVISIONER_KEEP_LAB") != "1":
+        lab_down(cfg)
+
+
+@pytest.fixture(scope="session")
+def slurm_lab() -> Iterator[LabInfo]:
+    """A SLURM cluster (`lab up --slurm`): a login node and 3 compute nodes reached only
+    through it, whose inventory asks SLURM for the nodes; removed at the end unless kept."""
+    cfg = LabConfig(name=SLURM_NAME, subnet=SLURM_SUBNET, nodes=3, runtime="host", slurm=True)
+    try:
+        info = lab_up(cfg, print, images_dir=IMAGES)
+    except InputError:  # a leftover lab of that name on another subnet: start clean
+        lab_down(cfg)
+        info = lab_up(cfg, print, images_dir=IMAGES)
+    yield info
     if os.environ.get("PROVISIONER_KEEP_LAB") != "1":
         lab_down(cfg)

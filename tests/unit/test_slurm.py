@@ -1,0 +1,210 @@
+"""SLURM: the inventory's scheduler section, the lab's slurm.conf, the job's port block and
+the rendered sbatch script (pure parts; the lab's real slurmctld runs them in the e2e)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from provisioner.errors import InventoryError
+from provisioner.inventory import load_inventory
+from provisioner.inventory.models import Slurm, time_seconds
+from provisioner.lab.config import LabConfig, slurm_conf, slurm_inventory_document
+from provisioner.slurm.ports import BLOCK_SIZE, job_ports, port_base, temp_dir
+from provisioner.slurm.sbatch import SbatchJob, pack_playbook, render_sbatch, sbatch_directives
+
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+
+SLURM_INV = """\
+cluster: hpc
+ssh:
+  user: alice
+  key: id_ed25519
+scheduler:
+  type: slurm
+  login: {name: login1, address: 10.1.0.5}
+  partition: gpu
+  nodes: 4
+  time: 2:00:00
+  cpus_per_node: 32
+  gpus_per_node: 4
+  account: rl-lab
+  extra_sbatch_args: [--qos=debug, --constraint=ib]
+runtime: host
+"""
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    path = tmp_path / "id_ed25519"
+    path.write_text("not checked here\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+def load(tmp_path: Path, text: str) -> object:
+    path = tmp_path / "inv.yaml"
+    path.write_text(text)
+    return load_inventory(path, openssh=False)
+
+
+def test_scheduler_section_is_read(tmp_path: Path, key: Path) -> None:
+    inv = load(tmp_path, SLURM_INV)
+    assert inv.slurm == Slurm(  # type: ignore[attr-defined]
+        partition="gpu",
+        nodes=4,
+        time="2:00:00",  # as written (YAML 1.1 would make it 7200)
+        cpus_per_node=32,
+        gpus_per_node=4,
+        account="rl-lab",
+        extra_sbatch_args=("--qos=debug", "--constraint=ib"),
+    )
+    assert inv.login.name == "login1" and inv.login.role == "login"  # type: ignore[attr-defined]
+    assert inv.login.ssh.user == "alice"  # type: ignore[attr-defined]
+    assert not inv.allocated and inv.workers == ()  # type: ignore[attr-defined]
+    assert inv.slurm.time_limit_s == 7200  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "line"),
+    [
+        ("type: slurm", "type: pbs", "scheduler.type", 6),
+        ("nodes: 4", "nodes: 0", "scheduler.nodes", 9),
+        ("time: 2:00:00", "time: soon", "scheduler.time", 10),
+        ("partition: gpu", "partition: 'gpu; rm -rf ~'", "scheduler.partition", 8),
+        ("account: rl-lab", "account: [a]", "scheduler.account", 13),
+        ("--constraint=ib", "'--constraint=ib --wrap=x'", "scheduler.extra_sbatch_args[1]", 14),
+        ("--qos=debug", "-q", "scheduler.extra_sbatch_args[0]", 14),
+        ("  nodes: 4", "  node: 4", "scheduler.node", 9),
+        ("gpus_per_node: 4", "gpus_per_node: -1", "scheduler.gpus_per_node", 12),
+    ],
+)
+def test_bad_scheduler_values_name_line_and_field(
+    tmp_path: Path, key: Path, old: str, new: str, field: str, line: int
+) -> None:
+    assert old in SLURM_INV
+    with pytest.raises(InventoryError) as exc:
+        load(tmp_path, SLURM_INV.replace(old, new))
+    assert exc.value.where.endswith(f"inv.yaml:{line}"), exc.value.where
+    assert field in exc.value.message and exc.value.fix
+    assert exc.value.exit_code == 2
+
+
+def test_scheduler_with_listed_nodes_is_refused(tmp_path: Path, key: Path) -> None:
+    with pytest.raises(InventoryError) as exc:
+        load(tmp_path, SLURM_INV + "head: 10.1.0.9\n")
+    assert "scheduler allocates them" in exc.value.message
+    with pytest.raises(InventoryError) as missing:
+        load(tmp_path, SLURM_INV.replace("  login: {name: login1, address: 10.1.0.5}\n", ""))
+    assert "scheduler.login" in missing.value.message
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90", 5400), ("5:30", 330), ("1:00:00", 3600), ("2-3", 2 * 86400 + 3 * 3600),
+     ("1-0:30", 86400 + 1800), ("1-00:00:10", 86410)],
+)  # fmt: skip
+def test_time_limits_as_sbatch_reads_them(text: str, seconds: int) -> None:
+    assert time_seconds(text) == seconds
+
+
+def test_lab_slurm_conf_and_inventory() -> None:
+    cfg = LabConfig(name="s", subnet="10.250.9.0/24", nodes=2, runtime="host", slurm=True)
+    login, *compute = cfg.lab_nodes()
+    assert (login.role, [n.role for n in compute]) == ("login", ["compute", "compute"])
+    conf = slurm_conf(cfg)
+    assert "SlurmctldHost=provisioner-s-0(10.250.9.10)" in conf
+    assert "NodeName=provisioner-s-2 NodeAddr=10.250.9.12 CPUs=2" in conf
+    assert "Nodes=provisioner-s-1,provisioner-s-2" in conf and "OverSubscribe=FORCE:2" in conf
+    doc = slurm_inventory_document(cfg, cluster="two", nodes=1)
+    assert doc["scheduler"]["login"] == {"name": login.name, "address": login.address}
+    assert (doc["cluster"], doc["scheduler"]["nodes"], doc["runtime"]) == ("two", 1, "host")
+
+
+def test_port_blocks_of_jobs_do_not_overlap() -> None:
+    blocks = {}
+    for job in range(1, 121):
+        ports = job_ports(job)
+        used = {*ports.named().values(), *ports.worker_range}
+        assert min(used) == port_base(job) and max(used) < port_base(job) + BLOCK_SIZE
+        assert len(ports.named()) + len(ports.worker_range) == len(used)
+        blocks[job] = used
+    assert all(not (blocks[1] & blocks[j]) for j in range(2, 121))
+    assert max(port_base(j) for j in blocks) + BLOCK_SIZE <= 32768  # below ephemeral ports
+    socket = f"{temp_dir(99999999)}/session_2026-12-01_05-45-14_312333_1234567/sockets/plasma_store"
+    assert len(socket) < 107
+
+
+def job(**changes: object) -> SbatchJob:
+    base = SbatchJob(
+        name="hpc",
+        slurm=Slurm(partition="gpu", nodes=3, time="1:00:00", cpus_per_node=8, account="a"),
+        playbook="ppo_cartpole.py",
+        args=("--target-return", "450", "--name", "it's"),
+        payload="QUJD",
+        python=None,
+    )
+    return SbatchJob(**{**base.__dict__, **changes})  # type: ignore[arg-type]
+
+
+def test_directives_ask_for_the_allocation() -> None:
+    slurm = Slurm(partition="gpu", nodes=3, time="1:00:00", cpus_per_node=8, gpus_per_node=2,
+                  account="a", extra_sbatch_args=("--qos=debug",))  # fmt: skip
+    assert sbatch_directives(slurm, "hpc") == [
+        "--job-name=hpc",
+        "--nodes=3",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=8",
+        "--gpus-per-node=2",
+        "--partition=gpu",
+        "--time=1:00:00",
+        "--account=a",
+        "--qos=debug",
+    ]
+
+
+def test_sbatch_script_quotes_args_and_starts_ray_from_the_job_block() -> None:
+    text = render_sbatch(job())
+    assert text.startswith("#!/bin/bash -l\n")
+    assert "#SBATCH --nodes=3\n" in text and "#SBATCH --partition=gpu\n" in text
+    assert "ppo_cartpole.py --target-return 450 --name 'it'\"'\"'s'\n" in text
+    assert "BASE=$(( 20000 + ($SLURM_JOB_ID % 120) * 100 ))" in text
+    assert "--port=$((BASE + 0))" in text and "--max-worker-port=$((BASE + 99))" in text
+    assert "JOB_DIR=/tmp/rayjob-$SLURM_JOB_ID" in text
+    assert "ray stop" not in text.replace("run\n", "")  # never every Ray on the node
+    assert "RAY_AUTH_MODE=token" in text and "export PLAYBOOK_TGZ=QUJD\n" in text
+    pinned = render_sbatch(job(python="/opt/venv/bin/python"))
+    assert "PY=/opt/venv/bin/python\n" in pinned and "command -v ray" not in pinned
+
+
+def test_sbatch_script_is_valid_bash(tmp_path: Path) -> None:
+    script = tmp_path / "t.sbatch"
+    script.write_text(render_sbatch(job(payload=pack_playbook(PLAYBOOKS / "ppo_cartpole.py"))))
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_packed_playbook_holds_its_folder(tmp_path: Path) -> None:
+    import base64
+    import io
+    import tarfile
+
+    payload = pack_playbook(PLAYBOOKS / "ppo_cartpole.py")
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(payload))) as tar:
+        names = tar.getnames()
+    assert "ppo_cartpole.py" in names and "rlrun.py" in names
+    assert not any("__pycache__" in n for n in names)
+
+
+def test_verbs_on_nodes_refuse_a_slurm_inventory_without_allocation(
+    tmp_path: Path, key: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from provisioner.cli import run
+
+    path = tmp_path / "inv.yaml"
+    path.write_text(SLURM_INV)
+    for verb in (["status"], ["down", "--yes"], ["doctor"], ["render"]):
+        assert run([*verb, "-i", str(path)]) == 2, verb
+        assert "has no SLURM allocation" in capsys.readouterr().err
