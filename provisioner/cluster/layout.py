@@ -59,15 +59,25 @@ SHORT_RAY_PREFIX = "/tmp/prov-"
 SHORT_NAME_MAX = 20
 
 
+def short_name(cluster: str) -> str:
+    """The cluster's name as its short temp dir carries it: the name itself, or for a
+    name over 20 bytes its first 11 and a hash."""
+    if len(cluster) <= SHORT_NAME_MAX:
+        return cluster
+    digest = hashlib.sha256(cluster.encode()).hexdigest()[:8]
+    return f"{cluster[: SHORT_NAME_MAX - 9]}-{digest}"
+
+
+def is_named(seen: str, cluster: str) -> bool:
+    """Is `seen` (a name read on a node: a label, a temp dir) this cluster's?"""
+    return bool(seen) and seen in (cluster, short_name(cluster))
+
+
 def node_short_ray_dir(cluster: str) -> str:
     """Ray's `--temp-dir` where Ray runs on the node itself: /tmp/prov-CLUSTER, at most
-    30 bytes (a longer name is cut and given a hash), so that every socket path under
-    it stays within the limit; it names the cluster, for people and for `ps`."""
-    name = cluster
-    if len(name) > SHORT_NAME_MAX:
-        digest = hashlib.sha256(cluster.encode()).hexdigest()[:8]
-        name = f"{cluster[: SHORT_NAME_MAX - 9]}-{digest}"
-    return SHORT_RAY_PREFIX + name
+    30 bytes (see `short_name`), so that every socket path under it stays within the
+    limit; it names the cluster, for people and for `ps`."""
+    return SHORT_RAY_PREFIX + short_name(cluster)
 
 
 def link_short_ray_dir_command(cluster: str) -> str:

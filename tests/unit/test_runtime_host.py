@@ -196,3 +196,11 @@ def test_host_mode_draws_every_port_from_the_block(tmp_path: Path) -> None:
         assert "--node-manager-port=24003 " in cmd and "--object-manager-port=24004 " in cmd
         assert "--min-worker-port=24100 " in cmd and "--max-worker-port=24999 " in cmd
         assert "6379" not in cmd and "10002" not in cmd
+
+
+def test_a_name_read_from_a_short_temp_dir_is_this_clusters() -> None:
+    long = "a-cluster-with-a-long-name"
+    assert layout.is_named(long, long) and layout.is_named(layout.short_name(long), long)
+    assert layout.short_name("demo") == "demo" and layout.is_named("demo", "demo")
+    assert not layout.is_named("demo2", "demo") and not layout.is_named("", "demo")
+    assert not layout.is_named(layout.short_name(long), long + "x")
