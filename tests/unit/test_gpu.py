@@ -385,3 +385,22 @@ def test_every_golden_names_its_source() -> None:
     for path in (GOLDEN / "doctor").glob("simulated_*.txt"):
         assert "SIMULATED GPU node" in path.read_text().split("\n@@", 1)[0]
     assert parse_gpu_facts({}) == GpuFacts()
+
+
+def test_lab_lists_the_simulated_gpu_faults() -> None:
+    from tests.cli import cli
+
+    listed = cli("lab", "fault", "break", "0", "--list")
+    assert listed.exit_code == 0
+    assert "gpu-no-toolkit: SIMULATED GPU node" in listed.stdout
+    assert cli("lab", "fault", "break", "0", "no-such-fault").exit_code == 2
+
+
+def test_simulated_nvidia_smi_rows_are_nvidia_smis_csv() -> None:
+    from provisioner.gpu.facts import parse_smi
+    from provisioner.lab.gpusim import SimulatedGpus, smi_rows, uuid_for
+
+    rows = smi_rows("node-1", SimulatedGpus(count=2))
+    ran, rc, _, gpus = parse_smi("\n".join([*rows, "rc=0"]))
+    assert ran and rc == 0 and [g.uuid for g in gpus] == [uuid_for("node-1", i) for i in (0, 1)]
+    assert uuid_for("node-1", 0) != uuid_for("node-2", 0)
