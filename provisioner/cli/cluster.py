@@ -30,7 +30,7 @@ from provisioner.inventory.loader import require_nodes
 from provisioner.jobs.manage import JobsRunning, Stopped, stop_for_down
 from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
-from provisioner.runtime.base import Runtime
+from provisioner.runtime.base import PUSH_MODES, Runtime
 
 ForceOption = Annotated[bool, typer.Option("--force", help="Go on despite doctor errors.")]
 
@@ -148,9 +148,22 @@ def up(
     join_timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait for every node to join.", min=1)
     ] = 120,
+    push: Annotated[
+        str,
+        typer.Option(
+            "--push",
+            help="How the image goes: direct (every node from here), relay (this machine "
+            "sends once, each node forwards to the next), auto (relay when 2+ nodes lack it).",
+        ),
+    ] = "auto",
     json_: JsonOption = False,
 ) -> None:
     """Doctor, push the pin, start the head and the workers, wait until all joined, probe."""
+    if push not in PUSH_MODES:
+        raise InputError(
+            f"--push {push!r} is not a push mode",
+            f"use one of: {', '.join(PUSH_MODES)}",
+        )
     out = output(json_)
     inv = load_cluster(inventory)
     out.watch_nodes(n.name for n in inv.nodes)
@@ -165,6 +178,7 @@ def up(
                 force=force,
                 doctor=not no_doctor,
                 join_timeout=join_timeout,
+                push=push,
             )
     except DoctorStopped as stopped:
         if json_:

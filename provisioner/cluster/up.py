@@ -165,11 +165,12 @@ def up(
     force: bool = False,
     doctor: bool = True,
     join_timeout: float = 120,
+    push: str = "auto",
 ) -> UpResult:
     """The whole `up`: doctor (stop on errors unless forced), the runtime's preparation
-    (docker: push the pin), then bring_up."""
+    (docker: push the pin; `push`, runtime.base.PUSH_MODES), then bring_up."""
     t0 = time.monotonic()
-    runtime = runtime_for(inventory, pin)
+    runtime = runtime_for(inventory, pin, push=push)
     result = UpResult(runtime=runtime.name)
     if doctor:
         report(f"doctor: checking {len(inventory.nodes)} node(s)")

@@ -66,11 +66,18 @@ class RenderSection:
     start_flags: tuple[str, ...] = ()  # trusted text added to `ray start`
 
 
+PUSH_MODES = ("auto", "direct", "relay")
+"""`up --push`: direct, every node from this machine; relay, the forwarding relay (this
+machine sends once into a chain of the nodes lacking layers); auto, the relay when two
+or more nodes lack layers (it then sends less over this machine's link), else direct."""
+
+
 class Runtime(Protocol):
     """How Ray runs on the nodes of one cluster."""
 
     name: str
     inventory: Inventory
+    push: str  # how `prepare` sends the image: one of PUSH_MODES
     starting: str  # progress line of a start, with {role}: "starting the {role} container"
     stopping: str  # progress line of a stop: "removing the Ray container"
 

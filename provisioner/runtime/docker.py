@@ -162,10 +162,18 @@ def run_options(inventory: Inventory) -> list[str]:
     return options
 
 
+def push_options(mode: str) -> PushOptions:
+    """The push `up --push MODE` makes (runtime.base.PUSH_MODES)."""
+    if mode == "direct":
+        return PushOptions()
+    return PushOptions(forward=True, chain_from=1 if mode == "relay" else 2)
+
+
 class DockerRuntime:
     """Ray in the pinned image, one container per node."""
 
     name = "docker"
+    push = "auto"
     starting = "starting the {role} container"
     stopping = "removing the Ray container"
 
@@ -185,8 +193,8 @@ class DockerRuntime:
                 "(or `runtime: host` to run Ray from the nodes' own Python)",
                 where=str(self.inventory.path),
             )
-        report(f"image: making every node hold {self.pin.short_id()}")
-        return push_image(self.inventory, pool, report, pin=self.pin, opts=PushOptions())
+        report(f"image: making every node hold {self.pin.short_id()} (push: {self.push})")
+        return push_image(self.inventory, pool, report, pin=self.pin, opts=push_options(self.push))
 
     def state_command(self) -> str:
         return container_facts_command(self.cluster)

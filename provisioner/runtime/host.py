@@ -349,6 +349,7 @@ class HostRuntime:
     """Ray from each node's own Python (a virtualenv, a conda env, the system's)."""
 
     name = "host"
+    push = "auto"  # nothing to push: the nodes bring their own Ray
     starting = "starting the {role}'s Ray from the node's own Python"
     stopping = "stopping this cluster's Ray processes"
 
