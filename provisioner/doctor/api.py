@@ -20,6 +20,7 @@ from provisioner.doctor.gather import (
     stop_listeners,
 )
 from provisioner.doctor.gpu_checks import check_gpus, check_inside, check_models, parse_inside
+from provisioner.doctor.neighbours import free_base
 from provisioner.doctor.node_checks import (
     check_address,
     check_resources,
@@ -27,7 +28,7 @@ from provisioner.doctor.node_checks import (
     check_tools,
 )
 from provisioner.doctor.plan import PinFacts, Plan, plan_for
-from provisioner.doctor.port_checks import check_ports, check_stale_ray
+from provisioner.doctor.port_checks import check_neighbours, check_ports, check_stale_ray
 from provisioner.doctor.ports import judge_probes, probe_plan
 from provisioner.errors import InputError, ProvisionerError
 from provisioner.gpu.plan import docker_gpu_options, plans_for
@@ -132,7 +133,8 @@ def node_findings(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
         *check_sudo(node, facts),
         *judges(plan.runtime).node(node, facts, plan),
         *check_ports(node, facts, plan),
-        *check_stale_ray(node, facts),
+        *check_neighbours(node, facts, plan),
+        *check_stale_ray(node, facts, plan.cluster),
         *check_address(node, facts),
         *check_resources(node, facts, plan),
         *check_clock(facts),
@@ -256,6 +258,7 @@ def run_doctor(
         timings["facts"] = time.monotonic() - started
         rounds = 1
         waived: list[Finding] = []
+        plan = replace(plan, free_base=free_base(list(group.results.values()), inventory.ports))
         for node in inventory.nodes:
             if node.name in group.errors:
                 findings.append(connection_finding(node, group.errors[node.name]))

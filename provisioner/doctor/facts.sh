@@ -133,7 +133,7 @@ for c in containers:
     label = (c.get("Labels") or {}).get("provisioner.cluster", "")
     ref = c.get("Image", "")
     ref = ref[7:19] if ref.startswith("sha256:") else ref  # as `docker ps` shows it
-    out.append("%s\t%s\t%s\t%s" % (name, ref, c.get("State", ""), label))
+    out.append("%s\t%s\t%s\t%s\t%s" % (name, ref, c.get("State", ""), label, c.get("Id", "")))
 out.append("@@image")
 if sys.argv[1]:
     status, body = get("/images/%s/json" % sys.argv[1])
@@ -174,7 +174,7 @@ else
     section docker_runtimes
     [ "$info" != "${info#*$'\n'}" ] && echo "${info#*$'\n'}"
     section containers
-    with_timeout 10 docker ps -a --format '{{.Names}}\t{{.Image}}\t{{.State}}\t{{.Label "provisioner.cluster"}}' 2>/dev/null
+    with_timeout 10 docker ps -a --format '{{.Names}}\t{{.Image}}\t{{.State}}\t{{.Label "provisioner.cluster"}}\t{{.ID}}' 2>/dev/null
     section image
     if [ -n "$image" ]; then
       with_timeout 10 docker image inspect --format '{{.Id}} {{.Os}}/{{.Architecture}}' "$image" 2>/dev/null
@@ -248,6 +248,45 @@ section sudo; echo "$sudo_state"
 section listening; echo "$listening"
 section ray_processes
 ps -eo pid=,comm=,args= 2>/dev/null | awk '$2=="raylet" || $2=="gcs_server" || $2 ~ /^ray::/ {print substr($0, 1, 200)}'
+# Whose each Ray process (and each listening process) is, so that the doctor can tell this
+# cluster's Ray, another cluster's and a stale one apart: "PID PPID TITLE CONTAINER CLUSTER
+# PORTS..." with the Docker container (from its cgroup), the cluster's node directory on its
+# command line (host mode), and for raylet and gcs_server the ports on their command line.
+section ray_owners
+declare -A ppid_of=() comm_of=()
+while read -r pid ppid comm; do
+  ppid_of[$pid]=$ppid; comm_of[$pid]=$comm
+done < <(ps -eo pid=,ppid=,comm= 2>/dev/null)
+owner_pids=()
+for pid in "${!comm_of[@]}"; do
+  case "${comm_of[$pid]}" in raylet | gcs_server | ray::*) owner_pids+=("$pid") ;; esac
+done
+rest=$listening
+while [[ $rest =~ pid=([0-9]+) ]]; do
+  owner_pids+=("${BASH_REMATCH[1]}"); rest=${rest#*pid="${BASH_REMATCH[1]}"}
+done
+declare -A told=()
+for pid in "${owner_pids[@]}"; do
+  [ -n "${told[$pid]:-}" ] && continue
+  told[$pid]=1
+  cid=- cluster=- ports="" argv=() words=()
+  while IFS= read -r line; do
+    [[ $line =~ docker[-/]([0-9a-f]{64}) ]] && cid=${BASH_REMATCH[1]}
+  done 2>/dev/null <"/proc/$pid/cgroup"
+  mapfile -d '' -t argv 2>/dev/null <"/proc/$pid/cmdline"
+  [[ "${argv[*]:-}" =~ \.provisioner/clusters/([a-z0-9-]+)/ray ]] && cluster=${BASH_REMATCH[1]}
+  title=${comm_of[$pid]:-?}
+  case "$title" in
+    ray::*) read -r title _ <<<"${argv[0]:-$title}" ;;
+    raylet | gcs_server)
+      read -r -a words <<<"${argv[*]:-}"
+      for word in "${words[@]}"; do
+        case "$word" in --*port=[0-9]* | --gcs[-_]address=*) ports+=" $word" ;; esac
+      done
+      ;;
+  esac
+  echo "$pid ${ppid_of[$pid]:-0} $title $cid $cluster$ports"
+done
 section ray_session; [ -e /tmp/ray/session_latest ] && ls -ld /tmp/ray/session_latest 2>/dev/null
 section rsync; command -v rsync
 

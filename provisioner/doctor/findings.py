@@ -29,6 +29,8 @@ CATALOGUE: dict[str, str] = {
     "image.arch": "the node's CPU architecture matches the pinned image's",
     "ports.free": "every port Ray will use is free (and who holds a busy one)",
     "ports.worker_range": "Ray's worker port range is free",
+    "ray.cluster": "another cluster's Ray on the node (named, with whether a job runs there) "
+    "uses none of this cluster's ports",
     "ray.stale": "no Ray left running: raylet/gcs_server processes, Ray containers, live sessions",
     "net.reachability": "every node reaches the others on Ray's ports (temporary listeners)",
     "net.hostname": "the node's hostname does not resolve to a loopback address",

@@ -29,6 +29,7 @@ from provisioner.inventory.fields import (
     check_label_map,
     check_name,
     check_port,
+    check_port_base,
     check_python,
     check_resource_map,
     check_runtime,
@@ -47,6 +48,7 @@ PROVISIONER_VARS = {
     "provisioner_image_lock": "image lock file",
     "provisioner_runtime": "docker | host",
     "provisioner_ray_python": "host runtime: the interpreter Ray runs with",
+    "provisioner_ray_port_base": "first port of the cluster's block of Ray ports",
     "provisioner_resources": "Ray resources of a host",
     "provisioner_labels": "Ray labels of a host",
     "provisioner_gpus": "NVIDIA GPUs for Ray: all | none | [index or UUID, ...]",
@@ -272,6 +274,11 @@ def to_raw(path: Path, document: dict[str, Any]) -> RawInventory:
         ),
         ray_python=check_python(
             common.get("provisioner_ray_python"), top, "provisioner_ray_python"
+        ),
+        ports=check_port_base(
+            common.get("provisioner_ray_port_base"),
+            at("provisioner_ray_port_base"),
+            "provisioner_ray_port_base",
         ),
     )
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InventoryError
+from provisioner.inventory.models import PORT_BASE_MAX, PORT_BASE_MIN, PORT_BLOCK, RayPorts
 
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$")
@@ -39,7 +40,7 @@ TOP_FIELDS = {
     "head": "the head node: an address or {name, address, ...}",
     "workers": "a list of worker nodes: addresses or {name, address, ...}",
     "image": "the image pin: {lock: PATH}",
-    "ray": "Ray settings: {ports, shm_size, object_store_memory, python}",
+    "ray": "Ray settings: {port_base, ports, shm_size, object_store_memory, python}",
     "runtime": "how Ray runs on the nodes: docker (the pinned image) | host (the node's Python)",
     "scheduler": "instead of head and workers: {type: slurm, login, partition, nodes, time, ...}",
 }
@@ -65,7 +66,9 @@ NODE_FIELDS = {
 }
 IMAGE_FIELDS = {"lock": "the image lock file written by `provisioner image build`"}
 RAY_FIELDS = {
-    "ports": "Ray's ports: {gcs, dashboard, client, ...}",
+    "port_base": f"first port of this cluster's block of {PORT_BLOCK} (every Ray port from it; "
+    "default: Ray's usual ports)",
+    "ports": "Ray's ports: {gcs, dashboard, client, ...} (each overrides its block's)",
     "shm_size": "size of /dev/shm for the Ray container (bytes or 8GiB)",
     "object_store_memory": "object store size (bytes or 4GiB)",
     "python": "host runtime: the interpreter Ray runs with (absolute path; default: a login "
@@ -165,6 +168,27 @@ def check_port(value: Any, where: Where, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
         raise where.error(field, f"expected a port number 1-65535, got {value!r}", "use e.g. 22")
     return value
+
+
+def check_port_base(value: Any, where: Where, field: str) -> RayPorts:
+    """`ray.port_base`: the cluster's ports, from the block starting there (None: Ray's
+    usual ports)."""
+    if value is None:
+        return RayPorts()
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not PORT_BASE_MIN <= value <= PORT_BASE_MAX
+    ):
+        raise where.error(
+            field,
+            f"expected the first port of a block of {PORT_BLOCK} ports, "
+            f"{PORT_BASE_MIN}-{PORT_BASE_MAX}, got {value!r}",
+            "use e.g. 20000 (and 21000, 22000, ... for the other clusters on these nodes)",
+        )
+    return RayPorts.from_base(value)
 
 
 def check_number(value: Any, where: Where, field: str, *, zero_ok: bool = False) -> float:

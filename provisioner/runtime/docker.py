@@ -70,7 +70,11 @@ def docker_run_command(
         "--restart=unless-stopped",
         f"--shm-size={shm_size(inventory)}",
         f"-v {layout.node_ray_dir(cluster)}:{layout.CONTAINER_RAY_DIR}",
-        f"-v {layout.node_token_path(cluster)}:{layout.CONTAINER_TOKEN_PATH}:ro",
+        # --mount, not -v: a start without the token file fails (-v would make a directory
+        # there), so a container restarted by its policy after the node left the cluster
+        # (and its token was removed) cannot join it
+        f"--mount type=bind,source={layout.node_token_path(cluster)},"
+        f"target={layout.CONTAINER_TOKEN_PATH},readonly",
         f"-v {layout.node_results_dir(cluster)}:{layout.CONTAINER_RESULTS_DIR}",
         *(f"-e {shlex.quote(f'{k}={v}')}" for k, v in CONTAINER_ENV.items()),
         f"--label {shlex.quote(f'{layout.LABEL_CLUSTER}={cluster}')}",

@@ -41,6 +41,7 @@ MODULE_ORDER = (
     "test_ssh_routes",
     "test_ray_up",
     "test_jobs",
+    "test_shared_nodes",
     "test_long_runs",
     "test_faults",
     "test_security",
