@@ -8,7 +8,8 @@ dead worker is restarted alone; a restarted head brings its workers back too.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from provisioner.cluster import (
@@ -25,8 +26,11 @@ from provisioner.cluster.headprobe import GcsNode
 from provisioner.cluster.status import ClusterStatus
 from provisioner.console import Reporter, quiet
 from provisioner.doctor import DoctorReport
+from provisioner.doctor.facts import NodeFacts
+from provisioner.doctor.gather import gather_facts
 from provisioner.doctor.neighbours import port_owner
 from provisioner.errors import OperationError, ProvisionerError
+from provisioner.gpu.plan import GpuPlan, plans_for
 from provisioner.image.lock import Pin
 from provisioner.image.push import PushReport
 from provisioner.inventory import Inventory, Node
@@ -47,6 +51,7 @@ class UpResult:
     push: PushReport | None = None
     timings: dict[str, float] = field(default_factory=dict)
     runtime: str = "docker"
+    gpus: dict[str, GpuPlan] = field(default_factory=dict)  # node name -> its GPUs for Ray
     departed: membership.Removal | None = None  # nodes that left the inventory
 
     @property
@@ -66,6 +71,7 @@ class UpResult:
             "status": self.status.to_json() if self.status else None,
             "doctor": self.doctor.to_json() if self.doctor else None,
             "push": self.push.to_json() if self.push else None,
+            "gpus": {name: asdict(plan) for name, plan in self.gpus.items()},
             "departed": self.departed.to_json() if self.departed else None,
         }
 
@@ -173,6 +179,16 @@ def not_joined_report(pool: Pool, runtime: Runtime, missing: list[Node]) -> str:
     return "\n".join(parts)
 
 
+def gpu_plans(
+    pool: Pool, inventory: Inventory, runtime: Runtime, facts: Mapping[str, NodeFacts] | None
+) -> dict[str, GpuPlan]:
+    """Each node's GPUs for Ray and how they reach it, from the doctor's facts; without
+    them (`up --no-doctor`) from one facts round of their own."""
+    if facts is None or set(facts) != {n.name for n in inventory.nodes}:
+        facts = gather_facts(pool, inventory, "", reachability=False, parallelism=32).results
+    return plans_for(inventory.nodes, {n: f.gpu for n, f in facts.items()}, runtime.name)
+
+
 def _refuse_foreign_gcs(
     inventory: Inventory, doctor: DoctorReport, states: dict[str, RayState] | None
 ) -> None:
@@ -237,6 +253,7 @@ def up(
         join_timeout=join_timeout,
         result=result,
         states=states,
+        facts=result.doctor.report.facts if result.doctor else None,
     )
     result.seconds = time.monotonic() - t0
     return result
@@ -252,14 +269,17 @@ def bring_up(
     probe: bool = True,
     result: UpResult | None = None,
     states: dict[str, RayState] | None = None,
+    facts: Mapping[str, NodeFacts] | None = None,
 ) -> UpResult:
     """Start what is missing, wait until every node joined, run the placement probe.
 
     `states`: this cluster's Ray on every node as the doctor's round found it (then no
-    node is asked again); without them, one round trip asks."""
+    node is asked again); without them, one round trip asks. `facts`: the doctor's facts
+    (the nodes' GPUs); without them, one round trip asks."""
     t0 = time.monotonic()
     result = result if result is not None else UpResult(runtime=runtime.name)
     install_token(inventory, pool)
+    result.gpus = gpu_plans(pool, inventory, runtime, facts)
     before = status.gather(inventory, pool, report, runtime=runtime, states=states)
     # Nodes that left the inventory (the last up's record, the GCS's list) lose this
     # cluster's Ray before anything starts, so that none of them meets the new head.
@@ -301,7 +321,8 @@ def bring_up(
 
     def start(node: Node) -> None:
         report(f"{node.name}: " + runtime.starting.format(role=node.role))
-        pool.session(node).run(runtime.start_command(node), timeout=90).check()
+        command = runtime.start_command(node, result.gpus.get(node.name))
+        pool.session(node).run(command, timeout=90).check()
 
     group = fan_out([n for n in to_start if n.name in removed.results], start, deadline=120)
     result.started += [n.name for n in to_start if n.name in group.results]

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from provisioner.doctor.facts import NodeFacts
     from provisioner.doctor.findings import Finding
     from provisioner.doctor.plan import Plan
+    from provisioner.gpu.plan import GpuPlan
     from provisioner.image.push import PushReport
     from provisioner.inventory import Inventory, Node
     from provisioner.remote import Pool
@@ -106,9 +107,10 @@ class Runtime(Protocol):
         """Pure: whether the node runs what the cluster pins (None: unknown or not pinned)."""
         ...
 
-    def start_command(self, node: Node) -> str:
+    def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
         """Start this cluster's Ray on `node`, detached from the SSH session; returns when
-        Ray's processes are started (a worker's Ray then waits for the head's by itself)."""
+        Ray's processes are started (a worker's Ray then waits for the head's by itself).
+        `gpus`: the node's GPUs for Ray and how they reach it (`cluster.gpus.plan_gpus`)."""
         ...
 
     def stop_command(self, node: Node) -> str:
