@@ -22,6 +22,7 @@ class PinFacts:
     python: str
     ray: str
     arch: str = ""  # e.g. amd64, when the pin records it
+    cuda: str = ""  # the CUDA version of the image's torch ("": the CPU build, or unknown)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class Plan:
     runtime: str = "docker"  # how Ray runs on the nodes (the inventory's `runtime:`)
     ray_python: str | None = None  # host mode: the interpreter the inventory names
     control_ray: str = ""  # the Ray version on this machine, which submits the jobs
+    cluster: str = ""  # this cluster's name (another cluster's Ray is told apart from it)
+    free_base: int | None = None  # a `port_base` free on every node, once the facts are in
 
     @property
     def host_mode(self) -> bool:
@@ -55,4 +58,5 @@ def plan_for(
         runtime=inventory.runtime,
         ray_python=inventory.ray_python,
         control_ray=control_ray,
+        cluster=inventory.cluster,
     )
