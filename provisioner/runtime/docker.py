@@ -190,8 +190,11 @@ class DockerRuntime:
         self.cluster = inventory.cluster
         # what `docker run` names: the pinned ID, else the cluster tag a push leaves
         self.image = image or (pin.image_id if pin else CLUSTER_TAG)
+        self.image_id = pin.image_id if pin else ""
 
-    def prepare(self, pool: Pool, report: Reporter) -> PushReport | None:
+    def prepare(
+        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
+    ) -> PushReport | None:
         if self.pin is None:
             raise InputError(
                 "the inventory names no image pin (image.lock), and the docker runtime runs Ray "
@@ -201,7 +204,9 @@ class DockerRuntime:
                 where=str(self.inventory.path),
             )
         report(f"image: making every node hold {self.pin.short_id()} (push: {self.push})")
-        return push_image(self.inventory, pool, report, pin=self.pin, opts=push_options(self.push))
+        return push_image(
+            self.inventory, pool, report, pin=self.pin, opts=push_options(self.push), held=ready
+        )
 
     def state_command(self) -> str:
         return container_facts_command(self.cluster)
