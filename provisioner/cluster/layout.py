@@ -22,6 +22,7 @@ RESULTS_ROOT_ENV = "PROVISIONER_RESULTS_ROOT"
 # Docker labels put on every container this tool starts.
 LABEL_CLUSTER = "provisioner.cluster"
 LABEL_ROLE = "provisioner.role"
+LABEL_GPUS = "provisioner.gpus"  # the GPUs a container was given (gpu.plan.signature)
 
 
 def container_name(cluster: str) -> str:

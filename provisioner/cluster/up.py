@@ -30,7 +30,7 @@ from provisioner.doctor.facts import NodeFacts
 from provisioner.doctor.gather import gather_facts
 from provisioner.doctor.neighbours import port_owner
 from provisioner.errors import OperationError, ProvisionerError
-from provisioner.gpu.plan import GpuPlan, plans_for
+from provisioner.gpu.plan import GpuPlan, plans_for, signature
 from provisioner.image.lock import Pin
 from provisioner.image.push import PushReport
 from provisioner.inventory import Inventory, Node
@@ -293,6 +293,8 @@ def bring_up(
     def start_needed(node: Node, *, head_restarted: bool) -> bool:
         state = states.get(node.name)
         current = runtime.is_current(state) if state else None
+        if state and state.gpus is not None and state.gpus != signature(result.gpus.get(node.name)):
+            current = False  # its GPUs changed: a driver installed since, another subset
         alive = before.node(node.name).ray_alive
         if node is head:
             alive = alive and before.gcs_error is None

@@ -36,6 +36,7 @@ class RayState:
     restarts: int = 0
     exit_code: int | None = None
     oom_killed: bool = False
+    gpus: str | None = None  # the GPUs it was given (gpu.plan.signature); None: not recorded
 
     @property
     def running(self) -> bool:

@@ -21,7 +21,7 @@ from provisioner.doctor.facts import NodeFacts
 from provisioner.doctor.findings import Finding
 from provisioner.doctor.plan import Plan
 from provisioner.errors import InputError
-from provisioner.gpu.plan import GpuPlan, accelerator_label_env, docker_gpu_options
+from provisioner.gpu.plan import GpuPlan, accelerator_label_env, docker_gpu_options, signature
 from provisioner.image.lock import CLUSTER_TAG, Pin
 from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node
@@ -63,6 +63,7 @@ def docker_run_command(
         gpu_options += [
             f"-e {shlex.quote(f'{k}={v}')}" for k, v in accelerator_label_env(gpus).items()
         ]
+        gpu_options.append(f"--label {shlex.quote(f'{layout.LABEL_GPUS}={signature(gpus)}')}")
     parts = [
         "docker run -d",
         f"--name {shlex.quote(layout.container_name(cluster))}",
@@ -111,7 +112,8 @@ def container_facts_command(cluster: str) -> str:
         '{"running": {{json .State.Running}}, "status": {{json .State.Status}}, '
         '"image": {{json .Image}}, "started_at": {{json .State.StartedAt}}, '
         '"restarts": {{json .RestartCount}}, "exit_code": {{json .State.ExitCode}}, '
-        '"oom_killed": {{json .State.OOMKilled}}}'
+        '"oom_killed": {{json .State.OOMKilled}}, '
+        f'"gpus": {{{{json (index .Config.Labels "{layout.LABEL_GPUS}")}}}}}}'
     )
     return f"docker inspect --format {fmt} {name} 2>/dev/null || echo null"
 
@@ -129,6 +131,7 @@ def parse_container_facts(stdout: str) -> RayState:
         restarts=int(data.get("restarts") or 0),
         exit_code=data.get("exit_code"),
         oom_killed=bool(data.get("oom_killed")),
+        gpus=str(data.get("gpus") or ""),
     )
 
 
