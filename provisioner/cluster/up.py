@@ -8,7 +8,8 @@ dead worker is restarted alone; a restarted head brings its workers back too.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from provisioner.cluster import (
@@ -25,8 +26,11 @@ from provisioner.cluster.headprobe import GcsNode
 from provisioner.cluster.status import ClusterStatus
 from provisioner.console import Reporter, quiet
 from provisioner.doctor import DoctorReport
+from provisioner.doctor.facts import NodeFacts
+from provisioner.doctor.gather import gather_facts
 from provisioner.doctor.neighbours import port_owner
 from provisioner.errors import OperationError, ProvisionerError
+from provisioner.gpu.plan import GpuPlan, plans_for, signature
 from provisioner.image.lock import Pin
 from provisioner.image.push import PushReport
 from provisioner.inventory import Inventory, Node
@@ -47,6 +51,7 @@ class UpResult:
     push: PushReport | None = None
     timings: dict[str, float] = field(default_factory=dict)
     runtime: str = "docker"
+    gpus: dict[str, GpuPlan] = field(default_factory=dict)  # node name -> its GPUs for Ray
     departed: membership.Removal | None = None  # nodes that left the inventory
 
     @property
@@ -66,6 +71,7 @@ class UpResult:
             "status": self.status.to_json() if self.status else None,
             "doctor": self.doctor.to_json() if self.doctor else None,
             "push": self.push.to_json() if self.push else None,
+            "gpus": {name: asdict(plan) for name, plan in self.gpus.items()},
             "departed": self.departed.to_json() if self.departed else None,
         }
 
@@ -129,6 +135,26 @@ def wait_for_gcs(session: Session, runtime: Runtime, *, timeout: float) -> None:
     )
 
 
+def wait_for_jobs_api(session: Session, runtime: Runtime, *, timeout: float) -> None:
+    """Wait on the head until Ray's dashboard (which serves the Jobs API that `submit`
+    uses) accepts connections. The dashboard is a process of its own that the head starts
+    beside the GCS; on a busy node it opens its port seconds after the cluster joined."""
+    inventory = runtime.inventory
+    port = inventory.ports.dashboard
+    result = session.run(
+        commands.wait_for_port_command("127.0.0.1", port, timeout, runtime.running_test()),
+        timeout=timeout + 15,
+    )
+    if result.ok:
+        return
+    raise OperationError(
+        f"Ray's dashboard (the Jobs API) did not open port {port} on the head within "
+        f"{timeout:.0f}s" + (" (the head's Ray stopped)" if result.exit_code == 3 else ""),
+        "see `provisioner logs` (dashboard.log, dashboard.err), then run `provisioner up` again",
+        where=inventory.head.name,
+    )
+
+
 def totals(nodes: list[GcsNode]) -> dict[str, float]:
     """Sum of CPUs, memory (GiB), GPUs over alive nodes."""
     alive = [n for n in nodes if n.alive]
@@ -151,6 +177,16 @@ def not_joined_report(pool: Pool, runtime: Runtime, missing: list[Node]) -> str:
         hint = "; ".join(sorted({f.cause for f in causes})) or "no known error pattern found"
         parts.append(f"--- {node.name} ({node.address}): likely cause: {hint}\n{text}")
     return "\n".join(parts)
+
+
+def gpu_plans(
+    pool: Pool, inventory: Inventory, runtime: Runtime, facts: Mapping[str, NodeFacts] | None
+) -> dict[str, GpuPlan]:
+    """Each node's GPUs for Ray and how they reach it, from the doctor's facts; without
+    them (`up --no-doctor`) from one facts round of their own."""
+    if facts is None or set(facts) != {n.name for n in inventory.nodes}:
+        facts = gather_facts(pool, inventory, "", reachability=False, parallelism=32).results
+    return plans_for(inventory.nodes, {n: f.gpu for n, f in facts.items()}, runtime.name)
 
 
 def _refuse_foreign_gcs(
@@ -197,7 +233,12 @@ def up(
         result.doctor = preflight.check(inventory, pool, report, force=force)
         result.timings["doctor"] = time.monotonic() - t0
     t1 = time.monotonic()
-    result.push = runtime.prepare(pool, report)
+    ready = (
+        result.doctor.report.holding(runtime.image_id)
+        if result.doctor and runtime.image_id
+        else frozenset()
+    )
+    result.push = runtime.prepare(pool, report, ready=ready)
     result.timings["push"] = time.monotonic() - t1
     if result.push is not None and result.push.errors:
         _raise_first(dict(result.push.errors), "could not push the pinned image")
@@ -212,6 +253,7 @@ def up(
         join_timeout=join_timeout,
         result=result,
         states=states,
+        facts=result.doctor.report.facts if result.doctor else None,
     )
     result.seconds = time.monotonic() - t0
     return result
@@ -227,14 +269,17 @@ def bring_up(
     probe: bool = True,
     result: UpResult | None = None,
     states: dict[str, RayState] | None = None,
+    facts: Mapping[str, NodeFacts] | None = None,
 ) -> UpResult:
     """Start what is missing, wait until every node joined, run the placement probe.
 
     `states`: this cluster's Ray on every node as the doctor's round found it (then no
-    node is asked again); without them, one round trip asks."""
+    node is asked again); without them, one round trip asks. `facts`: the doctor's facts
+    (the nodes' GPUs); without them, one round trip asks."""
     t0 = time.monotonic()
     result = result if result is not None else UpResult(runtime=runtime.name)
     install_token(inventory, pool)
+    result.gpus = gpu_plans(pool, inventory, runtime, facts)
     before = status.gather(inventory, pool, report, runtime=runtime, states=states)
     # Nodes that left the inventory (the last up's record, the GCS's list) lose this
     # cluster's Ray before anything starts, so that none of them meets the new head.
@@ -248,6 +293,8 @@ def bring_up(
     def start_needed(node: Node, *, head_restarted: bool) -> bool:
         state = states.get(node.name)
         current = runtime.is_current(state) if state else None
+        if state and state.gpus is not None and state.gpus != signature(result.gpus.get(node.name)):
+            current = False  # its GPUs changed: a driver installed since, another subset
         alive = before.node(node.name).ray_alive
         if node is head:
             alive = alive and before.gcs_error is None
@@ -276,7 +323,8 @@ def bring_up(
 
     def start(node: Node) -> None:
         report(f"{node.name}: " + runtime.starting.format(role=node.role))
-        pool.session(node).run(runtime.start_command(node), timeout=90).check()
+        command = runtime.start_command(node, result.gpus.get(node.name))
+        pool.session(node).run(command, timeout=90).check()
 
     group = fan_out([n for n in to_start if n.name in removed.results], start, deadline=120)
     result.started += [n.name for n in to_start if n.name in group.results]
@@ -311,6 +359,11 @@ def bring_up(
                 f"the placement probe did not reach every node: {bad or result.placement}",
                 "see `provisioner logs` for worker crashes on those nodes",
             )
+    if head_restart:
+        t_api = time.monotonic()
+        wait_for_jobs_api(head_session, runtime, timeout=90)
+        result.timings["jobs_api"] = time.monotonic() - t_api
+        report(f"{head.name}: the Jobs API answers on port {inventory.ports.dashboard}")
     result.totals = totals(list(fresh.values()))
     # After the start: what was started runs what the runtime started; the rest as before.
     began = runtime.started_state()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from provisioner.gpu.facts import GpuFacts, parse_gpu_facts
+
 _SECTION = re.compile(r"^@@([a-z_]+)$")
 _SS_PROCESS = re.compile(r'\("([^"]+)",pid=(\d+)')
 
@@ -103,6 +105,7 @@ class NodeFacts:
     bound_ports: tuple[int, ...] = ()
     complete: bool = False  # the script ran to its end
     ray_state: str | None = None  # the runtime's state command's output, when asked for
+    gpu: GpuFacts = field(default_factory=GpuFacts)  # NVIDIA GPUs, driver, container toolkit
 
     def holds_cluster(self, cluster: str, *, running: bool = False) -> bool:
         """A container of `cluster` is on this node (`running`: and it runs)."""
@@ -309,4 +312,5 @@ def parse_facts(host: str, text: str, sent_at: float = 0.0, received_at: float =
         bound_ports=bound,
         complete="end" in s,
         ray_state=s.get("ray_state"),
+        gpu=parse_gpu_facts(s),
     )

@@ -22,6 +22,7 @@ class PinFacts:
     python: str
     ray: str
     arch: str = ""  # e.g. amd64, when the pin records it
+    cuda: str = ""  # the CUDA version of the image's torch ("": the CPU build, or unknown)
 
 
 @dataclass(frozen=True)

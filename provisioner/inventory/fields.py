@@ -62,6 +62,7 @@ NODE_FIELDS = {
     "jump": "jump host (overrides ssh.jump)",
     "resources": "Ray resources: {NAME: number}",
     "labels": "Ray labels: {NAME: text}",
+    "gpus": "NVIDIA GPUs for Ray: all (default) | none | [index or UUID, ...]",
 }
 IMAGE_FIELDS = {"lock": "the image lock file written by `provisioner image build`"}
 RAY_FIELDS = {
@@ -310,6 +311,47 @@ def check_resource_map(value: Any, where: Where, field: str) -> dict[str, float]
             field, f"expected a mapping of names to numbers, got {value!r}", "e.g. {GPU: 2}"
         )
     return {k: check_number(v, where, f"{field}.{k}", zero_ok=True) for k, v in value.items()}
+
+
+_GPU_ID = re.compile(r"^(?:\d{1,3}|(?:GPU|MIG)-[A-Za-z0-9/-]{1,80})$")
+
+
+def check_gpus(
+    value: Any, resources: Mapping[str, float], where: Where, field: str
+) -> tuple[str, ...] | None:
+    """A node's GPUs: `all` (None: every GPU it has, or the first `resources.GPU` of them),
+    `none` (no GPU), or a list of indices and UUIDs as nvidia-smi shows them."""
+    count = resources.get("GPU")
+    if count is not None and count != int(count):
+        raise where.error(
+            f"{field.rsplit('.', 1)[0]}.resources.GPU",
+            f"expected a whole number of GPUs, got {count}",
+            "give Ray whole GPUs: GPU: 1 (tasks ask for fractions, nodes do not)",
+        )
+    if value is None or value == "all":
+        return None
+    if value == "none":
+        value = []
+    items = [value] if isinstance(value, int | str) and not isinstance(value, bool) else value
+    if not isinstance(items, list) or any(
+        isinstance(i, bool) or not isinstance(i, int | str) or not _GPU_ID.match(str(i))
+        for i in items
+    ):
+        raise where.error(
+            field,
+            f"expected all, none or a list of GPU indices and UUIDs, got {value!r}",
+            "e.g. gpus: [0, 1] or gpus: [GPU-5ba6b7e4-...] (as `nvidia-smi -L` lists them)",
+        )
+    gpus = tuple(str(i) for i in items)
+    if len(set(gpus)) != len(gpus):
+        raise where.error(field, f"a GPU is named twice in {value!r}", "name each GPU once")
+    if count is not None and int(count) != len(gpus):
+        raise where.error(
+            field,
+            f"{len(gpus)} GPU(s) named but resources.GPU is {int(count)}",
+            "leave resources.GPU out (the GPUs named are what Ray gets) or make them agree",
+        )
+    return gpus
 
 
 HOST_KEY_POLICIES_TEXT = "strict or accept-new"

@@ -166,6 +166,9 @@ class Node:
     ssh: SSHSettings
     resources: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    # NVIDIA GPUs given to Ray: indices ("0") or UUIDs ("GPU-..."); None: all the node has
+    # (or the first `resources: {GPU: n}` of them); (): none
+    gpus: tuple[str, ...] | None = None
 
     @property
     def is_head(self) -> bool:

@@ -16,6 +16,7 @@ from provisioner.inventory.fields import (
     Where,
     check_address,
     check_cluster,
+    check_gpus,
     check_jump,
     check_keys,
     check_label_map,
@@ -76,15 +77,17 @@ def parse_host(item: Any, where: Where, path: Path, field: str) -> RawHost:
     address = check_address(data["address"], _line(data, "address", where), f"{field}.address")
     name = data.get("name", address)
     name = check_name(name, _line(data, "name", where), f"{field}.name")
+    resources = check_resource_map(
+        data.get("resources"), _line(data, "resources", where), f"{field}.resources"
+    )
     return RawHost(
         name=name,
         address=address,
         where=where,
         ssh=parse_ssh(data, where, path, field),
-        resources=check_resource_map(
-            data.get("resources"), _line(data, "resources", where), f"{field}.resources"
-        ),
+        resources=resources,
         labels=check_label_map(data.get("labels"), _line(data, "labels", where), f"{field}.labels"),
+        gpus=check_gpus(data.get("gpus"), resources, _line(data, "gpus", where), f"{field}.gpus"),
     )
 
 

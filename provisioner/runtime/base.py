@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from provisioner.doctor.facts import NodeFacts
     from provisioner.doctor.findings import Finding
     from provisioner.doctor.plan import Plan
+    from provisioner.gpu.plan import GpuPlan
     from provisioner.image.push import PushReport
     from provisioner.inventory import Inventory, Node
     from provisioner.remote import Pool
@@ -35,6 +36,7 @@ class RayState:
     restarts: int = 0
     exit_code: int | None = None
     oom_killed: bool = False
+    gpus: str | None = None  # the GPUs it was given (gpu.plan.signature); None: not recorded
 
     @property
     def running(self) -> bool:
@@ -79,9 +81,15 @@ class Runtime(Protocol):
     push: str  # how `prepare` sends the image: one of PUSH_MODES
     starting: str  # progress line of a start, with {role}: "starting the {role} container"
     stopping: str  # progress line of a stop: "removing the Ray container"
+    image_id: str  # the image ID Ray runs in ("": none, Ray runs from the node's own Python)
 
-    def prepare(self, pool: Pool, report: Reporter) -> PushReport | None:
-        """Make every node able to run Ray (docker: push the pin); before any start."""
+    def prepare(
+        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
+    ) -> PushReport | None:
+        """Make every node able to run Ray (docker: push the pin); before any start.
+
+        `ready`: nodes the doctor's round already found able to (docker: holding the pin),
+        which are not asked again."""
         ...
 
     def state_command(self) -> str:
@@ -100,9 +108,10 @@ class Runtime(Protocol):
         """Pure: whether the node runs what the cluster pins (None: unknown or not pinned)."""
         ...
 
-    def start_command(self, node: Node) -> str:
+    def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
         """Start this cluster's Ray on `node`, detached from the SSH session; returns when
-        Ray's processes are started (a worker's Ray then waits for the head's by itself)."""
+        Ray's processes are started (a worker's Ray then waits for the head's by itself).
+        `gpus`: the node's GPUs for Ray and how they reach it (`cluster.gpus.plan_gpus`)."""
         ...
 
     def stop_command(self, node: Node) -> str:

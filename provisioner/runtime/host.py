@@ -3,8 +3,10 @@
 Every command runs in a login interactive bash (`bash --login -i -c`, as Ray's own
 launcher does), so `ray` is found on the PATH a login shell sets up; or the inventory
 names the interpreter (`ray: {python: /opt/venv/bin/python}`). Ray starts detached from
-the SSH session (`setsid`) with this cluster's own temp dir (`--temp-dir`, the node
-directory `~/.provisioner/clusters/CLUSTER/ray`), and is stopped by its processes: those
+the SSH session (`setsid`) with this cluster's own temp dir (`--temp-dir`: a short
+link /tmp/prov-CLUSTER to the node directory `~/.provisioner/clusters/CLUSTER/ray`,
+short because Ray's socket paths under it may not exceed 107 bytes), and is stopped by
+its processes: those
 whose command line names that temp dir, the other processes of the session `up` started
 them in, and their descendants (Ray's workers). Never `ray stop`: it stops every Ray on
 the node, other users' and other clusters' included.
@@ -21,6 +23,7 @@ from provisioner.cluster.commands import ray_start_args
 from provisioner.doctor.facts import NodeFacts, Shell
 from provisioner.doctor.findings import Finding, error, ok, warning
 from provisioner.doctor.plan import Plan
+from provisioner.gpu.plan import GpuPlan, host_gpu_env
 from provisioner.image.lock import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.remote.commands import login_shell
@@ -36,13 +39,18 @@ STOP_WAIT_S = 15
 
 
 def temp_dir(cluster: str) -> str:
-    """Shell word: this cluster's Ray temp dir on a node (absolute once $HOME expands)."""
-    return layout.node_ray_dir(cluster)
+    """This cluster's Ray temp dir on a node, as Ray is given it (a short link)."""
+    return layout.node_short_ray_dir(cluster)
 
 
 def temp_dir_mark(cluster: str) -> str:
     """What every Ray process of this cluster has on its command line (a path fragment)."""
-    return f"/{layout.node_dir(cluster)}/ray/"
+    return f"{layout.node_short_ray_dir(cluster)}/"
+
+
+def _log(cluster: str) -> str:
+    """Shell word: the start log, in the node directory itself (not through the link)."""
+    return f"{layout.node_ray_dir(cluster)}/{START_LOG}"
 
 
 def _interpreter(python: str | None) -> str:
@@ -65,12 +73,25 @@ def _env(cluster: str) -> str:
     )
 
 
+def legacy_temp_dir_mark(cluster: str) -> str:
+    """The temp dir Ray was given before it was a short link (the node directory itself):
+    a Ray started by an older provisioner is still stopped as this cluster's."""
+    return f"/{layout.node_dir(cluster)}/ray/"
+
+
 def _mark_vars(cluster: str) -> str:
-    """awk options whose concatenation `a b` is `temp_dir_mark` without the trailing slash;
-    apart, so that no command line of ours (this shell's, awk's) holds the mark itself."""
-    mark = temp_dir_mark(cluster).rstrip("/")
-    head, _, tail = mark.rpartition("/")
-    return f"-v a={shlex.quote(head + '/')} -v b={shlex.quote(tail)}"
+    """awk options whose concatenations `a b` and `c d` are `temp_dir_mark` and the legacy
+    mark without the trailing slash; apart, so that no command line of ours (this shell's,
+    awk's) holds a mark itself."""
+    words = []
+    for (x, y), mark in zip(
+        (("a", "b"), ("c", "d")),
+        (temp_dir_mark(cluster), legacy_temp_dir_mark(cluster)),
+        strict=True,
+    ):
+        head, _, tail = mark.rstrip("/").rpartition("/")
+        words.append(f"-v {x}={shlex.quote(head + '/')} -v {y}={shlex.quote(tail)}")
+    return " ".join(words)
 
 
 def _pids(cluster: str) -> str:
@@ -81,8 +102,8 @@ def _pids(cluster: str) -> str:
     return (
         'me=$(ps -o sid= -p $$ | tr -d " "); '
         f'PIDS=$(ps -e -ww -o pid=,ppid=,sid=,args= | awk {_mark_vars(cluster)} -v me="$me" '
-        '\'BEGIN { m = a b } { parent[$1] = $2; sid[$1] = $3; line = $0 " " } '
-        'index(line, m "/") || index(line, m " ") '
+        '\'BEGIN { m = a b; l = c d } { parent[$1] = $2; sid[$1] = $3; line = $0 " " } '
+        'index(line, m "/") || index(line, m " ") || index(line, l "/") '
         "{ own[$1] = 1; if ($3 != 1 && $3 != me) ours[$3] = 1 } "
         "END { for (p in sid) if (sid[p] in ours) own[p] = 1; "
         "do { n = 0; for (p in parent) if (!(p in own) && (parent[p] in own)) "
@@ -93,20 +114,26 @@ def _pids(cluster: str) -> str:
 WORKER_START_TRIES = 10  # 3 s apart
 
 
-def start_command(inventory: Inventory, node: Node, python: str | None) -> str:
-    """Start this cluster's Ray on `node` from the node's own Python, detached."""
+def start_command(
+    inventory: Inventory, node: Node, python: str | None, gpus: GpuPlan | None = None
+) -> str:
+    """Start this cluster's Ray on `node` from the node's own Python, detached; `gpus`:
+    the node's GPUs Ray may use (CUDA_VISIBLE_DEVICES)."""
     cluster = inventory.cluster
-    args = ray_start_args(inventory, node, block=False)[2:]  # after `ray start`
+    args = ray_start_args(inventory, node, block=False, gpus=gpus)[2:]  # after `ray start`
     args.append("--temp-dir=TEMPDIR")
     words = " ".join(
         f"--temp-dir={temp_dir(cluster)}" if a == "--temp-dir=TEMPDIR" else shlex.quote(a)
         for a in args
     )
-    log = f"{temp_dir(cluster)}/{START_LOG}"
+    log = _log(cluster)
+    env = host_gpu_env(gpus) if gpus else {}
+    gpu_env = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
     tries = 1 if node.role == "head" else WORKER_START_TRIES
     script = (
-        f"set -e; {_interpreter(python)}; {_env(cluster)}; "
-        f"mkdir -p {temp_dir(cluster)} {layout.node_results_dir(cluster)}; "
+        f"set -e; {_interpreter(python)}; {_env(cluster)}; {gpu_env}"
+        f"{layout.link_short_ray_dir_command(cluster)}; "
+        f"mkdir -p {layout.node_results_dir(cluster)}; "
         f'cd "$HOME"; echo "== $(date -u +%FT%TZ) ray start with $PY" >>{log}; '
         # A worker started with the head may ask the GCS before the head has registered
         # ("No node info found for head node"): no restart policy heals that here, so a
@@ -139,7 +166,7 @@ def state_command(cluster: str) -> str:
         "ps -e -ww -o pid=,comm=,args= | awk -v m=" + mark + " "
         '\'index($0, m) && ($2 == "raylet" || $2 == "gcs_server") '
         '{ print ($2 == "raylet" ? "raylet" : "gcs") "=" $1 }\'; '
-        f"d={temp_dir(cluster)}; "
+        f"d={layout.node_ray_dir(cluster)}; "
         '[ -d "$d" ] && echo "dir=yes"; '
         's=$(ls -d "$d"/session_2* 2>/dev/null | sort | tail -n 1); '
         '[ -n "$s" ] && echo "session=${s##*/}"; '
@@ -176,7 +203,7 @@ def python_command(cluster: str, python: str | None, *args: str) -> str:
 
 
 def log_command(cluster: str, lines: int | None = None) -> str:
-    log = f"{temp_dir(cluster)}/{START_LOG}"
+    log = _log(cluster)
     return f"tail -n {int(lines)} {log} 2>&1" if lines is not None else f"cat {log} 2>&1"
 
 
@@ -351,8 +378,11 @@ class HostRuntime:
         self.inventory = inventory
         self.cluster = inventory.cluster
         self.python = inventory.ray_python
+        self.image_id = ""
 
-    def prepare(self, pool: Pool, report: Reporter) -> PushReport | None:
+    def prepare(
+        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
+    ) -> PushReport | None:
         return None  # the nodes bring their own Ray; the doctor checked the versions
 
     def state_command(self) -> str:
@@ -369,8 +399,8 @@ class HostRuntime:
             return None
         return state.runs == self.python
 
-    def start_command(self, node: Node) -> str:
-        return start_command(self.inventory, node, self.python)
+    def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
+        return start_command(self.inventory, node, self.python, gpus)
 
     def stop_command(self, node: Node) -> str:
         return stop_command(self.cluster)
@@ -395,7 +425,10 @@ class HostRuntime:
         )
         return RenderSection(
             {"file_mounts": {token: str(token_path)}},
-            before_start=(stop_command(self.cluster),),
+            before_start=(
+                stop_command(self.cluster),
+                layout.link_short_ray_dir_command(self.cluster),
+            ),
             env=env,
             start_flags=(f"--temp-dir={temp_dir(self.cluster)}",),
         )
@@ -406,9 +439,10 @@ def node_judges(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
 
 
 def own_ray(facts: NodeFacts, cluster: str) -> bool:
-    """A raylet or GCS of this cluster (its temp dir on their command line) runs here."""
-    mark = temp_dir_mark(cluster)
-    return any(mark in line for line in facts.ray_processes)
+    """A raylet or GCS of this cluster (its temp dir on their command line) runs here; one
+    an older provisioner started (the legacy mark) counts too: `up` replaces it."""
+    marks = (temp_dir_mark(cluster), legacy_temp_dir_mark(cluster))
+    return any(mark in line for line in facts.ray_processes for mark in marks)
 
 
 RUNTIME = HostRuntime

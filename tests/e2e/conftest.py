@@ -47,6 +47,7 @@ MODULE_ORDER = (
     "test_security",
     "test_hostile_returns",
     "test_bench_smoke",
+    "test_gpu",
     "test_host_mode",
     "test_slurm",
 )
