@@ -26,6 +26,7 @@ import yaml
 
 from provisioner.cli import run
 from provisioner.lab.nodes import LabInfo
+from provisioner.runtime.host import temp_dir_mark
 from tests.e2e.faults.lab import edited_inventory
 from tests.e2e.helpers import ssh
 
@@ -216,8 +217,9 @@ def test_a_worker_removed_from_the_inventory_leaves_the_cluster(
 
 def raylets(lab: LabInfo, cluster: str) -> dict[str, list[str]]:
     """Each node's raylet processes of a host-mode cluster (their command line names the
-    cluster's temp dir): PIDs, which change when Ray is restarted."""
-    mark = f"/.provisioner/clusters/{cluster}/ray"
+    cluster's temp dir, as the host runtime's stop finds them): PIDs, which change when Ray
+    is restarted."""
+    mark = temp_dir_mark(cluster)
     found = {}
     for node in lab.nodes:
         listing = ssh(lab, node, "ps -e -ww -o pid=,comm=,args=").stdout.splitlines()
@@ -256,7 +258,7 @@ def test_host_mode_clusters_share_the_nodes(host_lab: LabInfo, tmp_path: Path) -
         errors = [f for f in found if f["severity"] == "error"]
         assert len(errors) == 3, found
         assert all(
-            f"cluster {name_b}'s Ray (processes under ~/.provisioner/clusters/{name_b})"
+            f"cluster {name_b}'s Ray (processes in the temp dir of cluster {name_b})"
             in f["message"]
             and "22600-22999" in f["message"]  # B's workers, C's workers
             and ("22500-22508" if f["host"] == host_lab.nodes[0].name else "22503-22508")

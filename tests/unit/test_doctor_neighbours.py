@@ -134,7 +134,7 @@ def test_host_mode_rays_are_told_by_their_node_directory() -> None:
     rays = {r.cluster: r for r in rays_on_node(head)}
     assert set(rays) == {"i15-host", "i15-host-b"}
     b = rays["i15-host-b"]
-    assert b.via == "processes under ~/.provisioner/clusters/i15-host-b"
+    assert b.via == "processes in the temp dir of cluster i15-host-b"
     assert {22000, 22003, 22004, 22005, 22006, 22007, 22008} <= b.ports
     assert set(range(22100, 23000)) <= b.ports
     idle = [p.pid for p in head.ray_owners if p.title == "ray::IDLE"]
@@ -146,7 +146,7 @@ def test_host_mode_rays_are_told_by_their_node_directory() -> None:
         if f.check == "ray.cluster" and f.severity == "error"
     ]
     assert error.message.startswith(
-        "cluster i15-host-b's Ray (processes under ~/.provisioner/clusters/i15-host-b) uses "
+        "cluster i15-host-b's Ray (processes in the temp dir of cluster i15-host-b) uses "
         "port(s) 22500-22508, 22600-22999"
     )
     stale = [f for f in node_findings(node, head, plan) if f.check == "ray.stale"]
