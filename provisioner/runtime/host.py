@@ -35,14 +35,16 @@ START_LOG = "start.log"
 STOP_WAIT_S = 15
 
 
-def temp_dir(cluster: str) -> str:
-    """Shell word: this cluster's Ray temp dir on a node (absolute once $HOME expands)."""
-    return layout.node_ray_dir(cluster)
+def temp_dir(cluster: str, short: str | None = None) -> str:
+    """Shell word: this cluster's Ray temp dir on a node (absolute once $HOME expands);
+    `short`: an absolute path of its own instead (a SLURM job's, under the 107-byte
+    limit of Ray's socket paths)."""
+    return shlex.quote(short) if short else layout.node_ray_dir(cluster)
 
 
-def temp_dir_mark(cluster: str) -> str:
+def temp_dir_mark(cluster: str, short: str | None = None) -> str:
     """What every Ray process of this cluster has on its command line (a path fragment)."""
-    return f"/{layout.node_dir(cluster)}/ray/"
+    return f"{short.rstrip('/')}/" if short else f"/{layout.node_dir(cluster)}/ray/"
 
 
 def _interpreter(python: str | None) -> str:
@@ -65,22 +67,22 @@ def _env(cluster: str) -> str:
     )
 
 
-def _mark_vars(cluster: str) -> str:
+def _mark_vars(cluster: str, short: str | None = None) -> str:
     """awk options whose concatenation `a b` is `temp_dir_mark` without the trailing slash;
     apart, so that no command line of ours (this shell's, awk's) holds the mark itself."""
-    mark = temp_dir_mark(cluster).rstrip("/")
+    mark = temp_dir_mark(cluster, short).rstrip("/")
     head, _, tail = mark.rpartition("/")
     return f"-v a={shlex.quote(head + '/')} -v b={shlex.quote(tail)}"
 
 
-def _pids(cluster: str) -> str:
+def _pids(cluster: str, short: str | None = None) -> str:
     """Shell: PIDS = this cluster's Ray processes: those whose command line names its temp
     dir, every process of their sessions (`up` starts Ray in a session of its own, so
     Ray's client server, which names no path, is found too; never session 1 nor the
     stop's own), and every descendant of them (Ray's workers rename themselves)."""
     return (
         'me=$(ps -o sid= -p $$ | tr -d " "); '
-        f'PIDS=$(ps -e -ww -o pid=,ppid=,sid=,args= | awk {_mark_vars(cluster)} -v me="$me" '
+        f'PIDS=$(ps -e -ww -o pid=,ppid=,sid=,args= | awk {_mark_vars(cluster, short)} -v me="$me" '
         '\'BEGIN { m = a b } { parent[$1] = $2; sid[$1] = $3; line = $0 " " } '
         'index(line, m "/") || index(line, m " ") '
         "{ own[$1] = 1; if ($3 != 1 && $3 != me) ours[$3] = 1 } "
@@ -96,17 +98,18 @@ WORKER_START_TRIES = 10  # 3 s apart
 def start_command(inventory: Inventory, node: Node, python: str | None) -> str:
     """Start this cluster's Ray on `node` from the node's own Python, detached."""
     cluster = inventory.cluster
+    short = inventory.ray_temp_dir
     args = ray_start_args(inventory, node, block=False)[2:]  # after `ray start`
     args.append("--temp-dir=TEMPDIR")
     words = " ".join(
-        f"--temp-dir={temp_dir(cluster)}" if a == "--temp-dir=TEMPDIR" else shlex.quote(a)
+        f"--temp-dir={temp_dir(cluster, short)}" if a == "--temp-dir=TEMPDIR" else shlex.quote(a)
         for a in args
     )
-    log = f"{temp_dir(cluster)}/{START_LOG}"
+    log = f"{temp_dir(cluster, short)}/{START_LOG}"
     tries = 1 if node.role == "head" else WORKER_START_TRIES
     script = (
         f"set -e; {_interpreter(python)}; {_env(cluster)}; "
-        f"mkdir -p {temp_dir(cluster)} {layout.node_results_dir(cluster)}; "
+        f"mkdir -p {temp_dir(cluster, short)} {layout.node_results_dir(cluster)}; "
         f'cd "$HOME"; echo "== $(date -u +%FT%TZ) ray start with $PY" >>{log}; '
         # A worker started with the head may ask the GCS before the head has registered
         # ("No node info found for head node"): no restart policy heals that here, so a
@@ -119,27 +122,27 @@ def start_command(inventory: Inventory, node: Node, python: str | None) -> str:
     return login_shell(script)
 
 
-def stop_command(cluster: str) -> str:
+def stop_command(cluster: str, short: str | None = None) -> str:
     """TERM this cluster's Ray processes, KILL those left after a while; nothing else."""
     return (
-        f'{_pids(cluster)}; [ -z "$PIDS" ] && exit 0; kill -TERM $PIDS 2>/dev/null; '
+        f'{_pids(cluster, short)}; [ -z "$PIDS" ] && exit 0; kill -TERM $PIDS 2>/dev/null; '
         f"for i in $(seq {STOP_WAIT_S * 10}); do left=; "
         'for p in $PIDS; do kill -0 "$p" 2>/dev/null && left="$left $p"; done; '
         '[ -z "$left" ] && break; sleep 0.1; done; '
         '[ -n "$left" ] && kill -KILL $left 2>/dev/null && sleep 0.3; '
-        f'{_pids(cluster)}; [ -z "$PIDS" ] && exit 0; kill -KILL $PIDS 2>/dev/null; sleep 0.5; '
-        f'{_pids(cluster)}; [ -z "$PIDS" ]'
+        f'{_pids(cluster, short)}; [ -z "$PIDS" ] && exit 0; kill -KILL $PIDS 2>/dev/null; '
+        f'sleep 0.5; {_pids(cluster, short)}; [ -z "$PIDS" ]'
     )
 
 
-def state_command(cluster: str) -> str:
+def state_command(cluster: str, short: str | None = None) -> str:
     """`raylet=PID`, `gcs=PID`, `session=NAME`, `python=...` lines about this cluster's Ray."""
-    mark = shlex.quote(temp_dir_mark(cluster))
+    mark = shlex.quote(temp_dir_mark(cluster, short))
     return (
         "ps -e -ww -o pid=,comm=,args= | awk -v m=" + mark + " "
         '\'index($0, m) && ($2 == "raylet" || $2 == "gcs_server") '
         '{ print ($2 == "raylet" ? "raylet" : "gcs") "=" $1 }\'; '
-        f"d={temp_dir(cluster)}; "
+        f"d={temp_dir(cluster, short)}; "
         '[ -d "$d" ] && echo "dir=yes"; '
         's=$(ls -d "$d"/session_2* 2>/dev/null | sort | tail -n 1); '
         '[ -n "$s" ] && echo "session=${s##*/}"; '
@@ -161,8 +164,8 @@ def parse_state(stdout: str) -> RayState:
     return RayState(status=status, runs=values.get("python"), started_at=values.get("session"))
 
 
-def running_test(cluster: str) -> str:
-    mark = shlex.quote(temp_dir_mark(cluster))
+def running_test(cluster: str, short: str | None = None) -> str:
+    mark = shlex.quote(temp_dir_mark(cluster, short))
     return (
         "ps -e -ww -o comm=,args= | awk -v m=" + mark + " "
         '\'index($0, m) && ($1 == "raylet" || $1 == "gcs_server") { f = 1 } END { exit !f }\''
@@ -175,8 +178,8 @@ def python_command(cluster: str, python: str | None, *args: str) -> str:
     return login_shell(script)
 
 
-def log_command(cluster: str, lines: int | None = None) -> str:
-    log = f"{temp_dir(cluster)}/{START_LOG}"
+def log_command(cluster: str, lines: int | None = None, short: str | None = None) -> str:
+    log = f"{temp_dir(cluster, short)}/{START_LOG}"
     return f"tail -n {int(lines)} {log} 2>&1" if lines is not None else f"cat {log} 2>&1"
 
 
@@ -350,12 +353,13 @@ class HostRuntime:
         self.inventory = inventory
         self.cluster = inventory.cluster
         self.python = inventory.ray_python
+        self.short = inventory.ray_temp_dir
 
     def prepare(self, pool: Pool, report: Reporter) -> PushReport | None:
         return None  # the nodes bring their own Ray; the doctor checked the versions
 
     def state_command(self) -> str:
-        return state_command(self.cluster)
+        return state_command(self.cluster, self.short)
 
     def parse_state(self, stdout: str) -> RayState:
         return parse_state(stdout)
@@ -372,16 +376,16 @@ class HostRuntime:
         return start_command(self.inventory, node, self.python)
 
     def stop_command(self, node: Node) -> str:
-        return stop_command(self.cluster)
+        return stop_command(self.cluster, self.short)
 
     def running_test(self) -> str:
-        return running_test(self.cluster)
+        return running_test(self.cluster, self.short)
 
     def python_command(self, *args: str) -> str:
         return python_command(self.cluster, self.python, *args)
 
     def runtime_log_command(self, lines: int | None = None) -> str:
-        return log_command(self.cluster, lines)
+        return log_command(self.cluster, lines, self.short)
 
     def render_section(self, token_path: Path) -> RenderSection:
         """Ray's launcher runs these through a login shell too; before `ray start`, this
