@@ -124,7 +124,7 @@ def node_findings(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
         *check_sudo(node, facts),
         *judges(plan.runtime).node(node, facts, plan),
         *check_ports(node, facts, plan),
-        *check_stale_ray(node, facts),
+        *check_stale_ray(node, facts, plan.shared_nodes),
         *check_address(node, facts),
         *check_resources(node, facts, plan),
         *check_clock(facts),

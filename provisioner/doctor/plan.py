@@ -35,6 +35,9 @@ class Plan:
     runtime: str = "docker"  # how Ray runs on the nodes (the inventory's `runtime:`)
     ray_python: str | None = None  # host mode: the interpreter the inventory names
     control_ray: str = ""  # the Ray version on this machine, which submits the jobs
+    # the nodes may be shared (a SLURM allocation with its own port block): another Ray
+    # on a node is someone else's, and only a clash on this cluster's ports is a fault
+    shared_nodes: bool = False
 
     @property
     def host_mode(self) -> bool:
@@ -55,4 +58,5 @@ def plan_for(
         runtime=inventory.runtime,
         ray_python=inventory.ray_python,
         control_ray=control_ray,
+        shared_nodes=inventory.slurm is not None,
     )

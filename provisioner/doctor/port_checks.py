@@ -72,7 +72,9 @@ def check_ports(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
     return findings
 
 
-def check_stale_ray(node: Node, f: NodeFacts) -> list[Finding]:
+def check_stale_ray(node: Node, f: NodeFacts, shared: bool = False) -> list[Finding]:
+    """A Ray already running on the node: an error (it takes ports and memory), or on
+    shared nodes (`shared`: another job's cluster on this allocation's nodes) a warning."""
     evidence = []
     if f.ray_processes:
         evidence.append("processes: " + "; ".join(line.strip() for line in f.ray_processes[:5]))
@@ -99,6 +101,16 @@ def check_stale_ray(node: Node, f: NodeFacts) -> list[Finding]:
             f"; for a Ray started by hand: stop it where it was started on {node.name} "
             "(`ray stop` would stop every Ray there, other users' too)"
         )
+    if shared:
+        return [
+            warning(
+                "ray.stale",
+                node.name,
+                "another Ray runs on this shared node (another job's, on its own ports)",
+                "\n".join(evidence),
+                "nothing to do: this cluster's ports are checked apart (ports.free)",
+            )
+        ]
     return [
         error(
             "ray.stale",

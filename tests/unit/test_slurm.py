@@ -297,3 +297,19 @@ def test_host_runtime_uses_the_jobs_short_temp_dir() -> None:
     assert host.temp_dir_mark("c", "/tmp/rayjob-7") == "/tmp/rayjob-7/"
     assert "-v a=/tmp/ -v b=rayjob-7" in host.stop_command("c", "/tmp/rayjob-7")
     assert "/tmp/rayjob-7/start.log" in host.log_command("c", 5, "/tmp/rayjob-7")
+
+
+def test_another_jobs_ray_on_a_shared_node_is_a_warning_only() -> None:
+    from dataclasses import replace
+
+    from provisioner.doctor.facts import NodeFacts
+    from provisioner.doctor.port_checks import check_stale_ray
+    from provisioner.inventory import Node, SSHSettings
+
+    node = Node("n-1", "10.1.0.21", "head", SSHSettings(user="alice"))
+    other = "2100 raylet /x/raylet --raylet_socket_name=/tmp/rayjob-9/session_x/sockets/raylet"
+    facts = replace(NodeFacts(host="n-1"), ray_processes=(other,))
+    (alone,) = check_stale_ray(node, facts)
+    (shared,) = check_stale_ray(node, facts, shared=True)
+    assert (alone.severity, shared.severity) == ("error", "warning")
+    assert "rayjob-9" in shared.evidence
