@@ -13,7 +13,9 @@ machine are noisy: every comparison is a ratio of runs made side by side.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import os
 import platform
 import resource
@@ -33,6 +35,7 @@ import bench_doctor
 import bench_push
 import bench_scaling
 import bench_up
+from bench_repeats import Attempt, Repeats, summary
 
 from provisioner.errors import InputError
 from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
@@ -61,20 +64,40 @@ class Figure:
     label: str
     unit: str
     runs: list[float]
+    failures: list[Attempt] = field(default_factory=list)  # failed attempts, retries included
+    repeats: int = 0  # repeats tried (0: as many as runs)
+    retries: int = 0
 
     @property
     def median(self) -> float:
-        return statistics.median(self.runs)
+        """The median run; NaN when every repeat failed (ratios of it are None)."""
+        return statistics.median(self.runs) if self.runs else math.nan
 
     def to_json(self) -> dict[str, Any]:
+        some = bool(self.runs)
         return {
             "label": self.label,
             "unit": self.unit,
             "runs": [round(x, 3) for x in self.runs],
-            "median": round(self.median, 3),
-            "min": round(min(self.runs), 3),
-            "max": round(max(self.runs), 3),
+            "median": round(self.median, 3) if some else None,
+            "min": round(min(self.runs), 3) if some else None,
+            "max": round(max(self.runs), 3) if some else None,
+            "repeats": self.repeats or len(self.runs),
+            "failed": summary(self.failures, self.repeats or len(self.runs), self.retries),
+            "failures": [a.to_json() for a in self.failures],
         }
+
+
+def ratio(a: Figure, b: Figure | float) -> float | None:
+    """a's median over b's (or over a number); None when either has no run."""
+    den = b.median if isinstance(b, Figure) else b
+    if math.isnan(a.median) or math.isnan(den) or den == 0:
+        return None
+    return a.median / den
+
+
+def meets(value: float | None, test: Callable[[float], bool]) -> bool | None:
+    return None if value is None else test(value)
 
 
 def _bytes(x: float) -> str:
@@ -147,10 +170,35 @@ def cell(figure: dict[str, Any] | None) -> str:
         return "—"
     unit = figure["unit"]
     show = _bytes if unit == "B" else lambda x: f"{_num(x)} {unit}"
-    text = f"{figure['label']}: {show(figure['median'])}"
-    if len(figure["runs"]) > 1:
-        text += f" ({show(figure['min'])}–{show(figure['max'])})"
+    if figure["median"] is None:
+        text = f"{figure['label']}: failed every repeat"
+    else:
+        text = f"{figure['label']}: {show(figure['median'])}"
+        if len(figure["runs"]) > 1:
+            text += f" ({show(figure['min'])}–{show(figure['max'])})"
+    if figure.get("failed"):
+        text += f" · {figure['failed']}"
     return text
+
+
+def failures_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Every failed attempt of the run, with its error (empty when none failed)."""
+    lines: list[str] = []
+    for r in rows:
+        for fig in (r["ours"], r["baseline"]):
+            for a in (fig or {}).get("failures", []):
+                key = (r["benchmark"], fig["label"], a["repeat"], a["attempt"])
+                line = (
+                    f"- {key[0]} · {key[1]} · repeat {key[2]}, attempt {key[3]}: "
+                    f"{a['error'][-400:]}"
+                )
+                if line not in lines:
+                    lines.append(line)
+    return (
+        ["", "Failed attempts (recorded, retried, never stopping the run):", "", *lines]
+        if lines
+        else []
+    )
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -175,6 +223,7 @@ def markdown(doc: dict[str, Any]) -> str:
         cells = [r["benchmark"], cell(r["ours"]), cell(r["baseline"]), ratio, r["target"], met]
         cells += [r["what"], f"`{r['rerun']}`"]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines += failures_section(doc["rows"])
     lines += ["", "Everything: `make bench` (options: `" + SCRIPT + " --help`).", ""]
     return "\n".join(lines)
 
@@ -188,6 +237,18 @@ class Context:
     pin_path: Path
     args: argparse.Namespace
     workdir: Path
+    rep: Repeats = field(default_factory=Repeats)
+
+    def fig(self, label: str, unit: str, key: str, runs: list[float | None]) -> Figure:
+        """A figure of the repeats run under `key` (None: a repeat that failed for good)."""
+        return Figure(
+            label,
+            unit,
+            [x for x in runs if x is not None],
+            self.rep.of(key),
+            len(runs),
+            self.rep.retries,
+        )
 
     @property
     def inventory(self) -> Path:
@@ -209,16 +270,21 @@ class Context:
 
 
 def rows_bring_up(ctx: Context) -> list[Row]:
-    ours, theirs = bench_up.side_by_side(ctx.inventory, ctx.args.repeat, ctx.args.limit)
+    ours, theirs = bench_up.side_by_side(
+        ctx.inventory, ctx.args.repeat, ctx.args.limit, guard=ctx.rep.run
+    )
     n = len(ctx.lab.nodes)
 
-    def fig(label: str, runs: list[bench_up.Timing], key: str) -> Figure:
-        return Figure(label, "s", [getattr(t, key) for t in runs])
+    def fig(label: str, runs: list[bench_up.Timing | None], key: str) -> Figure:
+        tool = "up" if label.startswith("provisioner") else "ray up"
+        values = [None if t is None else float(getattr(t, key)) for t in runs]
+        return ctx.fig(label, "s", f"bring-up/{tool}", values)
 
     alive_a, alive_b = fig("provisioner up", ours, "alive"), fig("ray up", theirs, "alive")
     ready_a, ready_b = fig("provisioner up", ours, "ready"), fig("ray up", theirs, "ready")
     ray_a, ray_b = fig("provisioner up", ours, "ray_start"), fig("ray up", theirs, "ray_start")
-    floor = ray_a.median / alive_b.median
+    floor = ratio(ray_a, alive_b)
+    r_alive = ratio(alive_a, alive_b)
     same = (
         f"`provisioner up` vs `ray up` of the file `provisioner render` wrote, same {n}-node "
         "lab, image present on every node, all down between runs"
@@ -229,20 +295,20 @@ def rows_bring_up(ctx: Context) -> list[Row]:
             f"bring-up, {n} nodes: until every node is alive",
             alive_a,
             alive_b,
-            alive_a.median / alive_b.median,
+            r_alive,
             "up / ray up",
             "≤ 0.33",
-            alive_a.median / alive_b.median <= 1 / 3,
+            meets(r_alive, lambda r: r <= 1 / 3),
             f"{same}; from the command's start until the last node registered alive, by the "
             "GCS's own registration times (no polling cost to either)",
-            {"floor_ratio": round(floor, 3)},
+            {"floor_ratio": None if floor is None else round(floor, 3)},
         ),
         Row(
             "bring-up",
             f"bring-up, {n} nodes: until the command is done and every node alive",
             ready_a,
             ready_b,
-            ready_a.median / ready_b.median,
+            ratio(ready_a, ready_b),
             "up / ray up",
             "—",
             None,
@@ -255,14 +321,15 @@ def rows_bring_up(ctx: Context) -> list[Row]:
             f"bring-up, {n} nodes: Ray's own start",
             ray_a,
             ray_b,
-            ray_a.median / ray_b.median,
+            ratio(ray_a, ray_b),
             "up / ray up",
             "—",
             None,
             f"{same}; from the head container's start until the last node registered: Ray "
             "starting itself, which no launcher shortens. Divided by `ray up`'s time to every "
-            f"node alive it gives the best ratio any launcher could reach here: {floor:.2f}",
-            {"floor_ratio": round(floor, 3)},
+            "node alive it gives the best ratio any launcher could reach here: "
+            + ("—" if floor is None else f"{floor:.2f}"),
+            {"floor_ratio": None if floor is None else round(floor, 3)},
         ),
     ]
 
@@ -271,39 +338,48 @@ def rows_fan_out(ctx: Context) -> list[Row]:
     n, par = ctx.args.endpoints, ctx.args.parallel or ctx.args.endpoints
     k = ctx.args.repeat
     with bench_doctor.endpoints(ctx.lab, n, ctx.workdir / "endpoints") as eps:
-        ssh_runs: list[float] = []
-        doctor_runs: list[float] = []
-        facts_runs: list[float] = []
-        ansible_runs: list[float] = []
-        facts_cpu: list[float] = []
-        ansible_cpu: list[float] = []
-        floor_runs: list[float] = []
+        ssh_runs: list[float | None] = []
+        doctor_runs: list[float | None] = []
+        facts_runs: list[float | None] = []
+        ansible_runs: list[float | None] = []
+        facts_cpu: list[float | None] = []
+        ansible_cpu: list[float | None] = []
+        floor_runs: list[float | None] = []
+        run = ctx.rep.run
         for i in range(k):  # interleaved, so a busy moment hits every tool alike
             log(f"fan-out {i + 1}/{k}: OpenSSH, doctor, doctor (facts only), Ansible")
-            ssh_runs.append(bench_doctor.openssh_fan_out(eps, par))
-            doctor_runs.append(bench_doctor.doctor_fan_out(eps, par, reachability=True))
-            seconds, cpu = with_cpu(
-                lambda: bench_doctor.doctor_fan_out(eps, par, reachability=False)
+            ssh_runs.append(run("fan-out/ssh", lambda: bench_doctor.openssh_fan_out(eps, par)))
+            doctor_runs.append(
+                run(
+                    "fan-out/doctor",
+                    lambda: bench_doctor.doctor_fan_out(eps, par, reachability=True),
+                )
             )
-            facts_runs.append(seconds)
-            facts_cpu.append(cpu)
-            seconds, cpu = with_cpu(lambda: bench_doctor.ansible_fan_out(eps, par))
-            ansible_runs.append(seconds)
-            ansible_cpu.append(cpu)
-            floor_runs.append(bench_doctor.facts_floor(eps, par))
-    ssh = Figure("`ssh HOST true`", "s", ssh_runs)
-    doctor = Figure("doctor", "s", doctor_runs)
-    facts = Figure("doctor, facts only", "s", facts_runs)
-    ansible = Figure("ansible -m script facts.sh", "s", ansible_runs)
-    floor = Figure("facts.sh alone", "s", floor_runs)
-    doctor_cpu = Figure("doctor, facts only", "CPU s", facts_cpu)
-    ansible_cpu_fig = Figure("ansible -m script facts.sh", "CPU s", ansible_cpu)
+            pair = run(
+                "fan-out/facts",
+                lambda: with_cpu(lambda: bench_doctor.doctor_fan_out(eps, par, reachability=False)),
+            )
+            facts_runs.append(None if pair is None else pair[0])
+            facts_cpu.append(None if pair is None else pair[1])
+            pair = run(
+                "fan-out/ansible", lambda: with_cpu(lambda: bench_doctor.ansible_fan_out(eps, par))
+            )
+            ansible_runs.append(None if pair is None else pair[0])
+            ansible_cpu.append(None if pair is None else pair[1])
+            floor_runs.append(run("fan-out/floor", lambda: bench_doctor.facts_floor(eps, par)))
+    ssh = ctx.fig("`ssh HOST true`", "s", "fan-out/ssh", ssh_runs)
+    doctor = ctx.fig("doctor", "s", "fan-out/doctor", doctor_runs)
+    facts = ctx.fig("doctor, facts only", "s", "fan-out/facts", facts_runs)
+    ansible = ctx.fig("ansible -m script facts.sh", "s", "fan-out/ansible", ansible_runs)
+    floor = ctx.fig("facts.sh alone", "s", "fan-out/floor", floor_runs)
+    doctor_cpu = ctx.fig("doctor, facts only", "CPU s", "fan-out/facts", facts_cpu)
+    ansible_cpu_fig = ctx.fig("ansible -m script facts.sh", "CPU s", "fan-out/ansible", ansible_cpu)
     on = (
         f"{n} SSH endpoints (sshd ports on one lab node), parallelism {par} for every tool; "
         "first connection each run (no reuse)"
     )
-    r1 = doctor.median / ssh.median
-    r2 = ansible.median / facts.median
+    r1 = ratio(doctor, ssh)
+    r2 = ratio(ansible, facts)
     return [
         Row(
             "fan-out",
@@ -313,7 +389,7 @@ def rows_fan_out(ctx: Context) -> list[Row]:
             r1,
             "doctor / ssh",
             "≤ 2",
-            r1 <= 2,
+            meets(r1, lambda r: r <= 2),
             f"`provisioner doctor` (facts, port listeners, reachability probes) vs OpenSSH "
             f"`ssh HOST true` to every endpoint; {on}",
         ),
@@ -325,7 +401,7 @@ def rows_fan_out(ctx: Context) -> list[Row]:
             r2,
             "Ansible / doctor",
             "≥ 5",
-            r2 >= 5,
+            meets(r2, lambda r: r >= 5),
             "the same facts both ways: the doctor's facts round vs Ansible's ad-hoc "
             f"`ansible all -f {par} -m script` running the doctor's own facts.sh (ansible-core, "
             f"its default SSH connection with ControlPersist, no pty); {on}. Both wait for "
@@ -336,7 +412,7 @@ def rows_fan_out(ctx: Context) -> list[Row]:
             f"fan-out, {n} endpoints: facts.sh alone vs Ansible",
             floor,
             ansible,
-            ansible.median / floor.median,
+            ratio(ansible, floor),
             "Ansible / facts.sh alone",
             "—",
             None,
@@ -349,7 +425,7 @@ def rows_fan_out(ctx: Context) -> list[Row]:
             f"fan-out, {n} endpoints: control-machine CPU, doctor vs Ansible",
             doctor_cpu,
             ansible_cpu_fig,
-            ansible_cpu_fig.median / doctor_cpu.median,
+            ratio(ansible_cpu_fig, doctor_cpu),
             "Ansible / doctor",
             "—",
             None,
@@ -405,15 +481,22 @@ def delayed(lab: LabInfo, ms: int, fn: Callable[[], float]) -> float:
                 faults.undelay(lab, node)
 
 
+def rtts(a: Figure, b: Figure, rtt: float) -> float | None:
+    """a's median minus b's, in round-trip times; None when either has no run."""
+    gap = (a.median - b.median) / rtt
+    return None if math.isnan(gap) else gap
+
+
 def rows_latency(ctx: Context) -> list[Row]:
     lab, k, delays = ctx.lab, ctx.args.repeat, ctx.args.delays
     n = len(lab.nodes)
     ctx.down()
     info = bench_doctor.lab_doctor(lab, 32)
     checks, rounds = int(str(info["checks_per_node"])), int(str(info["round_trips_per_node"]))
-    doctor: dict[int, list[float]] = {}
-    ssh: dict[int, list[float]] = {}
-    up: dict[int, list[float]] = {}
+    doctor: dict[int, list[float | None]] = {}
+    ssh: dict[int, list[float | None]] = {}
+    up: dict[int, list[float | None]] = {}
+    run = ctx.rep.run
     inv = load_inventory(ctx.inventory)
 
     def doctor_once() -> float:
@@ -421,18 +504,19 @@ def rows_latency(ctx: Context) -> list[Row]:
         bench_doctor.lab_doctor(lab, 32)
         return time.monotonic() - t0
 
-    def up_once() -> float:
+    def up_after_down() -> float:
+        ctx.down()
         return bench_up.provisioner_up(ctx.inventory, inv, ctx.args.limit).ready
 
     for ms in delays:
         log(f"latency +{ms} ms: ssh true, doctor x{k}; up x{ctx.args.up_repeat}")
-        ssh[ms] = [delayed(lab, ms, lambda: ssh_true_lab(lab)) for _ in range(k)]
-        doctor[ms] = [delayed(lab, ms, doctor_once) for _ in range(k)]
-        runs = []
-        for _ in range(ctx.args.up_repeat):
-            ctx.down()
-            runs.append(delayed(lab, ms, up_once))
-        ctx.down()
+        ssh_at = functools.partial(delayed, lab, ms, lambda: ssh_true_lab(lab))
+        doctor_at = functools.partial(delayed, lab, ms, doctor_once)
+        down_up = functools.partial(delayed, lab, ms, up_after_down)
+        ssh[ms] = [run(f"latency/ssh/{ms}", ssh_at) for _ in range(k)]
+        doctor[ms] = [run(f"latency/doctor/{ms}", doctor_at) for _ in range(k)]
+        runs = [run(f"latency/up/{ms}", down_up) for _ in range(ctx.args.up_repeat)]
+        run("latency/down", ctx.down)
         up[ms] = runs
     how = (
         "added round-trip time on every node's SSH link: this kernel has no sch_netem, so "
@@ -442,8 +526,15 @@ def rows_latency(ctx: Context) -> list[Row]:
     rows: list[Row] = []
     zero = delays[0]
     for ms in delays:
-        d0, s0, u0 = (Figure(f"+{zero} ms", "s", x[zero]) for x in (doctor, ssh, up))
-        d, s, u = (Figure(f"+{ms} ms", "s", x[ms]) for x in (doctor, ssh, up))
+        names = ("doctor", "ssh", "up")
+        d0, s0, u0 = (
+            ctx.fig(f"+{zero} ms", "s", f"latency/{t}/{zero}", x[zero])
+            for t, x in zip(names, (doctor, ssh, up), strict=True)
+        )
+        d, s, u = (
+            ctx.fig(f"+{ms} ms", "s", f"latency/{t}/{ms}", x[ms])
+            for t, x in zip(names, (doctor, ssh, up), strict=True)
+        )
         if ms == zero:
             rows.append(
                 Row(
@@ -451,7 +542,7 @@ def rows_latency(ctx: Context) -> list[Row]:
                     f"latency: doctor, {n} nodes, +{ms} ms",
                     d,
                     s,
-                    d.median / s.median,
+                    ratio(d, s),
                     "doctor / ssh true",
                     "—",
                     None,
@@ -474,9 +565,9 @@ def rows_latency(ctx: Context) -> list[Row]:
             )
             continue
         rtt = ms / 1000
-        d_rtts = (d.median - d0.median) / rtt
-        s_rtts = (s.median - s0.median) / rtt
-        u_rtts = (u.median - u0.median) / rtt
+
+        d_rtts, s_rtts, u_rtts = (rtts(x, x0, rtt) for x, x0 in ((d, d0), (s, s0), (u, u0)))
+        s_text = "—" if s_rtts is None else f"{s_rtts:.1f}"
         rows.append(
             Row(
                 "latency",
@@ -484,9 +575,9 @@ def rows_latency(ctx: Context) -> list[Row]:
                 d,
                 s,
                 d_rtts,
-                f"added time in RTTs; `ssh true` adds {s_rtts:.1f}",
+                f"added time in RTTs; `ssh true` adds {s_text}",
                 f"grows with its {rounds} rounds, not its {checks} checks per node",
-                d_rtts - s_rtts < checks,
+                None if d_rtts is None or s_rtts is None else d_rtts - s_rtts < checks,
                 f"{how}; doctor vs `ssh NODE true` at the same delay, both from a fresh "
                 "connection: the doctor's extra RTTs over one SSH command are its rounds",
                 {"added_s": round(d.median - d0.median, 3), "ssh_added_s": s.median - s0.median},
@@ -517,33 +608,36 @@ def rows_push(ctx: Context) -> list[Row]:
         pin = bench_push.small_pin(pin, small)
     tag = pin.tag if small else CLUSTER_TAG
     node = (inv.workers or (inv.head,))[0]
-    runs = []
+    tried: list[dict[str, Any] | None] = []
     for i in range(ctx.args.push_repeat):
         log(f"push {i + 1}/{ctx.args.push_repeat}: {pin.size / 1e6:.0f} MB image")
-        runs.append(bench_push.measure(inv, pin, node, tag=tag))
+        tried.append(ctx.rep.run("push", lambda: bench_push.measure(inv, pin, node, tag=tag)))
+    runs = [r for r in tried if r is not None]
     size = pin.size
-    ours = Figure("push", "MB/s", [size / 1e6 / r["push_seconds"] for r in runs])
-    base = Figure(
-        "docker save | ssh docker load", "MB/s", [size / 1e6 / r["openssh_seconds"] for r in runs]
-    )
-    ratio = ours.median / base.median
+
+    def fig(label: str, unit: str, value: Callable[[dict[str, Any]], float]) -> Figure:
+        return ctx.fig(label, unit, "push", [None if r is None else value(r) for r in tried])
+
+    ours = fig("push", "MB/s", lambda r: size / 1e6 / r["push_seconds"])
+    base = fig("docker save | ssh docker load", "MB/s", lambda r: size / 1e6 / r["openssh_seconds"])
+    through = ratio(ours, base)
     image = f"{size / 1e9:.2f} GB pin" if not small else f"{size / 1e6:.0f} MB test image"
-    repush_bytes = Figure("image bytes", "B", [float(r["repush_bytes"]) for r in runs])
-    repush_s = Figure("re-push", "s", [r["repush_seconds"] for r in runs])
-    direct = Figure("direct", "B", [float(r["direct_control_bytes"]) for r in runs])
-    relay = Figure("relay", "B", [float(r["relay_control_bytes"]) for r in runs])
+    repush_bytes = fig("image bytes", "B", lambda r: float(r["repush_bytes"]))
+    repush_s = fig("re-push", "s", lambda r: float(r["repush_seconds"]))
+    direct = fig("direct", "B", lambda r: float(r["direct_control_bytes"]))
+    relay = fig("relay", "B", lambda r: float(r["relay_control_bytes"]))
     n = len(inv.nodes)
-    relay_ratio = relay.median / size
+    relay_ratio = ratio(relay, float(size))
     return [
         Row(
             "push",
             "push throughput, 1 node",
             ours,
             base,
-            ratio,
+            through,
             "push / OpenSSH",
             "≥ 0.9",
-            ratio >= 0.9,
+            meets(through, lambda r: r >= 0.9),
             f"`provisioner image push` of the {image} to one lab node that holds none of it vs "
             "`docker save IMAGE | ssh NODE docker load` through OpenSSH (image bytes / seconds)",
             {"runs": runs},
@@ -556,7 +650,7 @@ def rows_push(ctx: Context) -> list[Row]:
             None,
             "",
             "0 image bytes",
-            all(x == 0 for x in repush_bytes.runs),
+            all(x == 0 for x in repush_bytes.runs) if repush_bytes.runs else None,
             f"the same push again to the node that now holds the {image}; took "
             f"{_num(repush_s.median)} s",
         ),
@@ -568,7 +662,7 @@ def rows_push(ctx: Context) -> list[Row]:
             relay_ratio,
             "relay bytes / image size",
             "≈ 1 image (≤ 1.1)",
-            relay_ratio <= 1.1,
+            meets(relay_ratio, lambda r: r <= 1.1),
             f"bytes sent from this machine pushing the {image} to {n} nodes holding none of "
             "it: with relay (the head forwards to the workers) vs direct",
         ),
@@ -611,7 +705,7 @@ def rows_training(ctx: Context) -> list[Row]:
             f"training: env steps/s, 1 vs {top['env_runners']} env runners",
             a,
             b,
-            a.median / b.median,
+            ratio(a, b),
             f"speed-up with {top['env_runners']} runners",
             "—",
             None,
@@ -642,6 +736,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--subnet", default=os.environ.get("PROVISIONER_LAB_SUBNET", "10.250.60.0/24"))
     p.add_argument("--lock", type=Path, default=ROOT / "images" / "image.lock.json")
     p.add_argument("--repeat", type=int, default=3, help="repeats of every figure")
+    p.add_argument(
+        "--retries", type=int, default=2, help="fresh attempts of a repeat that failed (recorded)"
+    )
     p.add_argument("--push-repeat", type=int, default=1, help="repeats of the push figures")
     p.add_argument("--up-repeat", type=int, default=1, help="repeats of `up` per added delay")
     p.add_argument("--endpoints", type=int, default=100)
@@ -666,6 +763,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error(f"--delays: comma-separated milliseconds, got {args.delays!r}")
     if min(args.repeat, args.push_repeat, args.up_repeat, args.endpoints, args.runners) < 1:
         p.error("--repeat, --push-repeat, --up-repeat, --endpoints and --runners must be ≥ 1")
+    if args.retries < 0:
+        p.error("--retries must be ≥ 0")
     return args
 
 
@@ -709,7 +808,7 @@ def main(argv: list[str]) -> int:
     rows: list[Row] = []
     pinned = False
     with tempfile.TemporaryDirectory(prefix="provisioner-bench-") as tmp:
-        ctx = Context(lab, lock, args, Path(tmp))
+        ctx = Context(lab, lock, args, Path(tmp), Repeats(args.retries, log))
         # push first: with the pin itself it leaves every node holding it for the rest
         order = sorted(args.groups, key=lambda g: (g != "push", GROUPS.index(g)))
         try:
@@ -720,7 +819,7 @@ def main(argv: list[str]) -> int:
                     pinned = True
                 log(f"{group} ...")
                 t0 = time.monotonic()
-                rows += ROWS[group](ctx)
+                rows += run_group(ctx, group)
                 pinned = pinned or (group == "push" and not args.small_image)
                 log(f"{group}: {time.monotonic() - t0:.0f} s")
                 write(args, meta, rows, started, len(lab.nodes))  # a later failure keeps these
@@ -730,6 +829,21 @@ def main(argv: list[str]) -> int:
                 lab_down(cfg, log)
     print(write(args, meta, rows, started, len(lab.nodes)))
     return 0
+
+
+def run_group(ctx: Context, group: str) -> list[Row]:
+    """The group's rows; a group that fails outside its repeats (its lab set-up, say) gives
+    one row saying so, with the error, and the run goes on with the next group."""
+    rows = ctx.rep.run(f"{group}/group", lambda: ROWS[group](ctx))
+    if rows is not None:
+        return rows
+    try:
+        faults.clear(ctx.lab)
+        ctx.down()
+    except (Exception, SystemExit) as exc:  # the next group's own set-up says more
+        log(f"{group}: cleaning up after the failure failed too: {exc}")
+    failed = ctx.fig("this group", "", f"{group}/group", [None])
+    return [Row(group, f"{group}: every attempt failed", failed, None, None, "", "—", None, "")]
 
 
 def write(

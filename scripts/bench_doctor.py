@@ -234,7 +234,13 @@ def ansible_fan_out(eps: Endpoints, parallel: int) -> float:
         elapsed = time.monotonic() - t0
     ok = proc.stdout.count("| CHANGED") + proc.stdout.count("| SUCCESS")
     if proc.returncode != 0 or ok < eps.count:
-        tail = (proc.stdout + proc.stderr).strip()[-600:]
+        # the hosts that failed, with Ansible's reason (its one-line output per host)
+        bad = [
+            line
+            for line in proc.stdout.splitlines()
+            if "| UNREACHABLE" in line or "| FAILED" in line
+        ]
+        tail = " / ".join(bad)[:1500] or (proc.stdout + proc.stderr).strip()[-600:]
         raise SystemExit(
             f"ansible fan-out failed (rc {proc.returncode}, {ok}/{eps.count} ok): {tail}"
         )

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -132,11 +133,22 @@ def forget_launcher_state(inv: Inventory) -> None:
     Path(get_state_path(inv.cluster)).unlink(missing_ok=True)
 
 
-def side_by_side(inv_path: Path, repeat: int, limit: float) -> tuple[list[Timing], list[Timing]]:
-    """`provisioner up` then `ray up` of the rendered file, `repeat` times; all down after."""
+Guard = Callable[[str, Callable[[], Timing]], Timing | None]
+
+
+def _unguarded(_label: str, fn: Callable[[], Timing]) -> Timing | None:
+    return fn()
+
+
+def side_by_side(
+    inv_path: Path, repeat: int, limit: float, guard: Guard = _unguarded
+) -> tuple[list[Timing | None], list[Timing | None]]:
+    """`provisioner up` then `ray up` of the rendered file, `repeat` times; all down after.
+    Each run goes through `guard(label, run)` (bench.py's: retried, failures recorded;
+    None for a run given up)."""
     inv = load_inventory(inv_path)
-    ours: list[Timing] = []
-    theirs: list[Timing] = []
+    ours: list[Timing | None] = []
+    theirs: list[Timing | None] = []
     with tempfile.TemporaryDirectory() as home:
         yaml_path = Path(home) / "cluster.yaml"
         subprocess.run(
@@ -145,12 +157,8 @@ def side_by_side(inv_path: Path, repeat: int, limit: float) -> tuple[list[Timing
             stdout=subprocess.DEVNULL,
         )
         env = {"HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        for _ in range(repeat):
-            down(str(inv_path))
-            ours.append(provisioner_up(inv_path, inv, limit))
-            down(str(inv_path))
-            forget_launcher_state(inv)
-            theirs.append(timed([RAY, "up", "-y", str(yaml_path)], inv, env, limit))
+
+        def ray_down() -> None:
             subprocess.run(
                 [RAY, "down", "-y", str(yaml_path)],
                 env=env,
@@ -160,6 +168,19 @@ def side_by_side(inv_path: Path, repeat: int, limit: float) -> tuple[list[Timing
             )
             down(str(inv_path))  # Ray's `ray down` may leave workers (see render.py's header)
             forget_launcher_state(inv)
+
+        def ours_once() -> Timing:
+            down(str(inv_path))
+            return provisioner_up(inv_path, inv, limit)
+
+        def theirs_once() -> Timing:
+            ray_down()
+            return timed([RAY, "up", "-y", str(yaml_path)], inv, env, limit)
+
+        for _ in range(repeat):
+            ours.append(guard("bring-up/up", ours_once))
+            theirs.append(guard("bring-up/ray up", theirs_once))
+            ray_down()
     return ours, theirs
 
 
@@ -171,14 +192,14 @@ def main() -> int:
     args = parser.parse_args()
     ours, theirs = side_by_side(args.inventory, args.repeat, args.limit)
 
-    def figures(runs: list[Timing]) -> dict[str, list[float]]:
+    def figures(runs: list[Timing | None]) -> dict[str, list[float]]:
         return {
-            k: [round(getattr(t, k), 2) for t in runs]
+            k: [round(getattr(t, k), 2) for t in runs if t is not None]
             for k in ("alive", "returned", "ready", "ray_start")
         }
 
-    a = statistics.median(t.alive for t in ours)
-    b = statistics.median(t.alive for t in theirs)
+    a = statistics.median(t.alive for t in ours if t is not None)
+    b = statistics.median(t.alive for t in theirs if t is not None)
     print(
         json.dumps(
             {

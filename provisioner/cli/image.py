@@ -123,6 +123,14 @@ def push_cmd(
         bool,
         typer.Option("--relay", help="Send once to the head, which sends on to the workers."),
     ] = False,
+    forward: Annotated[
+        bool,
+        typer.Option(
+            "--forward",
+            help="Send once into a chain of nodes; each streams on what it receives while "
+            "loading it (no node sends more than about two images).",
+        ),
+    ] = False,
     full: Annotated[
         bool, typer.Option("--full", help="Send every layer, even those a node holds.")
     ] = False,
@@ -145,9 +153,19 @@ def push_cmd(
             "or pass --lock",
             where=str(inventory),
         )
+    if relay and forward:
+        raise InputError(
+            "--relay and --forward are two ways to relay the image; choose one",
+            "--relay: the head sends to every worker; --forward: every node sends to the next",
+        )
     pin = read_pin(lock_path)
     opts = PushOptions(
-        parallelism=parallel, retries=retries, relay=relay, full=full, tag=CLUSTER_TAG
+        parallelism=parallel,
+        retries=retries,
+        relay=relay,
+        forward=forward,
+        full=full,
+        tag=CLUSTER_TAG,
     )
     with out.step(f"pushing {pin.short_id()} to {len(inv.nodes)} node(s)"):
         report = push_image(inv, None, out.progress, pin=pin, opts=opts)
@@ -167,6 +185,8 @@ def push_cmd(
             )
         out.out.print(table)
         out.say(f"sent from this machine: {report.control_bytes / 1e6:,.0f} MB")
+        if forward:
+            out.say(f"sent by the busiest node: {report.busiest_node_bytes / 1e6:,.0f} MB")
         for host, err in report.errors.items():
             out.err.print(
                 f"[bold red]{escape(host)}[/bold red]: {escape(err.message)}",

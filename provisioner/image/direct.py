@@ -44,6 +44,7 @@ class PushOptions:
     parallelism: int = 4
     retries: int = 2  # fresh attempts after a broken stream
     relay: bool = False
+    forward: bool = False  # the forwarding relay: every node streams on what it receives
     full: bool = False  # send every layer even if the node holds some
     timeout: float = 1800.0  # per node
     tag: str = CLUSTER_TAG
@@ -62,7 +63,8 @@ class NodePush:
     bytes_omitted: int = 0  # bytes of layers the node held, not sent
     seconds: float = 0.0
     attempts: int = 1
-    via: str = "control"  # "control", or the head's name in relay mode
+    via: str = "control"  # "control", or the node that sent it (relay, forwarding relay)
+    bytes_forwarded: int = 0  # forwarding relay: bytes this node sent on to other nodes
 
     def to_json(self) -> dict[str, Any]:
         rate = self.bytes_sent / self.seconds if self.seconds > 0 else 0.0
@@ -86,12 +88,18 @@ class PushReport:
         """Image bytes that left this machine (relay: only those sent to the head)."""
         return sum(n.bytes_sent for n in self.nodes.values() if n.via == "control")
 
+    @property
+    def busiest_node_bytes(self) -> int:
+        """The most bytes one node sent on to others (forwarding relay; 0 otherwise)."""
+        return max((n.bytes_forwarded for n in self.nodes.values()), default=0)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "image_id": self.image_id,
             "tag": self.tag,
             "ok": self.ok,
             "control_bytes": self.control_bytes,
+            "busiest_node_bytes": self.busiest_node_bytes,
             "seconds": round(self.seconds, 1),
             "nodes": [n.to_json() for n in self.nodes.values()],
             "errors": [

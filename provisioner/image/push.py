@@ -1,8 +1,9 @@
 """`provisioner image push`: make every node hold exactly the pinned image.
 
-Every node in parallel (bounded), each from this machine (`direct.py`), or with
-`--relay` the head from this machine and the workers from the head (`relay.py`); a
-node's failure stops no other.
+Every node in parallel (bounded), each from this machine (`direct.py`); or with
+`--relay` the head from this machine and the workers from the head (`relay.py`); or with
+`--forward` along a chain in which every node streams on what it receives
+(`forward.py`). A node's failure stops no other.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 
 from provisioner.console import Reporter, quiet
 from provisioner.image.direct import NodePush, PushOptions, PushReport, SavedCache, push_node
+from provisioner.image.forward import push_forwarded
 from provisioner.image.lock import Pin
 from provisioner.image.relay import push_relayed
 from provisioner.inventory import Inventory, Node
@@ -39,7 +41,9 @@ def push_image(
     own = pool is None
     pool = pool or Pool(inventory)
     try:
-        if opts.relay and inventory.workers:
+        if opts.forward and inventory.workers:
+            push_forwarded(pool, inventory, pin, opts, report, out)
+        elif opts.relay and inventory.workers:
             push_relayed(pool, inventory, pin, opts, report, out)
         else:
             group = fan_out(

@@ -74,22 +74,28 @@ REMOVED = "relay-key-removed"
 ABSENT = "relay-key-absent"
 
 
-def authorized_line(key: RelayKey, head_address: str, expiry: str) -> str:
+def authorized_line(
+    key: RelayKey, head_address: str, expiry: str, command: str = RELAY_COMMAND
+) -> str:
     """The worker's authorized_keys line: only from the head, only `docker load`, no
     forwarding and no pty (`restrict`), and refused by sshd after `expiry`
-    (YYYYMMDDHHMMSSZ, UTC), should the removal never run (SIGKILL, a lost connection)."""
-    return f"{_line_prefix(head_address)}{expiry}{_line_suffix(key)}"
+    (YYYYMMDDHHMMSSZ, UTC), should the removal never run (SIGKILL, a lost connection).
+    The forwarding relay passes its senders' addresses (comma-separated) and its hop
+    script as the one command."""
+    return f"{_line_prefix(head_address, command)}{expiry}{_line_suffix(key)}"
 
 
-def _line_prefix(head_address: str) -> str:
-    return f'from="{head_address}",restrict,command="{RELAY_COMMAND}",expiry-time="'
+def _line_prefix(head_address: str, command: str = RELAY_COMMAND) -> str:
+    return f'from="{head_address}",restrict,command="{command}",expiry-time="'
 
 
 def _line_suffix(key: RelayKey) -> str:
     return f'" {key.public_line}'
 
 
-def add_key_command(key: RelayKey, head_address: str, lifetime_s: int) -> str:
+def add_key_command(
+    key: RelayKey, head_address: str, lifetime_s: int, command: str = RELAY_COMMAND
+) -> str:
     """Add the relay key to the worker's authorized_keys, atomically (a temporary file,
     then `mv`): a newline goes first when the file lacks a final one. The expiry is
     computed with the worker's own clock. Prints `relay-key-added newline=0|1 expiry=T`."""
@@ -103,7 +109,7 @@ nl=0
 if [ -s "$f" ] && [ -n "$(tail -c 1 "$f")" ]; then nl=1; fi
 t="$f.provisioner-tmp.$$"
 trap 'rm -f "$t"' EXIT
-p={shlex.quote(_line_prefix(head_address))}
+p={shlex.quote(_line_prefix(head_address, command))}
 s={shlex.quote(_line_suffix(key))}
 {{ cat "$f"; [ "$nl" = 0 ] || printf '\n'; printf '%s%s%s\n' "$p" "$exp" "$s"; }} > "$t"
 chmod "$(stat -c %a "$f")" "$t"
@@ -125,14 +131,16 @@ class Added:
         return (b"\n" if self.newline else b"") + self.line.encode() + b"\n"
 
 
-def parse_added(stdout: str, key: RelayKey, head_address: str) -> Added | None:
+def parse_added(
+    stdout: str, key: RelayKey, head_address: str, command: str = RELAY_COMMAND
+) -> Added | None:
     """The bytes add_key_command reports it appended (None if it did not say)."""
     for line in stdout.splitlines():
         words = line.split()
         if len(words) == 3 and words[0] == ADDED:
             newline = words[1] == "newline=1"
             expiry = words[2].removeprefix("expiry=")
-            return Added(authorized_line(key, head_address, expiry), newline)
+            return Added(authorized_line(key, head_address, expiry, command), newline)
     return None
 
 
@@ -198,33 +206,41 @@ def known_host_lines(node: Node) -> list[str]:
 
 def relay_command(pin: Pin, worker: Node, key_path: str, known_hosts: str) -> str:
     """Run on the head: stream the image into the worker's docker load."""
-    target = f"{worker.ssh.user}@{worker.address}"
-    ssh = " ".join(
-        shlex.quote(a)
-        for a in (
-            "ssh",
-            "-i",
-            key_path,
-            "-p",
-            str(worker.ssh.port),
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            f"UserKnownHostsFile={known_hosts}",
-            "-o",
-            f"ConnectTimeout={max(1, round(worker.ssh.connect_timeout))}",
-            "-o",
-            "Compression=no",
-            target,
-            "docker load",
-        )
-    )
+    ssh = " ".join(shlex.quote(a) for a in node_ssh(worker, key_path, known_hosts, "docker load"))
     script = f"set -o pipefail; docker save {shlex.quote(pin.image_id)} | {ssh}"
     return f"bash -c {shlex.quote(script)}"
+
+
+def node_ssh(
+    worker: Node, key_path: str, known_hosts: str, command: str, alive_s: int = 0
+) -> tuple[str, ...]:
+    """OpenSSH arguments, run on one node, to reach another with the relay key: host key
+    checked against `known_hosts`, nothing but the key tried, no prompt; with `alive_s`,
+    a peer that stops answering ends the connection after about 3 x alive_s seconds."""
+    target = f"{worker.ssh.user}@{worker.address}"
+    alive = ("-o", f"ServerAliveInterval={alive_s}", "-o", "ServerAliveCountMax=3")
+    return (
+        "ssh",
+        "-i",
+        key_path,
+        "-p",
+        str(worker.ssh.port),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        f"ConnectTimeout={max(1, round(worker.ssh.connect_timeout))}",
+        "-o",
+        "Compression=no",
+        *(alive if alive_s else ()),
+        target,
+        command,
+    )
 
 
 @contextmanager

@@ -36,6 +36,7 @@ MODULE_ORDER = (
     "test_lab",
     "test_doctor",
     "test_image_push",
+    "test_image_forward",
     "test_cluster_lifecycle",
     "test_ssh_routes",
     "test_ray_up",

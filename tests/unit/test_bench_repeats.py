@@ -1,0 +1,105 @@
+"""`make bench` keeps going when a run fails: bounded retries, every failure recorded and shown."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.fixture(scope="module")
+def br() -> ModuleType:
+    sys.path.insert(0, str(SCRIPTS))
+    import bench_repeats
+
+    return bench_repeats
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    sys.path.insert(0, str(SCRIPTS))
+    import bench
+
+    return bench
+
+
+def flaky(failures: int, value: float) -> object:
+    """A run that fails `failures` times (as bench_doctor does: SystemExit), then succeeds."""
+    left = [failures]
+
+    def run() -> float:
+        if left[0]:
+            left[0] -= 1
+            raise SystemExit("ansible fan-out failed (rc 4, 99/100 ok): ep-2230 | UNREACHABLE!")
+        return value
+
+    return run
+
+
+def test_a_failed_attempt_is_recorded_and_retried(br: ModuleType) -> None:
+    rep = br.Repeats(retries=2)
+    assert rep.run("fan-out/ansible", flaky(1, 4.5)) == 4.5
+    (failed,) = rep.of("fan-out/ansible")
+    assert (failed.repeat, failed.attempt) == (1, 1)
+    assert "rc 4, 99/100 ok" in failed.error
+    assert br.summary(rep.of("fan-out/ansible"), 3, 2) == "1 of 3 repeats failed once, retried"
+
+
+def test_retries_are_bounded_and_a_lost_repeat_gives_none(br: ModuleType) -> None:
+    rep = br.Repeats(retries=2)
+    assert rep.run("x", flaky(10, 1.0)) is None
+    assert [a.attempt for a in rep.of("x")] == [1, 2, 3]
+    assert rep.run("x", lambda: 2.0) == 2.0  # the next repeat runs on
+    assert br.lost_repeats(rep.of("x"), 2) == 1
+    assert br.summary(rep.of("x"), 2, 2) == "1 of 2 repeats failed (1 lost after 2 retries)"
+
+
+def test_exceptions_and_failed_commands_are_recorded_too(br: ModuleType) -> None:
+    rep = br.Repeats(retries=0)
+
+    def boom() -> float:
+        raise subprocess.CalledProcessError(1, ["ray", "up"], stderr=b"timed out\n waiting")
+
+    assert rep.run("bring-up/ray up", boom) is None
+    assert rep.of("bring-up/ray up")[0].error.endswith("timed out waiting")
+    assert br.error_text(ValueError("x" * 1000), limit=10) == "…" + "x" * 10
+
+
+def test_keyboard_interrupt_still_stops_the_run(br: ModuleType) -> None:
+    def interrupted() -> float:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        br.Repeats().run("x", interrupted)
+
+
+def test_the_table_shows_failed_repeats_and_lists_their_errors(
+    bench: ModuleType, br: ModuleType
+) -> None:
+    rep = br.Repeats(retries=1)
+    ansible_runs = [rep.run("a", flaky(1, 9.0)), rep.run("a", lambda: 11.0)]
+    facts_runs = [rep.run("f", flaky(5, 1.0)), rep.run("f", flaky(5, 1.0))]
+    ansible = bench.Figure("ansible", "s", [x for x in ansible_runs if x], rep.of("a"), 2, 1)
+    facts = bench.Figure("doctor", "s", [x for x in facts_runs if x], rep.of("f"), 2, 1)
+    r = bench.ratio(ansible, facts)
+    assert r is None  # no doctor run: no ratio, no verdict
+    row = bench.Row("fan-out", "fan-out", facts, ansible, r, "A / d", "≥ 5", None, "what")
+    doc = {
+        "machine": {"cores": 2, "cpu": "c", "memory_gib": 1, "load_average_at_start": [1]},
+        "finished": "now",
+        "command": "scripts/bench.py",
+        "lab_nodes": 3,
+        "repeat": 2,
+        "push_repeat": 1,
+        "rows": [row.to_json()],
+    }
+    text = bench.markdown(doc)
+    assert "ansible: 10.0 s (9.00 s–11.0 s) · 1 of 2 repeats failed once, retried" in text
+    assert "doctor: failed every repeat · 2 of 2 repeats failed (2 lost after 1 retry)" in text
+    assert "repeat 1, attempt 1: ansible fan-out failed (rc 4, 99/100 ok)" in text
+    assert "| — | ≥ 5 | — |" in text

@@ -1,0 +1,169 @@
+"""The forwarding relay's plan: chain order, what each hop cuts, re-feeding, byte accounting,
+and the hop script run by real sh, tee and tar on a local stream."""
+
+from __future__ import annotations
+
+import io
+import shlex
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from provisioner.image.forward_plan import (
+    Chain,
+    Hop,
+    chain_order,
+    feed_command,
+    first_chain,
+    hop_command,
+    hop_script,
+    layer_members,
+    parse_received,
+    refeed_chain,
+    sent_bytes,
+)
+from provisioner.image.plan import NodePlan
+from provisioner.image.savestream import read_saved
+
+
+def plan(first_missing: int, action: str = "send") -> NodePlan:
+    return NodePlan(action, first_missing)  # type: ignore[arg-type]
+
+
+def saved_image(tmp: Path, layers: int = 3) -> Path:
+    """A `docker save`-shaped tar (legacy layout): layer i in d<i>/layer.tar; layer 2's
+    file is a link to layer 0's (docker writes a link for a layer seen twice)."""
+    path = tmp / "image.tar"
+    names = [f"d{i}/layer.tar" for i in range(layers)]
+    with tarfile.open(path, "w") as tar:
+        for i, name in enumerate(names):
+            if i == 2:
+                link = tarfile.TarInfo(name)
+                link.type, link.linkname = tarfile.SYMTYPE, "../d0/layer.tar"
+                tar.addfile(link)
+                continue
+            data = bytes([65 + i]) * 3000
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        manifest = f'[{{"Config": "abc.json", "Layers": {names!r}}}]'.replace("'", '"')
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(manifest)
+        tar.addfile(info, io.BytesIO(manifest.encode()))
+    return path
+
+
+def test_the_chain_takes_nodes_lacking_most_first_and_skips_nodes_that_hold_everything() -> None:
+    plans = {
+        "w2": plan(2),
+        "head": plan(0),
+        "w1": plan(0),
+        "w3": plan(3, "none"),
+        "w4": plan(3, "tag"),
+    }
+    assert chain_order(plans, ["head", "w1", "w2", "w3", "w4"]) == ["head", "w1", "w2"]
+
+
+def test_a_hop_cuts_the_layers_the_next_node_holds_and_keeps_linked_files(tmp_path: Path) -> None:
+    saved = read_saved(saved_image(tmp_path))
+    # layer 2 links to layer 0's file: holding layers 0-1 still needs d0/layer.tar
+    assert layer_members(saved, 2) == {"d1/layer.tar"}
+    assert layer_members(saved, 0) == set()
+    chain = first_chain(["a", "b", "c"], {"a": plan(0), "b": plan(0), "c": plan(2)}, saved)
+    assert chain.feeder is None and chain.first_missing == 0
+    assert [(h.node, h.next, h.drop) for h in chain.hops] == [
+        ("a", "b", ()),
+        ("b", "c", ("d1/layer.tar",)),
+        ("c", None, ()),
+    ]
+    with pytest.raises(ValueError):  # different needs without the index: refused, not guessed
+        first_chain(["a", "c"], {"a": plan(0), "c": plan(2)}, None)
+
+
+def test_refeeding_takes_the_holder_that_sent_least_or_the_control_machine() -> None:
+    chain = refeed_chain(["c", "d"], ["a", "b"], {"a": 100, "b": 10})
+    assert chain.feeder == "b"
+    assert [(h.node, h.next) for h in chain.hops] == [("c", "d"), ("d", None)]
+    assert refeed_chain(["c"], [], {}).feeder is None
+
+
+def test_each_sender_is_charged_what_its_next_node_received() -> None:
+    chain = Chain(None, (Hop("a", 0, "b"), Hop("b", 0, "c"), Hop("c", 0)))
+    assert chain.sender_of("a") == "control" and chain.sender_of("c") == "b"
+    assert sent_bytes(chain, {"a": 10, "b": 9, "c": 7}) == {"control": 10, "a": 9, "b": 7}
+    again = Chain("a", (Hop("c", 0),))
+    assert sent_bytes(again, {"c": 10}) == {"a": 10}
+    assert parse_received("1234\n") == 1234 and parse_received("") == 0
+
+
+def test_commands_are_quoted() -> None:
+    ssh = ("ssh", "-i", "/tmp/d ir/key", "u@10.0.0.2", "hop")
+    outer = shlex.split(feed_command("sha256:ab", ssh))
+    assert outer[:2] == ["bash", "-c"]
+    assert (
+        outer[2] == "set -o pipefail; docker save sha256:ab | ssh -i '/tmp/d ir/key' u@10.0.0.2 hop"
+    )
+    assert hop_command("/tmp/tmp.x1") == "sh /tmp/tmp.x1/hop"
+
+
+def _fake_bin(tmp: Path) -> Path:
+    """`docker load` and `ssh` stand-ins that keep what they read, to run the hop script
+    with the real sh, tee, tar and wc (the lab runs it on real nodes)."""
+    bin_ = tmp / "bin"
+    bin_.mkdir()
+    (bin_ / "docker").write_text(f"#!/bin/sh\ncat > {tmp}/loaded\necho Loaded\n")
+    (bin_ / "ssh").write_text(f"#!/bin/sh\ncat > {tmp}/forwarded\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    return bin_
+
+
+def run_hop(tmp: Path, script: str, stream: bytes) -> subprocess.CompletedProcess[bytes]:
+    (tmp / "hop").write_text(script)
+    env = {"PATH": f"{_fake_bin(tmp)}:/usr/bin:/bin"}
+    return subprocess.run(
+        ["sh", str(tmp / "hop")], input=stream, env=env, capture_output=True, check=False
+    )
+
+
+def test_the_hop_loads_forwards_without_the_cut_files_and_counts_what_it_received(
+    tmp_path: Path,
+) -> None:
+    image = saved_image(tmp_path)
+    stream = image.read_bytes()
+    work = tmp_path / "relay"
+    work.mkdir()
+    script = hop_script(str(work), ("ssh", "next", "hop"), ("d1/layer.tar",))
+    done = run_hop(work, script, stream)
+    assert done.returncode == 0, done.stderr
+    assert (work / "loaded").read_bytes() == stream
+    with tarfile.open(work / "forwarded") as tar:
+        forwarded = tar.getnames()
+    assert forwarded == ["d0/layer.tar", "d2/layer.tar", "manifest.json"]
+    assert int((work / "received").read_text()) == len(stream)
+
+
+def test_a_failing_load_does_not_stop_the_forwarding(tmp_path: Path) -> None:
+    work = tmp_path / "relay"
+    work.mkdir()
+    bin_ = _fake_bin(work)
+    (bin_ / "docker").write_text("#!/bin/sh\nhead -c 10 >/dev/null; exit 1\n")
+    stream = b"x" * 5_000_000
+    (work / "hop").write_text(hop_script(str(work), ("ssh", "next", "hop"), ()))
+    env = {"PATH": f"{bin_}:/usr/bin:/bin"}
+    done = subprocess.run(
+        ["sh", str(work / "hop")], input=stream, env=env, capture_output=True, check=False
+    )
+    assert done.returncode == 1  # the load's own status
+    assert (work / "forwarded").read_bytes() == stream  # the next node got it all
+
+
+def test_the_last_hop_only_loads(tmp_path: Path) -> None:
+    work = tmp_path / "relay"
+    work.mkdir()
+    script = hop_script(str(work), None, ())
+    assert "ssh" not in script and "fwd" not in script.split("\n", 2)[2]
+    done = run_hop(work, script, b"abc")
+    assert done.returncode == 0 and (work / "loaded").read_bytes() == b"abc"
