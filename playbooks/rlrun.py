@@ -81,6 +81,19 @@ def parser(
         default=None,
         help="number of env runners (default: the cluster's CPUs minus one)",
     )
+    p.add_argument(
+        "--num-gpus-per-learner",
+        type=float,
+        default=None,
+        help="GPUs per RLlib learner (default: 1 when the cluster has GPUs, else 0: CPU)",
+    )
+    p.add_argument(
+        "--num-learners",
+        type=int,
+        default=None,
+        help="remote learners (default: as many as the cluster's GPUs allow; 0 without GPUs: "
+        "the driver's own learner)",
+    )
     p.add_argument("--target-return", type=float, default=target_return)
     p.add_argument("--max-env-steps", type=int, default=max_env_steps)
     p.add_argument("--max-iterations", type=int, default=1000)
@@ -113,6 +126,29 @@ def default_env_runners() -> int:
     return max(1, cpus - 1)
 
 
+def cluster_gpus() -> float:
+    """The GPUs Ray lists in the cluster."""
+    import ray
+
+    return float(ray.cluster_resources().get("GPU", 0))  # type: ignore[no-untyped-call]
+
+
+def learner_plan(gpus: float, per_learner: float | None, learners: int | None) -> tuple[int, float]:
+    """Pure: (num_learners, num_gpus_per_learner). By default the cluster's GPUs train: one
+    remote learner per GPU; without GPUs, the driver's own learner on its CPU."""
+    per = per_learner if per_learner is not None else (1.0 if gpus >= 1 else 0.0)
+    if per < 0:
+        raise SystemExit(f"GPUs per learner (--num-gpus-per-learner) must be 0 or more, got {per}")
+    if learners is None:
+        learners = int(gpus // per) if per > 0 else 0
+    if per > 0 and max(learners, 1) * per > gpus:
+        raise SystemExit(
+            f"{max(learners, 1)} learner(s) x {per} GPU(s) need more than the cluster's "
+            f"{gpus:g} GPU(s): lower --num-learners or --num-gpus-per-learner (0: CPU)"
+        )
+    return learners, per
+
+
 def ppo_config(
     args: argparse.Namespace, env: Any, env_config: dict[str, Any] | None = None
 ) -> PPOConfig:
@@ -134,6 +170,12 @@ def ppo_config(
         )
         .debugging(seed=args.seed)
     )
+    learners, per = learner_plan(
+        cluster_gpus(),
+        getattr(args, "num_gpus_per_learner", None),
+        getattr(args, "num_learners", None),
+    )
+    config = config.learners(num_learners=learners, num_gpus_per_learner=per)
     if os.environ.get(RETRIES_ENV):
         # `submit --retries`: a lost env runner fails the job at once, and provisioner
         # repairs the cluster and resumes from the latest checkpoint on every node,
@@ -162,6 +204,30 @@ def runner_nodes(algo: Algorithm) -> list[dict[str, Any]]:
     remote = group.num_remote_env_runners() > 0
     found = group.foreach_env_runner(where, local_env_runner=not remote)
     return sorted(found, key=lambda r: r["runner"])
+
+
+def learner_devices(algo: Algorithm) -> list[dict[str, Any]]:
+    """Which device each learner trains on: its torch device, node address and GPU name."""
+    import ray
+
+    def where(learner: Any, _: Any = None) -> dict[str, Any]:
+        device = str(learner.device) if learner.device is not None else "cpu"
+        name = None
+        if device.startswith("cuda"):
+            import torch
+
+            name = torch.cuda.get_device_name(learner.device)
+        return {
+            "device": device,
+            "gpu": name,
+            "node_ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+
+    group = algo.learner_group
+    assert group is not None, "the algorithm was built without learners"
+    found = [r.get() for r in group.foreach_learner(where)]  # type: ignore[no-untyped-call]
+    return [{"learner": i, **d} for i, d in enumerate(found)]
 
 
 @dataclass
@@ -323,6 +389,12 @@ def resume_path(results: Path, given: Path | None) -> Path | None:
     return path.resolve()
 
 
+def describe_device(d: dict[str, Any]) -> str:
+    """`cuda:0 (Tesla T4) on 10.0.0.5` or `cpu on 10.0.0.5`."""
+    gpu = f" ({d['gpu']})" if d.get("gpu") else ""
+    return f"{d['device']}{gpu} on {d['node_ip']}"
+
+
 def train(
     config: PPOConfig, budget: Budget, results: Path, saving: Saving | None = None
 ) -> dict[str, Any]:
@@ -337,6 +409,9 @@ def train(
     try:
         nodes = runner_nodes(algo)
         (results / "runners.json").write_text(json.dumps(nodes, indent=1))
+        learners = learner_devices(algo)
+        (results / "learners.json").write_text(json.dumps(learners, indent=1))
+        print(f"learners: {', '.join(describe_device(d) for d in learners)}", flush=True)
         print(
             f"env runners: {len(nodes)} on nodes {sorted({n['node_ip'] for n in nodes})}",
             flush=True,
@@ -377,6 +452,8 @@ def train(
             "time_to_target_s": last.time_s if reason == "target_return" else None,
             "env_runners": len(nodes),
             "nodes": sorted({n["node_ip"] for n in nodes}),
+            "learners": len(learners),
+            "trained_on": sorted({describe_device(d) for d in learners}),
             "checkpoint": os.path.relpath(saved, results) if saved else None,
         }
         write_atomic(results / "summary.json", json.dumps(summary, indent=1))

@@ -33,6 +33,7 @@ from typing import Any
 
 import bench_doctor
 import bench_push
+import bench_scale
 import bench_scaling
 import bench_up
 from bench_repeats import Attempt, Repeats, summary
@@ -46,7 +47,7 @@ from provisioner.lab.config import LabConfig, LabNode
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUPS = ("bring-up", "fan-out", "latency", "push", "training")
+GROUPS = ("bring-up", "fan-out", "latency", "push", "training", "scale")
 SCRIPT = ".venv/bin/python scripts/bench.py"
 
 
@@ -717,12 +718,163 @@ def rows_training(ctx: Context) -> list[Row]:
     ]
 
 
+def rows_scale(ctx: Context) -> list[Row]:
+    """Labs of each --scale-nodes size, one at a time (made here, removed after)."""
+    args = ctx.args
+    small = bench_scale.small_pin(ctx.pin_path, args.scale_image)
+    results = []
+    for i, n in enumerate(args.scale_nodes):
+        cfg = bench_scale.lab_config(args.lab, args.subnet, n, i)
+        log(f"scale: {n} nodes on lab {cfg.name} ({cfg.subnet})")
+        got = ctx.rep.run(
+            f"scale/{n}/lab",
+            lambda cfg=cfg, n=n: bench_scale.measure(
+                n,
+                cfg,
+                ctx.pin_path,
+                small,
+                ctx.rep,
+                log,
+                limit=args.limit,
+                bring_up=n <= args.scale_bring_up_max,
+                workdir=ctx.workdir / f"scale-{n}",
+            ),
+        )
+        results.append(got if got is not None else {"nodes": n, "failed": True})
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "scale.json").write_text(json.dumps(results, indent=1) + "\n")
+    scale_plot(results, small.size, args.out / "scale.png")
+    return scale_rows(ctx, results, small.size)
+
+
+def _get(d: dict[str, Any] | None, *keys: str) -> float | None:
+    for k in keys:
+        if not isinstance(d, dict) or d.get(k) is None:
+            return None
+        d = d[k]
+    return float(d)  # type: ignore[arg-type]
+
+
+def _first(runs: list[dict[str, Any] | None] | None, key: str) -> float | None:
+    for r in runs or []:
+        if r is not None and r.get(key) is not None and math.isfinite(r[key]):
+            return float(r[key])
+    return None
+
+
+def scale_series(results: list[dict[str, Any]], image: int) -> dict[str, list[float | None]]:
+    """Per N (in order): every plotted figure (None where it was not measured)."""
+    s: dict[str, list[float | None]] = {k: [] for k in (
+        "n", "up_alive", "ray_alive", "ray_start", "up_overhead", "doctor", "down",
+        *(f"{m}_{f}" for m in bench_scale.MODES for f in ("s", "control", "busiest")),
+    )}  # fmt: skip
+    for r in results:
+        s["n"].append(float(r["nodes"]))
+        alive, start = _first(r.get("up"), "alive"), _first(r.get("up"), "ray_start")
+        s["up_alive"].append(alive)
+        s["ray_alive"].append(_first(r.get("ray_up"), "alive"))
+        s["ray_start"].append(start)
+        s["up_overhead"].append(None if alive is None or start is None else alive - start)
+        s["doctor"].append(_get(r, "doctor_s"))
+        s["down"].append(_get(r, "down_s"))
+        for m in bench_scale.MODES:
+            s[f"{m}_s"].append(_get(r, "push", m, "seconds"))
+            for f, key in (("control", "control_wire_bytes"), ("busiest", "busiest_wire_bytes")):
+                v = _get(r, "push", m, key)
+                s[f"{m}_{f}"].append(None if v is None else v / image)
+    return s
+
+
+def scale_plot(results: list[dict[str, Any]], image: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = scale_series(results, image)
+    n = s["n"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+
+    def line(ax: Any, key: str, label: str, style: str = "o-") -> None:
+        pts = [(x, y) for x, y in zip(n, s[key], strict=True) if y is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+
+    ax = axes[0]
+    line(ax, "up_alive", "provisioner up: every node alive")
+    line(ax, "ray_alive", "ray up: every node alive")
+    line(ax, "ray_start", "Ray's own start under up (floor)", "s--")
+    line(ax, "doctor", "doctor")
+    line(ax, "down", "provisioner down")
+    ax.set(title="bring-up, doctor, down", xlabel="nodes", ylabel="seconds")
+    ax = axes[1]
+    for m in bench_scale.MODES:
+        line(ax, f"{m}_s", f"push {m}")
+    ax.set(title=f"push of a {image / 1e6:.0f} MB image: time", xlabel="nodes", ylabel="seconds")
+    ax = axes[2]
+    for m in bench_scale.MODES:
+        line(ax, f"{m}_control", f"{m}: control machine sent", "o-")
+        line(ax, f"{m}_busiest", f"{m}: busiest node sent", "x--")
+    ax.set(title="push: bytes on the wire", xlabel="nodes", ylabel="images' worth")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def scale_rows(ctx: Context, results: list[dict[str, Any]], image: int) -> list[Row]:
+    s = scale_series(results, image)
+    rows: list[Row] = []
+    mb = f"{image / 1e6:.0f} MB test image"
+
+    def fig(label: str, unit: str, value: float | None, key: str) -> Figure:
+        return ctx.fig(label, unit, key, [value])
+
+    for i, n_f in enumerate(s["n"]):
+        n = int(n_f)
+        up_a = fig("provisioner up", "s", s["up_alive"][i], f"scale/{n}/bring-up/up")
+        ray_a = fig("ray up", "s", s["ray_alive"][i], f"scale/{n}/bring-up/ray up")
+        over = s["up_overhead"][i]
+        rows.append(Row(
+            "scale", f"scale, {n} nodes: bring-up until every node is alive", up_a, ray_a,
+            ratio(up_a, ray_a), "up / ray up", "—", None,
+            "image present on every node, from down; Ray's own start under `up`: "
+            + ("—" if s["ray_start"][i] is None else f"{s['ray_start'][i]:.1f} s")
+            + "; what `up` adds to it: " + ("—" if over is None else f"{over:.1f} s"),
+            {"ray_start_s": s["ray_start"][i], "up_overhead_s": over},
+        ))  # fmt: skip
+        rows.append(Row(
+            "scale", f"scale, {n} nodes: doctor, down", fig("doctor", "s", s["doctor"][i],
+            f"scale/{n}/doctor"), fig("down", "s", s["down"][i], f"scale/{n}/down"), None, "",
+            "—", None, f"`provisioner doctor` on the {n}-node lab; `provisioner down` of its "
+            "cluster",
+        ))  # fmt: skip
+        for m in bench_scale.MODES:
+            busiest = s[f"{m}_busiest"][i]
+            control = s[f"{m}_control"][i]
+            rows.append(Row(
+                "scale", f"scale, {n} nodes: push {m}",
+                fig(f"push {m}", "s", s[f"{m}_s"][i], f"scale/{n}/push/{m}"),
+                None, busiest, "busiest node sent, in images", "≤ 2 images" if m == "forward"
+                else "—", None if m != "forward" or busiest is None else busiest <= 2,
+                f"the {mb} to {n} nodes holding none of it; bytes counted on the wire "
+                f"(iptables in each node): control machine sent "
+                + ("—" if control is None else f"{control:.2f}")
+                + " images, busiest node " + ("—" if busiest is None else f"{busiest:.2f}"),
+                {"control_images": control, "busiest_images": busiest},
+            ))  # fmt: skip
+    return rows
+
+
 ROWS: dict[str, Callable[[Context], list[Row]]] = {
     "bring-up": rows_bring_up,
     "fan-out": rows_fan_out,
     "latency": rows_latency,
     "push": rows_push,
     "training": rows_training,
+    "scale": rows_scale,
 }
 
 
@@ -750,6 +902,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--train-batch", type=int, default=1000)
     p.add_argument("--limit", type=float, default=600, help="seconds one bring-up may take")
     p.add_argument("--keep-lab", action="store_true", help="keep a lab made here")
+    p.add_argument("--scale-nodes", default="3,6,10", help="scale rows: lab sizes, one at a time")
+    p.add_argument("--scale-image", type=int, default=64, metavar="MB", help="scale push image")
+    p.add_argument(
+        "--scale-bring-up-max",
+        type=int,
+        default=10,
+        metavar="N",
+        help="scale: bring-up rows (the pin on every node: disk) up to N nodes",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench-results")
     p.epilog = "bench.md again from a bench.json: scripts/bench.py --render DIR/bench.json"
     args = p.parse_args(argv)
@@ -759,8 +920,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error(f"unknown rows {unknown}; choose from {', '.join(GROUPS)}")
     try:
         args.delays = [int(x) for x in args.delays.split(",")]
+        args.scale_nodes = [int(x) for x in args.scale_nodes.split(",")]
     except ValueError:
-        p.error(f"--delays: comma-separated milliseconds, got {args.delays!r}")
+        p.error("--delays and --scale-nodes: comma-separated numbers")
     if min(args.repeat, args.push_repeat, args.up_repeat, args.endpoints, args.runners) < 1:
         p.error("--repeat, --push-repeat, --up-repeat, --endpoints and --runners must be ≥ 1")
     if args.retries < 0:
@@ -802,9 +964,13 @@ def main(argv: list[str]) -> int:
         cfg, existed = load_config(args.lab), True  # an existing lab, on its own subnet
     except InputError:
         cfg, existed = LabConfig(name=args.lab, subnet=args.subnet, nodes=3), False
-    log(f"lab {args.lab}: {'reusing' if existed else 'starting'}")
-    lab = lab_up(cfg, log, lock)
-    faults.clear(lab)
+    needs_lab = any(g != "scale" for g in args.groups)  # scale makes labs of its own
+    if needs_lab:
+        log(f"lab {args.lab}: {'reusing' if existed else 'starting'}")
+        lab = lab_up(cfg, log, lock)
+        faults.clear(lab)
+    else:
+        lab = None
     rows: list[Row] = []
     pinned = False
     with tempfile.TemporaryDirectory(prefix="provisioner-bench-") as tmp:
@@ -822,12 +988,13 @@ def main(argv: list[str]) -> int:
                 rows += run_group(ctx, group)
                 pinned = pinned or (group == "push" and not args.small_image)
                 log(f"{group}: {time.monotonic() - t0:.0f} s")
-                write(args, meta, rows, started, len(lab.nodes))  # a later failure keeps these
+                write(args, meta, rows, started, len(lab.nodes) if lab else 0)  # kept on failure
         finally:
-            faults.clear(lab)
-            if not existed and not args.keep_lab:
-                lab_down(cfg, log)
-    print(write(args, meta, rows, started, len(lab.nodes)))
+            if lab is not None:
+                faults.clear(lab)
+                if not existed and not args.keep_lab:
+                    lab_down(cfg, log)
+    print(write(args, meta, rows, started, len(lab.nodes) if lab else 0))
     return 0
 
 

@@ -70,6 +70,17 @@ def capture(lab: LabInfo) -> dict[str, str]:
     out["hostname_loopback"] = with_breakage(
         lab, w2, "hostname-loopback", lambda: facts_text(lab, w2)
     )
+    # A SIMULATED GPU node (provisioner/lab/gpusim.py): stand-ins in NVIDIA's formats
+    for name in ("gpu", "gpu-no-toolkit", "gpu-no-driver"):
+        header = (
+            f"facts.sh on a lab node with the lab fault `{name}`: a SIMULATED GPU node "
+            "(provisioner/lab/gpusim.py). Its nvidia-smi is a stand-in answering in the format "
+            "of NVIDIA's nvidia-smi man page (--query-gpu, --format=csv,noheader,nounits); "
+            "its Docker runtime `nvidia` runs runc. Not a real GPU.\n"
+        )
+        out[f"simulated_{name.replace('-', '_')}"] = header + with_breakage(
+            lab, w1, name, lambda: facts_text(lab, w1)
+        )
     # One node, one moment, both ways facts.sh reads Docker: over the socket from python3,
     # and through the docker CLI (its fallback, here forced by DOCKER_HOST).
     rc, said = exec_rc(

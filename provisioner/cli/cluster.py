@@ -9,20 +9,22 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from provisioner.cli.common import InventoryOption, JsonOption, output
 from provisioner.cli.doctor import render as render_findings
 from provisioner.cluster import down as down_mod
+from provisioner.cluster import membership, token
 from provisioner.cluster import render as render_mod
 from provisioner.cluster import status as status_mod
-from provisioner.cluster import token
 from provisioner.cluster import up as up_mod
 from provisioner.cluster.logs import LogMatch, collect
 from provisioner.cluster.preflight import DoctorStopped
 from provisioner.cluster.tunnel import TENSORBOARD_PORT, tunnel
-from provisioner.console import Output
+from provisioner.console import Output, clean
 from provisioner.errors import InputError, OperationError, ProvisionerError
 from provisioner.image.lock import Pin, read_pin
 from provisioner.inventory import Inventory, load_cluster, load_inventory
@@ -30,7 +32,7 @@ from provisioner.inventory.loader import require_nodes
 from provisioner.jobs.manage import JobsRunning, Stopped, stop_for_down
 from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
-from provisioner.runtime.base import Runtime
+from provisioner.runtime.base import PUSH_MODES, Runtime
 
 ForceOption = Annotated[bool, typer.Option("--force", help="Go on despite doctor errors.")]
 
@@ -148,6 +150,14 @@ def up(
     join_timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait for every node to join.", min=1)
     ] = 120,
+    push: Annotated[
+        str,
+        typer.Option(
+            "--push",
+            help="How the image goes: direct (every node from here), relay (this machine "
+            "sends once, each node forwards to the next), auto (relay when 2+ nodes lack it).",
+        ),
+    ] = "auto",
     queue_timeout: Annotated[
         float | None,
         typer.Option(
@@ -163,6 +173,11 @@ def up(
 
     SLURM (a scheduler section): first a job that holds the allocation (its state and the
     scheduler's reason shown while it waits; Ctrl-C cancels it), then the allocated nodes."""
+    if push not in PUSH_MODES:
+        raise InputError(
+            f"--push {push!r} is not a push mode",
+            f"use one of: {', '.join(PUSH_MODES)}",
+        )
     out = output(json_)
     inv = load_inventory(inventory)
     slurm_job = None
@@ -185,6 +200,7 @@ def up(
                 force=force,
                 doctor=not no_doctor,
                 join_timeout=join_timeout,
+                push=push,
             )
     except DoctorStopped as stopped:
         if json_:
@@ -201,6 +217,8 @@ def up(
     if slurm_job is not None:
         out.say(f"SLURM job {slurm_job} holds the nodes until `provisioner down`")
     t = result.totals
+    if result.departed:
+        _say_departed(out, result.departed)
     if not result.changed:
         out.say("the cluster was already up; nothing changed")
     else:
@@ -215,6 +233,64 @@ def up(
     out.say(f"dashboard: provisioner tunnel -i {inventory}")
 
 
+def _say_departed(out: Output, removal: membership.Removal) -> None:
+    for node in removal.nodes:
+        if node.name in removal.errors:
+            out.say(
+                f"{node.name} ({node.address}) left the inventory, but this cluster's Ray could "
+                f"not be removed there: {removal.errors[node.name]} (the next up or down retries)"
+            )
+        else:
+            out.say(f"{node.name} ({node.address}) left the inventory: this cluster's Ray removed")
+
+
+def _cell(text: str) -> Text:
+    """Node text as it is: no markup, no emoji codes (an IPv6 address holds `:1234:`),
+    control characters shown."""
+    return Text(clean(text))
+
+
+def _ray_cell(n: status_mod.NodeStatus) -> str:
+    if not n.ssh_ok:
+        return "no SSH"
+    if n.ray_alive:
+        return "alive"
+    return n.container or "-"
+
+
+def status_table(st: status_mod.ClusterStatus) -> Table:
+    """Pure: the human status table; readable at 80 columns (names and addresses wrap,
+    never cut), each unhealthy node with its reason."""
+    docker = st.runtime == "docker"
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
+    table.add_column("node / address", overflow="fold", min_width=13)
+    table.add_column("role", no_wrap=True)
+    table.add_column("ray", no_wrap=True)
+    table.add_column("image" if docker else "current", no_wrap=True)
+    table.add_column("CPUs", justify="right", no_wrap=True)
+    table.add_column("problem", overflow="fold", ratio=1, min_width=20)
+    for n in st.nodes:
+        where = n.name if n.name == n.host else f"{n.name}\n{n.host}"
+        table.add_row(
+            _cell(where),
+            n.role,
+            _ray_cell(n),
+            {True: "ok", False: "WRONG", None: "-"}[n.image_ok],
+            f"{n.resources.get('CPU', 0):g}",
+            _cell(n.reason or ("" if n.healthy else "unhealthy")),
+        )
+    for g in st.outside:
+        table.add_row(
+            _cell(g.ip),
+            "?",
+            "alive",
+            "-",
+            f"{g.resources.get('CPU', 0):g}",
+            _cell("in this cluster but not in the inventory: `provisioner up` removes it"),
+        )
+    return table
+
+
 def status(inventory: InventoryOption, json_: JsonOption = False) -> None:
     """Each node's SSH, container, image and Ray liveness; exit 1 when unhealthy.
     SLURM: the job's state, nodes and time left too (a warning when the limit is near)."""
@@ -227,30 +303,14 @@ def status(inventory: InventoryOption, json_: JsonOption = False) -> None:
     if json_:
         out.emit({**st.to_json(), **({"slurm": job} if job is not None else {})})
     else:
-        docker = st.runtime == "docker"
-        table = Table(
-            "node",
-            "role",
-            "address",
-            "ssh",
-            "container" if docker else f"ray ({st.runtime})",
-            "image" if docker else "current",
-            "ray",
-            "CPUs",
-        )
-        for n in st.nodes:
-            table.add_row(
-                n.name,
-                n.role,
-                n.host,
-                "ok" if n.ssh_ok else "FAIL",
-                n.container or "-",
-                {True: "ok", False: "WRONG", None: "-"}[n.image_ok],
-                "alive" if n.ray_alive else "-",
-                f"{n.resources.get('CPU', 0):g}",
-            )
+        table = status_table(st)
         out.out.print(table)
         out.say(f"{st.alive_nodes}/{st.expected_nodes} nodes alive at {st.address}")
+        if st.outside:
+            out.say(
+                f"{len(st.outside)} node(s) in this cluster that the inventory does not list: "
+                f"{', '.join(g.ip for g in st.outside)} (`provisioner up` removes them)"
+            )
         if st.gcs_error:
             out.say(f"GCS: {st.gcs_error}")
     if not st.healthy or (job is not None and job["state"] != "RUNNING"):
@@ -351,6 +411,8 @@ def down(
             for name, err in result.logs.errors.items():
                 out.say(f"{name}: logs not collected: {err}")
         out.say(f"removed Ray from: {', '.join(result.removed) or 'no node'}")
+        if result.departed:
+            _say_departed(out, result.departed)
         for name, busy in result.ports_busy.items():
             out.say(f"{name}: Ray ports still in use: {busy}")
         for name, err in result.errors.items():

@@ -63,12 +63,25 @@ def doctor(
     ] = True,
     parallel: Annotated[int, typer.Option("--parallel", help="Nodes at once.", min=1)] = 32,
     show_ok: Annotated[bool, typer.Option("--all", help="Show passing checks too.")] = False,
+    gpu_deep: Annotated[
+        bool,
+        typer.Option(
+            "--gpu-deep",
+            help="Also start a container of the pinned image on each GPU node, with the GPU "
+            "options `up` uses, and check that it sees the GPUs.",
+        ),
+    ] = False,
 ) -> None:
     """Diagnose every node before anything starts; exit 1 when any finding is an error."""
     out = output(json_)
     inv = load_cluster(inventory)
     report = run_doctor(
-        inv, report=out.progress, ray_up=ray_up, reachability=reachability, parallelism=parallel
+        inv,
+        report=out.progress,
+        ray_up=ray_up,
+        reachability=reachability,
+        parallelism=parallel,
+        gpu_deep=gpu_deep,
     )
     if json_:
         out.emit(report.to_json())

@@ -11,10 +11,10 @@ from rich.table import Table
 
 from provisioner.cli.common import InventoryOption, JsonOption, output
 from provisioner.errors import InputError
-from provisioner.image.build import BuildOptions, build_image, default_images_dir
+from provisioner.image.build import VARIANTS, BuildOptions, build_image, default_images_dir
 from provisioner.image.lock import BUILD_TAG, CLUSTER_TAG, pin_to_dict, read_pin
 from provisioner.image.push import PushOptions, push_image
-from provisioner.image.requirements import format_lock, resolve
+from provisioner.image.requirements import format_lock, resolve, resolve_without_download
 from provisioner.inventory import load_cluster
 
 app = typer.Typer(
@@ -48,19 +48,43 @@ def _dirs(images_dir: Path | None, wheelhouse: Path | None) -> tuple[Path, Path]
     return images, wheelhouse or images / ".wheelhouse"
 
 
+CudaOption = Annotated[
+    bool,
+    typer.Option(
+        "--cuda",
+        help="The CUDA variant: PyTorch with CUDA (requirements-cuda.in/.lock, pin "
+        "image-cuda.lock.json); several GB.",
+    ),
+]
+
+
 @app.command("lock")
 def lock_cmd(
     images_dir: ImagesDirOption = None,
     wheelhouse: WheelhouseOption = None,
+    cuda: CudaOption = False,
+    download: Annotated[
+        bool,
+        typer.Option(
+            "--download/--no-download",
+            help="Keep the resolved wheels in the wheelhouse (default), or only resolve "
+            "(default with --cuda: the build fetches the wheels by hash).",
+        ),
+    ] = True,
     json_: JsonOption = False,
 ) -> None:
     """Resolve requirements.in with pip into requirements.lock (exact versions and hashes)."""
     out = output(json_)
     images, wheels_dir = _dirs(images_dir, wheelhouse)
-    with out.step("resolving requirements.in"):
-        wheels = resolve(images / "requirements.in", wheels_dir, out.progress)
-    target = images / "requirements.lock"
-    target.write_text(format_lock(wheels, "requirements.in"))
+    stem = VARIANTS["cuda" if cuda else "cpu"]
+    source = images / f"{stem}.in"
+    with out.step(f"resolving {source.name}"):
+        if download and not cuda:
+            wheels = resolve(source, wheels_dir, out.progress)
+        else:
+            wheels = resolve_without_download(source, out.progress)
+    target = images / f"{stem}.lock"
+    target.write_text(format_lock(wheels, source.name))
     if json_:
         out.emit({"lock": str(target), "packages": {w.name: w.version for w in wheels}})
     else:
@@ -83,10 +107,12 @@ def build_cmd(
     images_dir: ImagesDirOption = None,
     wheelhouse: WheelhouseOption = None,
     lock: LockFileOption = None,
-    tag: Annotated[str, typer.Option("--tag", help="Local tag of the built image.")] = BUILD_TAG,
+    tag: Annotated[str | None, typer.Option("--tag", help="Local tag of the built image.")] = None,
+    cuda: CudaOption = False,
     json_: JsonOption = False,
 ) -> None:
     """Build the cluster image offline from the lock and write its pin."""
+    tag = tag or (f"{BUILD_TAG}-cuda" if cuda else BUILD_TAG)
     out = output(json_)
     images, wheels_dir = _dirs(images_dir, wheelhouse)
     if base is None:
@@ -96,10 +122,11 @@ def build_cmd(
     opts = BuildOptions(
         images_dir=images,
         wheelhouse=wheels_dir,
-        lock_path=lock or images / "image.lock.json",
+        lock_path=lock or images / ("image-cuda.lock.json" if cuda else "image.lock.json"),
         base=base,
         tag=tag,
         offline=offline,
+        variant="cuda" if cuda else "cpu",
     )
     with out.step(f"building {tag}"):
         result = build_image(opts, out.progress)

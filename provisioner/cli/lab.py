@@ -295,6 +295,48 @@ def fault_unisolate(
     _done(json_, f"{lab.node(node).name}: SSH from this machine answered again")
 
 
+@fault_app.command("break")
+def fault_break(
+    node: NodeArg,
+    what: Annotated[
+        str, typer.Argument(help="A breakage: `lab fault break --list` names them.")
+    ] = "",
+    list_: Annotated[bool, typer.Option("--list", help="Name every breakage.")] = False,
+    name: NameOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Break one thing a doctor check looks at on a node (e.g. `gpu`: a SIMULATED GPU node).
+    Undo: `lab fault mend NODE WHAT`."""
+    from provisioner.lab import faults
+
+    if list_ or not what:
+        out = output(json_)
+        if json_:
+            out.emit({k: v[0] for k, v in faults.BREAKAGES.items()})
+        else:
+            for key, (text, _, _) in faults.BREAKAGES.items():
+                out.say(f"{key}: {text}")
+        return
+    lab = _lab(name)
+    faults.break_node(lab, lab.node(node), what)
+    _done(json_, f"{lab.node(node).name}: {what}")
+
+
+@fault_app.command("mend")
+def fault_mend(
+    node: NodeArg,
+    what: Annotated[str, typer.Argument(help="The breakage to undo.")],
+    name: NameOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Undo `lab fault break NODE WHAT`."""
+    from provisioner.lab import faults
+
+    lab = _lab(name)
+    faults.mend(lab, lab.node(node), what)
+    _done(json_, f"{lab.node(node).name}: {what} mended")
+
+
 @fault_app.command("clear")
 def fault_clear(name: NameOption = None, json_: JsonOption = False) -> None:
     """Undo every fault recorded for the lab."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from provisioner.gpu.plan import ACCELERATOR_RESOURCE, GpuPlan
 from provisioner.inventory import Inventory, Node
 
 
@@ -38,10 +39,21 @@ def _port_flags(inventory: Inventory, *, head: bool) -> list[str]:
     return flags
 
 
-def _node_flags(inventory: Inventory, node: Node) -> list[str]:
+def _node_flags(inventory: Inventory, node: Node, gpus: GpuPlan | None) -> list[str]:
     flags: list[str] = []
-    if node.resources:
-        flags.append("--resources=" + json.dumps(dict(node.resources), sort_keys=True))
+    # Ray refuses GPU among --resources: GPUs are --num-gpus, with the accelerator type as
+    # the resource Ray itself adds for a GPU it detects
+    resources = {k: v for k, v in node.resources.items() if k != "GPU"}
+    if gpus is not None:
+        flags.append(f"--num-gpus={gpus.count}")
+        if gpus.accelerator_type:
+            resources[f"{ACCELERATOR_RESOURCE}{gpus.accelerator_type}"] = 1
+    elif "GPU" in node.resources:
+        flags.append(f"--num-gpus={int(node.resources['GPU'])}")
+    elif node.gpus == ():  # `gpus: none`: Ray on the host would count the node's own
+        flags.append("--num-gpus=0")
+    if resources:
+        flags.append("--resources=" + json.dumps(resources, sort_keys=True))
     if node.labels:
         flags.append("--labels=" + ",".join(f"{k}={v}" for k, v in sorted(node.labels.items())))
     if inventory.object_store_memory:
@@ -54,14 +66,17 @@ def head_address(inventory: Inventory) -> str:
     return f"{inventory.head.address}:{inventory.ports.gcs}"
 
 
-def ray_start_args(inventory: Inventory, node: Node, *, block: bool = True) -> list[str]:
-    """The arguments of `ray start` for `node` (unquoted)."""
+def ray_start_args(
+    inventory: Inventory, node: Node, *, block: bool = True, gpus: GpuPlan | None = None
+) -> list[str]:
+    """The arguments of `ray start` for `node` (unquoted); `gpus`: what Ray gets of the
+    node's GPUs (gpu/plan.py)."""
     is_head = node.role == "head"
     args = ["ray", "start"]
     args += ["--head"] if is_head else [f"--address={head_address(inventory)}"]
     args.append(f"--node-ip-address={node.address}")
     args += _port_flags(inventory, head=is_head)
-    args += _node_flags(inventory, node)
+    args += _node_flags(inventory, node, gpus)
     args.append("--disable-usage-stats")
     if block:
         args.append("--block")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import commands, logs
+from provisioner.cluster import commands, logs, membership
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
 from provisioner.inventory import Inventory, Node
@@ -22,6 +22,7 @@ class DownResult:
     errors: dict[str, str] = field(default_factory=dict)
     ports_busy: dict[str, list[int]] = field(default_factory=dict)
     logs: logs.Collected | None = None
+    departed: membership.Removal | None = None  # nodes that left the inventory since `up`
 
     @property
     def ok(self) -> bool:
@@ -36,6 +37,7 @@ class DownResult:
             "ports_busy": self.ports_busy,
             "ok": self.ok,
             "logs": self.logs.to_json() if self.logs else None,
+            "departed": self.departed.to_json() if self.departed else None,
         }
 
 
@@ -78,6 +80,11 @@ def bring_down(
         report(f"{node.name}: Ray removed" + (f"; ports still in use: {busy}" if busy else ""))
         return busy
 
+    gone = membership.departed(inventory, membership.recorded_nodes(inventory), [])
+    if gone:
+        result.departed = membership.remove_departed(gone, pool, runtime, report)
+        result.errors.update(result.departed.errors)
+        membership.record_nodes(inventory, also=result.departed.failed)
     for stage in (list(inventory.workers), [inventory.head]):
         group = fan_out(stage, stop, deadline=90)
         for name, busy in group.results.items():

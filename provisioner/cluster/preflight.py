@@ -4,7 +4,7 @@ The doctor sees this cluster's own running Ray as "a Ray is already running" and
 use"; it turns those into warnings on the nodes where this cluster's Ray runs (the one
 own-Ray waiver, `doctor.api.explained_by_own_ray`), since `up` keeps that Ray or replaces
 it. A missing image is a warning the push fixes. Every other error stops `up` (unless
-forced).
+forced); another cluster's Ray on this cluster's ports stops it even when forced.
 """
 
 from __future__ import annotations
@@ -41,16 +41,25 @@ def blocking_errors(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == "error"]
 
 
-class DoctorStopped(OperationError):
-    """The doctor found errors `up` cannot fix; nothing was started."""
+NEVER_FORCED = frozenset({"ray.cluster"})
 
-    def __init__(self, preflight: Preflight) -> None:
-        lines = [f"{f.host}: {f.check}: {f.message}" for f in preflight.blocking]
-        super().__init__(
-            f"the doctor found {len(preflight.blocking)} error(s); nothing was started:\n"
-            + "\n".join(lines),
+
+class DoctorStopped(OperationError):
+    """The doctor found errors `up` cannot fix; nothing was started. `unforceable`: the
+    errors that stopped even `up --force`."""
+
+    def __init__(self, preflight: Preflight, unforceable: list[Finding] | None = None) -> None:
+        shown = unforceable or preflight.blocking
+        lines = [f"{f.host}: {f.check}: {f.message}" for f in shown]
+        fix = (
             "fix the findings above (`provisioner doctor -i INVENTORY` shows evidence and fixes), "
-            "or run `provisioner up --force` to go on anyway",
+            "or run `provisioner up --force` to go on anyway"
+        )
+        if unforceable:
+            fix = f"{unforceable[0].fix} (--force never starts onto another cluster's ports)"
+        super().__init__(
+            f"the doctor found {len(shown)} error(s); nothing was started:\n" + "\n".join(lines),
+            fix,
         )
         self.preflight = preflight
 
@@ -72,8 +81,12 @@ def check(
     for host in sorted({f.host for f in waived}):
         checks = sorted({f.check for f in waived if f.host == host})
         report(f"{host}: {', '.join(checks)}: this cluster's own Ray (up keeps or replaces it)")
-    if blocking and not force:
-        raise DoctorStopped(result)
+    # Another cluster's Ray on this cluster's ports: no --force starts onto them (this
+    # cluster's Ray could not bind them, and its workers would take the other's ports).
+    others = [f for f in blocking if f.check in NEVER_FORCED]
+    if blocking and (not force or others):
+        result.forced = False
+        raise DoctorStopped(result, others if force else [])
     for f in blocking:
         report(f"{f.host}: {f.check}: {f.message} (going on: --force)")
     return result

@@ -29,6 +29,7 @@ class NodeStatus:
     restarts: int = 0
     oom_killed: bool = False
     error: str | None = None
+    reason: str | None = None  # why the node is not healthy, in words (None: healthy)
 
     @property
     def healthy(self) -> bool:
@@ -53,13 +54,24 @@ class ClusterStatus:
     gcs: list[GcsNode] = field(default_factory=list, repr=False)  # the GCS's node list
 
     @property
+    def outside(self) -> list[GcsNode]:
+        """Nodes the GCS lists alive at an address the inventory does not name."""
+        listed = {n.host for n in self.nodes}
+        return [g for g in self.gcs if g.alive and g.ip not in listed]
+
+    @property
     def healthy(self) -> bool:
-        return self.alive_nodes == self.expected_nodes and all(n.healthy for n in self.nodes)
+        return (
+            self.alive_nodes == self.expected_nodes
+            and all(n.healthy for n in self.nodes)
+            and not self.outside
+        )
 
     def node(self, name: str) -> NodeStatus:
         return next(n for n in self.nodes if name in (n.name, n.host))
 
     def to_json(self) -> dict[str, Any]:
+        listed = {n.host for n in self.nodes}
         return {
             "cluster": self.cluster,
             "runtime": self.runtime,
@@ -69,6 +81,11 @@ class ClusterStatus:
             "healthy": self.healthy,
             "address": self.address,
             "gcs_error": self.gcs_error,
+            "gcs_nodes": [
+                {"node_id": g.node_id, "ip": g.ip, "alive": g.alive, "in_inventory": g.ip in listed}
+                for g in self.gcs
+            ],
+            "outside_inventory": [g.ip for g in self.outside],
         }
 
 
@@ -146,6 +163,14 @@ def assemble(
                 restarts=f.restarts if f else 0,
                 oom_killed=f.oom_killed if f else False,
                 error=str(err) if err else None,
+                reason=reason(
+                    runtime,
+                    f,
+                    err,
+                    alive=ray is not None,
+                    current=runtime.is_current(f) if f else None,
+                    gcs_error=gcs_error,
+                ),
             )
         )
     return ClusterStatus(
@@ -159,3 +184,38 @@ def assemble(
         states=dict(states),
         gcs=list(gcs),
     )
+
+
+def reason(
+    runtime: Runtime,
+    state: RayState | None,
+    error: ProvisionerError | None,
+    *,
+    alive: bool,
+    current: bool | None,
+    gcs_error: str | None,
+) -> str | None:
+    """Pure: why a node is not healthy, in words for the status table (None: healthy)."""
+    what = "its container" if runtime.name == "docker" else "its Ray"
+    if error is not None:
+        return f"no SSH: {error.message}"
+    if state is None:
+        return "not asked"
+    if state.status == "absent":
+        return "this cluster's Ray is not running here: `provisioner up` starts it"
+    if not state.running:
+        how = f"{what} is {state.status}"
+        if state.exit_code not in (None, 0):
+            how += f" (exit code {state.exit_code})"
+        if state.oom_killed:
+            how += ", killed for lack of memory"
+        if state.restarts:
+            how += f", {state.restarts} restart(s)"
+        return how + ": see `provisioner logs`"
+    if current is False:
+        return f"{what} runs something other than the pin: `provisioner up` replaces it"
+    if not alive:
+        if gcs_error:
+            return f"not known alive: {gcs_error}"
+        return "running, but the GCS does not list it alive: see `provisioner logs`"
+    return None

@@ -8,14 +8,29 @@ dead worker is restarted alone; a restarted head brings its workers back too.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from provisioner.cluster import commands, headprobe, layout, logs, preflight, status, token
+from provisioner.cluster import (
+    commands,
+    headprobe,
+    layout,
+    logs,
+    membership,
+    preflight,
+    status,
+    token,
+)
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.cluster.status import ClusterStatus
 from provisioner.console import Reporter, quiet
+from provisioner.doctor import DoctorReport
+from provisioner.doctor.facts import NodeFacts
+from provisioner.doctor.gather import gather_facts
+from provisioner.doctor.neighbours import port_owner
 from provisioner.errors import OperationError, ProvisionerError
+from provisioner.gpu.plan import GpuPlan, plans_for
 from provisioner.image.lock import Pin
 from provisioner.image.push import PushReport
 from provisioner.inventory import Inventory, Node
@@ -36,6 +51,8 @@ class UpResult:
     push: PushReport | None = None
     timings: dict[str, float] = field(default_factory=dict)
     runtime: str = "docker"
+    gpus: dict[str, GpuPlan] = field(default_factory=dict)  # node name -> its GPUs for Ray
+    departed: membership.Removal | None = None  # nodes that left the inventory
 
     @property
     def changed(self) -> bool:
@@ -54,6 +71,8 @@ class UpResult:
             "status": self.status.to_json() if self.status else None,
             "doctor": self.doctor.to_json() if self.doctor else None,
             "push": self.push.to_json() if self.push else None,
+            "gpus": {name: asdict(plan) for name, plan in self.gpus.items()},
+            "departed": self.departed.to_json() if self.departed else None,
         }
 
 
@@ -140,6 +159,39 @@ def not_joined_report(pool: Pool, runtime: Runtime, missing: list[Node]) -> str:
     return "\n".join(parts)
 
 
+def gpu_plans(
+    pool: Pool, inventory: Inventory, runtime: Runtime, facts: Mapping[str, NodeFacts] | None
+) -> dict[str, GpuPlan]:
+    """Each node's GPUs for Ray and how they reach it, from the doctor's facts; without
+    them (`up --no-doctor`) from one facts round of their own."""
+    if facts is None or set(facts) != {n.name for n in inventory.nodes}:
+        facts = gather_facts(pool, inventory, "", reachability=False, parallelism=32).results
+    return plans_for(inventory.nodes, {n: f.gpu for n, f in facts.items()}, runtime.name)
+
+
+def _refuse_foreign_gcs(
+    inventory: Inventory, doctor: DoctorReport, states: dict[str, RayState] | None
+) -> None:
+    """With --force past the doctor: a GCS port held on the head by anything but this
+    cluster's running Ray would answer the GCS wait for it. Stop before starting anything."""
+    facts = doctor.facts.get(inventory.head.name)
+    head = (states or {}).get(inventory.head.name)
+    port = inventory.ports.gcs
+    if facts is None or (head is not None and head.running):
+        return
+    if not any(listener.port == port for listener in facts.listening):
+        return
+    owner = port_owner(facts, port)
+    holder = owner.describe() if owner is not None else "another process"
+    raise OperationError(
+        f"{inventory.head.name}: the GCS port {port} is held by {holder}, not by this "
+        f"cluster's Ray: this cluster's GCS cannot start there; nothing was started",
+        "give this cluster its own port block in the inventory (ray: {port_base: N}; "
+        "`provisioner doctor` suggests a free one), or free the port",
+        where=inventory.head.name,
+    )
+
+
 def up(
     inventory: Inventory,
     pool: Pool,
@@ -149,11 +201,12 @@ def up(
     force: bool = False,
     doctor: bool = True,
     join_timeout: float = 120,
+    push: str = "auto",
 ) -> UpResult:
     """The whole `up`: doctor (stop on errors unless forced), the runtime's preparation
-    (docker: push the pin), then bring_up."""
+    (docker: push the pin; `push`, runtime.base.PUSH_MODES), then bring_up."""
     t0 = time.monotonic()
-    runtime = runtime_for(inventory, pin)
+    runtime = runtime_for(inventory, pin, push=push)
     result = UpResult(runtime=runtime.name)
     if doctor:
         report(f"doctor: checking {len(inventory.nodes)} node(s)")
@@ -165,6 +218,8 @@ def up(
     if result.push is not None and result.push.errors:
         _raise_first(dict(result.push.errors), "could not push the pinned image")
     states = result.doctor.report.ray_states(runtime) if result.doctor else None
+    if result.doctor is not None:
+        _refuse_foreign_gcs(inventory, result.doctor.report, states)
     bring_up(
         inventory,
         pool,
@@ -173,6 +228,7 @@ def up(
         join_timeout=join_timeout,
         result=result,
         states=states,
+        facts=result.doctor.report.facts if result.doctor else None,
     )
     result.seconds = time.monotonic() - t0
     return result
@@ -188,15 +244,23 @@ def bring_up(
     probe: bool = True,
     result: UpResult | None = None,
     states: dict[str, RayState] | None = None,
+    facts: Mapping[str, NodeFacts] | None = None,
 ) -> UpResult:
     """Start what is missing, wait until every node joined, run the placement probe.
 
     `states`: this cluster's Ray on every node as the doctor's round found it (then no
-    node is asked again); without them, one round trip asks."""
+    node is asked again); without them, one round trip asks. `facts`: the doctor's facts
+    (the nodes' GPUs); without them, one round trip asks."""
     t0 = time.monotonic()
     result = result if result is not None else UpResult(runtime=runtime.name)
     install_token(inventory, pool)
+    result.gpus = gpu_plans(pool, inventory, runtime, facts)
     before = status.gather(inventory, pool, report, runtime=runtime, states=states)
+    # Nodes that left the inventory (the last up's record, the GCS's list) lose this
+    # cluster's Ray before anything starts, so that none of them meets the new head.
+    gone = membership.departed(inventory, membership.recorded_nodes(inventory), before.gcs)
+    if gone:
+        result.departed = membership.remove_departed(gone, pool, runtime, report)
     head = inventory.head
     head_session = pool.session(head)
     states = before.states
@@ -217,8 +281,9 @@ def bring_up(
         result.unchanged.append(head.name)
     result.unchanged += [w.name for w in inventory.workers if w not in to_start]
 
-    # Node IDs of the raylets being replaced: the GCS may list them as alive for a while.
-    replaced = {n.address for n in to_start}
+    # Node IDs of the raylets being replaced (and of nodes that left): the GCS may list
+    # them as alive for a while.
+    replaced = {n.address for n in to_start} | {n.address for n in gone}
     stale = frozenset(n.node_id for n in before.gcs if n.alive and n.ip in replaced)
     # Every old Ray goes first, so that no new worker meets the old head; then the head
     # and the workers start together (a worker's Ray waits for the head's by itself).
@@ -231,7 +296,8 @@ def bring_up(
 
     def start(node: Node) -> None:
         report(f"{node.name}: " + runtime.starting.format(role=node.role))
-        pool.session(node).run(runtime.start_command(node), timeout=90).check()
+        command = runtime.start_command(node, result.gpus.get(node.name))
+        pool.session(node).run(command, timeout=90).check()
 
     group = fan_out([n for n in to_start if n.name in removed.results], start, deadline=120)
     result.started += [n.name for n in to_start if n.name in group.results]
@@ -271,6 +337,7 @@ def bring_up(
     began = runtime.started_state()
     after = {n: began if n in result.started else s for n, s in before.states.items()}
     result.status = status.assemble(inventory, runtime, after, {}, list(fresh.values()))
+    membership.record_nodes(inventory, also=result.departed.failed if result.departed else ())
     result.timings["start"] = time.monotonic() - t0
     result.seconds = time.monotonic() - t0
     return result

@@ -12,7 +12,15 @@ from provisioner.console import Reporter, quiet
 from provisioner.doctor.cluster_checks import check_clock
 from provisioner.doctor.facts import NodeFacts
 from provisioner.doctor.findings import CATALOGUE, Finding, error, ordered, warning
-from provisioner.doctor.gather import gather_facts, run_probes, stop_listeners
+from provisioner.doctor.gather import (
+    gather_facts,
+    gpu_probe_command,
+    run_gpu_probes,
+    run_probes,
+    stop_listeners,
+)
+from provisioner.doctor.gpu_checks import check_gpus, check_inside, check_models, parse_inside
+from provisioner.doctor.neighbours import free_base
 from provisioner.doctor.node_checks import (
     check_address,
     check_resources,
@@ -20,9 +28,10 @@ from provisioner.doctor.node_checks import (
     check_tools,
 )
 from provisioner.doctor.plan import PinFacts, Plan, plan_for
-from provisioner.doctor.port_checks import check_ports, check_stale_ray
+from provisioner.doctor.port_checks import check_neighbours, check_ports, check_stale_ray
 from provisioner.doctor.ports import judge_probes, probe_plan
 from provisioner.errors import InputError, ProvisionerError
+from provisioner.gpu.plan import docker_gpu_options, plans_for
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool
 from provisioner.runtime import judges, runtime_for
@@ -124,11 +133,13 @@ def node_findings(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
         *check_sudo(node, facts),
         *judges(plan.runtime).node(node, facts, plan),
         *check_ports(node, facts, plan),
-        *check_stale_ray(node, facts, plan.shared_nodes),
+        *check_neighbours(node, facts, plan),
+        *check_stale_ray(node, facts, plan.cluster, plan.shared_nodes),
         *check_address(node, facts),
         *check_resources(node, facts, plan),
         *check_clock(facts),
         *check_tools(node, facts, plan),
+        *check_gpus(node, facts, plan),
     ]
     if not facts.complete:
         findings.append(
@@ -161,7 +172,8 @@ def read_pin_facts(inventory: Inventory) -> tuple[PinFacts | None, list[Finding]
             )
         ]
     arch = str(pin.extra.get("architecture", "")) if pin.extra else ""
-    return PinFacts(pin.image_id, pin.versions.python, pin.versions.ray, arch), []
+    cuda = str(pin.extra.get("cuda") or "") if pin.extra else ""
+    return PinFacts(pin.image_id, pin.versions.python, pin.versions.ray, arch, cuda), []
 
 
 def control_ray_version() -> str:
@@ -170,6 +182,45 @@ def control_ray_version() -> str:
         return version("ray")
     except PackageNotFoundError:
         return ""
+
+
+def deep_gpu_check(
+    pool: Pool,
+    inventory: Inventory,
+    facts: dict[str, NodeFacts],
+    pin: PinFacts | None,
+    report: Reporter,
+    parallelism: int,
+) -> list[Finding]:
+    """gpu.container on every node whose GPUs go to Ray (docker runtime, pinned image)."""
+    if inventory.runtime != "docker" or pin is None:
+        return [
+            warning(
+                "gpu.container",
+                "local",
+                "--gpu-deep needs the docker runtime and an image pin (image.lock)",
+                "",
+                "set image.lock in the inventory (provisioner image build writes the pin)",
+            )
+        ]
+    plans = plans_for(inventory.nodes, {n: f.gpu for n, f in facts.items()}, "docker")
+    if not plans:
+        return []
+    report(f"--gpu-deep: a container of the pinned image on {len(plans)} GPU node(s)")
+    commands = {
+        name: gpu_probe_command(pin.image_id, docker_gpu_options(plan))
+        for name, plan in plans.items()
+    }
+    group = run_gpu_probes(pool, inventory, commands, parallelism=parallelism)
+    findings: list[Finding] = []
+    for node in inventory.nodes:
+        if node.name in group.results:
+            view = parse_inside(group.results[node.name])
+            findings += check_inside(node, plans[node.name].count, view)
+        elif node.name in group.errors:
+            exc = group.errors[node.name]
+            findings.append(error("gpu.container", node.name, exc.message, "", exc.fix or ""))
+    return findings
 
 
 def run_doctor(
@@ -181,11 +232,14 @@ def run_doctor(
     reachability: bool = True,
     parallelism: int = 32,
     ray_state: bool = False,
+    gpu_deep: bool = False,
 ) -> DoctorReport:
     """Diagnose every node; never raises for a node's failure (it becomes a finding).
 
     `pool`: SSH sessions to reuse (and leave open), as `up` does; otherwise its own.
-    `ray_state`: also ask each node for this cluster's Ray in the same round (for `up`)."""
+    `ray_state`: also ask each node for this cluster's Ray in the same round (for `up`).
+    `gpu_deep`: one more round on the nodes whose GPUs go to Ray: a container of the pinned
+    image, with the GPU options `up` would use, must see them (gpu.container)."""
     started = time.monotonic()
     pin, findings = read_pin_facts(inventory)
     plan = plan_for(inventory, pin, ray_up=ray_up, control_ray=control_ray_version())
@@ -204,6 +258,7 @@ def run_doctor(
         timings["facts"] = time.monotonic() - started
         rounds = 1
         waived: list[Finding] = []
+        plan = replace(plan, free_base=free_base(list(group.results.values()), inventory.ports))
         for node in inventory.nodes:
             if node.name in group.errors:
                 findings.append(connection_finding(node, group.errors[node.name]))
@@ -214,6 +269,7 @@ def run_doctor(
                 waived += [f for f, k in zip(judged, kept, strict=True) if f != k]
                 findings += kept
         findings += judges(plan.runtime).cluster(group.results, plan)
+        findings += check_models(group.results)
         if reachability:
             bound = {name: f.bound_ports for name, f in group.results.items() if f.listener_pid}
             probes = probe_plan(list(inventory.nodes), inventory.ports, bound)
@@ -246,6 +302,11 @@ def run_doctor(
             stop_listeners(pool, inventory, group.results, parallelism=parallelism)
             timings["probes"] = time.monotonic() - t0
             rounds = 3
+        if gpu_deep:
+            t0 = time.monotonic()
+            findings += deep_gpu_check(pool, inventory, group.results, pin, report, parallelism)
+            timings["gpu_deep"] = time.monotonic() - t0
+            rounds += 1
     hosts = ["local", *(n.name for n in inventory.nodes), "cluster"]
     return DoctorReport(
         findings=ordered(findings, hosts),

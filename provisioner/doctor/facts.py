@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from provisioner.gpu.facts import GpuFacts, parse_gpu_facts
+
 _SECTION = re.compile(r"^@@([a-z_]+)$")
 _SS_PROCESS = re.compile(r'\("([^"]+)",pid=(\d+)')
 
@@ -46,6 +48,19 @@ class Container:
     image: str
     state: str
     cluster_label: str
+    id: str = ""  # full (Docker's API) or short (the CLI's)
+
+
+@dataclass(frozen=True)
+class RayProcess:
+    """A Ray process (or a process listening on a port) and whose it is."""
+
+    pid: int
+    ppid: int
+    title: str  # raylet, gcs_server, ray::JobSupervisor, ... (or the listener's command)
+    container: str = ""  # the Docker container it runs in (full ID), if any
+    cluster: str = ""  # the cluster whose node directory its command line names (host mode)
+    flags: tuple[tuple[str, str], ...] = ()  # raylet / gcs_server: its --*port= flags
 
 
 @dataclass
@@ -83,12 +98,14 @@ class NodeFacts:
     ray_python: Shell = field(default_factory=Shell)  # the inventory's ray.python, if named
     listening: tuple[Listener, ...] = ()
     ray_processes: tuple[str, ...] = ()
+    ray_owners: tuple[RayProcess, ...] = ()
     ray_session: str = ""
     rsync: str = ""
     listener_pid: int | None = None
     bound_ports: tuple[int, ...] = ()
     complete: bool = False  # the script ran to its end
     ray_state: str | None = None  # the runtime's state command's output, when asked for
+    gpu: GpuFacts = field(default_factory=GpuFacts)  # NVIDIA GPUs, driver, container toolkit
 
     def holds_cluster(self, cluster: str, *, running: bool = False) -> bool:
         """A container of `cluster` is on this node (`running`: and it runs)."""
@@ -177,8 +194,32 @@ def _disks(text: str) -> tuple[Disk, ...]:
 def _containers(text: str) -> tuple[Container, ...]:
     found = []
     for line in _lines(text):
-        parts = [*line.split("\t"), "", "", ""][:4]
+        parts = [*line.split("\t"), "", "", "", ""][:5]
         found.append(Container(*parts))
+    return tuple(found)
+
+
+def _ray_owners(text: str) -> tuple[RayProcess, ...]:
+    """`PID PPID TITLE CONTAINER CLUSTER [--flag=value ...]` lines ('-': none)."""
+    found = []
+    for line in _lines(text):
+        words = line.split()
+        if len(words) < 5 or not (words[0].isdigit() and words[1].isdigit()):
+            continue
+        flags = tuple(
+            (k.lstrip("-").replace("-", "_"), v)
+            for k, _, v in (w.partition("=") for w in words[5:])
+        )
+        found.append(
+            RayProcess(
+                pid=int(words[0]),
+                ppid=int(words[1]),
+                title=words[2],
+                container="" if words[3] == "-" else words[3],
+                cluster="" if words[4] == "-" else words[4],
+                flags=flags,
+            )
+        )
     return tuple(found)
 
 
@@ -264,10 +305,12 @@ def parse_facts(host: str, text: str, sent_at: float = 0.0, received_at: float =
         ray_python=parse_shell(s.get("ray_python", "")),
         listening=parse_listening(s.get("listening", "")),
         ray_processes=tuple(_lines(s.get("ray_processes", ""))),
+        ray_owners=_ray_owners(s.get("ray_owners", "")),
         ray_session=s.get("ray_session", ""),
         rsync=s.get("rsync", ""),
         listener_pid=pid,
         bound_ports=bound,
         complete="end" in s,
         ray_state=s.get("ray_state"),
+        gpu=parse_gpu_facts(s),
     )

@@ -123,7 +123,8 @@ if status != 200:
     sys.exit(1)
 version = json.loads(body)["Version"]
 status, body = get("/info")
-root = (json.loads(body).get("DockerRootDir") if status == 200 else None) or "/var/lib/docker"
+info = json.loads(body) if status == 200 else {}
+root = info.get("DockerRootDir") or "/var/lib/docker"
 status, body = get("/containers/json?all=1")
 containers = json.loads(body) if status == 200 else []
 out = [root, "", "@@docker", version, "rc=0", "@@docker_root", root, "@@containers"]
@@ -132,13 +133,17 @@ for c in containers:
     label = (c.get("Labels") or {}).get("provisioner.cluster", "")
     ref = c.get("Image", "")
     ref = ref[7:19] if ref.startswith("sha256:") else ref  # as `docker ps` shows it
-    out.append("%s\t%s\t%s\t%s" % (name, ref, c.get("State", ""), label))
+    out.append("%s\t%s\t%s\t%s\t%s" % (name, ref, c.get("State", ""), label, c.get("Id", "")))
 out.append("@@image")
 if sys.argv[1]:
     status, body = get("/images/%s/json" % sys.argv[1])
     if status == 200:
         image = json.loads(body)
         out.append("%s %s/%s" % (image["Id"], image.get("Os", ""), image.get("Architecture", "")))
+runtimes = {"DefaultRuntime": info.get("DefaultRuntime", ""), "Runtimes": info.get("Runtimes") or {}}
+if info.get("CDISpecDirs"):
+    runtimes["CDISpecDirs"] = info["CDISpecDirs"]
+out += ["@@docker_runtimes", json.dumps(runtimes, sort_keys=True)]
 print("\n".join(out))
 ' "$image" "$use_api" 2>/dev/null)
   PROVISIONER_MEMO="$REPLY|version|${api_lines[0]:-}"$'\n'
@@ -160,10 +165,16 @@ else
   fi
   section docker_root
   if [ "$docker_rc" = 0 ]; then
-    docker_root=$(with_timeout 10 docker info --format '{{.DockerRootDir}}' 2>/dev/null) || docker_root=/var/lib/docker
+    # one call: the root dir, then the runtimes as the socket's /info gives them
+    # (CDISpecDirs only there: older CLIs refuse a template naming it)
+    info=$(with_timeout 10 docker info --format '{{.DockerRootDir}}{{"\n"}}{"DefaultRuntime": {{json .DefaultRuntime}}, "Runtimes": {{json .Runtimes}}}' 2>/dev/null) || info=
+    docker_root=${info%%$'\n'*}
+    [ -n "$docker_root" ] || docker_root=/var/lib/docker
     echo "$docker_root"
+    section docker_runtimes
+    [ "$info" != "${info#*$'\n'}" ] && echo "${info#*$'\n'}"
     section containers
-    with_timeout 10 docker ps -a --format '{{.Names}}\t{{.Image}}\t{{.State}}\t{{.Label "provisioner.cluster"}}' 2>/dev/null
+    with_timeout 10 docker ps -a --format '{{.Names}}\t{{.Image}}\t{{.State}}\t{{.Label "provisioner.cluster"}}\t{{.ID}}' 2>/dev/null
     section image
     if [ -n "$image" ]; then
       with_timeout 10 docker image inspect --format '{{.Id}} {{.Os}}/{{.Architecture}}' "$image" 2>/dev/null
@@ -171,6 +182,28 @@ else
   fi
 fi
 section docker_socket; ls -ln /var/run/docker.sock 2>&1
+
+# NVIDIA GPUs, their driver and the container toolkit: builtins only on a node without them.
+section gpus
+if lookup nvidia-smi; then
+  with_timeout 10 "$REPLY" --query-gpu=index,uuid,name,memory.total,driver_version \
+    --format=csv,noheader,nounits 2>&1
+  echo "rc=$?"
+fi
+section gpu_driver
+[ -r /proc/driver/nvidia/version ] && IFS= read -r line </proc/driver/nvidia/version && echo "$line"
+section gpu_devices
+for f in /dev/nvidia*; do [ -e "$f" ] && echo "$f"; done
+section gpu_toolkit
+ctk=
+for tool in nvidia-ctk nvidia-container-runtime nvidia-container-runtime-hook nvidia-container-cli; do
+  if lookup "$tool"; then echo "%%$tool=$REPLY"; [ -n "$ctk" ] || ctk=$REPLY; fi
+done
+[ -n "$ctk" ] && with_timeout 10 "$ctk" --version 2>&1 | head -n 1
+section cdi
+for f in /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; do
+  [ -f "$f" ] && { echo "%%file=$f"; head -c 262144 "$f"; echo; }
+done
 
 # /dev/shm and the disks of Docker's root, /tmp and $HOME in one df.
 dirs=()
@@ -215,6 +248,45 @@ section sudo; echo "$sudo_state"
 section listening; echo "$listening"
 section ray_processes
 ps -eo pid=,comm=,args= 2>/dev/null | awk '$2=="raylet" || $2=="gcs_server" || $2 ~ /^ray::/ {print substr($0, 1, 200)}'
+# Whose each Ray process (and each listening process) is, so that the doctor can tell this
+# cluster's Ray, another cluster's and a stale one apart: "PID PPID TITLE CONTAINER CLUSTER
+# PORTS..." with the Docker container (from its cgroup), the cluster's node directory on its
+# command line (host mode), and for raylet and gcs_server the ports on their command line.
+section ray_owners
+declare -A ppid_of=() comm_of=()
+while read -r pid ppid comm; do
+  ppid_of[$pid]=$ppid; comm_of[$pid]=$comm
+done < <(ps -eo pid=,ppid=,comm= 2>/dev/null)
+owner_pids=()
+for pid in "${!comm_of[@]}"; do
+  case "${comm_of[$pid]}" in raylet | gcs_server | ray::*) owner_pids+=("$pid") ;; esac
+done
+rest=$listening
+while [[ $rest =~ pid=([0-9]+) ]]; do
+  owner_pids+=("${BASH_REMATCH[1]}"); rest=${rest#*pid="${BASH_REMATCH[1]}"}
+done
+declare -A told=()
+for pid in "${owner_pids[@]}"; do
+  [ -n "${told[$pid]:-}" ] && continue
+  told[$pid]=1
+  cid=- cluster=- ports="" argv=() words=()
+  while IFS= read -r line; do
+    [[ $line =~ docker[-/]([0-9a-f]{64}) ]] && cid=${BASH_REMATCH[1]}
+  done 2>/dev/null <"/proc/$pid/cgroup"
+  mapfile -d '' -t argv 2>/dev/null <"/proc/$pid/cmdline"
+  [[ "${argv[*]:-}" =~ \.provisioner/clusters/([a-z0-9-]+)/ray ]] && cluster=${BASH_REMATCH[1]}
+  title=${comm_of[$pid]:-?}
+  case "$title" in
+    ray::*) read -r title _ <<<"${argv[0]:-$title}" ;;
+    raylet | gcs_server)
+      read -r -a words <<<"${argv[*]:-}"
+      for word in "${words[@]}"; do
+        case "$word" in --*port=[0-9]* | --gcs[-_]address=*) ports+=" $word" ;; esac
+      done
+      ;;
+  esac
+  echo "$pid ${ppid_of[$pid]:-0} $title $cid $cluster$ports"
+done
 section ray_session; [ -e /tmp/ray/session_latest ] && ls -ld /tmp/ray/session_latest 2>/dev/null
 section rsync; command -v rsync
 

@@ -29,6 +29,8 @@ CATALOGUE: dict[str, str] = {
     "image.arch": "the node's CPU architecture matches the pinned image's",
     "ports.free": "every port Ray will use is free (and who holds a busy one)",
     "ports.worker_range": "Ray's worker port range is free",
+    "ray.cluster": "another cluster's Ray on the node (named, with whether a job runs there) "
+    "uses none of this cluster's ports",
     "ray.stale": "no Ray left running: raylet/gcs_server processes, Ray containers, live sessions",
     "net.reachability": "every node reaches the others on Ray's ports (temporary listeners)",
     "net.hostname": "the node's hostname does not resolve to a loopback address",
@@ -40,6 +42,14 @@ CATALOGUE: dict[str, str] = {
     "clock.offset": "the node's clock agrees with this machine's",
     "tools.rsync": "rsync is installed (Ray's own `ray up` copies files with it)",
     "doctor.facts": "the fact-gathering script ran to its end",
+    "gpu.driver": "a node with NVIDIA GPUs (or asked for them) has a working driver: nvidia-smi "
+    "lists its GPUs",
+    "gpu.toolkit": "docker runtime: the node's Docker hands GPUs to containers (NVIDIA Container "
+    "Toolkit: --gpus, the nvidia runtime, or CDI)",
+    "gpu.count": "the inventory's GPUs (gpus: / resources.GPU) are GPUs the node has",
+    "gpu.cuda": "the driver runs the pinned image's CUDA (and the image has CUDA torch at all)",
+    "gpu.models": "one GPU model across the cluster",
+    "gpu.container": "--gpu-deep: a container of the pinned image sees the node's GPUs",
 }
 
 

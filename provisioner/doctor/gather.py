@@ -7,9 +7,11 @@ Round 3: stop the listener.
 
 from __future__ import annotations
 
+import shlex
 from importlib import resources
 
 from provisioner.doctor.facts import NodeFacts, parse_facts
+from provisioner.doctor.gpu_checks import PROBE
 from provisioner.doctor.ports import Probe, listen_ports, parse_probe_output
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import GroupResult, Pool, fan_out
@@ -18,6 +20,7 @@ from provisioner.remote.commands import command, script
 FACTS_TIMEOUT_S = 60.0
 PROBE_CONNECT_S = 3.0
 LISTEN_SECONDS = 120  # the listener's own end, should round 3 never come
+GPU_PROBE_S = 120.0  # a container start and `import torch` with CUDA
 
 
 def _script(name: str) -> bytes:
@@ -67,6 +70,26 @@ def gather_facts(
         parallelism=parallelism,
         deadline=_deadline(inventory, FACTS_TIMEOUT_S),
     )
+
+
+def gpu_probe_command(image: str, options: list[str]) -> str:
+    """Round 4 (--gpu-deep): a container of `image` with the node's GPU options runs the
+    probe script read from stdin (gpu_checks.PROBE)."""
+    return " ".join(["docker run --rm -i --net=none", *options, shlex.quote(image), "python3", "-"])
+
+
+def run_gpu_probes(
+    pool: Pool, inventory: Inventory, commands: dict[str, str], *, parallelism: int
+) -> GroupResult[str]:
+    """Run each node's GPU probe (node name -> command); node name -> its stdout."""
+    nodes = [node for node in inventory.nodes if node.name in commands]
+    stdin = PROBE.encode()
+
+    def one(node: Node) -> str:
+        result = pool.session(node).run(commands[node.name], timeout=GPU_PROBE_S, stdin=stdin)
+        return result.stdout + ("" if result.ok else result.stderr)
+
+    return fan_out(nodes, one, parallelism=parallelism, deadline=_deadline(inventory, GPU_PROBE_S))
 
 
 def run_probes(

@@ -22,6 +22,7 @@ class PinFacts:
     python: str
     ray: str
     arch: str = ""  # e.g. amd64, when the pin records it
+    cuda: str = ""  # the CUDA version of the image's torch ("": the CPU build, or unknown)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class Plan:
     # the nodes may be shared (a SLURM allocation with its own port block): another Ray
     # on a node is someone else's, and only a clash on this cluster's ports is a fault
     shared_nodes: bool = False
+    cluster: str = ""  # this cluster's name (another cluster's Ray is told apart from it)
+    free_base: int | None = None  # a `port_base` free on every node, once the facts are in
 
     @property
     def host_mode(self) -> bool:
@@ -59,4 +62,5 @@ def plan_for(
         ray_python=inventory.ray_python,
         control_ray=control_ray,
         shared_nodes=inventory.slurm is not None,
+        cluster=inventory.cluster,
     )

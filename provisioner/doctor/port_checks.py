@@ -1,4 +1,5 @@
-"""Ports Ray needs free on a node, who holds a busy one, and a Ray left running."""
+"""Ports Ray needs free on a node, who holds a busy one, and a Ray left running: this
+cluster's own, another cluster's (named, never to be removed for this one) or a stale one."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import shlex
 
 from provisioner.doctor.facts import Listener, NodeFacts
 from provisioner.doctor.findings import Finding, error, ok, warning
+from provisioner.doctor.neighbours import RayOnNode, port_owner, rays_on_node
 from provisioner.doctor.plan import Plan
 from provisioner.doctor.ports import needed_ports
 from provisioner.inventory import Node
@@ -23,25 +25,87 @@ def _is_ray(listener: Listener) -> bool:
     return listener.process.startswith(RAY_PROCESSES)
 
 
+def _another_cluster(ray: RayOnNode | None, plan: Plan) -> bool:
+    return ray is not None and bool(ray.cluster) and ray.cluster != plan.cluster
+
+
+def block_fix(plan: Plan) -> str:
+    """Move this cluster to a free port block (never the other cluster out of the way)."""
+    if plan.free_base is None:
+        return "give this cluster its own port block in the inventory: ray: {port_base: N}"
+    return (
+        f"give this cluster its own port block: ray: {{port_base: {plan.free_base}}} in the "
+        "inventory (free on every node)"
+    )
+
+
+def _ranges(ports: set[int]) -> str:
+    """'6379, 8076-8079, 10002-19999'."""
+    out: list[str] = []
+    for port in sorted(ports):
+        if out and port == int(out[-1].rpartition("-")[2]) + 1:
+            out[-1] = f"{out[-1].partition('-')[0]}-{port}"
+        else:
+            out.append(str(port))
+    return ", ".join(out)
+
+
+def check_neighbours(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
+    """Another cluster's Ray on the node: an error naming the ports both need, else fine."""
+    needed = set(needed_ports(node, plan.ports).values()) | set(plan.ports.worker_range)
+    findings = []
+    for ray in rays_on_node(f):
+        if not _another_cluster(ray, plan):
+            continue
+        shared = needed & ray.ports
+        if shared:
+            findings.append(
+                error(
+                    "ray.cluster",
+                    node.name,
+                    f"{ray.describe()} uses port(s) {_ranges(shared)} that this cluster needs",
+                    f"its ports here: {_ranges(ray.ports) or 'not known'}",
+                    block_fix(plan) + f"; {ray.cluster} is another cluster: leave it running",
+                )
+            )
+        else:
+            findings.append(
+                ok(
+                    "ray.cluster",
+                    node.name,
+                    f"{ray.describe()} runs here on other ports ({_ranges(ray.ports) or '?'})",
+                )
+            )
+    return findings
+
+
 def check_ports(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
     by_port: dict[int, list[Listener]] = {}
     for listener in f.listening:
         by_port.setdefault(listener.port, []).append(listener)
     findings = []
+    others = 0
     for name, port in needed_ports(node, plan.ports).items():
         if port not in by_port:
             continue
+        owner = port_owner(f, port)
+        if _another_cluster(owner, plan):
+            others += 1  # ray.cluster names it, with the other cluster
+            continue
         holders = by_port[port]
         evidence = "; ".join(f"{h.address}:{h.port} {_holder(h)}" for h in holders)
-        if any(_is_ray(h) for h in holders):
+        if owner is not None and owner.cluster == plan.cluster:
+            fix = "this cluster's own Ray holds it: provisioner down -i INVENTORY stops it"
+        elif owner is not None or any(_is_ray(h) for h in holders):
             fix = (
-                f"a Ray is still running on {node.name}: "
-                "provisioner down -i INVENTORY, or `ray stop` there"
+                f"a Ray that no cluster of provisioner owns holds it on {node.name}: stop it "
+                "where it was started (`ray stop` would stop every Ray there, other clusters' "
+                f"too), or {block_fix(plan)}"
             )
         else:
             fix = (
-                f"stop what holds port {port} on {node.name}, "
-                f"or pick another port (ray.ports.{name} in the inventory)"
+                f"stop what holds port {port} on {node.name}, or {block_fix(plan)} "
+                f"(or move this one port: ray.ports.{name})"
             )
         findings.append(
             error(
@@ -52,11 +116,16 @@ def check_ports(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
                 fix,
             )
         )
-    if not findings:
+    if not findings and not others:
         findings.append(
             ok("ports.free", node.name, f"{len(needed_ports(node, plan.ports))} Ray ports free")
         )
-    busy_range = sorted({p for p in by_port if plan.ports.min_worker <= p <= plan.ports.max_worker})
+    busy_range = sorted(
+        p
+        for p in by_port
+        if plan.ports.min_worker <= p <= plan.ports.max_worker
+        and not _another_cluster(port_owner(f, p), plan)
+    )
     if busy_range:
         shown = ", ".join(f"{p} {_holder(by_port[p][0])}" for p in busy_range[:5])
         findings.append(
@@ -66,22 +135,36 @@ def check_ports(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
                 f"{len(busy_range)} port(s) of Ray's worker range "
                 f"{plan.ports.min_worker}-{plan.ports.max_worker} in use",
                 shown + (" ..." if len(busy_range) > 5 else ""),
-                "stop those services or move the range (ray.ports.min_worker / max_worker)",
+                f"stop those services, or {block_fix(plan)}",
             )
         )
     return findings
 
 
-def check_stale_ray(node: Node, f: NodeFacts, shared: bool = False) -> list[Finding]:
-    """A Ray already running on the node: an error (it takes ports and memory), or on
-    shared nodes (`shared`: another job's cluster on this allocation's nodes) a warning."""
+def check_stale_ray(
+    node: Node, f: NodeFacts, cluster: str = "", shared: bool = False
+) -> list[Finding]:
+    """A Ray running on the node that is neither another cluster's (`check_neighbours`) nor,
+    as far as the facts tell, this `cluster`'s (the own-Ray waiver judges that). On shared
+    nodes (`shared`: a SLURM allocation, whose neighbours are other jobs' Rays in their own
+    temp dirs and port blocks) it is a warning."""
+    others = {
+        pid for ray in rays_on_node(f) if ray.cluster and ray.cluster != cluster for pid in ray.pids
+    }
+    processes = [
+        line
+        for line in f.ray_processes
+        if not (line.split() and line.split()[0].isdigit() and int(line.split()[0]) in others)
+    ]
     evidence = []
-    if f.ray_processes:
-        evidence.append("processes: " + "; ".join(line.strip() for line in f.ray_processes[:5]))
+    if processes:
+        evidence.append("processes: " + "; ".join(line.strip() for line in processes[:5]))
     ray_containers = [
         c
         for c in f.containers
-        if c.state == "running" and (c.cluster_label or c.name.startswith("ray"))
+        if c.state == "running"
+        and (c.cluster_label or c.name.startswith("ray"))
+        and (not c.cluster_label or c.cluster_label == cluster or not cluster)
     ]
     if ray_containers:
         evidence.append(
@@ -96,7 +179,7 @@ def check_stale_ray(node: Node, f: NodeFacts, shared: bool = False) -> list[Find
     fix = "provisioner down -i INVENTORY"
     if ray_containers:
         fix += f" (or docker rm -f {names} on {node.name})"
-    if f.ray_processes:
+    if processes:
         fix += (
             f"; for a Ray started by hand: stop it where it was started on {node.name} "
             "(`ray stop` would stop every Ray there, other users' too)"

@@ -28,11 +28,17 @@ from provisioner.local import docker_client as client
 
 CONTEXT_FILES = ("Dockerfile", "requirements.lock", "ray-profile.sh")
 # Run through a login shell, as `ray up` runs every command: this checks the PATH too.
+# torch's CUDA version from its version.py, run alone (importing torch takes seconds)
 VERSIONS_SCRIPT = (
-    "import importlib.metadata as m, json, platform; "
+    "import importlib.metadata as m, importlib.util as u, json, os, platform, runpy; "
+    "t = u.find_spec('torch'); "
+    "v = os.path.join(list(t.submodule_search_locations)[0], 'version.py') if t else ''; "
     "print(json.dumps({'python': platform.python_version(), "
+    "'cuda': runpy.run_path(v).get('cuda') if v and os.path.exists(v) else None, "
     "**{k: m.version(k) for k in ('ray', 'torch', 'gymnasium')}}))"
 )
+# The image variants: the lock each installs, and where its pin goes by default.
+VARIANTS = {"cpu": "requirements", "cuda": "requirements-cuda"}
 LOGIN_CHECK = f'command -v ray >/dev/null && python -c "{VERSIONS_SCRIPT}"'
 
 
@@ -45,6 +51,12 @@ class BuildOptions:
     tag: str = BUILD_TAG
     offline: bool = False
     target: str | None = None  # a Dockerfile stage; only the full image gets a pin
+    variant: str = "cpu"  # cpu: requirements.lock; cuda: requirements-cuda.lock (CUDA torch)
+
+    @property
+    def lock_file(self) -> Path:
+        """The requirements lock this variant installs."""
+        return self.images_dir / f"{VARIANTS[self.variant]}.lock"
 
 
 @dataclass(frozen=True)
@@ -63,8 +75,8 @@ def default_images_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "images"
 
 
-def check_images_dir(images_dir: Path) -> None:
-    for name in CONTEXT_FILES:
+def check_images_dir(images_dir: Path, lock_name: str = "requirements.lock") -> None:
+    for name in (*CONTEXT_FILES, lock_name):
         if not (images_dir / name).is_file():
             raise InputError(
                 f"{name} is missing",
@@ -73,8 +85,11 @@ def check_images_dir(images_dir: Path) -> None:
             )
 
 
-def write_context(images_dir: Path, wheels: Sequence[Path], out: IO[bytes]) -> None:
-    """The build context as a tar: fixed owners and times, so the build cache holds."""
+def write_context(
+    images_dir: Path, wheels: Sequence[Path], out: IO[bytes], lock_name: str = "requirements.lock"
+) -> None:
+    """The build context as a tar: fixed owners and times, so the build cache holds; the
+    variant's lock goes in as requirements.lock."""
     with tarfile.open(fileobj=out, mode="w") as tar:
 
         def add(path: Path, arcname: str) -> None:
@@ -87,7 +102,7 @@ def write_context(images_dir: Path, wheels: Sequence[Path], out: IO[bytes]) -> N
                 tar.addfile(info, f)
 
         for name in CONTEXT_FILES:
-            add(images_dir / name, name)
+            add(images_dir / (lock_name if name == "requirements.lock" else name), name)
         for wheel in wheels:
             add(wheel, f"wheels/{wheel.name}")
 
@@ -142,8 +157,9 @@ def _docker_build(
     return image_id
 
 
-def read_versions(image_id: str) -> Versions:
-    """Python, Ray, torch and gymnasium versions, read inside the image via a login shell."""
+def read_versions(image_id: str) -> tuple[Versions, str | None]:
+    """Python, Ray, torch and gymnasium versions, read inside the image via a login shell,
+    and the CUDA version of its torch (None: the CPU build)."""
     try:
         out = client().containers.run(
             image_id,
@@ -159,19 +175,20 @@ def read_versions(image_id: str) -> Versions:
             "check images/ray-profile.sh and the Dockerfile's PATH",
         ) from exc
     data: Any = json.loads(bytes(out).decode().strip().splitlines()[-1])
-    return Versions(
+    versions = Versions(
         python=str(data["python"]),
         ray=str(data["ray"]),
         torch=str(data["torch"]),
         gymnasium=str(data["gymnasium"]),
     )
+    return versions, (str(data["cuda"]) if data.get("cuda") else None)
 
 
 def build_image(opts: BuildOptions, report: Reporter = quiet) -> BuildResult:
     """Build the image from the lock and the wheelhouse; write the pin for the full image."""
     t0 = time.monotonic()
-    check_images_dir(opts.images_dir)
-    lock_file = opts.images_dir / "requirements.lock"
+    lock_file = opts.lock_file
+    check_images_dir(opts.images_dir, lock_file.name)
     lock_text = lock_file.read_text()
     locked = parse_lock(lock_text, str(lock_file))
     base_id = _base_id(opts.base)
@@ -179,14 +196,20 @@ def build_image(opts: BuildOptions, report: Reporter = quiet) -> BuildResult:
     requirements_sha = lock_sha256(lock_text)
     report(f"building {opts.tag} from {opts.base} with {len(wheels)} locked wheels")
     with tempfile.TemporaryFile(prefix="provisioner-context-") as ctx:
-        write_context(opts.images_dir, wheels, ctx)
+        write_context(opts.images_dir, wheels, ctx, lock_file.name)
         ctx.seek(0)
         args = {"BASE": opts.base, "REQUIREMENTS_SHA256": requirements_sha}
         image_id = _docker_build(ctx, opts, args, report)
     if opts.target is not None:
         return BuildResult(None, image_id, time.monotonic() - t0, None)
     report("reading versions inside the image through a login shell")
-    versions = read_versions(image_id)
+    versions, cuda = read_versions(image_id)
+    if opts.variant == "cuda" and not cuda:
+        raise OperationError(
+            f"the CUDA image's torch ({versions.torch}) has no CUDA",
+            f"make {lock_file.name} again (`provisioner image lock --cuda`): pip picked a "
+            "CPU build of torch",
+        )
     attrs = client().api.inspect_image(image_id)
     layers = tuple(str(d) for d in attrs["RootFS"]["Layers"])
     pin = Pin(
@@ -200,6 +223,7 @@ def build_image(opts: BuildOptions, report: Reporter = quiet) -> BuildResult:
         layer_sizes=layer_sizes_from_history(client().api.history(image_id), layers),
         built_at=datetime.now(UTC).isoformat(timespec="seconds"),
         tag=opts.tag,
+        extra={"variant": "cuda", "cuda": cuda} if opts.variant == "cuda" else {},
     )
     write_pin(pin, opts.lock_path)
     return BuildResult(pin, image_id, time.monotonic() - t0, opts.lock_path)

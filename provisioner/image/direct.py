@@ -45,6 +45,7 @@ class PushOptions:
     retries: int = 2  # fresh attempts after a broken stream
     relay: bool = False
     forward: bool = False  # the forwarding relay: every node streams on what it receives
+    chain_from: int = 2  # forward: chain when this many nodes lack layers, else send direct
     full: bool = False  # send every layer even if the node holds some
     timeout: float = 1800.0  # per node
     tag: str = CLUSTER_TAG
@@ -78,6 +79,7 @@ class PushReport:
     nodes: dict[str, NodePush] = field(default_factory=dict)
     errors: dict[str, ProvisionerError] = field(default_factory=dict)
     seconds: float = 0.0
+    mode: str = "direct"  # how the image went: direct, relay (star) or forward (chain)
 
     @property
     def ok(self) -> bool:
@@ -97,6 +99,7 @@ class PushReport:
         return {
             "image_id": self.image_id,
             "tag": self.tag,
+            "mode": self.mode,
             "ok": self.ok,
             "control_bytes": self.control_bytes,
             "busiest_node_bytes": self.busiest_node_bytes,

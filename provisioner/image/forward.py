@@ -31,6 +31,7 @@ from provisioner.image.direct import (
     SavedCache,
     _Guarded,
     gather_plan,
+    push_node,
     save_stream,
     verify_and_tag,
 )
@@ -124,8 +125,14 @@ def push_forwarded(
 
     out.errors.update(run.each([n.name for n in inventory.nodes], gather))
     order = chain_order(plans, [n.name for n in inventory.nodes])
-    if not order:
+    if len(order) < max(1, opts.chain_from):  # no chain worth making: send from here
+        for name in order:
+            try:
+                out.nodes[name] = push_node(pool, run.nodes[name], pin, opts, run.report)
+            except ProvisionerError as exc:
+                out.errors[name] = exc
         return
+    out.mode = "forward"
     run.report(f"forwarding relay: control -> {' -> '.join(order)}")
     added: dict[str, Added | None] = {}
     try:

@@ -44,6 +44,7 @@ def push_image(
         if opts.forward and inventory.workers:
             push_forwarded(pool, inventory, pin, opts, report, out)
         elif opts.relay and inventory.workers:
+            out.mode = "relay"
             push_relayed(pool, inventory, pin, opts, report, out)
         else:
             group = fan_out(

@@ -10,6 +10,7 @@ bytes, on any day.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
@@ -26,12 +28,12 @@ from provisioner.errors import InputError, OperationError
 
 # The image's platform: pip resolves for it whatever machine makes the lock.
 PYTHON_VERSION = "3.11"
+# Debian bookworm's glibc is 2.36: every manylinux_2_N up to it (NVIDIA's CUDA wheels are
+# tagged manylinux_2_27, for one), and the legacy aliases.
 PLATFORMS = (
-    "manylinux_2_36_x86_64",
-    "manylinux_2_28_x86_64",
-    "manylinux_2_17_x86_64",
+    *(f"manylinux_2_{n}_x86_64" for n in range(36, 4, -1)),
     "manylinux2014_x86_64",
-    "manylinux_2_5_x86_64",
+    "manylinux2010_x86_64",
     "manylinux1_x86_64",
     "linux_x86_64",
 )
@@ -138,6 +140,61 @@ def run_pip(args: Sequence[str], report: Reporter, what: str) -> None:
             "check that this machine reaches its Python package index (pip config list), "
             "or bring a wheelhouse made elsewhere and pass --wheelhouse",
         )
+
+
+def report_args(report_path: Path) -> list[str]:
+    """pip's resolver for the image's platform, without downloading: `pip install --dry-run
+    --report` names each wheel with its URL and the index's sha256."""
+    args = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed"]
+    args += ["--only-binary=:all:", "--target", str(report_path.parent / "target")]
+    for platform in PLATFORMS:
+        args += ["--platform", platform]
+    return [
+        *args,
+        "--python-version",
+        PYTHON_VERSION,
+        "--implementation",
+        "cp",
+        "--report",
+        str(report_path),
+    ]
+
+
+def wheels_in_report(data: dict[str, Any]) -> list[LockedWheel]:
+    """Pure: the wheels of a pip installation report, with the sha256 the index gave."""
+    found: list[LockedWheel] = []
+    for item in data.get("install", []):
+        info = item.get("download_info") or {}
+        url = str(info.get("url", ""))
+        digest = str(((info.get("archive_info") or {}).get("hashes") or {}).get("sha256", ""))
+        filename = url.rsplit("/", 1)[-1].split("#", 1)[0]
+        if not digest or not filename.endswith(".whl"):
+            raise OperationError(
+                f"pip's report gives no wheel with a sha256 for {filename or item}",
+                "resolve with downloads instead (`provisioner image lock` without --no-download)",
+            )
+        name, version, _, _ = parse_wheel_filename(filename)
+        found.append(LockedWheel(str(name), str(version), digest, filename))
+    return found
+
+
+def resolve_without_download(requirements_in: Path, report: Reporter = quiet) -> list[LockedWheel]:
+    """Resolve requirements.in with pip's resolver, downloading no wheel (the build later
+    fetches each by its hash): for images of gigabytes, such as the CUDA one."""
+    if not requirements_in.is_file():
+        raise InputError(
+            "no such requirements file",
+            "run from the repository root or pass --images-dir",
+            where=str(requirements_in),
+        )
+    with tempfile.TemporaryDirectory(prefix="provisioner-lock-") as tmp:
+        path = Path(tmp, "report.json")
+        run_pip(
+            [*report_args(path), "-r", str(requirements_in)],
+            report,
+            f"resolving {requirements_in.name} with pip (no download)",
+        )
+        return wheels_in_report(json.loads(path.read_text()))
 
 
 def resolve(requirements_in: Path, wheelhouse: Path, report: Reporter = quiet) -> list[LockedWheel]:

@@ -2,6 +2,7 @@
 
 from provisioner.inventory.loader import load_cluster, load_inventory
 from provisioner.inventory.models import (
+    PORT_BLOCK,
     Hop,
     HostKeyPolicy,
     Inventory,
@@ -12,6 +13,7 @@ from provisioner.inventory.models import (
 )
 
 __all__ = [
+    "PORT_BLOCK",
     "Hop",
     "HostKeyPolicy",
     "Inventory",

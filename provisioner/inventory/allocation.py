@@ -23,20 +23,9 @@ from provisioner.inventory.models import Hop, Inventory, Node, RayPorts, Role
 BLOCKS_START = 20000  # below Linux's ephemeral range (32768-60999)
 BLOCK_SIZE = 100
 BLOCKS = 120  # 20000-31999
-# Offsets in a block; the rest of the block is Ray's worker ports.
-OFFSETS = {
-    "gcs": 0,
-    "dashboard": 1,
-    "client": 2,
-    "dashboard_agent_grpc": 3,
-    "dashboard_agent_http": 4,
-    "metrics_export": 5,
-    "node_manager": 6,
-    "object_manager": 7,
-    "runtime_env_agent": 8,
-    "min_worker": 10,
-    "max_worker": BLOCK_SIZE - 1,
-}
+# Each port's offset in a block: the inventory's own block layout (`RayPorts.from_base`).
+_LAYOUT = RayPorts.from_base(BLOCKS_START, BLOCK_SIZE)
+OFFSETS = {name: port - BLOCKS_START for name, port in vars(_LAYOUT).items()}
 RECORD = "slurm.json"
 
 
@@ -52,8 +41,7 @@ def bash_port_base(job_id_var: str = "SLURM_JOB_ID") -> str:
 
 def job_ports(job_id: int) -> RayPorts:
     """Every Ray port of the job: its block."""
-    base = port_base(job_id)
-    return RayPorts(**{name: base + offset for name, offset in OFFSETS.items()})
+    return RayPorts.from_base(port_base(job_id), BLOCK_SIZE)
 
 
 def temp_dir(job_id: int) -> str:

@@ -24,10 +24,12 @@ from provisioner.inventory.fields import (
     Where,
     check_address,
     check_cluster,
+    check_gpus,
     check_jump,
     check_label_map,
     check_name,
     check_port,
+    check_port_base,
     check_python,
     check_resource_map,
     check_runtime,
@@ -46,8 +48,10 @@ PROVISIONER_VARS = {
     "provisioner_image_lock": "image lock file",
     "provisioner_runtime": "docker | host",
     "provisioner_ray_python": "host runtime: the interpreter Ray runs with",
+    "provisioner_ray_port_base": "first port of the cluster's block of Ray ports",
     "provisioner_resources": "Ray resources of a host",
     "provisioner_labels": "Ray labels of a host",
+    "provisioner_gpus": "NVIDIA GPUs for Ray: all | none | [index or UUID, ...]",
 }
 _CONNECTIONS = ("ssh", "smart")
 
@@ -179,6 +183,11 @@ def _host(path: Path, entry: dict[str, Any]) -> RawHost:
     jump_at = at("provisioner_jump")
     ssh.jump = check_jump(values.get("provisioner_jump"), jump_at, f"{name}.provisioner_jump")
     common_at = at("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args")
+    resources = check_resource_map(
+        values.get("provisioner_resources"),
+        at("provisioner_resources"),
+        f"{name}.provisioner_resources",
+    )
     return RawHost(
         name=check_name(name, host_at, f"{name} (host name)"),
         address=check_address(options["host"], host_at, f"{name}.ansible_host"),
@@ -192,13 +201,15 @@ def _host(path: Path, entry: dict[str, Any]) -> RawHost:
             *_split(options.get("ssh_extra_args"), common_at, f"{name}.ansible_ssh_extra_args"),
         ),
         args_where=common_at,
-        resources=check_resource_map(
-            values.get("provisioner_resources"),
-            at("provisioner_resources"),
-            f"{name}.provisioner_resources",
-        ),
+        resources=resources,
         labels=check_label_map(
             values.get("provisioner_labels"), at("provisioner_labels"), f"{name}.provisioner_labels"
+        ),
+        gpus=check_gpus(
+            values.get("provisioner_gpus"),
+            resources,
+            at("provisioner_gpus"),
+            f"{name}.provisioner_gpus",
         ),
     )
 
@@ -263,6 +274,11 @@ def to_raw(path: Path, document: dict[str, Any]) -> RawInventory:
         ),
         ray_python=check_python(
             common.get("provisioner_ray_python"), top, "provisioner_ray_python"
+        ),
+        ports=check_port_base(
+            common.get("provisioner_ray_port_base"),
+            at("provisioner_ray_port_base"),
+            "provisioner_ray_port_base",
         ),
     )
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InventoryError
+from provisioner.inventory.models import PORT_BASE_MAX, PORT_BASE_MIN, PORT_BLOCK, RayPorts
 
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$")
@@ -39,7 +40,7 @@ TOP_FIELDS = {
     "head": "the head node: an address or {name, address, ...}",
     "workers": "a list of worker nodes: addresses or {name, address, ...}",
     "image": "the image pin: {lock: PATH}",
-    "ray": "Ray settings: {ports, shm_size, object_store_memory, python}",
+    "ray": "Ray settings: {port_base, ports, shm_size, object_store_memory, python}",
     "runtime": "how Ray runs on the nodes: docker (the pinned image) | host (the node's Python)",
     "scheduler": "instead of head and workers: {type: slurm, login, partition, nodes, time, ...}",
 }
@@ -61,10 +62,13 @@ NODE_FIELDS = {
     "jump": "jump host (overrides ssh.jump)",
     "resources": "Ray resources: {NAME: number}",
     "labels": "Ray labels: {NAME: text}",
+    "gpus": "NVIDIA GPUs for Ray: all (default) | none | [index or UUID, ...]",
 }
 IMAGE_FIELDS = {"lock": "the image lock file written by `provisioner image build`"}
 RAY_FIELDS = {
-    "ports": "Ray's ports: {gcs, dashboard, client, ...}",
+    "port_base": f"first port of this cluster's block of {PORT_BLOCK} (every Ray port from it; "
+    "default: Ray's usual ports)",
+    "ports": "Ray's ports: {gcs, dashboard, client, ...} (each overrides its block's)",
     "shm_size": "size of /dev/shm for the Ray container (bytes or 8GiB)",
     "object_store_memory": "object store size (bytes or 4GiB)",
     "python": "host runtime: the interpreter Ray runs with (absolute path; default: a login "
@@ -164,6 +168,27 @@ def check_port(value: Any, where: Where, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
         raise where.error(field, f"expected a port number 1-65535, got {value!r}", "use e.g. 22")
     return value
+
+
+def check_port_base(value: Any, where: Where, field: str) -> RayPorts:
+    """`ray.port_base`: the cluster's ports, from the block starting there (None: Ray's
+    usual ports)."""
+    if value is None:
+        return RayPorts()
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not PORT_BASE_MIN <= value <= PORT_BASE_MAX
+    ):
+        raise where.error(
+            field,
+            f"expected the first port of a block of {PORT_BLOCK} ports, "
+            f"{PORT_BASE_MIN}-{PORT_BASE_MAX}, got {value!r}",
+            "use e.g. 20000 (and 21000, 22000, ... for the other clusters on these nodes)",
+        )
+    return RayPorts.from_base(value)
 
 
 def check_number(value: Any, where: Where, field: str, *, zero_ok: bool = False) -> float:
@@ -286,6 +311,47 @@ def check_resource_map(value: Any, where: Where, field: str) -> dict[str, float]
             field, f"expected a mapping of names to numbers, got {value!r}", "e.g. {GPU: 2}"
         )
     return {k: check_number(v, where, f"{field}.{k}", zero_ok=True) for k, v in value.items()}
+
+
+_GPU_ID = re.compile(r"^(?:\d{1,3}|(?:GPU|MIG)-[A-Za-z0-9/-]{1,80})$")
+
+
+def check_gpus(
+    value: Any, resources: Mapping[str, float], where: Where, field: str
+) -> tuple[str, ...] | None:
+    """A node's GPUs: `all` (None: every GPU it has, or the first `resources.GPU` of them),
+    `none` (no GPU), or a list of indices and UUIDs as nvidia-smi shows them."""
+    count = resources.get("GPU")
+    if count is not None and count != int(count):
+        raise where.error(
+            f"{field.rsplit('.', 1)[0]}.resources.GPU",
+            f"expected a whole number of GPUs, got {count}",
+            "give Ray whole GPUs: GPU: 1 (tasks ask for fractions, nodes do not)",
+        )
+    if value is None or value == "all":
+        return None
+    if value == "none":
+        value = []
+    items = [value] if isinstance(value, int | str) and not isinstance(value, bool) else value
+    if not isinstance(items, list) or any(
+        isinstance(i, bool) or not isinstance(i, int | str) or not _GPU_ID.match(str(i))
+        for i in items
+    ):
+        raise where.error(
+            field,
+            f"expected all, none or a list of GPU indices and UUIDs, got {value!r}",
+            "e.g. gpus: [0, 1] or gpus: [GPU-5ba6b7e4-...] (as `nvidia-smi -L` lists them)",
+        )
+    gpus = tuple(str(i) for i in items)
+    if len(set(gpus)) != len(gpus):
+        raise where.error(field, f"a GPU is named twice in {value!r}", "name each GPU once")
+    if count is not None and int(count) != len(gpus):
+        raise where.error(
+            field,
+            f"{len(gpus)} GPU(s) named but resources.GPU is {int(count)}",
+            "leave resources.GPU out (the GPUs named are what Ray gets) or make them agree",
+        )
+    return gpus
 
 
 HOST_KEY_POLICIES_TEXT = "strict or accept-new"

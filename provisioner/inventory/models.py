@@ -44,6 +44,12 @@ class SSHSettings:
     proxy_command: str | None = None
 
 
+# A port block (`ray: {port_base: N}`): N to N+999, workers from N+100.
+PORT_BLOCK = 1000
+PORT_BASE_MIN = 1024
+PORT_BASE_MAX = 65536 - PORT_BLOCK
+
+
 @dataclass(frozen=True)
 class RayPorts:
     """Every port Ray uses on a node. Ray leaves several random; we pin them all.
@@ -65,6 +71,39 @@ class RayPorts:
     runtime_env_agent: int = 8079
     min_worker: int = 10002
     max_worker: int = 19999
+
+    @classmethod
+    def from_base(cls, base: int, size: int = PORT_BLOCK) -> RayPorts:
+        """Every port from one block of `size` ports starting at `base`.
+
+        base+0 gcs, +1 dashboard, +2 client, +3 node manager, +4 object manager,
+        +5 dashboard agent grpc, +6 dashboard agent http, +7 runtime env agent,
+        +8 metrics export; the last nine tenths of the block are the worker ports (for the
+        inventory's 1000: +100 to +999). Blocks that do not overlap never share a port.
+        """
+        if size < 100 or not 1024 <= base <= 65536 - size:
+            raise ValueError(f"no block of {size} ports starts at {base} (1024-65535)")
+        return cls(
+            gcs=base,
+            dashboard=base + 1,
+            client=base + 2,
+            node_manager=base + 3,
+            object_manager=base + 4,
+            dashboard_agent_grpc=base + 5,
+            dashboard_agent_http=base + 6,
+            runtime_env_agent=base + 7,
+            metrics_export=base + 8,
+            min_worker=base + size // 10,
+            max_worker=base + size - 1,
+        )
+
+    def all_ports(self) -> frozenset[int]:
+        """Every port this layout may listen on: the single ports and the worker range."""
+        return frozenset(self.named().values()) | frozenset(self.worker_range)
+
+    def overlaps(self, other: RayPorts) -> frozenset[int]:
+        """The ports this layout shares with `other` (empty: they can run side by side)."""
+        return self.all_ports() & other.all_ports()
 
     def named(self) -> dict[str, int]:
         """The single ports by name (the worker range excluded)."""
@@ -127,6 +166,9 @@ class Node:
     ssh: SSHSettings
     resources: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    # NVIDIA GPUs given to Ray: indices ("0") or UUIDs ("GPU-..."); None: all the node has
+    # (or the first `resources: {GPU: n}` of them); (): none
+    gpus: tuple[str, ...] | None = None
 
     @property
     def is_head(self) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +16,14 @@ from provisioner.inventory.fields import (
     Where,
     check_address,
     check_cluster,
+    check_gpus,
     check_jump,
     check_keys,
     check_label_map,
     check_name,
     check_number,
     check_port,
+    check_port_base,
     check_python,
     check_resource_map,
     check_runtime,
@@ -75,15 +77,17 @@ def parse_host(item: Any, where: Where, path: Path, field: str) -> RawHost:
     address = check_address(data["address"], _line(data, "address", where), f"{field}.address")
     name = data.get("name", address)
     name = check_name(name, _line(data, "name", where), f"{field}.name")
+    resources = check_resource_map(
+        data.get("resources"), _line(data, "resources", where), f"{field}.resources"
+    )
     return RawHost(
         name=name,
         address=address,
         where=where,
         ssh=parse_ssh(data, where, path, field),
-        resources=check_resource_map(
-            data.get("resources"), _line(data, "resources", where), f"{field}.resources"
-        ),
+        resources=resources,
         labels=check_label_map(data.get("labels"), _line(data, "labels", where), f"{field}.labels"),
+        gpus=check_gpus(data.get("gpus"), resources, _line(data, "gpus", where), f"{field}.gpus"),
     )
 
 
@@ -101,10 +105,10 @@ def _workers(value: Any, where: Where, path: Path) -> list[RawHost]:
     ]
 
 
-def _ports(value: Any, where: Where) -> RayPorts:
+def _ports(value: Any, where: Where, base: RayPorts) -> RayPorts:
     data = _mapping(value, where, "ray.ports", PORT_FIELDS)
     ports = {k: check_port(v, _line(data, k, where), f"ray.ports.{k}") for k, v in data.items()}
-    result = RayPorts(**ports)
+    result = replace(base, **ports)
     if result.min_worker > result.max_worker:
         raise where.error("ray.ports", "min_worker is above max_worker", "swap them")
     return result
@@ -175,7 +179,13 @@ def parse_native(path: Path, document: Any) -> RawInventory:
         connect_timeout=10.0
         if timeout is None
         else check_number(timeout, _line(ssh, "connect_timeout", ssh_where), "ssh.connect_timeout"),
-        ports=_ports(ray.get("ports"), _line(ray, "ports", ray_where)),
+        ports=_ports(
+            ray.get("ports"),
+            _line(ray, "ports", ray_where),
+            check_port_base(
+                ray.get("port_base"), _line(ray, "port_base", ray_where), "ray.port_base"
+            ),
+        ),
         image_lock=relative_path(path, str(image["lock"])) if image.get("lock") else None,
         shm_size=check_size(ray.get("shm_size"), _line(ray, "shm_size", ray_where), "ray.shm_size"),
         object_store_memory=check_size(

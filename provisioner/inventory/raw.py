@@ -32,6 +32,7 @@ class RawHost:
     args_where: Where | None = None
     resources: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    gpus: tuple[str, ...] | None = None
 
 
 @dataclass

@@ -201,7 +201,9 @@ def _node(raw: RawInventory, host: RawHost, role: Role, resolve: _Resolver) -> N
     address, settings = _settings(raw, host, resolve)
     if settings.key is not None and (host.ssh.key or raw.ssh.key):
         check_key_file(settings.key, host.where, f"{host.name}.key")
-    return Node(host.name, address, role, settings, dict(host.resources), dict(host.labels))
+    return Node(
+        host.name, address, role, settings, dict(host.resources), dict(host.labels), host.gpus
+    )
 
 
 def _check_unique(nodes: list[tuple[Node, Where]]) -> None:

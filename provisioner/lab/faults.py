@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provisioner.errors import InputError, LabError
+from provisioner.lab import gpusim
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import docker_cli, exec_rc
 from provisioner.lab.nodes import LabInfo, wait_ready
@@ -353,6 +354,41 @@ BREAKAGES: dict[str, tuple[str, Script, Script]] = {
         ),
     ),
 }
+
+
+# A SIMULATED GPU node (provisioner/lab/gpusim.py: stand-ins only, no GPU): one variant per
+# GPU fault class the doctor names.
+_GPU_VARIANTS = {
+    "gpu": ("2 Tesla T4, driver 550, a Docker runtime `nvidia` (runc)", gpusim.SimulatedGpus()),
+    "gpu-a100": (
+        "1 A100 40GB, driver 550, the `nvidia` runtime",
+        gpusim.SimulatedGpus(model="NVIDIA A100-SXM4-40GB", count=1, memory_mib=40960),
+    ),
+    "gpu-no-toolkit": (
+        "2 Tesla T4 and their driver, no container toolkit",
+        gpusim.SimulatedGpus(toolkit=False),
+    ),
+    "gpu-no-driver": (
+        "the container toolkit and device files, nvidia-smi failing (no driver loaded)",
+        gpusim.SimulatedGpus(driver_ok=False),
+    ),
+    "gpu-old-driver": (
+        "2 Tesla T4 with driver 470 (too old for CUDA 12)",
+        gpusim.SimulatedGpus(driver="470.256.02"),
+    ),
+}
+
+
+def _simulate(sim: gpusim.SimulatedGpus) -> Script:
+    return lambda lab, n: gpusim.apply_script(n.name, sim)
+
+
+for _name, (_what, _sim) in _GPU_VARIANTS.items():
+    BREAKAGES[_name] = (
+        f"SIMULATED GPU node: {_what}",
+        _simulate(_sim),
+        lambda lab, n: gpusim.undo_script(),
+    )
 
 
 def _breakage(name: str) -> tuple[str, Script, Script]:

@@ -28,10 +28,13 @@ def names() -> tuple[str, ...]:
     )
 
 
-def runtime_for(inventory: Inventory, pin: Pin | None = None) -> Runtime:
-    """The runtime the inventory names (`runtime:`), for this cluster."""
+def runtime_for(inventory: Inventory, pin: Pin | None = None, *, push: str = "auto") -> Runtime:
+    """The runtime the inventory names (`runtime:`), for this cluster; `push`: how the
+    docker runtime sends the pin (see PUSH_MODES)."""
     module = importlib.import_module(f"{__name__}.{inventory.runtime}")
     runtime: Runtime = module.RUNTIME(inventory, pin)
+    if push != "auto":
+        runtime.push = push
     return runtime
 
 

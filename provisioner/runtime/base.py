@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from provisioner.doctor.facts import NodeFacts
     from provisioner.doctor.findings import Finding
     from provisioner.doctor.plan import Plan
+    from provisioner.gpu.plan import GpuPlan
     from provisioner.image.push import PushReport
     from provisioner.inventory import Inventory, Node
     from provisioner.remote import Pool
@@ -65,11 +66,18 @@ class RenderSection:
     start_flags: tuple[str, ...] = ()  # trusted text added to `ray start`
 
 
+PUSH_MODES = ("auto", "direct", "relay")
+"""`up --push`: direct, every node from this machine; relay, the forwarding relay (this
+machine sends once into a chain of the nodes lacking layers); auto, the relay when two
+or more nodes lack layers (it then sends less over this machine's link), else direct."""
+
+
 class Runtime(Protocol):
     """How Ray runs on the nodes of one cluster."""
 
     name: str
     inventory: Inventory
+    push: str  # how `prepare` sends the image: one of PUSH_MODES
     starting: str  # progress line of a start, with {role}: "starting the {role} container"
     stopping: str  # progress line of a stop: "removing the Ray container"
 
@@ -93,9 +101,10 @@ class Runtime(Protocol):
         """Pure: whether the node runs what the cluster pins (None: unknown or not pinned)."""
         ...
 
-    def start_command(self, node: Node) -> str:
+    def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
         """Start this cluster's Ray on `node`, detached from the SSH session; returns when
-        Ray's processes are started (a worker's Ray then waits for the head's by itself)."""
+        Ray's processes are started (a worker's Ray then waits for the head's by itself).
+        `gpus`: the node's GPUs for Ray and how they reach it (`cluster.gpus.plan_gpus`)."""
         ...
 
     def stop_command(self, node: Node) -> str:

@@ -21,6 +21,7 @@ from provisioner.doctor.facts import NodeFacts
 from provisioner.doctor.findings import Finding
 from provisioner.doctor.plan import Plan
 from provisioner.errors import InputError
+from provisioner.gpu.plan import GpuPlan, accelerator_label_env, docker_gpu_options
 from provisioner.image.lock import CLUSTER_TAG, Pin
 from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node
@@ -51,9 +52,17 @@ def shm_size(inventory: Inventory) -> str:
     return f'"{_SHM_FROM_MEMINFO}"'
 
 
-def docker_run_command(inventory: Inventory, node: Node, image: str) -> str:
-    """`docker run` for the node's Ray container (run by a POSIX shell on the node)."""
+def docker_run_command(
+    inventory: Inventory, node: Node, image: str, gpus: GpuPlan | None = None
+) -> str:
+    """`docker run` for the node's Ray container (run by a POSIX shell on the node);
+    `gpus`: the node's GPUs for Ray and the way its Docker hands them over."""
     cluster = inventory.cluster
+    gpu_options = docker_gpu_options(gpus) if gpus else []
+    if gpus:
+        gpu_options += [
+            f"-e {shlex.quote(f'{k}={v}')}" for k, v in accelerator_label_env(gpus).items()
+        ]
     parts = [
         "docker run -d",
         f"--name {shlex.quote(layout.container_name(cluster))}",
@@ -61,13 +70,18 @@ def docker_run_command(inventory: Inventory, node: Node, image: str) -> str:
         "--restart=unless-stopped",
         f"--shm-size={shm_size(inventory)}",
         f"-v {layout.node_ray_dir(cluster)}:{layout.CONTAINER_RAY_DIR}",
-        f"-v {layout.node_token_path(cluster)}:{layout.CONTAINER_TOKEN_PATH}:ro",
+        # --mount, not -v: a start without the token file fails (-v would make a directory
+        # there), so a container restarted by its policy after the node left the cluster
+        # (and its token was removed) cannot join it
+        f"--mount type=bind,source={layout.node_token_path(cluster)},"
+        f"target={layout.CONTAINER_TOKEN_PATH},readonly",
         f"-v {layout.node_results_dir(cluster)}:{layout.CONTAINER_RESULTS_DIR}",
         *(f"-e {shlex.quote(f'{k}={v}')}" for k, v in CONTAINER_ENV.items()),
         f"--label {shlex.quote(f'{layout.LABEL_CLUSTER}={cluster}')}",
         f"--label {shlex.quote(f'{layout.LABEL_ROLE}={node.role}')}",
+        *gpu_options,
         shlex.quote(image),
-        shlex.join(ray_start_args(inventory, node)),
+        shlex.join(ray_start_args(inventory, node, gpus=gpus)),
     ]
     prepare = f"mkdir -p {layout.node_ray_dir(cluster)} {layout.node_results_dir(cluster)}"
     return f"{prepare} && " + " ".join(parts)
@@ -152,10 +166,18 @@ def run_options(inventory: Inventory) -> list[str]:
     return options
 
 
+def push_options(mode: str) -> PushOptions:
+    """The push `up --push MODE` makes (runtime.base.PUSH_MODES)."""
+    if mode == "direct":
+        return PushOptions()
+    return PushOptions(forward=True, chain_from=1 if mode == "relay" else 2)
+
+
 class DockerRuntime:
     """Ray in the pinned image, one container per node."""
 
     name = "docker"
+    push = "auto"
     starting = "starting the {role} container"
     stopping = "removing the Ray container"
 
@@ -175,8 +197,8 @@ class DockerRuntime:
                 "(or `runtime: host` to run Ray from the nodes' own Python)",
                 where=str(self.inventory.path),
             )
-        report(f"image: making every node hold {self.pin.short_id()}")
-        return push_image(self.inventory, pool, report, pin=self.pin, opts=PushOptions())
+        report(f"image: making every node hold {self.pin.short_id()} (push: {self.push})")
+        return push_image(self.inventory, pool, report, pin=self.pin, opts=push_options(self.push))
 
     def state_command(self) -> str:
         return container_facts_command(self.cluster)
@@ -192,8 +214,8 @@ class DockerRuntime:
             return None
         return state.runs == self.pin.image_id
 
-    def start_command(self, node: Node) -> str:
-        return docker_run_command(self.inventory, node, self.image)
+    def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
+        return docker_run_command(self.inventory, node, self.image, gpus)
 
     def stop_command(self, node: Node) -> str:
         return remove_container_command(self.cluster)

@@ -21,6 +21,7 @@ from provisioner.cluster.commands import ray_start_args
 from provisioner.doctor.facts import NodeFacts, Shell
 from provisioner.doctor.findings import Finding, error, ok, warning
 from provisioner.doctor.plan import Plan
+from provisioner.gpu.plan import GpuPlan, host_gpu_env
 from provisioner.image.lock import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.remote.commands import login_shell
@@ -95,20 +96,25 @@ def _pids(cluster: str, short: str | None = None) -> str:
 WORKER_START_TRIES = 10  # 3 s apart
 
 
-def start_command(inventory: Inventory, node: Node, python: str | None) -> str:
-    """Start this cluster's Ray on `node` from the node's own Python, detached."""
+def start_command(
+    inventory: Inventory, node: Node, python: str | None, gpus: GpuPlan | None = None
+) -> str:
+    """Start this cluster's Ray on `node` from the node's own Python, detached; `gpus`:
+    the node's GPUs Ray may use (CUDA_VISIBLE_DEVICES)."""
     cluster = inventory.cluster
     short = inventory.ray_temp_dir
-    args = ray_start_args(inventory, node, block=False)[2:]  # after `ray start`
+    args = ray_start_args(inventory, node, block=False, gpus=gpus)[2:]  # after `ray start`
     args.append("--temp-dir=TEMPDIR")
     words = " ".join(
         f"--temp-dir={temp_dir(cluster, short)}" if a == "--temp-dir=TEMPDIR" else shlex.quote(a)
         for a in args
     )
     log = f"{temp_dir(cluster, short)}/{START_LOG}"
+    env = host_gpu_env(gpus) if gpus else {}
+    gpu_env = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
     tries = 1 if node.role == "head" else WORKER_START_TRIES
     script = (
-        f"set -e; {_interpreter(python)}; {_env(cluster)}; "
+        f"set -e; {_interpreter(python)}; {_env(cluster)}; {gpu_env}"
         f"mkdir -p {temp_dir(cluster, short)} {layout.node_results_dir(cluster)}; "
         f'cd "$HOME"; echo "== $(date -u +%FT%TZ) ray start with $PY" >>{log}; '
         # A worker started with the head may ask the GCS before the head has registered
@@ -346,6 +352,7 @@ class HostRuntime:
     """Ray from each node's own Python (a virtualenv, a conda env, the system's)."""
 
     name = "host"
+    push = "auto"  # nothing to push: the nodes bring their own Ray
     starting = "starting the {role}'s Ray from the node's own Python"
     stopping = "stopping this cluster's Ray processes"
 
@@ -372,8 +379,8 @@ class HostRuntime:
             return None
         return state.runs == self.python
 
-    def start_command(self, node: Node) -> str:
-        return start_command(self.inventory, node, self.python)
+    def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
+        return start_command(self.inventory, node, self.python, gpus)
 
     def stop_command(self, node: Node) -> str:
         return stop_command(self.cluster, self.short)

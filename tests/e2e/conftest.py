@@ -41,11 +41,13 @@ MODULE_ORDER = (
     "test_ssh_routes",
     "test_ray_up",
     "test_jobs",
+    "test_shared_nodes",
     "test_long_runs",
     "test_faults",
     "test_security",
     "test_hostile_returns",
     "test_bench_smoke",
+    "test_gpu",
     "test_host_mode",
     "test_slurm",
 )

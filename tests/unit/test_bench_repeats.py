@@ -103,3 +103,42 @@ def test_the_table_shows_failed_repeats_and_lists_their_errors(
     assert "doctor: failed every repeat · 2 of 2 repeats failed (2 lost after 1 retry)" in text
     assert "repeat 1, attempt 1: ansible fan-out failed (rc 4, 99/100 ok)" in text
     assert "| — | ≥ 5 | — |" in text
+
+
+def test_scale_labs_get_their_own_subnets(bench: ModuleType) -> None:
+    import bench_scale
+
+    assert bench_scale.subnet_for("10.250.140.0/24", 1) == "10.250.141.0/24"
+    cfg = bench_scale.lab_config("i18", "10.250.140.0/24", 6, 1)
+    assert (cfg.name, cfg.subnet, cfg.nodes) == ("i18-b6", "10.250.142.0/24", 6)
+
+
+def test_scale_series_reads_every_figure_in_images_and_keeps_gaps(bench: ModuleType) -> None:
+    image = 1000
+    push = {
+        "direct": {"seconds": 3.0, "control_wire_bytes": 3050, "busiest_wire_bytes": 40},
+        "star": {"seconds": 4.0, "control_wire_bytes": 1020, "busiest_wire_bytes": 2040},
+        "forward": {"seconds": 3.5, "control_wire_bytes": 1020, "busiest_wire_bytes": 1010},
+    }
+    results = [
+        {
+            "nodes": 3,
+            "push": push,
+            "doctor_s": 0.5,
+            "down_s": 2.0,
+            "up": [{"alive": 8.0, "ray_start": 6.5, "returned": 9.0}],
+            "ray_up": [None],  # ray up failed every attempt
+        },
+        {"nodes": 6, "failed": True},
+    ]
+    s = bench.scale_series(results, image)
+    assert s["n"] == [3.0, 6.0]
+    assert s["up_overhead"] == [1.5, None]
+    assert s["ray_alive"] == [None, None]
+    assert s["star_busiest"] == [2.04, None] and s["forward_busiest"] == [1.01, None]
+    ctx = bench.Context(None, Path("x"), None, Path("."), bench.Repeats())
+    rows = bench.scale_rows(ctx, results, image)
+    forward = next(r for r in rows if r.benchmark == "scale, 3 nodes: push forward")
+    assert forward.met is True and forward.ratio == 1.01
+    bring = rows[0].to_json()
+    assert bring["baseline"]["median"] is None and bring["ratio"] is None

@@ -37,7 +37,8 @@ def test_head_docker_run_is_quoted_and_carries_no_token(tmp_path: Path) -> None:
         "&& docker run -d --name ray-demo "
         "--net=host --restart=unless-stopped --shm-size=1073741824 "
         '-v "$HOME"/.provisioner/clusters/demo/ray:/tmp/ray '
-        '-v "$HOME"/.provisioner/clusters/demo/auth_token:/run/provisioner/auth_token:ro '
+        '--mount type=bind,source="$HOME"/.provisioner/clusters/demo/auth_token,'
+        "target=/run/provisioner/auth_token,readonly "
         '-v "$HOME"/.provisioner/clusters/demo/results:/provisioner/results '
         "-e RAY_AUTH_MODE=token -e RAY_AUTH_TOKEN_PATH=/run/provisioner/auth_token "
         "-e RAY_USAGE_STATS_ENABLED=0 -e PROVISIONER_RESULTS_ROOT=/provisioner/results "
@@ -138,3 +139,23 @@ def test_wait_for_port_command_runs_in_bash() -> None:
     wait = commands.wait_for_port_command("127.0.0.1", port, 0.3, running)
     assert subprocess.run(["bash", "-c", wait], timeout=30).returncode == 1
     assert "'exec 3<>/dev/tcp/127.0.0.1/" in wait and "ray-nosuch" in wait
+
+
+def test_port_block_reaches_ray_start_on_head_and_workers(tmp_path: Path) -> None:
+    from provisioner.inventory import RayPorts
+
+    inv = make_inventory(tmp_path, ports=RayPorts.from_base(23000))
+    head = commands.ray_start_args(inv, inv.head)
+    worker = commands.ray_start_args(inv, inv.workers[0])
+    assert "--port=23000" in head and "--dashboard-port=23001" in head
+    assert "--ray-client-server-port=23002" in head
+    assert "--address=10.250.9.10:23000" in worker
+    for args in (head, worker):
+        assert "--min-worker-port=23100" in args and "--max-worker-port=23999" in args
+        numbers = [
+            int(a.split("=")[1])
+            for a in args
+            if a.startswith("--") and a.endswith(tuple("0123456789")) and "port" in a
+        ]
+        assert numbers and all(23000 <= n <= 23999 for n in numbers)
+    assert commands.head_address(inv) == "10.250.9.10:23000"

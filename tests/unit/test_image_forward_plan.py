@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.image.direct import PushOptions
 from provisioner.image.forward_plan import (
     Chain,
     Hop,
@@ -167,3 +168,34 @@ def test_the_last_hop_only_loads(tmp_path: Path) -> None:
     assert "ssh" not in script and "fwd" not in script.split("\n", 2)[2]
     done = run_hop(work, script, b"abc")
     assert done.returncode == 0 and (work / "loaded").read_bytes() == b"abc"
+
+
+def test_up_push_modes_choose_the_push() -> None:
+    from provisioner.runtime.docker import push_options
+
+    assert push_options("direct") == PushOptions()
+    assert push_options("auto") == PushOptions(forward=True, chain_from=2)
+    assert push_options("relay") == PushOptions(forward=True, chain_from=1)
+
+
+def test_up_with_an_unknown_push_mode_is_exit_2(tmp_path: Path) -> None:
+    from tests.cli import cli
+
+    (tmp_path / "inv.yaml").write_text(
+        "cluster: t\nhead: {name: h, address: 10.250.9.10}\nworkers: []\n"
+    )
+    result = cli("up", "-i", str(tmp_path / "inv.yaml"), "--push", "star")
+    assert result.exit_code == 2
+    assert "not a push mode" in result.stderr and "auto, direct, relay" in result.stderr
+
+
+def test_image_push_with_both_relays_is_exit_2(tmp_path: Path) -> None:
+    from tests.cli import cli
+
+    (tmp_path / "inv.yaml").write_text(
+        "cluster: t\nimage: {lock: x.json}\nhead: {name: h, address: 10.250.9.10}\nworkers: []\n"
+    )
+    (tmp_path / "x.json").write_text("{}")
+    result = cli("image", "push", "-i", str(tmp_path / "inv.yaml"), "--relay", "--forward")
+    assert result.exit_code == 2
+    assert "choose one" in result.stderr

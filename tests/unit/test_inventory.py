@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.errors import InventoryError
-from provisioner.inventory import load_inventory
+from provisioner.inventory import RayPorts, load_inventory
 
 
 @pytest.fixture
@@ -255,3 +255,65 @@ def test_label_names_follow_ray(tmp_path: Path, key: Path, name: str) -> None:
     else:
         with pytest.raises(InventoryError, match="Ray label name"):
             load_inventory(write(tmp_path, "inv.yaml", text))
+
+
+def test_port_base_draws_every_port_from_its_block(tmp_path: Path, key: Path) -> None:
+    inv = load_inventory(
+        write(tmp_path, "inv.yaml", NATIVE.replace("  ports:", "  port_base: 21000\n  ports:"))
+    )
+    p = inv.ports
+    # gcs overridden by ray.ports; everything else from the block
+    assert (p.gcs, p.dashboard, p.client) == (7000, 21001, 21002)
+    assert (p.node_manager, p.object_manager) == (21003, 21004)
+    assert (p.dashboard_agent_grpc, p.dashboard_agent_http) == (21005, 21006)
+    assert (p.runtime_env_agent, p.metrics_export) == (21007, 21008)
+    assert (p.min_worker, p.max_worker) == (21100, 21999)
+    assert all(21000 <= port <= 21999 for port in p.all_ports() - {7000})
+
+
+def test_without_port_base_the_ports_are_rays_usual() -> None:
+    assert RayPorts().named() == {
+        "gcs": 6379,
+        "dashboard": 8265,
+        "client": 10001,
+        "dashboard_agent_grpc": 8078,
+        "dashboard_agent_http": 52365,
+        "metrics_export": 8090,
+        "node_manager": 8077,
+        "object_manager": 8076,
+        "runtime_env_agent": 8079,
+    }
+    assert RayPorts().worker_range == range(10002, 20000)
+
+
+def test_blocks_side_by_side_share_no_port() -> None:
+    a, b = RayPorts.from_base(20000), RayPorts.from_base(21000)
+    assert not a.overlaps(b) and not a.overlaps(RayPorts())
+    # half a block apart: b's single ports fall into a's worker range
+    assert set(range(20500, 20509)) <= RayPorts.from_base(20500).overlaps(a)
+    # the usual layout's worker range is 10002-19999: a block there collides with it
+    assert 15000 in RayPorts.from_base(15000).overlaps(RayPorts())
+    # smaller blocks (e.g. one per SLURM job): the same single ports, workers from a tenth in
+    small = RayPorts.from_base(20300, size=100)
+    assert (small.gcs, small.metrics_export) == (20300, 20308)
+    assert small.worker_range == range(20310, 20400)
+    with pytest.raises(ValueError):
+        RayPorts.from_base(65500)
+
+
+@pytest.mark.parametrize("value", ["80", "64537", "-1", "'x'", "20000.5", "true", "[1]"])
+def test_bad_port_base(tmp_path: Path, key: Path, value: str) -> None:
+    text = NATIVE.replace("  ports: {gcs: 7000}", f"  port_base: {value}")
+    err = error_of(tmp_path, text)
+    assert f"{tmp_path / 'inv.yaml'}:17: ray.port_base:" in str(err)
+    assert "1024-64536" in str(err) and "20000" in (err.fix or "")
+
+
+def test_ansible_port_base(tmp_path: Path, key: Path) -> None:
+    text = INI.replace("KEY", str(key)).replace(
+        "provisioner_cluster=rack", "provisioner_cluster=rack\nprovisioner_ray_port_base=22000"
+    )
+    inv = load_inventory(write(tmp_path, "hosts.ini", text))
+    assert inv.ports == RayPorts.from_base(22000)
+    err = error_of(tmp_path, text.replace("=22000", "=99"), "hosts.ini")
+    assert "provisioner_ray_port_base" in str(err) and "hosts.ini:4" in str(err)

@@ -57,3 +57,26 @@ def test_training_stops_at_the_first_budget_reached() -> None:
     assert rlrun.stop_reason(rlrun.Row(2, 1000, 50, 2, 500), budget) == "max_env_steps"
     assert rlrun.stop_reason(rlrun.Row(2, 600, 120, 2, 300), budget) == "target_return"
     assert rlrun.stop_reason(rlrun.Row(5, 600, 10, 2, 300), budget) == "max_iterations"
+
+
+def test_learners_train_on_the_clusters_gpus_by_default() -> None:
+    assert rlrun.learner_plan(0, None, None) == (0, 0.0)  # CPU: the driver's own learner
+    assert rlrun.learner_plan(4, None, None) == (4, 1.0)  # one remote learner per GPU
+    assert rlrun.learner_plan(4, 0.5, None) == (8, 0.5)
+    assert rlrun.learner_plan(4, 1, 2) == (2, 1)
+    assert rlrun.learner_plan(4, 0, None) == (0, 0)  # asked for CPU learners
+
+
+@pytest.mark.parametrize(("gpus", "per", "learners"), [(0, 1.0, None), (2, 1.0, 3), (1, -1, 0)])
+def test_more_learner_gpus_than_the_cluster_has_are_refused(
+    gpus: float, per: float, learners: int | None
+) -> None:
+    with pytest.raises(SystemExit, match="GPU"):
+        rlrun.learner_plan(gpus, per, learners)
+
+
+def test_trained_on_names_device_gpu_and_node() -> None:
+    cuda = {"device": "cuda:0", "gpu": "Tesla T4", "node_ip": "10.0.0.5"}
+    assert rlrun.describe_device(cuda) == "cuda:0 (Tesla T4) on 10.0.0.5"
+    cpu = {"device": "cpu", "gpu": None, "node_ip": "10.0.0.4"}
+    assert rlrun.describe_device(cpu) == "cpu on 10.0.0.4"

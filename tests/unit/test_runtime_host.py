@@ -121,3 +121,16 @@ def test_render_for_host_mode_stops_only_this_cluster(tmp_path: Path) -> None:
     assert '--temp-dir="$HOME"/' in head[-1] and "RAY_AUTH_MODE=token" in head[-1]
     assert list(config["file_mounts"]) == ["~/.provisioner/clusters/demo/auth_token"]
     render.validate(config, where="test")
+
+
+def test_host_mode_draws_every_port_from_the_block(tmp_path: Path) -> None:
+    from provisioner.inventory import RayPorts
+
+    inv = make_inventory(tmp_path, runtime="host", ports=RayPorts.from_base(24000))
+    head, worker = (host.start_command(inv, n, None) for n in (inv.head, inv.workers[0]))
+    assert "--head" in head and "--port=24000 " in head and "--dashboard-port=24001 " in head
+    assert "--address=10.250.9.10:24000 " in worker
+    for cmd in (head, worker):
+        assert "--node-manager-port=24003 " in cmd and "--object-manager-port=24004 " in cmd
+        assert "--min-worker-port=24100 " in cmd and "--max-worker-port=24999 " in cmd
+        assert "6379" not in cmd and "10002" not in cmd

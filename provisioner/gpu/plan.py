@@ -1,0 +1,124 @@
+"""Which GPUs of a node Ray gets, and how its container receives them: pure.
+
+The inventory says which GPUs (`gpus:` indices or UUIDs, or `resources: {GPU: n}`, or
+nothing: all the node has); the node's facts (the doctor's round) say which it has and
+which ways its Docker hands GPUs to a container. `plan_gpus` joins both into a `GpuPlan`
+that the runtime turns into `docker run` options (`docker_gpu_options`) or, in host mode,
+`CUDA_VISIBLE_DEVICES`; `ray start` gets `--num-gpus` and the accelerator type either way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from provisioner.gpu.facts import GPU_KIND, GpuFacts, select
+from provisioner.inventory import Node
+
+# Ray's own resource and label for a node's accelerator type (ray._common.utils,
+# ray._raylet.RAY_NODE_ACCELERATOR_TYPE_KEY); a label under ray.io/ is reserved for Ray,
+# which takes it from RAY_OVERRIDE_LABELS (as its own autoscaler sets labels).
+ACCELERATOR_RESOURCE = "accelerator_type:"
+ACCELERATOR_LABEL = "ray.io/accelerator-type"
+LABELS_ENV = "RAY_OVERRIDE_LABELS"
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """What Ray on one node gets: GPUs (by UUID), the way in, the accelerator type."""
+
+    method: str  # gpus | runtime | cdi (docker), host (CUDA_VISIBLE_DEVICES)
+    uuids: tuple[str, ...]
+    indices: tuple[int, ...]
+    accelerator_type: str | None = None
+    cdi_names: tuple[str, ...] = ()  # the CDI device names (UUID where the spec lists it)
+
+    @property
+    def count(self) -> int:
+        return len(self.uuids)
+
+
+def accelerator_type(name: str) -> str | None:
+    """Ray's accelerator type for an NVIDIA GPU name, by Ray's own rule where Ray is
+    installed here (`A100`, `T4`, `H200`, `GeForce-RTX-4090`)."""
+    try:
+        from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
+    except ImportError:  # pragma: no cover - Ray is a dependency of this package
+        return None
+    found = NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type(name)  # type: ignore[no-untyped-call]
+    return str(found) if found else None
+
+
+def plan_gpus(node: Node, facts: GpuFacts, runtime: str) -> GpuPlan | None:
+    """Pure but for Ray's name rule: the GPUs Ray gets on `node` and the way in.
+
+    None: no GPU for Ray here (none there, none asked for, or no way into a container,
+    which the doctor reports as gpu.toolkit)."""
+    chosen = select(node, facts.gpus).chosen if facts.driver_ok else ()
+    if not chosen:
+        return None
+    if runtime == "host":
+        method = "host"
+    else:
+        methods = facts.methods()
+        if not methods:
+            return None
+        method = methods[0]
+    cdi = set(facts.cdi_gpus)
+    names = tuple(g.uuid if g.uuid in cdi else str(g.index) for g in chosen)
+    return GpuPlan(
+        method=method,
+        uuids=tuple(g.uuid for g in chosen),
+        indices=tuple(g.index for g in chosen),
+        accelerator_type=accelerator_type(chosen[0].name),
+        cdi_names=names,
+    )
+
+
+def plans_for(
+    nodes: Sequence[Node], facts: Mapping[str, GpuFacts], runtime: str
+) -> dict[str, GpuPlan]:
+    """Every node's plan, for the nodes that get GPUs."""
+    plans = {}
+    for node in nodes:
+        if node.name in facts:
+            plan = plan_gpus(node, facts[node.name], runtime)
+            if plan is not None:
+                plans[node.name] = plan
+    return plans
+
+
+def docker_gpu_options(plan: GpuPlan) -> list[str]:
+    """`docker run` options that hand the plan's GPUs to the container (quoted words)."""
+    devices = ",".join(plan.uuids)
+    if plan.method == "gpus":
+        # Docker reads --gpus as CSV: a list of devices is one quoted field
+        field = '"device=' + devices + '"'
+        return [f"--gpus {shlex.quote(field)}"]
+    if plan.method == "runtime":
+        return [
+            "--runtime=nvidia",
+            f"-e NVIDIA_VISIBLE_DEVICES={shlex.quote(devices)}",
+            "-e NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+        ]
+    if plan.method == "cdi":
+        return [f"--device {shlex.quote(f'{GPU_KIND}={name}')}" for name in plan.cdi_names]
+    return []
+
+
+def accelerator_label_env(plan: GpuPlan) -> dict[str, str]:
+    """The environment that gives Ray the node's accelerator-type label (none when the
+    type is not a valid label value)."""
+    kind = plan.accelerator_type
+    if not kind or not _LABEL_VALUE.match(kind):
+        return {}
+    return {LABELS_ENV: json.dumps({ACCELERATOR_LABEL: kind})}
+
+
+def host_gpu_env(plan: GpuPlan) -> dict[str, str]:
+    """Host mode: the CUDA devices Ray's processes may see (UUIDs: no ordering doubt)."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(plan.uuids), **accelerator_label_env(plan)}

@@ -1,0 +1,155 @@
+"""GPU nodes on the lab, in SIMULATION: no GPU, driver or CUDA is here.
+
+The lab's GPU faults (provisioner/lab/gpusim.py) make a node look like an NVIDIA GPU node: a
+stand-in `nvidia-smi` answering in NVIDIA's format, /dev/nvidia* stand-ins, and a Docker
+runtime named `nvidia` that runs plain runc. What this proves end to end: the doctor's GPU
+facts and checks through real sshd and dockerd, and `up` building and starting a GPU node's
+container with the GPU options Docker reads back, and Ray advertising that node's GPUs.
+It does not prove that a real GPU reaches torch (scripts/gpu_check.sh, on a GPU machine).
+Every fault is mended after; the cluster is taken down at the end of the module.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioner.cluster import headprobe
+from provisioner.doctor import DoctorReport, run_doctor
+from provisioner.image.lock import read_pin, write_pin
+from provisioner.inventory import load_inventory
+from provisioner.lab import faults
+from provisioner.lab.engine import exec_rc
+from provisioner.lab.gpusim import uuid_for
+from provisioner.lab.nodes import LabInfo
+from provisioner.remote import Pool
+from provisioner.runtime import runtime_for
+from tests.cli import cli
+from tests.e2e.test_doctor import broken
+
+
+@pytest.fixture(scope="module")
+def inventory(cluster_inventory: Path) -> Iterator[Path]:
+    yield cluster_inventory
+    cli("down", "-i", str(cluster_inventory), "--no-logs")
+
+
+def gpu_findings(report: DoctorReport) -> dict[tuple[str, str], str]:
+    """(host, check) -> severity of every GPU finding that is not ok."""
+    return {
+        (f.host, f.check): f.severity
+        for f in report.findings
+        if f.check.startswith("gpu.") and f.severity != "ok"
+    }
+
+
+def fix_of(report: DoctorReport, host: str, check: str) -> str:
+    return next(f.fix for f in report.findings if (f.host, f.check) == (host, check))
+
+
+def with_cuda_pin(inventory: Path, tmp_path: Path, worker_resources: dict[str, int]) -> Path:
+    """The inventory, its pin saying the image has CUDA 12.8 torch (as the CUDA image's
+    pin does), and worker 1 given `worker_resources`."""
+    pin = read_pin(load_inventory(inventory).image_lock)  # type: ignore[arg-type]
+    pin.extra["cuda"] = "12.8"
+    write_pin(pin, tmp_path / "cuda.lock.json")
+    data = yaml.safe_load(inventory.read_text())
+    data["image"] = {"lock": str(tmp_path / "cuda.lock.json")}
+    for key in ("key", "known_hosts"):
+        data["ssh"][key] = str(inventory.parent / data["ssh"][key])
+    worker = data["workers"][0]
+    data["workers"][0] = {**worker, "resources": worker_resources}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_doctor_names_each_gpu_fault_with_its_fix(
+    lab: LabInfo, inventory: Path, tmp_path: Path
+) -> None:
+    """Each GPU fault class on SIMULATED GPU nodes: named on the right node, with its fix."""
+    _, w1, w2 = lab.nodes[:3]
+    inv = load_inventory(with_cuda_pin(inventory, tmp_path, {"GPU": 4}))
+    # driver 470 under a CUDA 12.8 image; 4 GPUs asked of a 2-GPU node; T4 beside A100
+    with broken(lab, (w1, "gpu-old-driver"), (w2, "gpu-a100")):
+        report = run_doctor(inv, reachability=False)
+    assert gpu_findings(report) == {
+        (w1.name, "gpu.cuda"): "error",
+        (w1.name, "gpu.count"): "error",
+        ("cluster", "gpu.models"): "warning",
+    }
+    assert "upgrade the driver to 525.60.13 or newer" in fix_of(report, w1.name, "gpu.cuda")
+    assert "(2)" in fix_of(report, w1.name, "gpu.count")
+    assert "one GPU model per cluster" in fix_of(report, "cluster", "gpu.models")
+    # GPUs and their driver but no toolkit; the toolkit but no working driver
+    with broken(lab, (w1, "gpu-no-toolkit"), (w2, "gpu-no-driver")):
+        report = run_doctor(load_inventory(inventory), reachability=False)
+    found = gpu_findings(report)
+    assert found[(w1.name, "gpu.toolkit")] == "error"
+    assert found[(w2.name, "gpu.driver")] == "error"
+    assert "nvidia-ctk runtime configure" in fix_of(report, w1.name, "gpu.toolkit")
+    assert "modprobe nvidia" in fix_of(report, w2.name, "gpu.driver")
+    assert not any(host == lab.nodes[0].name for host, _ in found)  # the head: no GPU, no word
+    # the deep check: the simulated runtime is runc, so no GPU shows inside the image
+    with broken(lab, (w1, "gpu")):
+        report = run_doctor(load_inventory(inventory), reachability=False, gpu_deep=True)
+    deep = [f for f in report.findings if f.check == "gpu.container"]
+    assert [(f.host, f.severity) for f in deep] == [(w1.name, "error")]
+    assert "0 of 2 GPU(s) are visible" in deep[0].message, deep[0]
+    assert report.round_trips == 2
+
+
+def test_up_hands_the_simulated_gpus_to_that_nodes_container_and_ray(
+    lab: LabInfo, inventory: Path
+) -> None:
+    """`up` on a lab with one SIMULATED GPU node (the `nvidia` runtime): that node's container
+    runs with the nvidia runtime and its two GPUs by UUID; Ray lists 2 GPUs and the T4
+    accelerator type on that node only."""
+    _, w1, _ = lab.nodes[:3]
+    inv = load_inventory(inventory)
+    container = f"ray-{inv.cluster}"
+    uuids = [uuid_for(w1.name, i) for i in range(2)]
+    try:
+        with broken(lab, (w1, "gpu")):
+            exec_rc(w1.container, f"docker rm -f {container}")  # a running one is kept by up
+            result = cli("up", "-i", str(inventory), "--json")
+            assert result.exit_code == 0, result.stdout + result.stderr
+            assert result.json()["gpus"][w1.name]["method"] == "runtime"
+            config = {}
+            for node in lab.nodes[:3]:
+                rc, out = exec_rc(
+                    node.container,
+                    f"docker inspect --format '{{{{json .HostConfig.Runtime}}}} "
+                    f"{{{{json .Config.Env}}}}' {container}",
+                )
+                assert rc == 0, out
+                runtime, _, env = out.strip().partition(" ")
+                config[node.name] = (json.loads(runtime), json.loads(env))
+            assert config[w1.name][0] == "nvidia"
+            assert f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}" in config[w1.name][1]
+            for name, (runtime, env) in config.items():
+                if name != w1.name:
+                    assert runtime == "runc" and not [e for e in env if "NVIDIA" in e], name
+            with Pool(inv) as pool:
+                for _ in range(20):  # the raylet reports its resources a moment after joining
+                    nodes = headprobe.gcs_nodes(pool.session(inv.head), runtime_for(inv))
+                    alive = {n.ip: n for n in nodes if n.alive}
+                    if len(alive) == 3:
+                        break
+                    time.sleep(0.5)
+            gpus = {ip: n.resources.get("GPU", 0) for ip, n in alive.items()}
+            assert gpus == {n.address: (2.0 if n is w1 else 0) for n in lab.nodes[:3]}
+            assert alive[w1.address].resources.get("accelerator_type:T4") == 1.0
+            assert alive[w1.address].labels.get("ray.io/accelerator-type") == "T4"
+            others = [alive[n.address] for n in lab.nodes[:3] if n is not w1]
+            assert not any("accelerator_type:T4" in n.resources for n in others)
+            # before the runtime goes: remove the container that names it
+            exec_rc(w1.container, f"docker rm -f {container}")
+    finally:
+        faults.clear(lab)
+        exec_rc(w1.container, f"docker rm -f {container}")

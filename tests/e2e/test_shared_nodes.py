@@ -1,0 +1,210 @@
+"""Clusters that share nodes: two clusters (other names, other port blocks) on the same 3
+lab nodes, each with its own jobs and its own `down`; a third whose ports collide is
+stopped by the doctor, naming the ports and the cluster that holds them.
+
+The first cluster is the session's (`cluster_inventory`, Ray's usual ports); the second
+is a copy of its inventory with another name and `ray: {port_base: 20000}`. Both are
+taken down at the end.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from provisioner.cli import run
+from provisioner.lab.nodes import LabInfo
+from tests.e2e.faults.lab import edited_inventory
+from tests.e2e.helpers import ssh
+
+BLOCK_B = 20000
+
+# A job that says which cluster it runs in: the GCS address its driver joined.
+WHERE_AM_I = """\
+import ray
+ray.init()
+print("GCS", ray.get_runtime_context().gcs_address, "NODES", len(ray.nodes()), flush=True)
+"""
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = run(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def cli_json(*args: str) -> tuple[int, Any, str]:
+    code, out, err = cli(*args, "--json")
+    return code, json.loads(out), err
+
+
+def started_at(lab: LabInfo, cluster: str) -> dict[str, str]:
+    """Each node's `ray-CLUSTER` container: its start time (absent: '')."""
+    fmt = "{{.State.StartedAt}}"
+    return {
+        node.name: ssh(
+            lab, node, f"docker inspect -f '{fmt}' ray-{cluster} 2>/dev/null"
+        ).stdout.strip()
+        for node in lab.nodes
+    }
+
+
+def wait_until_running(inventory: str, job_id: str, bound: float = 60) -> bool:
+    """Poll `jobs list` until the job runs (its supervisor is then a process on the head)."""
+    end = time.monotonic() + bound
+    while time.monotonic() < end:
+        code, doc, _ = cli_json("jobs", "list", "-i", inventory)
+        if code == 0 and any(
+            j["job_id"] == job_id and j["status"] == "RUNNING" for j in doc["jobs"]
+        ):
+            return True
+        time.sleep(2)
+    return False
+
+
+@pytest.fixture(scope="module")
+def cluster_a(cluster_inventory: Path) -> str:
+    """The session's cluster, up (idempotent)."""
+    code, _, err = cli("up", "-i", str(cluster_inventory))
+    assert code == 0, err[-3000:]
+    return str(cluster_inventory)
+
+
+@pytest.fixture(scope="module")
+def cluster_b(
+    cluster_inventory: Path, lab: LabInfo, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A second cluster on the same nodes: its own name and port block."""
+    path = edited_inventory(
+        cluster_inventory,
+        tmp_path_factory.mktemp("shared") / "b.yaml",
+        cluster=f"{lab.name}-b",
+        ray={"port_base": BLOCK_B},
+    )
+    yield str(path)
+    cli("down", "-i", str(path), "--no-logs", "--yes", "--results", str(path.parent))
+
+
+@pytest.fixture(scope="module")
+def cluster_c(cluster_b: str) -> Iterator[str]:
+    """A third cluster whose block (20500) overlaps B's (20000: workers 20100-20999)."""
+    path = Path(cluster_b).with_name("c.yaml")
+    document = yaml.safe_load(Path(cluster_b).read_text())
+    document["cluster"] = document["cluster"].replace("-b", "-c")
+    document["ray"] = {"port_base": BLOCK_B + 500}
+    path.write_text(yaml.safe_dump(document))
+    yield str(path)
+    cli("down", "-i", str(path), "--no-logs")  # nothing to remove, unless a test failed
+
+
+def test_two_clusters_share_the_nodes_and_down_of_one_leaves_the_other(
+    cluster_a: str, cluster_b: str, cluster_c: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    name_a, name_b = lab.name, f"{lab.name}-b"
+    code, up_b, err = cli_json("up", "-i", cluster_b)
+    assert code == 0, err[-3000:]
+    assert up_b["status"]["alive_nodes"] == 3 and up_b["status"]["address"].endswith(":20000")
+    code, st_a, _ = cli_json("status", "-i", cluster_a)
+    assert code == 0 and st_a["alive_nodes"] == 3, st_a
+    before_a = started_at(lab, name_a)
+    assert all(before_a.values()) and all(started_at(lab, name_b).values())
+
+    playbook = tmp_path / "where.py"
+    playbook.write_text(WHERE_AM_I)
+    for inventory, port in ((cluster_a, 6379), (cluster_b, BLOCK_B)):
+        code, doc, err = cli_json(
+            "submit", "-i", inventory, "--results", str(tmp_path / str(port)), str(playbook)
+        )
+        assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
+        assert f"{lab.nodes[0].address}:{port} NODES 3" in err, err[-3000:]
+
+    # A third cluster whose block overlaps B's: the doctor names B, the ports and a free
+    # block; `up` starts nothing, not even with --force. B runs a job meanwhile.
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\ntime.sleep(300)\n")
+    code, job, err = cli_json(
+        "submit", "-i", cluster_b, "--detach", "--results", str(tmp_path / "s"), str(sleeper)
+    )
+    assert code == 0 and job["job_id"], err[-3000:]
+    running = wait_until_running(cluster_b, job["job_id"])
+    assert running, f"{job['job_id']} not RUNNING within 60 s"
+    code, doc, _ = cli_json("doctor", "-i", cluster_c)
+    assert code == 1
+    collisions = [f for f in doc["findings"] if f["check"] == "ray.cluster"]
+    errors = {f["host"]: f for f in collisions if f["severity"] == "error"}
+    assert set(errors) == {n.name for n in lab.nodes}, collisions
+    head = errors[lab.nodes[0].name]
+    assert f"cluster {name_b}'s Ray (container ray-{name_b}, a job is running)" in head["message"]
+    assert "20500-20508" in head["message"] and "20600-20999" in head["message"]
+    assert "port_base: 21000" in head["fix"] and "leave it running" in head["fix"]
+    assert not any("rm -f" in f["fix"] or "down -i" in f["fix"] for f in collisions)
+    others = [f for f in collisions if f["severity"] == "ok"]
+    assert len(others) == 3 and all(f"cluster {name_a}'s Ray" in f["message"] for f in others)
+    for force in ([], ["--force"]):
+        code, out, err = cli("up", "-i", cluster_c, *force)
+        said = out + err
+        assert code == 1 and f"cluster {name_b}'s Ray" in said, said[-2000:]
+        assert "port_base: 21000" in said and "up stopped" in said, said[-2000:]
+    assert not any(started_at(lab, f"{lab.name}-c").values())
+
+    code, _, err = cli("down", "-i", cluster_b, "--no-logs", "--yes", "--results", str(tmp_path))
+    assert code == 0, err[-3000:]
+    assert not any(started_at(lab, name_b).values())
+    assert started_at(lab, name_a) == before_a  # not restarted, not touched
+    code, st_a, _ = cli_json("status", "-i", cluster_a)
+    assert code == 0 and st_a["alive_nodes"] == 3, st_a
+
+
+def test_a_worker_removed_from_the_inventory_leaves_the_cluster(
+    cluster_a: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    worker = lab.nodes[2]
+    smaller = Path(tmp_path / "smaller.yaml")
+    document = yaml.safe_load(Path(cluster_a).read_text())
+    edited_inventory(
+        Path(cluster_a),
+        smaller,
+        workers=[w for w in document["workers"] if w["name"] != worker.name],
+    )
+    # Ray still counts the worker: status names it, and is not healthy
+    code, st, _ = cli_json("status", "-i", str(smaller))
+    assert code == 1 and st["outside_inventory"] == [worker.address], st
+    assert st["alive_nodes"] == st["expected_nodes"] == 2
+    code, text, _ = cli("status", "-i", str(smaller))
+    assert code == 1 and f"does not list: {worker.address}" in text, text
+
+    # up removes this cluster's Ray and its token there, and says so
+    code, up_doc, err = cli_json("up", "-i", str(smaller))
+    assert code == 0, err[-3000:]
+    assert up_doc["departed"]["removed"] == [worker.name], up_doc["departed"]
+    assert f"{worker.name} ({worker.address}): this cluster's Ray removed" in err
+    assert started_at(lab, lab.name)[worker.name] == ""
+    token = f".provisioner/clusters/{lab.name}/auth_token"
+    assert ssh(lab, worker, f"test -e {token}").returncode == 1
+    # the GCS drops the node after its health checks fail (bound: 60 s, not a target)
+    end = time.monotonic() + 60
+    while True:
+        code, st, _ = cli_json("status", "-i", str(smaller))
+        if code == 0 or time.monotonic() > end:
+            break
+        time.sleep(3)
+    assert code == 0 and st["outside_inventory"] == [] and st["alive_nodes"] == 2, st
+
+    # back in the inventory: up brings it back alone
+    code, up_doc, err = cli_json("up", "-i", cluster_a)
+    assert code == 0 and up_doc["started"] == [worker.name], err[-3000:]
+    # a restart without the token (its node left the cluster) cannot start Ray again
+    assert ssh(lab, worker, f"rm {token}").returncode == 0
+    restart = ssh(lab, worker, f"docker restart ray-{lab.name}")
+    assert restart.returncode != 0 and "auth_token" in restart.stderr, restart
+    code, up_doc, err = cli_json("up", "-i", cluster_a)
+    assert code == 0 and up_doc["started"] == [worker.name], err[-3000:]

@@ -1,0 +1,406 @@
+"""GPU nodes: the facts of the GPU stack, the doctor's GPU checks, and the commands that give
+Ray its GPUs, against golden outputs.
+
+tests/unit/golden/gpu/ holds facts.sh's GPU sections written by hand from the formats NVIDIA
+and Docker document (each file names its sources); tests/unit/golden/doctor/simulated_*.txt
+are facts.sh's whole output on a lab node with the SIMULATED GPU faults
+(provisioner/lab/gpusim.py), captured by `make goldens`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from provisioner.cluster import commands
+from provisioner.doctor.api import node_findings
+from provisioner.doctor.facts import NodeFacts, parse_facts
+from provisioner.doctor.findings import CATALOGUE, Finding
+from provisioner.doctor.gpu_checks import check_gpus, check_inside, check_models, parse_inside
+from provisioner.doctor.plan import PinFacts, Plan
+from provisioner.errors import InventoryError
+from provisioner.gpu.facts import GpuFacts, parse_cdi_spec, parse_gpu_facts
+from provisioner.gpu.plan import GpuPlan, docker_gpu_options, plan_gpus
+from provisioner.inventory import Node, RayPorts, SSHSettings, load_inventory
+from provisioner.runtime import docker, host
+from tests.unit.inventories import make_inventory
+
+GOLDEN = Path(__file__).parent / "golden"
+SSH = SSHSettings(user="lab")
+PLAN = Plan(ports=RayPorts(), head="head-0")
+PIN_CPU = PinFacts("sha256:" + "a" * 64, "3.11.2", "2.60.0", "amd64", cuda="")
+PIN_CUDA = dataclasses.replace(PIN_CPU, cuda="12.8")
+
+
+def gpu_facts(name: str) -> GpuFacts:
+    return parse_facts("n", (GOLDEN / "gpu" / f"{name}.txt").read_text()).gpu
+
+
+def node_facts(name: str) -> NodeFacts:
+    return parse_facts("n", (GOLDEN / "doctor" / f"{name}.txt").read_text())
+
+
+def node(**kw: object) -> Node:
+    return Node("n", "10.0.0.5", "worker", SSH, **kw)  # type: ignore[arg-type]
+
+
+def judged(g: GpuFacts, n: Node | None = None, plan: Plan = PLAN) -> dict[str, Finding]:
+    findings = check_gpus(n or node(), NodeFacts("n", gpu=g), plan)
+    assert all(f.check in CATALOGUE for f in findings)
+    return {f.check: f for f in findings}
+
+
+# --- facts ----------------------------------------------------------------------------------
+
+
+def test_eight_a100_with_the_full_toolkit() -> None:
+    g = gpu_facts("dgx_a100_docker_gpus")
+    assert g.driver_ok and len(g.gpus) == 8
+    first = g.gpus[0]
+    assert (first.index, first.name, first.memory_mib, first.driver) == (
+        0,
+        "NVIDIA A100-SXM4-80GB",
+        81920,
+        "550.54.15",
+    )
+    assert first.uuid == "GPU-2a5c1a1e-4e0e-5d6c-a1f5-b2e0d1c3f401"
+    assert g.driver_version == "550.54.15" and "550.54.15" in g.module
+    assert len(g.gpu_files) == 8 and "/dev/nvidiactl" in g.devices
+    assert g.toolkit_version == "1.17.0" and g.nvidia_runtime
+    assert g.methods() == ("gpus", "runtime")  # the hook first: Docker's own --gpus
+
+
+def test_cdi_spec_as_nvidia_ctk_writes_it() -> None:
+    g = gpu_facts("cdi_only")
+    assert g.cdi_dirs == ("/etc/cdi", "/var/run/cdi")
+    (spec,) = g.cdi
+    assert spec.path == "/etc/cdi/nvidia.yaml" and spec.kind == "nvidia.com/gpu"
+    assert spec.devices == (
+        "0",
+        "GPU-5ba6b7e4-9c1d-2f3a-8e7b-6d5c4b3a2f10",
+        "1",
+        "GPU-8c7d6e5f-4a3b-2c1d-0e9f-8a7b6c5d4e11",
+        "all",
+    )
+    assert g.methods() == ("cdi",)
+
+
+def test_a_broken_cdi_file_is_named_not_fatal() -> None:
+    assert parse_cdi_spec("/etc/cdi/x.yaml", "kind: [").error.startswith("not YAML")
+    assert parse_cdi_spec("/etc/cdi/y.json", '{"cdiVersion": "0.6.0"}').error
+    assert parse_cdi_spec("/etc/cdi/z.json", '{"kind": "vendor.com/x", "devices": []}').kind
+
+
+def test_a_cpu_node_says_nothing_about_gpus() -> None:
+    f = node_facts("healthy_worker")
+    assert f.gpu == GpuFacts(runtimes=f.gpu.runtimes, default_runtime="runc")
+    assert not f.gpu.present and "runc" in f.gpu.runtimes
+    assert check_gpus(node(), f, PLAN) == []
+
+
+def test_both_docker_paths_read_the_same_runtimes() -> None:
+    lean, cli = node_facts("pair_lean_format"), node_facts("pair_cli_format")
+    assert lean.gpu == cli.gpu and "runc" in lean.gpu.runtimes
+
+
+def test_simulated_gpu_node_captured_from_the_lab() -> None:
+    g = node_facts("simulated_gpu").gpu
+    assert [x.name for x in g.gpus] == ["Tesla T4", "Tesla T4"] and g.driver_ok
+    assert g.methods() == ("runtime",)  # the simulation's `nvidia` runtime, no hook
+    found = judged(g)
+    assert {c: f.severity for c, f in found.items()} == {
+        "gpu.driver": "ok",
+        "gpu.count": "ok",
+        "gpu.toolkit": "ok",
+    }
+
+
+# --- the checks, one fault class each ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", ["golden", "simulated"])
+def test_gpus_without_container_toolkit(source: str) -> None:
+    g = (
+        gpu_facts("no_toolkit_t4")
+        if source == "golden"
+        else node_facts("simulated_gpu_no_toolkit").gpu
+    )
+    f = judged(g)["gpu.toolkit"]
+    assert f.severity == "error" and "could not select device driver" in f.message
+    assert "nvidia-container-toolkit" in f.fix and "nvidia-ctk runtime configure" in f.fix
+    assert judged(g)["gpu.driver"].severity == "ok"
+
+
+def test_toolkit_installed_but_not_registered_with_docker() -> None:
+    g = dataclasses.replace(gpu_facts("no_toolkit_t4"), tools={"nvidia-ctk": "/usr/bin/nvidia-ctk"})
+    f = judged(g)["gpu.toolkit"]
+    assert f.severity == "error" and "does not use it" in f.message
+    assert f.fix.startswith("register it with Docker: sudo nvidia-ctk runtime configure")
+
+
+@pytest.mark.parametrize("source", ["golden", "simulated"])
+def test_toolkit_but_no_working_driver(source: str) -> None:
+    g = gpu_facts("no_driver") if source == "golden" else node_facts("simulated_gpu_no_driver").gpu
+    assert g.smi and g.smi_rc == 9 and not g.gpus
+    f = judged(g)["gpu.driver"]
+    assert f.severity == "error"
+    assert f.message.startswith("The NVIDIA Container Toolkit is installed, but nvidia-smi fails")
+    assert "couldn't communicate with the NVIDIA driver" in f.message
+    assert "modprobe nvidia" in f.fix and "nvidia-smi: exit 9" in f.evidence
+
+
+def test_no_nvidia_smi_at_all_where_the_inventory_asks_for_gpus() -> None:
+    f = judged(GpuFacts(), node(resources={"GPU": 2.0}))
+    assert (
+        f["gpu.driver"].severity == "error"
+        and "nvidia-smi is not installed" in f["gpu.driver"].message
+    )
+    assert f["gpu.count"].severity == "error" and "has 0" in f["gpu.count"].message
+
+
+def test_inventory_asks_more_gpus_than_the_node_has() -> None:
+    f = judged(gpu_facts("cdi_only"), node(resources={"GPU": 4.0}))["gpu.count"]
+    assert f.severity == "error" and "gives Ray 4 GPU(s), the node has 2" in f.message
+
+
+def test_inventory_names_a_gpu_the_node_lacks() -> None:
+    f = judged(gpu_facts("cdi_only"), node(gpus=("1", "GPU-00000000-dead")))["gpu.count"]
+    assert f.severity == "error" and "GPU-00000000-dead" in f.message and "nvidia-smi -L" in f.fix
+
+
+def test_inventory_count_below_the_nodes_is_a_warning_naming_the_chosen() -> None:
+    f = judged(gpu_facts("dgx_a100_docker_gpus"), node(resources={"GPU": 2.0}))["gpu.count"]
+    assert f.severity == "warning" and "2 of the node's 8 GPUs (indices 0, 1)" in f.message
+    chosen = judged(gpu_facts("dgx_a100_docker_gpus"), node(gpus=("3", "5")))["gpu.count"]
+    assert chosen.severity == "ok" and chosen.message == "Ray gets 2 of 8 GPU(s): 3, 5"
+
+
+def test_driver_too_old_for_the_images_cuda() -> None:
+    plan = dataclasses.replace(PLAN, pin=PIN_CUDA)
+    f = judged(gpu_facts("no_toolkit_t4"), plan=plan)["gpu.cuda"]
+    assert f.severity == "error"
+    assert "driver 470.256.02 is too old for the image's CUDA 12.8" in f.message
+    assert "525.60.13" in f.fix
+    assert judged(gpu_facts("cdi_only"), plan=plan)["gpu.cuda"].severity == "ok"
+
+
+def test_gpus_under_a_cpu_image_are_a_warning() -> None:
+    f = judged(gpu_facts("cdi_only"), plan=dataclasses.replace(PLAN, pin=PIN_CPU))["gpu.cuda"]
+    assert f.severity == "warning" and "image build --cuda" in f.fix
+
+
+def test_host_mode_needs_no_container_toolkit() -> None:
+    plan = dataclasses.replace(PLAN, runtime="host")
+    assert "gpu.toolkit" not in judged(gpu_facts("no_toolkit_t4"), plan=plan)
+
+
+def test_mixed_models_across_the_cluster_warn() -> None:
+    a100 = NodeFacts("a", gpu=gpu_facts("dgx_a100_docker_gpus"))
+    l4 = NodeFacts("b", gpu=gpu_facts("cdi_only"))
+    (f,) = check_models({"a": a100, "b": l4})
+    assert (f.check, f.severity, f.host) == ("gpu.models", "warning", "cluster")
+    assert "NVIDIA A100-SXM4-80GB: a" in f.evidence and "NVIDIA L4: b" in f.evidence
+    assert check_models({"a": a100, "c": dataclasses.replace(a100, host="c")}) == []
+
+
+def test_gpu_checks_run_in_the_doctors_node_findings() -> None:
+    f = node_facts("simulated_gpu_no_toolkit")
+    checks = {x.check: x.severity for x in node_findings(node(), f, PLAN)}
+    assert checks["gpu.toolkit"] == "error" and checks["docker.daemon"] == "ok"
+
+
+# --- the deep check: a GPU seen inside a container of the pinned image -------------------------
+
+# `nvidia-smi -L` lines as the nvidia-smi(1) man page describes them ("GPU N: NAME (UUID: ...)")
+SEEN = {
+    "smi": "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-2a5c1a1e-4e0e-5d6c-a1f5-b2e0d1c3f401)\n"
+    "GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-6f0d7c82-93a4-1e0b-2c4d-9e8f7a6b5c02)",
+    "torch_cuda": "12.8",
+    "torch_devices": 2,
+}
+
+
+def inside(**kw: object) -> str:
+    return "noise\nPROVISIONER-GPU " + json.dumps({**SEEN, **kw}) + "\n"
+
+
+def test_deep_check_passes_when_nvidia_smi_and_torch_see_the_gpus() -> None:
+    (f,) = check_inside(node(), 2, parse_inside(inside()))
+    assert f.severity == "ok" and "2 GPU(s) visible" in f.message and "CUDA 12.8" in f.message
+
+
+def test_deep_check_on_a_container_without_gpus() -> None:
+    said = "nvidia-smi: [Errno 2] No such file or directory: 'nvidia-smi'"
+    (f,) = check_inside(node(), 2, parse_inside(inside(smi=said, torch_cuda=None)))
+    assert f.severity == "error" and "0 of 2 GPU(s) are visible" in f.message
+    assert "torch is the CPU build" in f.message and f.evidence == said
+
+
+def test_deep_check_torch_blind_though_nvidia_smi_sees() -> None:
+    (f,) = check_inside(node(), 2, parse_inside(inside(torch_devices=0)))
+    assert f.severity == "error" and "torch (CUDA 12.8) sees 0" in f.message
+
+
+def test_deep_check_container_that_did_not_run() -> None:
+    out = "docker: Error response from daemon: unknown or invalid runtime name: nvidia."
+    (f,) = check_inside(node(), 1, parse_inside(out))
+    assert f.severity == "error" and f.evidence == out
+
+
+# --- up: the GPU options of the container and of `ray start` -----------------------------------
+
+
+def plan_for(name: str, n: Node | None = None, runtime: str = "docker") -> GpuPlan:
+    plan = plan_gpus(n or node(), gpu_facts(name), runtime)
+    assert plan is not None
+    return plan
+
+
+def test_plan_by_uuid_with_rays_accelerator_type() -> None:
+    plan = plan_for(
+        "dgx_a100_docker_gpus", node(gpus=("1", "GPU-c4f2a896-1d3b-7e5c-8a0f-2b6d4e9c7f04"))
+    )
+    assert plan.method == "gpus" and plan.indices == (1, 3) and plan.count == 2
+    assert plan.uuids == (
+        "GPU-6f0d7c82-93a4-1e0b-2c4d-9e8f7a6b5c02",
+        "GPU-c4f2a896-1d3b-7e5c-8a0f-2b6d4e9c7f04",
+    )
+    assert plan.accelerator_type == "A100"
+
+
+def test_docker_gpu_options_each_way() -> None:
+    uuids = ("GPU-aaaa", "GPU-bbbb")
+    by = {m: GpuPlan(m, uuids, (0, 1), "T4", ("0", "GPU-bbbb")) for m in ("gpus", "runtime", "cdi")}
+    assert docker_gpu_options(by["gpus"]) == ["--gpus '\"device=GPU-aaaa,GPU-bbbb\"'"]
+    assert docker_gpu_options(by["runtime"]) == [
+        "--runtime=nvidia",
+        "-e NVIDIA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb",
+        "-e NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+    ]
+    assert docker_gpu_options(by["cdi"]) == [
+        "--device nvidia.com/gpu=0",
+        "--device nvidia.com/gpu=GPU-bbbb",
+    ]
+    # as the node's shell splits it, --gpus gets one CSV field naming both devices
+    assert shlex.split(docker_gpu_options(by["gpus"])[0]) == [
+        "--gpus",
+        '"device=GPU-aaaa,GPU-bbbb"',
+    ]
+
+
+def test_cdi_names_by_uuid_where_the_spec_lists_it() -> None:
+    plan = plan_for("cdi_only")
+    assert plan.method == "cdi" and plan.accelerator_type == "L4"
+    assert docker_gpu_options(plan) == [
+        "--device nvidia.com/gpu=GPU-5ba6b7e4-9c1d-2f3a-8e7b-6d5c4b3a2f10",
+        "--device nvidia.com/gpu=GPU-8c7d6e5f-4a3b-2c1d-0e9f-8a7b6c5d4e11",
+    ]
+
+
+def test_no_plan_without_a_way_into_the_container_or_without_a_driver() -> None:
+    assert plan_gpus(node(), gpu_facts("no_toolkit_t4"), "docker") is None
+    assert plan_gpus(node(), gpu_facts("no_driver"), "docker") is None
+    assert plan_gpus(node(gpus=()), gpu_facts("cdi_only"), "docker") is None
+    assert plan_gpus(node(), gpu_facts("no_toolkit_t4"), "host") is not None
+
+
+def test_docker_run_of_a_gpu_node(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path)
+    plan = GpuPlan("runtime", ("GPU-aaaa", "GPU-bbbb"), (0, 1), "T4")
+    cmd = docker.docker_run_command(inv, inv.workers[0], "sha256:abc", plan)
+    assert (
+        "--label provisioner.role=worker --runtime=nvidia "
+        "-e NVIDIA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb "
+        "-e NVIDIA_DRIVER_CAPABILITIES=compute,utility "
+        '-e \'RAY_OVERRIDE_LABELS={"ray.io/accelerator-type": "T4"}\' sha256:abc ray start '
+    ) in cmd
+    assert "--num-gpus=2 '--resources={\"accelerator_type:T4\": 1}'" in cmd
+    plain = docker.docker_run_command(inv, inv.workers[0], "sha256:abc")
+    assert "nvidia" not in plain and "--num-gpus" not in plain
+
+
+def test_ray_start_gets_gpus_as_num_gpus_never_as_a_resource(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path)
+    w = dataclasses.replace(inv.workers[0], resources={"GPU": 2.0, "accel": 1.0})
+    args = commands.ray_start_args(inv, w)
+    assert "--num-gpus=2" in args and '--resources={"accel": 1.0}' in args
+    none = dataclasses.replace(inv.workers[0], gpus=())
+    assert "--num-gpus=0" in commands.ray_start_args(inv, none)
+    plan = GpuPlan("gpus", ("GPU-aaaa",), (0,), "GeForce-RTX-4090")
+    args = commands.ray_start_args(inv, w, gpus=plan)
+    assert "--num-gpus=1" in args
+    assert '--resources={"accel": 1.0, "accelerator_type:GeForce-RTX-4090": 1}' in args
+
+
+def test_host_mode_sets_cuda_visible_devices(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path, runtime="host")
+    plan = GpuPlan("host", ("GPU-aaaa", "GPU-bbbb"), (0, 1), "T4")
+    cmd = host.start_command(inv, inv.workers[0], None, plan)
+    assert "export CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb; " in shlex.split(cmd)[-1]
+    assert "RAY_OVERRIDE_LABELS=" in cmd and "--num-gpus=2" in cmd
+    assert "CUDA_VISIBLE_DEVICES" not in host.start_command(inv, inv.workers[0], None)
+
+
+# --- the inventory's gpus ----------------------------------------------------------------------
+
+
+def inventory_with(tmp_path: Path, worker: str) -> Node:
+    path = tmp_path / "inv.yaml"
+    path.write_text(f"cluster: c\nssh: {{user: u}}\nhead: 10.0.0.1\nworkers:\n  - {worker}\n")
+    return load_inventory(path, openssh=False).workers[0]
+
+
+def test_inventory_gpus(tmp_path: Path) -> None:
+    w = inventory_with(tmp_path, '{address: 10.0.0.2, gpus: [0, "GPU-5ba6b7e4-9c1d"]}')
+    assert w.gpus == ("0", "GPU-5ba6b7e4-9c1d")
+    assert inventory_with(tmp_path, "{address: 10.0.0.2, gpus: none}").gpus == ()
+    assert inventory_with(tmp_path, "{address: 10.0.0.2, gpus: all}").gpus is None
+    assert inventory_with(tmp_path, "{address: 10.0.0.2}").gpus is None
+
+
+@pytest.mark.parametrize(
+    ("worker", "says"),
+    [
+        ("{address: 10.0.0.2, gpus: [0, 0]}", "named twice"),
+        ("{address: 10.0.0.2, gpus: ['$(reboot)']}", "list of GPU indices and UUIDs"),
+        ("{address: 10.0.0.2, gpus: some}", "list of GPU indices and UUIDs"),
+        ("{address: 10.0.0.2, gpus: [0], resources: {GPU: 2}}", "resources.GPU is 2"),
+        ("{address: 10.0.0.2, resources: {GPU: 1.5}}", "whole number of GPUs"),
+    ],
+)
+def test_bad_inventory_gpus_are_refused(tmp_path: Path, worker: str, says: str) -> None:
+    with pytest.raises(InventoryError, match="workers") as caught:
+        inventory_with(tmp_path, worker)
+    assert says in caught.value.message and caught.value.fix
+
+
+def test_every_golden_names_its_source() -> None:
+    for path in (GOLDEN / "gpu").glob("*.txt"):
+        head = path.read_text().split("\n@@", 1)[0]
+        assert "nvidia-smi" in head or "CDI" in head, path.name
+    for path in (GOLDEN / "doctor").glob("simulated_*.txt"):
+        assert "SIMULATED GPU node" in path.read_text().split("\n@@", 1)[0]
+    assert parse_gpu_facts({}) == GpuFacts()
+
+
+def test_lab_lists_the_simulated_gpu_faults() -> None:
+    from tests.cli import cli
+
+    listed = cli("lab", "fault", "break", "0", "--list")
+    assert listed.exit_code == 0
+    assert "gpu-no-toolkit: SIMULATED GPU node" in listed.stdout
+    assert cli("lab", "fault", "break", "0", "no-such-fault").exit_code == 2
+
+
+def test_simulated_nvidia_smi_rows_are_nvidia_smis_csv() -> None:
+    from provisioner.gpu.facts import parse_smi
+    from provisioner.lab.gpusim import SimulatedGpus, smi_rows, uuid_for
+
+    rows = smi_rows("node-1", SimulatedGpus(count=2))
+    ran, rc, _, gpus = parse_smi("\n".join([*rows, "rc=0"]))
+    assert ran and rc == 0 and [g.uuid for g in gpus] == [uuid_for("node-1", i) for i in (0, 1)]
+    assert uuid_for("node-1", 0) != uuid_for("node-2", 0)
