@@ -722,8 +722,14 @@ def rows_scale(ctx: Context) -> list[Row]:
     """Labs of each --scale-nodes size, one at a time (made here, removed after)."""
     args = ctx.args
     small = bench_scale.small_pin(ctx.pin_path, args.scale_image)
-    results = []
-    for i, n in enumerate(args.scale_nodes):
+    results: list[dict[str, Any]] = []
+    earlier = args.out / "scale.json"
+    if args.scale_merge and earlier.exists():  # sizes measured by an earlier run stay
+        measured = args.scale_only or args.scale_nodes
+        results = [r for r in json.loads(earlier.read_text()) if r["nodes"] not in measured]
+    for i, n in enumerate(args.scale_nodes):  # each size keeps its subnet: its place here
+        if args.scale_only and n not in args.scale_only:
+            continue
         cfg = bench_scale.lab_config(args.lab, args.subnet, n, i)
         log(f"scale: {n} nodes on lab {cfg.name} ({cfg.subnet})")
         got = ctx.rep.run(
@@ -741,9 +747,11 @@ def rows_scale(ctx: Context) -> list[Row]:
             ),
         )
         results.append(got if got is not None else {"nodes": n, "failed": True})
+        results.sort(key=lambda r: int(r["nodes"]))
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "scale.json").write_text(json.dumps(results, indent=1) + "\n")
     scale_plot(results, small.size, args.out / "scale.png")
+    (args.out / "scale.md").write_text(scale_markdown(results, small.size))
     return scale_rows(ctx, results, small.size)
 
 
@@ -783,6 +791,33 @@ def scale_series(results: list[dict[str, Any]], image: int) -> dict[str, list[fl
                 v = _get(r, "push", m, key)
                 s[f"{m}_{f}"].append(None if v is None else v / image)
     return s
+
+
+def scale_markdown(results: list[dict[str, Any]], image: int) -> str:
+    """The scale table: one column per lab size (— where a figure was not measured)."""
+    s = scale_series(results, image)
+
+    def row(label: str, key: str, fmt: str) -> str:
+        cells = ["—" if v is None else fmt.format(v) for v in s[key]]
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    head = "| nodes | " + " | ".join(str(int(n)) for n in s["n"]) + " |"
+    lines = [head, "|---|" + "---|" * len(s["n"])]
+    lines += [
+        row("`provisioner up`: every node alive (s)", "up_alive", "{:.1f}"),
+        row("`ray up`: every node alive (s)", "ray_alive", "{:.1f}"),
+        row("Ray's own start under `up` (s), the floor", "ray_start", "{:.1f}"),
+        row("what `up` adds to Ray's start (s)", "up_overhead", "{:.1f}"),
+        row("doctor (s)", "doctor", "{:.2f}"),
+        row("`provisioner down` (s)", "down", "{:.1f}"),
+    ]
+    for m, name in (("direct", "direct"), ("star", "star relay"), ("forward", "forwarding relay")):
+        lines += [
+            row(f"push {name}: time (s)", f"{m}_s", "{:.1f}"),
+            row(f"push {name}: control machine sent (images)", f"{m}_control", "{:.2f}"),
+            row(f"push {name}: busiest node sent (images)", f"{m}_busiest", "{:.2f}"),
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def scale_plot(results: list[dict[str, Any]], image: int, path: Path) -> None:
@@ -905,6 +940,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scale-nodes", default="3,6,10", help="scale rows: lab sizes, one at a time")
     p.add_argument("--scale-image", type=int, default=64, metavar="MB", help="scale push image")
     p.add_argument(
+        "--scale-merge",
+        action="store_true",
+        help="keep the other lab sizes of an earlier scale.json in --out",
+    )
+    p.add_argument("--scale-only", default="", help="measure only these of --scale-nodes")
+    p.add_argument(
         "--scale-bring-up-max",
         type=int,
         default=10,
@@ -921,6 +962,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     try:
         args.delays = [int(x) for x in args.delays.split(",")]
         args.scale_nodes = [int(x) for x in args.scale_nodes.split(",")]
+        args.scale_only = [int(x) for x in args.scale_only.split(",") if x.strip()]
     except ValueError:
         p.error("--delays and --scale-nodes: comma-separated numbers")
     if min(args.repeat, args.push_repeat, args.up_repeat, args.endpoints, args.runners) < 1:
@@ -950,6 +992,14 @@ def ensure_lock(path: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--render-scale"] and len(argv) == 3:  # scale.md, .png from scale.json
+        path, image = Path(argv[1]), int(argv[2])
+        results = json.loads(path.read_text())
+        scale_plot(results, image, path.with_name("scale.png"))
+        text = scale_markdown(results, image)
+        path.with_name("scale.md").write_text(text)
+        print(text)
+        return 0
     if argv[:1] == ["--render"] and len(argv) == 2:  # bench.md again from a bench.json
         path = Path(argv[1])
         text = markdown(json.loads(path.read_text()))

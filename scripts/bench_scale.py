@@ -15,6 +15,7 @@ a table. Every measured run goes through bench_repeats.Repeats (retried, recorde
 from __future__ import annotations
 
 import ipaddress
+import shutil
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from bench_repeats import Repeats
 
 from provisioner.console import quiet
 from provisioner.image.lock import Pin, read_pin
+from provisioner.image.plan import LOAD_FACTOR
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_inventory
 from provisioner.lab import wire
@@ -123,12 +125,21 @@ def measure(
         result["push"] = push_three_ways(lab, small, rep, n, workdir / "cache")
         log(f"scale {n}: doctor")
         result["doctor_s"] = rep.run(f"scale/{n}/doctor", lambda: doctor_once(lab))
-        if bring_up:
+        pin = read_pin(lock)
+        short = disk_short(n, pin, cfg.state_dir, at_once=n)
+        one_by_one = bool(short) and not disk_short(n, pin, cfg.state_dir, at_once=1)
+        if one_by_one:  # one node loading at a time fits: direct, one node after another
+            short = ""
+        if bring_up and short:
+            result["bring_up_skipped"] = short
+            log(f"scale {n}: no bring-up rows: {short}")
+        if bring_up and not short:
             inv = load_inventory(lab.inventory)
-            pin = read_pin(lock)
-            log(f"scale {n}: the pin ({pin.size / 1e9:.1f} GB) to every node, forwarding relay")
+            how = "direct, one node at a time (disk)" if one_by_one else "forwarding relay"
+            log(f"scale {n}: the pin ({pin.size / 1e9:.1f} GB) to every node, {how}")
             t1 = time.monotonic()
-            pushed = push_image(inv, None, quiet, pin=pin, opts=PushOptions(forward=True))
+            opts = PushOptions(parallelism=1) if one_by_one else PushOptions(forward=True)
+            pushed = push_image(inv, None, quiet, pin=pin, opts=opts)
             result["pin_push"] = {
                 "ok": pushed.ok,
                 "seconds": round(time.monotonic() - t1, 1),
@@ -158,6 +169,24 @@ def measure(
         lab_down(cfg, log)
         result["lab_down_s"] = round(time.monotonic() - t2, 1)
     return result
+
+
+SPARE_DISK = 8e9  # left free for everyone else on this machine
+
+
+def disk_short(n: int, pin: Pin, where: Path, at_once: int) -> str:
+    """Why the pin cannot go to n lab nodes on this disk ('' when it can), `at_once` nodes
+    loading at the same time (a chain: all of them): a node's `docker load` holds the
+    received tar and the unpacked layers at once (plan.LOAD_FACTOR), the others keep the
+    image they loaded."""
+    free = shutil.disk_usage(where if where.exists() else Path.home()).free
+    need = (n + at_once * (LOAD_FACTOR - 1)) * pin.size + SPARE_DISK
+    if free >= need:
+        return ""
+    return (
+        f"the pin on {n} nodes ({at_once} loading at once) and {SPARE_DISK / 1e9:.0f} GB spare "
+        f"need {need / 1e9:.0f} GB, {free / 1e9:.0f} GB free on this machine's disk"
+    )
 
 
 def scoped(

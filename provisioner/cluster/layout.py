@@ -7,6 +7,7 @@ Paths on a node are relative to the SSH user's home and written for a POSIX shel
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 
 # Inside the container.
@@ -21,6 +22,7 @@ RESULTS_ROOT_ENV = "PROVISIONER_RESULTS_ROOT"
 # Docker labels put on every container this tool starts.
 LABEL_CLUSTER = "provisioner.cluster"
 LABEL_ROLE = "provisioner.role"
+LABEL_GPUS = "provisioner.gpus"  # the GPUs a container was given (gpu.plan.signature)
 
 
 def container_name(cluster: str) -> str:
@@ -47,6 +49,52 @@ def node_token_path(cluster: str) -> str:
 def node_ray_dir(cluster: str) -> str:
     """Shell word: the node directory mounted as Ray's /tmp/ray (logs survive the container)."""
     return node_path(cluster, "ray")
+
+
+# Ray binds AF_UNIX sockets under TEMP_DIR/session_<date>_<time>_<usec>_<pid>/sockets/,
+# e.g. `dash_PlatformEventsHead` (75 bytes from the temp dir on, with a 7-digit PID),
+# and such a path may not exceed 107 bytes: a temp dir under a
+# home directory is too long for it (the dashboard then fails to start). Ray is given a
+# short name in /tmp instead, a link to the node directory (logs stay on the node's disk).
+SHORT_RAY_PREFIX = "/tmp/prov-"
+SHORT_NAME_MAX = 20
+
+
+def short_name(cluster: str) -> str:
+    """The cluster's name as its short temp dir carries it: the name itself, or for a
+    name over 20 bytes its first 11 and a hash."""
+    if len(cluster) <= SHORT_NAME_MAX:
+        return cluster
+    digest = hashlib.sha256(cluster.encode()).hexdigest()[:8]
+    return f"{cluster[: SHORT_NAME_MAX - 9]}-{digest}"
+
+
+def is_named(seen: str, cluster: str) -> bool:
+    """Is `seen` (a name read on a node: a label, a temp dir) this cluster's?"""
+    return bool(seen) and seen in (cluster, short_name(cluster))
+
+
+def node_short_ray_dir(cluster: str) -> str:
+    """Ray's `--temp-dir` where Ray runs on the node itself: /tmp/prov-CLUSTER, at most
+    30 bytes (see `short_name`), so that every socket path under it stays within the
+    limit; it names the cluster, for people and for `ps`."""
+    return SHORT_RAY_PREFIX + short_name(cluster)
+
+
+def link_short_ray_dir_command(cluster: str) -> str:
+    """Make `node_short_ray_dir` a link to `node_ray_dir` (creating that), refusing when the
+    name is another user's (/tmp is shared: a link someone else made would hand them this
+    cluster's sockets) or not a link. /tmp's sticky bit keeps it ours afterwards."""
+    short = shlex.quote(node_short_ray_dir(cluster))
+    return (
+        f"mkdir -p {node_ray_dir(cluster)} && t={short} && "
+        'if [ -e "$t" ] || [ -L "$t" ]; then '
+        '[ -L "$t" ] && [ "$(stat -c %u "$t")" = "$(id -u)" ] || '
+        '{ echo "$t exists and is not a link of this user (a cluster of the same name of '
+        'another user, or something left behind): remove it or rename the cluster" >&2; '
+        "exit 2; }; fi && "
+        f'ln -sfn {node_ray_dir(cluster)} "$t"'
+    )
 
 
 def node_results_rel(cluster: str, *parts: str) -> str:

@@ -7,7 +7,6 @@ import base64
 import binascii
 import os
 import re
-import shlex
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -162,11 +161,12 @@ def _files(root: Path) -> list[Path]:
 
 
 def _ray_logs_dir(inventory: Inventory) -> str:
-    short = inventory.ray_temp_dir
-    ray_dir = shlex.quote(short) if short else layout.node_ray_dir(inventory.cluster)
     # The cluster's Ray temp dir on the node (every runtime keeps it there); session_latest
     # may be a link to a path inside a container, so the newest session is found by name.
-    return f"cd {ray_dir} 2>/dev/null && s=$(ls -d session_2* 2>/dev/null | sort | tail -n 1)"
+    return (
+        f"cd {layout.node_ray_dir(inventory.cluster)} 2>/dev/null && "
+        "s=$(ls -d session_2* 2>/dev/null | sort | tail -n 1)"
+    )
 
 
 # The runtime's own log, by runtime: the file name it gets in DIR/NODE/.

@@ -30,7 +30,7 @@ from provisioner.doctor.facts import NodeFacts
 from provisioner.doctor.gather import gather_facts
 from provisioner.doctor.neighbours import port_owner
 from provisioner.errors import OperationError, ProvisionerError
-from provisioner.gpu.plan import GpuPlan, plans_for
+from provisioner.gpu.plan import GpuPlan, plans_for, signature
 from provisioner.image.lock import Pin
 from provisioner.image.push import PushReport
 from provisioner.inventory import Inventory, Node
@@ -135,6 +135,26 @@ def wait_for_gcs(session: Session, runtime: Runtime, *, timeout: float) -> None:
     )
 
 
+def wait_for_jobs_api(session: Session, runtime: Runtime, *, timeout: float) -> None:
+    """Wait on the head until Ray's dashboard (which serves the Jobs API that `submit`
+    uses) accepts connections. The dashboard is a process of its own that the head starts
+    beside the GCS; on a busy node it opens its port seconds after the cluster joined."""
+    inventory = runtime.inventory
+    port = inventory.ports.dashboard
+    result = session.run(
+        commands.wait_for_port_command("127.0.0.1", port, timeout, runtime.running_test()),
+        timeout=timeout + 15,
+    )
+    if result.ok:
+        return
+    raise OperationError(
+        f"Ray's dashboard (the Jobs API) did not open port {port} on the head within "
+        f"{timeout:.0f}s" + (" (the head's Ray stopped)" if result.exit_code == 3 else ""),
+        "see `provisioner logs` (dashboard.log, dashboard.err), then run `provisioner up` again",
+        where=inventory.head.name,
+    )
+
+
 def totals(nodes: list[GcsNode]) -> dict[str, float]:
     """Sum of CPUs, memory (GiB), GPUs over alive nodes."""
     alive = [n for n in nodes if n.alive]
@@ -213,7 +233,12 @@ def up(
         result.doctor = preflight.check(inventory, pool, report, force=force)
         result.timings["doctor"] = time.monotonic() - t0
     t1 = time.monotonic()
-    result.push = runtime.prepare(pool, report)
+    ready = (
+        result.doctor.report.holding(runtime.image_id)
+        if result.doctor and runtime.image_id
+        else frozenset()
+    )
+    result.push = runtime.prepare(pool, report, ready=ready)
     result.timings["push"] = time.monotonic() - t1
     if result.push is not None and result.push.errors:
         _raise_first(dict(result.push.errors), "could not push the pinned image")
@@ -268,6 +293,8 @@ def bring_up(
     def start_needed(node: Node, *, head_restarted: bool) -> bool:
         state = states.get(node.name)
         current = runtime.is_current(state) if state else None
+        if state and state.gpus is not None and state.gpus != signature(result.gpus.get(node.name)):
+            current = False  # its GPUs changed: a driver installed since, another subset
         alive = before.node(node.name).ray_alive
         if node is head:
             alive = alive and before.gcs_error is None
@@ -332,6 +359,11 @@ def bring_up(
                 f"the placement probe did not reach every node: {bad or result.placement}",
                 "see `provisioner logs` for worker crashes on those nodes",
             )
+    if head_restart:
+        t_api = time.monotonic()
+        wait_for_jobs_api(head_session, runtime, timeout=90)
+        result.timings["jobs_api"] = time.monotonic() - t_api
+        report(f"{head.name}: the Jobs API answers on port {inventory.ports.dashboard}")
     result.totals = totals(list(fresh.values()))
     # After the start: what was started runs what the runtime started; the rest as before.
     began = runtime.started_state()

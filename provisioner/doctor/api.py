@@ -53,6 +53,7 @@ class DoctorReport:
     timings: dict[str, float] = field(default_factory=dict)
     facts: dict[str, NodeFacts] = field(default_factory=dict)  # node name -> what it told
     waived: list[Finding] = field(default_factory=list)  # errors this cluster's own Ray explains
+    pin_id: str = ""  # the image ID the round asked every node about ("": no pin)
 
     @property
     def errors(self) -> list[Finding]:
@@ -68,6 +69,12 @@ class DoctorReport:
         if set(told) != set(self.nodes):
             return None
         return {n: runtime.parse_state(text) for n, text in told.items()}
+
+    def holding(self, image_id: str) -> frozenset[str]:
+        """Nodes this round saw holding `image_id` (empty unless it is the pin it asked about)."""
+        if not image_id or image_id != self.pin_id:
+            return frozenset()
+        return frozenset(n for n, f in self.facts.items() if f.image.partition(" ")[0] == image_id)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -316,6 +323,7 @@ def run_doctor(
         timings=timings,
         facts=dict(group.results),
         waived=waived,
+        pin_id=pin.image_id if pin else "",
     )
 
 

@@ -250,8 +250,8 @@ section ray_processes
 ps -eo pid=,comm=,args= 2>/dev/null | awk '$2=="raylet" || $2=="gcs_server" || $2 ~ /^ray::/ {print substr($0, 1, 200)}'
 # Whose each Ray process (and each listening process) is, so that the doctor can tell this
 # cluster's Ray, another cluster's and a stale one apart: "PID PPID TITLE CONTAINER CLUSTER
-# PORTS..." with the Docker container (from its cgroup), the cluster's node directory on its
-# command line (host mode), and for raylet and gcs_server the ports on their command line.
+# PORTS..." with the Docker container (from its cgroup), the cluster's temp dir on its
+# command line (host mode: /tmp/prov-CLUSTER, or the node directory before), and for raylet and gcs_server the ports on their command line.
 section ray_owners
 declare -A ppid_of=() comm_of=()
 while read -r pid ppid comm; do
@@ -274,7 +274,8 @@ for pid in "${owner_pids[@]}"; do
     [[ $line =~ docker[-/]([0-9a-f]{64}) ]] && cid=${BASH_REMATCH[1]}
   done 2>/dev/null <"/proc/$pid/cgroup"
   mapfile -d '' -t argv 2>/dev/null <"/proc/$pid/cmdline"
-  [[ "${argv[*]:-}" =~ \.provisioner/clusters/([a-z0-9-]+)/ray ]] && cluster=${BASH_REMATCH[1]}
+  [[ "${argv[*]:-}" =~ (\.provisioner/clusters/|/tmp/prov-)([a-z0-9-]+)(/ray)?/ ]] &&
+    cluster=${BASH_REMATCH[2]}
   title=${comm_of[$pid]:-?}
   case "$title" in
     ray::*) read -r title _ <<<"${argv[0]:-$title}" ;;

@@ -1,13 +1,13 @@
 """Whose Ray runs on a node: this cluster's, another cluster's, or a stale one (pure).
 
 facts.sh tells, for every Ray process and every listening process, its parent, the Docker
-container it runs in (its cgroup) and the cluster whose node directory its command line
-names (host mode: `~/.provisioner/clusters/CLUSTER/ray`); for raylet and gcs_server, the
-ports on their command line. A process belongs to the cluster of its container's
-`provisioner.cluster` label, else to the cluster its command line names, else to its
-parent's; a Ray process that belongs to no cluster is stale. Ray's workers (`ray::...`)
-are children of their raylet, so they count with it; a `ray::JobSupervisor` means a job
-runs there.
+container it runs in (its cgroup) and the cluster whose temp dir its command line names
+(host mode: /tmp/prov-CLUSTER, or `~/.provisioner/clusters/CLUSTER/ray` before); for
+raylet and gcs_server, the ports on their command line. A process belongs to the cluster
+of its container's `provisioner.cluster` label, else to the cluster its command line
+names, else to its parent's; a Ray process that belongs to no cluster is stale. Ray's
+workers (`ray::...`) are children of their raylet, so they count with it; a
+`ray::JobSupervisor` means a job runs there.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class RayOnNode:
     """One Ray on a node: its cluster ('' when none owns it) and what it holds."""
 
     cluster: str
-    via: str  # how it was recognised: "container ray-x", "processes under ~/.provisioner/..."
+    via: str  # how it was recognised: "container ray-x", "processes in the temp dir of ..."
     pids: list[int] = field(default_factory=list)
     ports: set[int] = field(default_factory=set)  # from its command lines and its listeners
     job: bool = False  # a job's supervisor runs there
@@ -77,7 +77,7 @@ def _owner(
         if current.container:
             return "", f"container {current.container[:12]}"
         if current.cluster:
-            return current.cluster, f"processes under ~/.provisioner/clusters/{current.cluster}"
+            return current.cluster, f"processes in the temp dir of cluster {current.cluster}"
         current = by_pid.get(current.ppid)
     return None
 

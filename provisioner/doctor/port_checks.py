@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 
+from provisioner.cluster import layout
 from provisioner.doctor.facts import Listener, NodeFacts
 from provisioner.doctor.findings import Finding, error, ok, warning
 from provisioner.doctor.neighbours import RayOnNode, port_owner, rays_on_node
@@ -26,7 +27,7 @@ def _is_ray(listener: Listener) -> bool:
 
 
 def _another_cluster(ray: RayOnNode | None, plan: Plan) -> bool:
-    return ray is not None and bool(ray.cluster) and ray.cluster != plan.cluster
+    return ray is not None and bool(ray.cluster) and not layout.is_named(ray.cluster, plan.cluster)
 
 
 def block_fix(plan: Plan) -> str:
@@ -94,7 +95,7 @@ def check_ports(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
             continue
         holders = by_port[port]
         evidence = "; ".join(f"{h.address}:{h.port} {_holder(h)}" for h in holders)
-        if owner is not None and owner.cluster == plan.cluster:
+        if owner is not None and layout.is_named(owner.cluster, plan.cluster):
             fix = "this cluster's own Ray holds it: provisioner down -i INVENTORY stops it"
         elif owner is not None or any(_is_ray(h) for h in holders):
             fix = (

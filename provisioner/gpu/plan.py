@@ -92,6 +92,12 @@ def plans_for(
     return plans
 
 
+def signature(plan: GpuPlan | None) -> str:
+    """What a node's Ray was given, as a container label records it ("": no GPU), so that
+    `up` restarts a node whose GPUs changed (a driver installed since, another subset)."""
+    return f"{plan.method}:{','.join(plan.uuids)}" if plan else ""
+
+
 def docker_gpu_options(plan: GpuPlan) -> list[str]:
     """`docker run` options that hand the plan's GPUs to the container (quoted words)."""
     devices = ",".join(plan.uuids)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from provisioner.console import Reporter, quiet
 from provisioner.image.direct import NodePush, PushOptions, PushReport, SavedCache, push_node
@@ -32,12 +32,26 @@ def push_image(
     *,
     pin: Pin,
     opts: PushOptions = DEFAULT_OPTIONS,
+    held: Collection[str] = (),
 ) -> PushReport:
     """Push the pin to every node of the inventory; one node's failure stops no other.
 
-    `pool`: SSH sessions to reuse (and leave open), as `up` does; None: its own."""
+    `pool`: SSH sessions to reuse (and leave open), as `up` does; None: its own.
+    `held`: names of nodes already known to hold the pin under its ID (the doctor's
+    round saw it there): when every node does, nothing is asked; a direct push skips
+    them, a relay plans its own senders. `up` runs containers by the pinned ID: no tag
+    is needed."""
     t0 = time.monotonic()
     out = PushReport(pin.image_id, opts.tag)
+    everyone = {n.name for n in inventory.nodes}
+    if not everyone <= set(held) and (opts.relay or opts.forward):
+        held = ()
+    for name in held:
+        out.nodes[name] = NodePush(name, "none", len(pin.layers), via="doctor")
+    todo = [n for n in inventory.nodes if n.name not in held]
+    if not todo:
+        report("image: every node holds the pinned image (the doctor saw it); nothing sent")
+        return out
     own = pool is None
     pool = pool or Pool(inventory)
     try:
@@ -48,7 +62,7 @@ def push_image(
             push_relayed(pool, inventory, pin, opts, report, out)
         else:
             group = fan_out(
-                inventory.nodes,
+                todo,
                 _bind(pool, pin, opts, report),
                 parallelism=opts.parallelism,
                 deadline=opts.timeout * (opts.retries + 1),

@@ -1,5 +1,7 @@
 """A SLURM allocation as the inventory sees it: which job holds the nodes, which nodes,
-and what each job's Ray gets of its own (a block of ports, a short temp dir).
+and what each job's Ray gets of its own (a block of ports; the sbatch script's Ray also a
+short temp dir per job, `/tmp/rayjob-JOBID`; `up`'s Ray has its cluster's short temp dir
+like any host-mode cluster, `layout.node_short_ray_dir`).
 
 `up` records the allocation in the cluster's local state (`slurm.json`), so that every
 later command (`status`, `submit`, `jobs`, `logs`, `down`) loads an inventory whose head
@@ -45,8 +47,8 @@ def job_ports(job_id: int) -> RayPorts:
 
 
 def temp_dir(job_id: int) -> str:
-    """The job's short Ray temp dir on every node: Ray's socket paths under it stay far
-    below the 107-byte limit of a Unix socket path (a long $HOME would not)."""
+    """The sbatch script's short Ray temp dir on every node: Ray's socket paths under it
+    stay far below the 107-byte limit of a Unix socket path (a long $HOME would not)."""
     return f"/tmp/rayjob-{job_id}"
 
 
@@ -132,5 +134,4 @@ def with_allocation(inventory: Inventory, allocation: Allocation | None) -> Inve
         workers=tuple(nodes[1:]),
         ports=job_ports(allocation.job_id),
         allocated=True,
-        ray_temp_dir=temp_dir(allocation.job_id),
     )

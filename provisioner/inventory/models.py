@@ -194,9 +194,6 @@ class Inventory:
     slurm: Slurm | None = None
     login: Node | None = None
     allocated: bool = True
-    # host runtime: Ray's temp dir on the nodes, an absolute path (a SLURM job's own, short
-    # for Ray's socket paths); None: ~/.provisioner/clusters/CLUSTER/ray
-    ray_temp_dir: str | None = None
 
     @property
     def nodes(self) -> tuple[Node, ...]:

@@ -36,6 +36,7 @@ class RayState:
     restarts: int = 0
     exit_code: int | None = None
     oom_killed: bool = False
+    gpus: str | None = None  # the GPUs it was given (gpu.plan.signature); None: not recorded
 
     @property
     def running(self) -> bool:
@@ -80,9 +81,15 @@ class Runtime(Protocol):
     push: str  # how `prepare` sends the image: one of PUSH_MODES
     starting: str  # progress line of a start, with {role}: "starting the {role} container"
     stopping: str  # progress line of a stop: "removing the Ray container"
+    image_id: str  # the image ID Ray runs in ("": none, Ray runs from the node's own Python)
 
-    def prepare(self, pool: Pool, report: Reporter) -> PushReport | None:
-        """Make every node able to run Ray (docker: push the pin); before any start."""
+    def prepare(
+        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
+    ) -> PushReport | None:
+        """Make every node able to run Ray (docker: push the pin); before any start.
+
+        `ready`: nodes the doctor's round already found able to (docker: holding the pin),
+        which are not asked again."""
         ...
 
     def state_command(self) -> str:

@@ -21,7 +21,7 @@ from provisioner.doctor.facts import NodeFacts
 from provisioner.doctor.findings import Finding
 from provisioner.doctor.plan import Plan
 from provisioner.errors import InputError
-from provisioner.gpu.plan import GpuPlan, accelerator_label_env, docker_gpu_options
+from provisioner.gpu.plan import GpuPlan, accelerator_label_env, docker_gpu_options, signature
 from provisioner.image.lock import CLUSTER_TAG, Pin
 from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node
@@ -63,6 +63,7 @@ def docker_run_command(
         gpu_options += [
             f"-e {shlex.quote(f'{k}={v}')}" for k, v in accelerator_label_env(gpus).items()
         ]
+        gpu_options.append(f"--label {shlex.quote(f'{layout.LABEL_GPUS}={signature(gpus)}')}")
     parts = [
         "docker run -d",
         f"--name {shlex.quote(layout.container_name(cluster))}",
@@ -111,7 +112,8 @@ def container_facts_command(cluster: str) -> str:
         '{"running": {{json .State.Running}}, "status": {{json .State.Status}}, '
         '"image": {{json .Image}}, "started_at": {{json .State.StartedAt}}, '
         '"restarts": {{json .RestartCount}}, "exit_code": {{json .State.ExitCode}}, '
-        '"oom_killed": {{json .State.OOMKilled}}}'
+        '"oom_killed": {{json .State.OOMKilled}}, '
+        f'"gpus": {{{{json (index .Config.Labels "{layout.LABEL_GPUS}")}}}}}}'
     )
     return f"docker inspect --format {fmt} {name} 2>/dev/null || echo null"
 
@@ -129,6 +131,7 @@ def parse_container_facts(stdout: str) -> RayState:
         restarts=int(data.get("restarts") or 0),
         exit_code=data.get("exit_code"),
         oom_killed=bool(data.get("oom_killed")),
+        gpus=str(data.get("gpus") or ""),
     )
 
 
@@ -187,8 +190,11 @@ class DockerRuntime:
         self.cluster = inventory.cluster
         # what `docker run` names: the pinned ID, else the cluster tag a push leaves
         self.image = image or (pin.image_id if pin else CLUSTER_TAG)
+        self.image_id = pin.image_id if pin else ""
 
-    def prepare(self, pool: Pool, report: Reporter) -> PushReport | None:
+    def prepare(
+        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
+    ) -> PushReport | None:
         if self.pin is None:
             raise InputError(
                 "the inventory names no image pin (image.lock), and the docker runtime runs Ray "
@@ -198,7 +204,9 @@ class DockerRuntime:
                 where=str(self.inventory.path),
             )
         report(f"image: making every node hold {self.pin.short_id()} (push: {self.push})")
-        return push_image(self.inventory, pool, report, pin=self.pin, opts=push_options(self.push))
+        return push_image(
+            self.inventory, pool, report, pin=self.pin, opts=push_options(self.push), held=ready
+        )
 
     def state_command(self) -> str:
         return container_facts_command(self.cluster)

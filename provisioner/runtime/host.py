@@ -3,8 +3,10 @@
 Every command runs in a login interactive bash (`bash --login -i -c`, as Ray's own
 launcher does), so `ray` is found on the PATH a login shell sets up; or the inventory
 names the interpreter (`ray: {python: /opt/venv/bin/python}`). Ray starts detached from
-the SSH session (`setsid`) with this cluster's own temp dir (`--temp-dir`, the node
-directory `~/.provisioner/clusters/CLUSTER/ray`), and is stopped by its processes: those
+the SSH session (`setsid`) with this cluster's own temp dir (`--temp-dir`: a short
+link /tmp/prov-CLUSTER to the node directory `~/.provisioner/clusters/CLUSTER/ray`,
+short because Ray's socket paths under it may not exceed 107 bytes), and is stopped by
+its processes: those
 whose command line names that temp dir, the other processes of the session `up` started
 them in, and their descendants (Ray's workers). Never `ray stop`: it stops every Ray on
 the node, other users' and other clusters' included.
@@ -36,16 +38,19 @@ START_LOG = "start.log"
 STOP_WAIT_S = 15
 
 
-def temp_dir(cluster: str, short: str | None = None) -> str:
-    """Shell word: this cluster's Ray temp dir on a node (absolute once $HOME expands);
-    `short`: an absolute path of its own instead (a SLURM job's, under the 107-byte
-    limit of Ray's socket paths)."""
-    return shlex.quote(short) if short else layout.node_ray_dir(cluster)
+def temp_dir(cluster: str) -> str:
+    """This cluster's Ray temp dir on a node, as Ray is given it (a short link)."""
+    return layout.node_short_ray_dir(cluster)
 
 
-def temp_dir_mark(cluster: str, short: str | None = None) -> str:
+def temp_dir_mark(cluster: str) -> str:
     """What every Ray process of this cluster has on its command line (a path fragment)."""
-    return f"{short.rstrip('/')}/" if short else f"/{layout.node_dir(cluster)}/ray/"
+    return f"{layout.node_short_ray_dir(cluster)}/"
+
+
+def _log(cluster: str) -> str:
+    """Shell word: the start log, in the node directory itself (not through the link)."""
+    return f"{layout.node_ray_dir(cluster)}/{START_LOG}"
 
 
 def _interpreter(python: str | None) -> str:
@@ -68,24 +73,37 @@ def _env(cluster: str) -> str:
     )
 
 
-def _mark_vars(cluster: str, short: str | None = None) -> str:
-    """awk options whose concatenation `a b` is `temp_dir_mark` without the trailing slash;
-    apart, so that no command line of ours (this shell's, awk's) holds the mark itself."""
-    mark = temp_dir_mark(cluster, short).rstrip("/")
-    head, _, tail = mark.rpartition("/")
-    return f"-v a={shlex.quote(head + '/')} -v b={shlex.quote(tail)}"
+def legacy_temp_dir_mark(cluster: str) -> str:
+    """The temp dir Ray was given before it was a short link (the node directory itself):
+    a Ray started by an older provisioner is still stopped as this cluster's."""
+    return f"/{layout.node_dir(cluster)}/ray/"
 
 
-def _pids(cluster: str, short: str | None = None) -> str:
+def _mark_vars(cluster: str) -> str:
+    """awk options whose concatenations `a b` and `c d` are `temp_dir_mark` and the legacy
+    mark without the trailing slash; apart, so that no command line of ours (this shell's,
+    awk's) holds a mark itself."""
+    words = []
+    for (x, y), mark in zip(
+        (("a", "b"), ("c", "d")),
+        (temp_dir_mark(cluster), legacy_temp_dir_mark(cluster)),
+        strict=True,
+    ):
+        head, _, tail = mark.rstrip("/").rpartition("/")
+        words.append(f"-v {x}={shlex.quote(head + '/')} -v {y}={shlex.quote(tail)}")
+    return " ".join(words)
+
+
+def _pids(cluster: str) -> str:
     """Shell: PIDS = this cluster's Ray processes: those whose command line names its temp
     dir, every process of their sessions (`up` starts Ray in a session of its own, so
     Ray's client server, which names no path, is found too; never session 1 nor the
     stop's own), and every descendant of them (Ray's workers rename themselves)."""
     return (
         'me=$(ps -o sid= -p $$ | tr -d " "); '
-        f'PIDS=$(ps -e -ww -o pid=,ppid=,sid=,args= | awk {_mark_vars(cluster, short)} -v me="$me" '
-        '\'BEGIN { m = a b } { parent[$1] = $2; sid[$1] = $3; line = $0 " " } '
-        'index(line, m "/") || index(line, m " ") '
+        f'PIDS=$(ps -e -ww -o pid=,ppid=,sid=,args= | awk {_mark_vars(cluster)} -v me="$me" '
+        '\'BEGIN { m = a b; l = c d } { parent[$1] = $2; sid[$1] = $3; line = $0 " " } '
+        'index(line, m "/") || index(line, m " ") || index(line, l "/") '
         "{ own[$1] = 1; if ($3 != 1 && $3 != me) ours[$3] = 1 } "
         "END { for (p in sid) if (sid[p] in ours) own[p] = 1; "
         "do { n = 0; for (p in parent) if (!(p in own) && (parent[p] in own)) "
@@ -102,20 +120,20 @@ def start_command(
     """Start this cluster's Ray on `node` from the node's own Python, detached; `gpus`:
     the node's GPUs Ray may use (CUDA_VISIBLE_DEVICES)."""
     cluster = inventory.cluster
-    short = inventory.ray_temp_dir
     args = ray_start_args(inventory, node, block=False, gpus=gpus)[2:]  # after `ray start`
     args.append("--temp-dir=TEMPDIR")
     words = " ".join(
-        f"--temp-dir={temp_dir(cluster, short)}" if a == "--temp-dir=TEMPDIR" else shlex.quote(a)
+        f"--temp-dir={temp_dir(cluster)}" if a == "--temp-dir=TEMPDIR" else shlex.quote(a)
         for a in args
     )
-    log = f"{temp_dir(cluster, short)}/{START_LOG}"
+    log = _log(cluster)
     env = host_gpu_env(gpus) if gpus else {}
     gpu_env = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
     tries = 1 if node.role == "head" else WORKER_START_TRIES
     script = (
         f"set -e; {_interpreter(python)}; {_env(cluster)}; {gpu_env}"
-        f"mkdir -p {temp_dir(cluster, short)} {layout.node_results_dir(cluster)}; "
+        f"{layout.link_short_ray_dir_command(cluster)}; "
+        f"mkdir -p {layout.node_results_dir(cluster)}; "
         f'cd "$HOME"; echo "== $(date -u +%FT%TZ) ray start with $PY" >>{log}; '
         # A worker started with the head may ask the GCS before the head has registered
         # ("No node info found for head node"): no restart policy heals that here, so a
@@ -128,27 +146,27 @@ def start_command(
     return login_shell(script)
 
 
-def stop_command(cluster: str, short: str | None = None) -> str:
+def stop_command(cluster: str) -> str:
     """TERM this cluster's Ray processes, KILL those left after a while; nothing else."""
     return (
-        f'{_pids(cluster, short)}; [ -z "$PIDS" ] && exit 0; kill -TERM $PIDS 2>/dev/null; '
+        f'{_pids(cluster)}; [ -z "$PIDS" ] && exit 0; kill -TERM $PIDS 2>/dev/null; '
         f"for i in $(seq {STOP_WAIT_S * 10}); do left=; "
         'for p in $PIDS; do kill -0 "$p" 2>/dev/null && left="$left $p"; done; '
         '[ -z "$left" ] && break; sleep 0.1; done; '
         '[ -n "$left" ] && kill -KILL $left 2>/dev/null && sleep 0.3; '
-        f'{_pids(cluster, short)}; [ -z "$PIDS" ] && exit 0; kill -KILL $PIDS 2>/dev/null; '
-        f'sleep 0.5; {_pids(cluster, short)}; [ -z "$PIDS" ]'
+        f'{_pids(cluster)}; [ -z "$PIDS" ] && exit 0; kill -KILL $PIDS 2>/dev/null; sleep 0.5; '
+        f'{_pids(cluster)}; [ -z "$PIDS" ]'
     )
 
 
-def state_command(cluster: str, short: str | None = None) -> str:
+def state_command(cluster: str) -> str:
     """`raylet=PID`, `gcs=PID`, `session=NAME`, `python=...` lines about this cluster's Ray."""
-    mark = shlex.quote(temp_dir_mark(cluster, short))
+    mark = shlex.quote(temp_dir_mark(cluster))
     return (
         "ps -e -ww -o pid=,comm=,args= | awk -v m=" + mark + " "
         '\'index($0, m) && ($2 == "raylet" || $2 == "gcs_server") '
         '{ print ($2 == "raylet" ? "raylet" : "gcs") "=" $1 }\'; '
-        f"d={temp_dir(cluster, short)}; "
+        f"d={layout.node_ray_dir(cluster)}; "
         '[ -d "$d" ] && echo "dir=yes"; '
         's=$(ls -d "$d"/session_2* 2>/dev/null | sort | tail -n 1); '
         '[ -n "$s" ] && echo "session=${s##*/}"; '
@@ -170,8 +188,8 @@ def parse_state(stdout: str) -> RayState:
     return RayState(status=status, runs=values.get("python"), started_at=values.get("session"))
 
 
-def running_test(cluster: str, short: str | None = None) -> str:
-    mark = shlex.quote(temp_dir_mark(cluster, short))
+def running_test(cluster: str) -> str:
+    mark = shlex.quote(temp_dir_mark(cluster))
     return (
         "ps -e -ww -o comm=,args= | awk -v m=" + mark + " "
         '\'index($0, m) && ($1 == "raylet" || $1 == "gcs_server") { f = 1 } END { exit !f }\''
@@ -184,8 +202,8 @@ def python_command(cluster: str, python: str | None, *args: str) -> str:
     return login_shell(script)
 
 
-def log_command(cluster: str, lines: int | None = None, short: str | None = None) -> str:
-    log = f"{temp_dir(cluster, short)}/{START_LOG}"
+def log_command(cluster: str, lines: int | None = None) -> str:
+    log = _log(cluster)
     return f"tail -n {int(lines)} {log} 2>&1" if lines is not None else f"cat {log} 2>&1"
 
 
@@ -360,13 +378,15 @@ class HostRuntime:
         self.inventory = inventory
         self.cluster = inventory.cluster
         self.python = inventory.ray_python
-        self.short = inventory.ray_temp_dir
+        self.image_id = ""
 
-    def prepare(self, pool: Pool, report: Reporter) -> PushReport | None:
+    def prepare(
+        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
+    ) -> PushReport | None:
         return None  # the nodes bring their own Ray; the doctor checked the versions
 
     def state_command(self) -> str:
-        return state_command(self.cluster, self.short)
+        return state_command(self.cluster)
 
     def parse_state(self, stdout: str) -> RayState:
         return parse_state(stdout)
@@ -383,16 +403,16 @@ class HostRuntime:
         return start_command(self.inventory, node, self.python, gpus)
 
     def stop_command(self, node: Node) -> str:
-        return stop_command(self.cluster, self.short)
+        return stop_command(self.cluster)
 
     def running_test(self) -> str:
-        return running_test(self.cluster, self.short)
+        return running_test(self.cluster)
 
     def python_command(self, *args: str) -> str:
         return python_command(self.cluster, self.python, *args)
 
     def runtime_log_command(self, lines: int | None = None) -> str:
-        return log_command(self.cluster, lines, self.short)
+        return log_command(self.cluster, lines)
 
     def render_section(self, token_path: Path) -> RenderSection:
         """Ray's launcher runs these through a login shell too; before `ray start`, this
@@ -405,7 +425,10 @@ class HostRuntime:
         )
         return RenderSection(
             {"file_mounts": {token: str(token_path)}},
-            before_start=(stop_command(self.cluster),),
+            before_start=(
+                stop_command(self.cluster),
+                layout.link_short_ray_dir_command(self.cluster),
+            ),
             env=env,
             start_flags=(f"--temp-dir={temp_dir(self.cluster)}",),
         )
@@ -416,9 +439,10 @@ def node_judges(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
 
 
 def own_ray(facts: NodeFacts, cluster: str) -> bool:
-    """A raylet or GCS of this cluster (its temp dir on their command line) runs here."""
-    mark = temp_dir_mark(cluster)
-    return any(mark in line for line in facts.ray_processes)
+    """A raylet or GCS of this cluster (its temp dir on their command line) runs here; one
+    an older provisioner started (the legacy mark) counts too: `up` replaces it."""
+    marks = (temp_dir_mark(cluster), legacy_temp_dir_mark(cluster))
+    return any(mark in line for line in facts.ray_processes for mark in marks)
 
 
 RUNTIME = HostRuntime

@@ -109,16 +109,19 @@ def test_up_hands_the_simulated_gpus_to_that_nodes_container_and_ray(
 ) -> None:
     """`up` on a lab with one SIMULATED GPU node (the `nvidia` runtime): that node's container
     runs with the nvidia runtime and its two GPUs by UUID; Ray lists 2 GPUs and the T4
-    accelerator type on that node only."""
+    accelerator type on that node only. The node became a GPU node while its Ray ran (a
+    driver installed later): `up` restarts that node alone."""
     _, w1, _ = lab.nodes[:3]
     inv = load_inventory(inventory)
     container = f"ray-{inv.cluster}"
     uuids = [uuid_for(w1.name, i) for i in range(2)]
+    before = cli("up", "-i", str(inventory), "--json")  # the cluster, without GPUs
+    assert before.exit_code == 0, before.stdout + before.stderr
     try:
         with broken(lab, (w1, "gpu")):
-            exec_rc(w1.container, f"docker rm -f {container}")  # a running one is kept by up
             result = cli("up", "-i", str(inventory), "--json")
             assert result.exit_code == 0, result.stdout + result.stderr
+            assert result.json()["started"] == [w1.name]  # its GPUs changed, nothing else
             assert result.json()["gpus"][w1.name]["method"] == "runtime"
             config = {}
             for node in lab.nodes[:3]:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from provisioner.cli import run
+from provisioner.cluster import layout
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import docker_cli, exec_rc
 from provisioner.lab.nodes import LabInfo
@@ -57,7 +58,7 @@ def cluster_processes(lab: LabInfo, node: LabNode, cluster: str) -> list[str]:
     """Processes on the node whose command line names this cluster's Ray temp dir, plus
     every raylet and GCS (ps as the SSH user sees it: every user's processes)."""
     listing = ssh(lab, node, "ps -e -ww -o pid=,comm=,args=").stdout
-    mark = f"/.provisioner/clusters/{cluster}/ray"
+    mark = layout.node_short_ray_dir(cluster) + "/"
     return [
         line
         for line in listing.splitlines()

@@ -24,6 +24,7 @@ from provisioner.inventory.allocation import job_ports
 from provisioner.lab.config import LabNode, slurm_inventory_document
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo, load_config
+from provisioner.runtime import host
 from tests.e2e.helpers import ssh, ssh_args
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
@@ -106,10 +107,11 @@ def cli_json(*args: str) -> tuple[int, Any, str]:
     return code, json.loads(out) if out.strip() else {}, err
 
 
-def ray_processes(node: LabNode, job_id: int) -> int:
-    """Processes on the compute node that belong to the job's Ray (its temp dir)."""
-    _, count = exec_rc(node.container, f"ps -e -ww -o args= | grep -c '[r]ayjob-{job_id}/' || true")
-    return int(count.strip() or 0)
+def ray_processes(node: LabNode, cluster: str) -> int:
+    """Processes on the compute node that belong to the cluster's Ray (its temp dir)."""
+    mark = host.temp_dir_mark(cluster)
+    _, listing = exec_rc(node.container, "ps -e -ww -o args=")
+    return sum(1 for line in listing.splitlines() if mark in line)
 
 
 def inventory_for(lab: LabInfo, suffix: str, nodes: int) -> str:
@@ -151,12 +153,12 @@ def test_up_trains_on_the_allocation_and_down_gives_it_back(
             json.loads((tmp_path / job["job_id"] / "summary.json").read_text())["iterations"] == 2
         )
 
-        assert all(ray_processes(node, job_id) > 0 for node in compute)
+        assert all(ray_processes(node, slurm_lab.name) > 0 for node in compute)
         code, down, err = cli_json("down", "-i", inventory)
         assert code == 0 and down["ok"], err[-3000:]
         assert down["slurm"] == {"job_id": job_id, "left_queue": True}
         assert not on_login(slurm_lab, f"squeue -h -j {job_id} 2>/dev/null || true").strip()
-        assert [ray_processes(node, job_id) for node in compute] == [0, 0, 0]
+        assert [ray_processes(node, slurm_lab.name) for node in compute] == [0, 0, 0]
         assert any((Path(down["logs"]["directory"]) / n.name).is_dir() for n in compute)
     finally:
         cli("down", "-i", inventory, "--no-logs")
@@ -179,11 +181,13 @@ def test_two_allocations_share_nodes_and_a_third_waits_until_cancelled(
         for inv in (a, b):
             code, statuses[inv], err = cli_json("status", "-i", inv)
             assert code == 0 and statuses[inv]["alive_nodes"] == 3, err[-3000:]
+        assert jobs[a] != jobs[b]  # two SLURM jobs
         hosts = [sorted(n["host"] for n in statuses[inv]["nodes"]) for inv in (a, b)]
         assert hosts[0] == hosts[1]  # the same nodes
         assert statuses[a]["address"] != statuses[b]["address"]  # on other ports
         for node in slurm_lab.nodes[1:]:
-            assert ray_processes(node, jobs[a]) > 0 and ray_processes(node, jobs[b]) > 0
+            assert ray_processes(node, f"{slurm_lab.name}-a") > 0
+            assert ray_processes(node, f"{slurm_lab.name}-b") > 0
 
         # the partition is full: C waits; SIGINT (Ctrl-C) cancels its job
         proc = subprocess.Popen(
@@ -212,7 +216,7 @@ def test_two_allocations_share_nodes_and_a_third_waits_until_cancelled(
         assert code == 0 and down["slurm"]["left_queue"], err[-3000:]
         code, st, err = cli_json("status", "-i", b)  # B did not notice
         assert code == 0 and st["alive_nodes"] == 3 and st["slurm"]["state"] == "RUNNING", err
-        assert [ray_processes(n, jobs[a]) for n in slurm_lab.nodes[1:]] == [0, 0, 0]
+        assert [ray_processes(n, f"{slurm_lab.name}-a") for n in slurm_lab.nodes[1:]] == [0, 0, 0]
     finally:
         for inv in (a, b, c):
             cli("down", "-i", inv, "--no-logs")

@@ -142,3 +142,14 @@ def test_scale_series_reads_every_figure_in_images_and_keeps_gaps(bench: ModuleT
     assert forward.met is True and forward.ratio == 1.01
     bring = rows[0].to_json()
     assert bring["baseline"]["median"] is None and bring["ratio"] is None
+
+
+def test_the_scale_table_has_one_column_per_lab_size(bench: ModuleType) -> None:
+    results = [
+        {"nodes": 3, "doctor_s": 0.51, "push": {"forward": {"busiest_wire_bytes": 1010}}},
+        {"nodes": 10, "doctor_s": 1.2},
+    ]
+    text = bench.scale_markdown(results, 1000)
+    assert text.splitlines()[0] == "| nodes | 3 | 10 |"
+    assert "| doctor (s) | 0.51 | 1.20 |" in text
+    assert "| push forwarding relay: busiest node sent (images) | 1.01 | — |" in text

@@ -3,7 +3,8 @@
 
 host_head, host_worker: a clean node (Ray 2.60 in ~/ray-venv, on the login PATH only);
 host_other_ray: that virtualenv with Ray 2.59.0 installed over it (pip, --no-deps);
-host_running_head: the head while this cluster (`e2e12h`) ran on it in host mode.
+host_running_head: the head of lab `lead-host` while this cluster (`lead-host`) ran on it in
+host mode (Ray's temp dir the short link /tmp/prov-lead-host).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ SSH = SSHSettings(user="lab")
 HEAD = Node("provisioner-e2e12h-0", "10.250.113.10", "head", SSH)
 W1 = Node("provisioner-e2e12h-1", "10.250.113.11", "worker", SSH)
 W2 = Node("provisioner-e2e12h-2", "10.250.113.12", "worker", SSH)
+RUNNING_HEAD = Node("provisioner-lead-host-0", "10.250.131.10", "head", SSH)
 PLAN = Plan(ports=RayPorts(), head=HEAD.name, runtime="host", control_ray="2.60.0")
 
 
@@ -112,10 +114,11 @@ def test_no_ray_at_all_is_an_error_with_the_fix() -> None:
 
 
 def test_this_clusters_running_ray_is_waived_on_its_node_only() -> None:
-    running = facts("host_running_head", HEAD)
-    assert host.own_ray(running, "e2e12h") and not host.own_ray(running, "other")
+    running = facts("host_running_head", RUNNING_HEAD)
+    assert host.own_ray(running, "lead-host") and not host.own_ray(running, "other")
+    assert not host.own_ray(running, "lead")  # a name that is a prefix of this one
     busy = [error("ports.free", HEAD.name, "port 6379 (gcs) is in use by gcs_server")]
-    assert [f.severity for f in explained_by_own_ray(busy, running, "e2e12h", "host")] == [
+    assert [f.severity for f in explained_by_own_ray(busy, running, "lead-host", "host")] == [
         "warning"
     ]
     assert [f.severity for f in explained_by_own_ray(busy, running, "other", "host")] == ["error"]

@@ -32,6 +32,16 @@ def test_own_running_ray_turns_its_port_findings_into_warnings() -> None:
 
 
 def test_host_mode_own_ray_is_a_raylet_naming_this_clusters_temp_dir() -> None:
+    short = "  913 raylet /v/raylet --raylet_socket_name=/tmp/prov-demo/session_x/sockets/raylet"
+    own = replace(NodeFacts(host="n0"), ray_processes=(short,))
+    assert [f.severity for f in explained_by_own_ray(BUSY, own, "demo", "host")] == [
+        "warning",
+        "warning",
+        "error",
+    ]
+    longer = replace(NodeFacts(host="n0"), ray_processes=(short.replace("-demo/", "-demo2/"),))
+    assert [f.severity for f in explained_by_own_ray(BUSY, longer, "demo", "host")] == ["error"] * 3
+    # a Ray an older provisioner started in the node directory itself is this cluster's too
     ours = (
         "  912 raylet /v/ray/core/src/ray/raylet/raylet "
         "--raylet_socket_name=/home/lab/.provisioner/clusters/demo/ray/session_x/sockets/raylet"

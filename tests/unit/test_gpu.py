@@ -316,7 +316,8 @@ def test_docker_run_of_a_gpu_node(tmp_path: Path) -> None:
         "--label provisioner.role=worker --runtime=nvidia "
         "-e NVIDIA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb "
         "-e NVIDIA_DRIVER_CAPABILITIES=compute,utility "
-        '-e \'RAY_OVERRIDE_LABELS={"ray.io/accelerator-type": "T4"}\' sha256:abc ray start '
+        '-e \'RAY_OVERRIDE_LABELS={"ray.io/accelerator-type": "T4"}\' '
+        "--label provisioner.gpus=runtime:GPU-aaaa,GPU-bbbb sha256:abc ray start "
     ) in cmd
     assert "--num-gpus=2 '--resources={\"accelerator_type:T4\": 1}'" in cmd
     plain = docker.docker_run_command(inv, inv.workers[0], "sha256:abc")
@@ -404,3 +405,17 @@ def test_simulated_nvidia_smi_rows_are_nvidia_smis_csv() -> None:
     ran, rc, _, gpus = parse_smi("\n".join([*rows, "rc=0"]))
     assert ran and rc == 0 and [g.uuid for g in gpus] == [uuid_for("node-1", i) for i in (0, 1)]
     assert uuid_for("node-1", 0) != uuid_for("node-2", 0)
+
+
+def test_the_container_records_its_gpus_for_up_to_compare() -> None:
+    from provisioner.gpu.plan import signature
+
+    plan = GpuPlan("gpus", ("GPU-aaaa",), (0,), "T4")
+    assert signature(plan) == "gpus:GPU-aaaa" and signature(None) == ""
+    line = '{"status": "running", "image": "sha256:x", "gpus": "gpus:GPU-aaaa"}'
+    assert docker.parse_container_facts(line).gpus == "gpus:GPU-aaaa"
+    # a container without the label (a CPU node, or started before this version): no GPUs
+    assert docker.parse_container_facts('{"status": "running", "gpus": ""}').gpus == ""
+    assert '"gpus": {{json (index .Config.Labels "provisioner.gpus")}}' in (
+        docker.container_facts_command("demo")
+    )

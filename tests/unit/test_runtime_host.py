@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from provisioner.cluster import render
+from provisioner.cluster import layout, render
 from provisioner.runtime import host, names, runtime_for
 from provisioner.runtime.base import RayState
 from tests.unit.inventories import make_inventory
@@ -24,7 +24,8 @@ def test_start_is_detached_with_its_own_temp_dir_and_no_token_value(tmp_path: Pa
     cmd = host.start_command(inv, inv.workers[0], None)
     assert cmd.startswith("bash --login -i -c ")
     assert "setsid -w $PY -m ray.scripts.scripts start --address=10.250.9.10:6379 " in cmd
-    assert '--temp-dir="$HOME"/.provisioner/clusters/demo/ray ' in cmd
+    assert "--temp-dir=/tmp/prov-demo " in cmd
+    assert layout.link_short_ray_dir_command("demo") in cmd
     assert "RAY_AUTH_TOKEN_PATH=" in cmd and "RAY_AUTH_MODE=token" in cmd
     assert "--block" not in cmd and "ray stop" not in cmd
     assert "command -v ray" in cmd  # the login shell's ray names the interpreter
@@ -65,13 +66,13 @@ def test_stop_ends_only_this_clusters_processes_and_their_children(tmp_path: Pat
     a process of its session naming no path (as Ray's client server) end; a process of
     another cluster and one merely called raylet stay; the stop's own shell (whose text
     names the cluster) is not taken for Ray."""
-    ours_dir = f"{tmp_path}/.provisioner/clusters/demo/ray"
+    ours_dir = "/tmp/prov-demo"
     raylet = f'exec -a "raylet --session_dir={ours_dir}/session_1" bash -c "sleep 60 & wait"'
     leader = subprocess.Popen(
         ["bash", "-c", f"( exec -a client-server sleep 60 ) & ( {raylet} ) & wait"],
         start_new_session=True,
     )
-    other = _spawn(f"raylet --session_dir={tmp_path}/.provisioner/clusters/demo2/ray/s")
+    other = _spawn("raylet --session_dir=/tmp/prov-demo2/s")
     decoy = _spawn("raylet")
     time.sleep(0.5)
     assert len(_session(leader.pid)) >= 4  # the shell, the client server, the raylet, its child
@@ -93,7 +94,8 @@ def test_stop_ends_only_this_clusters_processes_and_their_children(tmp_path: Pat
 def test_running_test_sees_a_raylet_of_this_cluster(tmp_path: Path) -> None:
     exe = tmp_path / "raylet"
     exe.symlink_to("/bin/bash")  # comm "raylet", the marker on its command line
-    marker = f"{tmp_path}/.provisioner/clusters/demo/ray/x"
+    marker = "/tmp/prov-demo/x"
+    (tmp_path / ".provisioner/clusters/demo/ray").mkdir(parents=True)
     proc = subprocess.Popen([str(exe), "-c", "sleep 60; :", marker])
     try:
         time.sleep(0.2)
@@ -118,9 +120,69 @@ def test_render_for_host_mode_stops_only_this_cluster(tmp_path: Path) -> None:
     head = config["head_start_ray_commands"]
     assert not any("ray stop" in c for c in head + config["worker_start_ray_commands"])
     assert head[0] == host.stop_command("demo")
-    assert '--temp-dir="$HOME"/' in head[-1] and "RAY_AUTH_MODE=token" in head[-1]
+    assert head[1] == layout.link_short_ray_dir_command("demo")
+    assert "--temp-dir=/tmp/prov-demo" in head[-1] and "RAY_AUTH_MODE=token" in head[-1]
     assert list(config["file_mounts"]) == ["~/.provisioner/clusters/demo/auth_token"]
     render.validate(config, where="test")
+
+
+# A socket path Ray binds under its temp dir, with the longest session name it makes
+# (a 7-digit PID) and the longest socket name of its dashboard modules.
+LONGEST_UNDER_TEMP = "/session_2026-12-01_06-02-11_144460_4194304/sockets/dash_PlatformEventsHead"
+
+
+def test_the_short_temp_dir_keeps_every_socket_path_within_107_bytes() -> None:
+    for cluster in ("demo", "a" * 20, "b" * 21, "c-" * 40):
+        short = layout.node_short_ray_dir(cluster)
+        assert short.startswith("/tmp/prov-")
+        assert len(short + LONGEST_UNDER_TEMP) <= 107, (cluster, short)
+    assert layout.node_short_ray_dir("demo") == "/tmp/prov-demo"
+    # cut names stay apart by their hash
+    assert layout.node_short_ray_dir("x" * 30 + "1") != layout.node_short_ray_dir("x" * 30 + "2")
+
+
+def test_the_link_is_made_remade_and_refused_when_not_ours(tmp_path: Path) -> None:
+    cluster = f"unit-{os.getpid()}"
+    short = Path(layout.node_short_ray_dir(cluster))
+    env = {**os.environ, "HOME": str(tmp_path)}
+
+    def link() -> subprocess.CompletedProcess[str]:
+        command = layout.link_short_ray_dir_command(cluster)
+        return subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
+
+    try:
+        assert link().returncode == 0
+        target = tmp_path / ".provisioner/clusters" / cluster / "ray"
+        assert short.is_symlink() and short.resolve() == target.resolve()
+        assert link().returncode == 0 and short.resolve() == target.resolve()  # again: same
+        short.unlink()
+        short.mkdir()  # something that is not a link: refused, left alone
+        refused = link()
+        assert refused.returncode == 2 and "not a link" in refused.stderr
+        assert short.is_dir() and not short.is_symlink()
+    finally:
+        if short.is_symlink():
+            short.unlink()
+        elif short.is_dir():
+            short.rmdir()
+
+
+def test_stop_also_ends_a_ray_an_older_provisioner_started_in_the_node_directory(
+    tmp_path: Path,
+) -> None:
+    legacy = _spawn(f"raylet --session_dir={tmp_path}/.provisioner/clusters/demo/ray/session_0")
+    other = _spawn(f"raylet --session_dir={tmp_path}/.provisioner/clusters/demo2/ray/session_0")
+    time.sleep(0.3)
+    try:
+        done = subprocess.run(["bash", "-c", host.stop_command("demo")], timeout=30, check=False)
+        assert done.returncode == 0
+        legacy.wait(timeout=5)
+        assert other.poll() is None
+    finally:
+        for p in (legacy, other):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 def test_host_mode_draws_every_port_from_the_block(tmp_path: Path) -> None:
@@ -134,3 +196,11 @@ def test_host_mode_draws_every_port_from_the_block(tmp_path: Path) -> None:
         assert "--node-manager-port=24003 " in cmd and "--object-manager-port=24004 " in cmd
         assert "--min-worker-port=24100 " in cmd and "--max-worker-port=24999 " in cmd
         assert "6379" not in cmd and "10002" not in cmd
+
+
+def test_a_name_read_from_a_short_temp_dir_is_this_clusters() -> None:
+    long = "a-cluster-with-a-long-name"
+    assert layout.is_named(long, long) and layout.is_named(layout.short_name(long), long)
+    assert layout.short_name("demo") == "demo" and layout.is_named("demo", "demo")
+    assert not layout.is_named("demo2", "demo") and not layout.is_named("", "demo")
+    assert not layout.is_named(layout.short_name(long), long + "x")
