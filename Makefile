@@ -72,6 +72,7 @@ lab-down: install
 demo: prereqs install
 	$(BIN)/python scripts/demo.py
 
+BENCH_ARGS ?= --rows all
 bench: install prereqs
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 

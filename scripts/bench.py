@@ -48,6 +48,7 @@ from provisioner.lab.nodes import LabInfo, lab_down, lab_up, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("bring-up", "fan-out", "latency", "push", "training", "scale")
+DEFAULT_GROUPS = GROUPS[:-1]  # scale makes labs of its own (minutes, GBs): `--rows all`
 SCRIPT = ".venv/bin/python scripts/bench.py"
 
 
@@ -918,7 +919,11 @@ ROWS: dict[str, Callable[[Context], list[Row]]] = {
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rows", default=",".join(GROUPS), help="comma-separated: " + ", ".join(GROUPS))
+    p.add_argument(
+        "--rows",
+        default=",".join(DEFAULT_GROUPS),
+        help="comma-separated: " + ", ".join(GROUPS) + "; all: every one (scale too)",
+    )
     p.add_argument("--lab", default=os.environ.get("PROVISIONER_LAB_NAME", "bench"))
     p.add_argument("--subnet", default=os.environ.get("PROVISIONER_LAB_SUBNET", "10.250.60.0/24"))
     p.add_argument("--lock", type=Path, default=ROOT / "images" / "image.lock.json")
@@ -956,6 +961,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.epilog = "bench.md again from a bench.json: scripts/bench.py --render DIR/bench.json"
     args = p.parse_args(argv)
     args.groups = [g.strip() for g in args.rows.split(",") if g.strip()]
+    if args.groups == ["all"]:
+        args.groups = list(GROUPS)
     unknown = [g for g in args.groups if g not in ROWS]
     if unknown:
         p.error(f"unknown rows {unknown}; choose from {', '.join(GROUPS)}")

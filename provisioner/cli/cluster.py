@@ -25,7 +25,7 @@ from provisioner.cluster.logs import LogMatch, collect
 from provisioner.cluster.preflight import DoctorStopped
 from provisioner.cluster.tunnel import TENSORBOARD_PORT, tunnel
 from provisioner.console import Output, clean
-from provisioner.errors import InputError, ProvisionerError
+from provisioner.errors import InputError, OperationError, ProvisionerError
 from provisioner.image.lock import Pin, read_pin
 from provisioner.inventory import Inventory, load_cluster, load_inventory
 from provisioner.inventory.loader import require_nodes
@@ -158,16 +158,36 @@ def up(
             "sends once, each node forwards to the next), auto (relay when 2+ nodes lack it).",
         ),
     ] = "auto",
+    queue_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--queue-timeout",
+            help="SLURM: give up (and cancel the job) after this many seconds in the queue; "
+            "default: wait (Ctrl-C cancels it).",
+            min=1,
+        ),
+    ] = None,
     json_: JsonOption = False,
 ) -> None:
-    """Doctor, push the pin, start the head and the workers, wait until all joined, probe."""
+    """Doctor, push the pin, start the head and the workers, wait until all joined, probe.
+
+    SLURM (a scheduler section): first a job that holds the allocation (its state and the
+    scheduler's reason shown while it waits; Ctrl-C cancels it), then the allocated nodes."""
     if push not in PUSH_MODES:
         raise InputError(
             f"--push {push!r} is not a push mode",
             f"use one of: {', '.join(PUSH_MODES)}",
         )
     out = output(json_)
-    inv = load_cluster(inventory)
+    inv = load_inventory(inventory)
+    slurm_job = None
+    if inv.slurm is not None:
+        from provisioner.slurm.allocate import allocate
+
+        with Pool(inv) as pool:
+            got = allocate(inv, pool, out.progress, queue_timeout=queue_timeout)
+        inv, slurm_job = got.inventory, got.job_id
+    inv = require_nodes(inv)
     out.watch_nodes(n.name for n in inv.nodes)
     pin = _pin(inv) if inv.image_lock is not None else None
     try:
@@ -192,8 +212,10 @@ def up(
             )
         raise typer.Exit(1) from None
     if json_:
-        out.emit(result.to_json())
+        out.emit({**result.to_json(), "slurm_job": slurm_job})
         return
+    if slurm_job is not None:
+        out.say(f"SLURM job {slurm_job} holds the nodes until `provisioner down`")
     t = result.totals
     if result.departed:
         _say_departed(out, result.departed)
@@ -270,13 +292,16 @@ def status_table(st: status_mod.ClusterStatus) -> Table:
 
 
 def status(inventory: InventoryOption, json_: JsonOption = False) -> None:
-    """Each node's SSH, container, image and Ray liveness; exit 1 when unhealthy."""
+    """Each node's SSH, container, image and Ray liveness; exit 1 when unhealthy.
+    SLURM: the job's state, nodes and time left too (a warning when the limit is near)."""
     out = output(json_)
-    inv = load_cluster(inventory)
+    inv = load_inventory(inventory)
+    job = _slurm_status(inv, out) if inv.slurm is not None else None
+    inv = require_nodes(inv)
     with Pool(inv) as pool:
         st = status_mod.gather(inv, pool, out.progress, runtime=_runtime(inv))
     if json_:
-        out.emit(st.to_json())
+        out.emit({**st.to_json(), **({"slurm": job} if job is not None else {})})
     else:
         table = status_table(st)
         out.out.print(table)
@@ -288,8 +313,50 @@ def status(inventory: InventoryOption, json_: JsonOption = False) -> None:
             )
         if st.gcs_error:
             out.say(f"GCS: {st.gcs_error}")
-    if not st.healthy:
+    if not st.healthy or (job is not None and job["state"] != "RUNNING"):
         raise typer.Exit(1)
+
+
+def _slurm_status(inv: Inventory, out: Output) -> dict[str, object] | None:
+    """The recorded SLURM job as squeue shows it (said on stderr unless --json)."""
+    from provisioner.inventory.allocation import read_allocation
+    from provisioner.slurm.allocate import queue_state
+    from provisioner.slurm.commands import time_seconds_left
+
+    recorded = read_allocation(inv)
+    if recorded is None:
+        return None
+    assert inv.login is not None
+    with Pool(inv) as pool:
+        state = queue_state(pool.session(inv.login), inv, recorded.job_id)
+    left = time_seconds_left(state.time_left)
+    limit = time_seconds_left(state.time_limit)
+    near = left is not None and (left < 600 or (limit is not None and left < limit * 0.1))
+    job: dict[str, object] = {
+        "job_id": recorded.job_id,
+        "state": state.state or "GONE",
+        "reason": state.reason,
+        "nodes": state.nodelist,
+        "time_left": state.time_left,
+        "time_left_s": left,
+        "time_limit": state.time_limit,
+        "near_limit": near,
+    }
+    out.progress(
+        f"SLURM job {recorded.job_id}: {state.describe()}"
+        + (f" on {state.nodelist}, {state.time_left} left" if state.state == "RUNNING" else "")
+    )
+    if near:
+        out.progress(
+            f"warning: SLURM job {recorded.job_id} has {state.time_left} left: SLURM ends "
+            "it at its time limit (save a checkpoint; up again later resumes)"
+        )
+    if state.gone:
+        raise OperationError(
+            f"SLURM job {recorded.job_id} is no longer in the queue: the nodes are gone",
+            "run `provisioner down` to forget it, then `provisioner up` for a new allocation",
+        )
+    return job
 
 
 def down(
@@ -310,16 +377,34 @@ def down(
     With a job running: refuses, unless --yes (the job is stopped and its results come home
     first)."""
     out = output(json_)
-    inv = load_cluster(inventory)
+    inv = load_inventory(inventory)
+    if inv.slurm is not None and not inv.allocated:  # a job still queued, or none
+        _down_slurm_queued(inv, out, json_)
+        return
+    inv = require_nodes(inv)
     out.watch_nodes(n.name for n in inv.nodes)
     stopped = _stop_jobs(inv, results, yes, out)
     target = None if no_logs else (logs_dir or _default_logs_dir(inv))
+    slurm: dict[str, object] = {}
     with Pool(inv) as pool:
         result = down_mod.bring_down(
             inv, pool, out.progress, logs_dir=target, runtime=_runtime(inv)
         )
+        if inv.slurm is not None:  # Ray stopped on the nodes first: then give them back
+            from provisioner.slurm.allocate import release
+
+            job_id, gone = release(inv, pool, out.progress)
+            slurm = {"job_id": job_id, "left_queue": gone}
+            if not gone:
+                result.errors["slurm"] = f"SLURM job {job_id} is still in the queue"
     if json_:
-        out.emit({**result.to_json(), "jobs_stopped": [s.to_json() for s in stopped]})
+        out.emit(
+            {
+                **result.to_json(),
+                "jobs_stopped": [s.to_json() for s in stopped],
+                **({"slurm": slurm} if slurm else {}),
+            }
+        )
     else:
         if result.logs:
             out.say(f"logs: {result.logs.directory}")
@@ -333,6 +418,20 @@ def down(
         for name, err in result.errors.items():
             out.say(f"{name}: {err}")
     if not result.ok:
+        raise typer.Exit(1)
+
+
+def _down_slurm_queued(inv: Inventory, out: Output, json_: bool) -> None:
+    """down before the allocation ran: cancel the recorded job, if any."""
+    from provisioner.slurm.allocate import release
+
+    with Pool(inv) as pool:
+        job_id, gone = release(inv, pool, out.progress)
+    if json_:
+        out.emit({"removed": [], "slurm": {"job_id": job_id, "left_queue": gone}})
+    else:
+        out.say(f"SLURM job {job_id} cancelled" if job_id else "no SLURM job recorded")
+    if not gone:
         raise typer.Exit(1)
 
 

@@ -141,7 +141,7 @@ def node_findings(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
         *judges(plan.runtime).node(node, facts, plan),
         *check_ports(node, facts, plan),
         *check_neighbours(node, facts, plan),
-        *check_stale_ray(node, facts, plan.cluster),
+        *check_stale_ray(node, facts, plan.cluster, plan.shared_nodes),
         *check_address(node, facts),
         *check_resources(node, facts, plan),
         *check_clock(facts),

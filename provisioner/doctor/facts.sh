@@ -174,7 +174,9 @@ else
     section docker_runtimes
     [ "$info" != "${info#*$'\n'}" ] && echo "${info#*$'\n'}"
     section containers
-    with_timeout 10 docker ps -a --format '{{.Names}}\t{{.Image}}\t{{.State}}\t{{.Label "provisioner.cluster"}}\t{{.ID}}' 2>/dev/null
+    # full IDs (--no-trunc), the image ID cut as `docker ps` shows it (as the API path does)
+    with_timeout 10 docker ps -a --no-trunc --format '{{.Names}}\t{{.Image}}\t{{.State}}\t{{.Label "provisioner.cluster"}}\t{{.ID}}' 2>/dev/null |
+      awk -F '\t' -v OFS='\t' '$2 ~ /^sha256:/ { $2 = substr($2, 8, 12) } { print }'
     section image
     if [ -n "$image" ]; then
       with_timeout 10 docker image inspect --format '{{.Id}} {{.Os}}/{{.Architecture}}' "$image" 2>/dev/null

@@ -36,6 +36,9 @@ class Plan:
     runtime: str = "docker"  # how Ray runs on the nodes (the inventory's `runtime:`)
     ray_python: str | None = None  # host mode: the interpreter the inventory names
     control_ray: str = ""  # the Ray version on this machine, which submits the jobs
+    # the nodes may be shared (a SLURM allocation with its own port block): another Ray
+    # on a node is someone else's, and only a clash on this cluster's ports is a fault
+    shared_nodes: bool = False
     cluster: str = ""  # this cluster's name (another cluster's Ray is told apart from it)
     free_base: int | None = None  # a `port_base` free on every node, once the facts are in
 
@@ -58,5 +61,6 @@ def plan_for(
         runtime=inventory.runtime,
         ray_python=inventory.ray_python,
         control_ray=control_ray,
+        shared_nodes=inventory.slurm is not None,
         cluster=inventory.cluster,
     )

@@ -142,9 +142,13 @@ def check_ports(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
     return findings
 
 
-def check_stale_ray(node: Node, f: NodeFacts, cluster: str = "") -> list[Finding]:
+def check_stale_ray(
+    node: Node, f: NodeFacts, cluster: str = "", shared: bool = False
+) -> list[Finding]:
     """A Ray running on the node that is neither another cluster's (`check_neighbours`) nor,
-    as far as the facts tell, this `cluster`'s (the own-Ray waiver judges that)."""
+    as far as the facts tell, this `cluster`'s (the own-Ray waiver judges that). On shared
+    nodes (`shared`: a SLURM allocation, whose neighbours are other jobs' Rays in their own
+    temp dirs and port blocks) it is a warning."""
     others = {
         pid for ray in rays_on_node(f) if ray.cluster and ray.cluster != cluster for pid in ray.pids
     }
@@ -181,6 +185,16 @@ def check_stale_ray(node: Node, f: NodeFacts, cluster: str = "") -> list[Finding
             f"; for a Ray started by hand: stop it where it was started on {node.name} "
             "(`ray stop` would stop every Ray there, other users' too)"
         )
+    if shared:
+        return [
+            warning(
+                "ray.stale",
+                node.name,
+                "another Ray runs on this shared node (another job's, on its own ports)",
+                "\n".join(evidence),
+                "nothing to do: this cluster's ports are checked apart (ports.free)",
+            )
+        ]
     return [
         error(
             "ray.stale",

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InventoryError
+from provisioner.inventory.allocation import read_allocation, with_allocation
 from provisioner.inventory.ansible import parse_ansible
 from provisioner.inventory.fields import TOP_FIELDS, Where
 from provisioner.inventory.located import LocatedMap, load_yaml
@@ -105,7 +106,10 @@ def load_inventory(
     reader where no ssh client is installed, or with openssh=False). Raises InventoryError.
     """
     path = Path(path).expanduser().absolute()
-    return build(parse(path, _read(path)), ssh_config, openssh=openssh)
+    inventory = build(parse(path, _read(path)), ssh_config, openssh=openssh)
+    if inventory.slurm is not None:  # the nodes of the allocation `up` recorded, if any
+        inventory = with_allocation(inventory, read_allocation(inventory))
+    return inventory
 
 
 def load_cluster(
@@ -121,8 +125,8 @@ def require_nodes(inventory: Inventory) -> Inventory:
     if inventory.slurm is not None and not inventory.allocated:
         raise InventoryError(
             f"cluster {inventory.cluster!r} has no SLURM allocation: its nodes are not known",
-            "render a script for sbatch with `provisioner render --slurm -i INVENTORY "
-            "PLAYBOOK` (provisioner up on SLURM is not built yet)",
+            "run `provisioner up -i INVENTORY` first (it asks SLURM for the nodes), or "
+            "render a script for sbatch with `provisioner render --slurm`",
             where=str(inventory.path),
         )
     return inventory

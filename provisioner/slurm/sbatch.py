@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provisioner.errors import InputError
+from provisioner.inventory.allocation import OFFSETS, bash_port_base
 from provisioner.inventory.models import Slurm
-from provisioner.slurm.ports import OFFSETS, bash_port_base
 
 PAYLOAD_LIMIT = 96 * 1024  # base64 characters: one environment variable (128 KiB max)
 JOIN_TIMEOUT_S = 300

@@ -54,8 +54,9 @@ def test_up_from_nothing_then_second_up_changes_nothing(inventory: str) -> None:
     # every node held the pin (the session pushed it): the doctor's round saw that, and
     # the push asked no node again
     assert [(n["action"], n["via"]) for n in first["push"]["nodes"]] == [("none", "doctor")] * 3
-    # up returned once the Jobs API answered on the head, not merely once the nodes joined
-    assert "jobs_api" in first["timings_s"]
+    # a started head: up returned once the Jobs API answered, not merely once nodes joined
+    head = load_inventory(Path(inventory)).head.name
+    assert ("jobs_api" in first["timings_s"]) == (head in first["started"]), first["timings_s"]
     code, st = cli_json("status", "-i", inventory)
     assert code == 0 and st["alive_nodes"] == 3
     assert all(n["ssh_ok"] and n["image_ok"] and n["ray_alive"] for n in st["nodes"])

@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import subprocess
+import sys
 import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from provisioner.cli import run
+from provisioner.inventory.allocation import job_ports
+from provisioner.lab.config import LabNode, slurm_inventory_document
 from provisioner.lab.engine import exec_rc
-from provisioner.lab.nodes import LabInfo
+from provisioner.lab.nodes import LabInfo, load_config
+from provisioner.runtime import host
 from tests.e2e.helpers import ssh, ssh_args
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
@@ -92,3 +100,123 @@ def test_rendered_sbatch_script_trains_to_the_end(slurm_lab: LabInfo, tmp_path: 
     for node in compute:  # the job's Ray stopped with it on every node
         _, left = exec_rc(node.container, f"ps -e -ww -o args= | grep -c '[r]ayjob-{job_id}/'")
         assert left.strip() == "0", f"{node.name}: Ray processes of job {job_id} left"
+
+
+def cli_json(*args: str) -> tuple[int, Any, str]:
+    code, out, err = cli(*args, "--json")
+    return code, json.loads(out) if out.strip() else {}, err
+
+
+def ray_processes(node: LabNode, cluster: str) -> int:
+    """Processes on the compute node that belong to the cluster's Ray (its temp dir)."""
+    mark = host.temp_dir_mark(cluster)
+    _, listing = exec_rc(node.container, "ps -e -ww -o args=")
+    return sum(1 for line in listing.splitlines() if mark in line)
+
+
+def inventory_for(lab: LabInfo, suffix: str, nodes: int) -> str:
+    """Another cluster on the same SLURM lab (its own name, so its own state)."""
+    document = slurm_inventory_document(load_config(lab.name), f"{lab.name}-{suffix}", nodes)
+    path = lab.state_dir / f"inventory-{suffix}.yaml"  # beside the key and known_hosts
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return str(path)
+
+
+def test_up_trains_on_the_allocation_and_down_gives_it_back(
+    slurm_lab: LabInfo, tmp_path: Path
+) -> None:
+    inventory = str(slurm_lab.inventory)
+    compute = slurm_lab.nodes[1:]
+    try:
+        code, up, err = cli_json("up", "-i", inventory)
+        assert code == 0, err[-3000:]
+        job_id = up["slurm_job"]
+        assert isinstance(job_id, int) and "SLURM job" in err and "RUNNING on" in err
+        code, st, err = cli_json("status", "-i", inventory)
+        assert code == 0 and st["alive_nodes"] == 3, err[-3000:]
+        assert st["slurm"]["state"] == "RUNNING" and st["slurm"]["time_left_s"] > 0
+        assert sorted(n["host"] for n in st["nodes"]) == sorted(n.address for n in compute)
+        gcs_port = int(st["address"].rsplit(":", 1)[1])
+        assert gcs_port == job_ports(job_id).gcs  # the job's own port block
+
+        code, out, err = cli(
+            "submit", "-i", inventory, "--results", str(tmp_path), "--json",
+            str(PLAYBOOKS / "ppo_cartpole.py"),
+            "--", "--train-batch", "300", "--max-iterations", "2", "--env-runners", "5",
+        )  # fmt: skip
+        assert code == 0, err[-3000:]
+        job = json.loads(out)
+        assert job["status"] == "SUCCEEDED"
+        runners = json.loads((tmp_path / job["job_id"] / "runners.json").read_text())
+        assert {r["node_ip"] for r in runners} == {n.address for n in compute}, runners
+        assert (
+            json.loads((tmp_path / job["job_id"] / "summary.json").read_text())["iterations"] == 2
+        )
+
+        assert all(ray_processes(node, slurm_lab.name) > 0 for node in compute)
+        code, down, err = cli_json("down", "-i", inventory)
+        assert code == 0 and down["ok"], err[-3000:]
+        assert down["slurm"] == {"job_id": job_id, "left_queue": True}
+        assert not on_login(slurm_lab, f"squeue -h -j {job_id} 2>/dev/null || true").strip()
+        assert [ray_processes(node, slurm_lab.name) for node in compute] == [0, 0, 0]
+        assert any((Path(down["logs"]["directory"]) / n.name).is_dir() for n in compute)
+    finally:
+        cli("down", "-i", inventory, "--no-logs")
+
+
+def test_two_allocations_share_nodes_and_a_third_waits_until_cancelled(
+    slurm_lab: LabInfo,
+) -> None:
+    """A and B each hold all 3 nodes (OverSubscribe=FORCE:2 lets two jobs share a core):
+    both run, on their own ports; C then finds the partition full, waits PENDING with
+    SLURM's reason, and Ctrl-C cancels its job. Taking A down leaves B healthy."""
+    a, b, c = (inventory_for(slurm_lab, s, n) for s, n in (("a", 3), ("b", 3), ("c", 1)))
+    try:
+        jobs = {}
+        for inv in (a, b):
+            code, up, err = cli_json("up", "-i", inv)
+            assert code == 0, err[-3000:]
+            jobs[inv] = up["slurm_job"]
+        statuses = {}
+        for inv in (a, b):
+            code, statuses[inv], err = cli_json("status", "-i", inv)
+            assert code == 0 and statuses[inv]["alive_nodes"] == 3, err[-3000:]
+        assert jobs[a] != jobs[b]  # two SLURM jobs
+        hosts = [sorted(n["host"] for n in statuses[inv]["nodes"]) for inv in (a, b)]
+        assert hosts[0] == hosts[1]  # the same nodes
+        assert statuses[a]["address"] != statuses[b]["address"]  # on other ports
+        for node in slurm_lab.nodes[1:]:
+            assert ray_processes(node, f"{slurm_lab.name}-a") > 0
+            assert ray_processes(node, f"{slurm_lab.name}-b") > 0
+
+        # the partition is full: C waits; SIGINT (Ctrl-C) cancels its job
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "provisioner", "up", "-i", c],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stderr is not None
+        seen: list[str] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            seen.append(line)
+            if "PENDING (Resources)" in line or not line:
+                break
+        assert any("PENDING (Resources)" in x for x in seen), "".join(seen)
+        (submitted,) = [x for x in seen if "submitted" in x]
+        c_job = int(submitted.split("SLURM job ")[1].split()[0])
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=60) == 130, rest
+        assert f"SLURM job {c_job}: cancelling it" in rest, rest
+        assert not on_login(slurm_lab, f"squeue -h -j {c_job} 2>/dev/null || true").strip()
+
+        code, down, err = cli_json("down", "-i", a, "--no-logs")
+        assert code == 0 and down["slurm"]["left_queue"], err[-3000:]
+        code, st, err = cli_json("status", "-i", b)  # B did not notice
+        assert code == 0 and st["alive_nodes"] == 3 and st["slurm"]["state"] == "RUNNING", err
+        assert [ray_processes(n, f"{slurm_lab.name}-a") for n in slurm_lab.nodes[1:]] == [0, 0, 0]
+    finally:
+        for inv in (a, b, c):
+            cli("down", "-i", inv, "--no-logs")

@@ -153,3 +153,10 @@ def test_the_scale_table_has_one_column_per_lab_size(bench: ModuleType) -> None:
     assert text.splitlines()[0] == "| nodes | 3 | 10 |"
     assert "| doctor (s) | 0.51 | 1.20 |" in text
     assert "| push forwarding relay: busiest node sent (images) | 1.01 | — |" in text
+
+
+def test_scale_rows_are_asked_for_not_run_by_default(bench: ModuleType) -> None:
+    assert "scale" not in bench.parse([]).groups
+    assert bench.parse(["--rows", "all"]).groups[-1] == "scale"
+    args = bench.parse(["--rows", "scale", "--scale-nodes", "3,6,10", "--scale-only", "10"])
+    assert (args.scale_nodes, args.scale_only) == ([3, 6, 10], [10])

@@ -11,9 +11,9 @@ import pytest
 
 from provisioner.errors import InventoryError
 from provisioner.inventory import load_inventory
+from provisioner.inventory.allocation import BLOCK_SIZE, job_ports, port_base, temp_dir
 from provisioner.inventory.models import Slurm, time_seconds
 from provisioner.lab.config import LabConfig, slurm_conf, slurm_inventory_document
-from provisioner.slurm.ports import BLOCK_SIZE, job_ports, port_base, temp_dir
 from provisioner.slurm.sbatch import SbatchJob, pack_playbook, render_sbatch, sbatch_directives
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
@@ -134,7 +134,8 @@ def test_port_blocks_of_jobs_do_not_overlap() -> None:
         blocks[job] = used
     assert all(not (blocks[1] & blocks[j]) for j in range(2, 121))
     assert max(port_base(j) for j in blocks) + BLOCK_SIZE <= 32768  # below ephemeral ports
-    socket = f"{temp_dir(99999999)}/session_2026-12-01_05-45-14_312333_1234567/sockets/plasma_store"
+    session = "session_2026-12-01_05-45-14_312333_4194304"  # the largest pid
+    socket = f"{temp_dir(99999999)}/{session}/sockets/dash_MetricsHead"  # Ray's longest
     assert len(socket) < 107
 
 
@@ -199,12 +200,108 @@ def test_packed_playbook_holds_its_folder(tmp_path: Path) -> None:
 
 
 def test_verbs_on_nodes_refuse_a_slurm_inventory_without_allocation(
-    tmp_path: Path, key: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, key: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from provisioner.cli import run
 
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
     path = tmp_path / "inv.yaml"
     path.write_text(SLURM_INV)
-    for verb in (["status"], ["down", "--yes"], ["doctor"], ["render"]):
+    for verb in (["status"], ["doctor"], ["render"], ["logs"]):
         assert run([*verb, "-i", str(path)]) == 2, verb
         assert "has no SLURM allocation" in capsys.readouterr().err
+    assert run(["down", "-i", str(path)]) == 0  # nothing recorded: nothing to give back
+    assert "no SLURM job recorded" in capsys.readouterr().out
+
+
+def test_holding_job_and_queue_commands_are_quoted() -> None:
+    from provisioner.slurm import commands
+
+    slurm = Slurm(partition="lab", nodes=3, time="00:30:00", cpus_per_node=2,
+                  extra_sbatch_args=("--qos=a b",))  # fmt: skip
+    assert commands.submit_command(slurm, "c1") == (
+        "sbatch --parsable --job-name=provisioner-c1 --nodes=3 --ntasks-per-node=1 "
+        "--cpus-per-task=2 --partition=lab --time=00:30:00 '--qos=a b' --output=/dev/null "
+        "--wrap='exec sleep infinity'"
+    )
+    assert commands.queue_command(7, "lab") == (
+        "squeue -h -j 7 -o '%T|%r|%N|%L|%l' 2>/dev/null; echo ==; "
+        "squeue -h -t PD -p lab -o %i --sort=-p,i 2>/dev/null; true"
+    )
+    assert commands.cancel_command(7) == "scancel 7"
+
+
+def test_queue_states_as_squeue_prints_them() -> None:
+    from provisioner.slurm.commands import QueueState, parse_queue, time_seconds_left
+
+    pending = parse_queue("PENDING|Resources|||30:00\n==\n9\n7\n", 7)
+    assert pending == QueueState("PENDING", "Resources", "", "", "30:00", position=2)
+    assert pending.describe() == "PENDING (Resources), place 2 in the queue"
+    running = parse_queue("RUNNING|None|n-[1-3]|29:41|30:00\n==\n", 7)
+    assert (running.state, running.nodelist, running.describe()) == (
+        "RUNNING",
+        "n-[1-3]",
+        "RUNNING",
+    )
+    assert parse_queue("\n==\n", 7).gone
+    assert time_seconds_left("29:41") == 1781 and time_seconds_left("1-02:00:00") == 93600
+    assert time_seconds_left("UNLIMITED") is None
+
+
+def test_allocated_nodes_are_read_by_name_and_address() -> None:
+    from provisioner.inventory.allocation import AllocatedNode
+    from provisioner.slurm.commands import nodes_command, parse_nodes
+
+    assert "scontrol show hostnames 'n-[1-3]'" in nodes_command("n-[1-3]")
+    text = "n-1 10.0.0.1 10.0.0.1\nn-2 n-2.ib n-2-ip\nn-3 n-3 ?\nnoise\n"
+    assert parse_nodes(text) == (
+        AllocatedNode("n-1", "10.0.0.1"),
+        AllocatedNode("n-2", "n-2-ip"),
+        AllocatedNode("n-3", "n-3"),
+    )
+
+
+def test_inventory_with_allocation_reaches_nodes_through_the_login_node(
+    tmp_path: Path, key: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from provisioner.inventory.allocation import (
+        AllocatedNode,
+        Allocation,
+        forget_allocation,
+        write_allocation,
+    )
+    from provisioner.inventory.loader import require_nodes
+
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    inv = load(tmp_path, SLURM_INV)
+    nodes = (AllocatedNode("n-1", "10.1.0.21"), AllocatedNode("n-2", "10.1.0.22"))
+    write_allocation(inv, Allocation(42))  # submitted, not running yet: still no nodes
+    assert not load(tmp_path, SLURM_INV).allocated  # type: ignore[attr-defined]
+    write_allocation(inv, Allocation(42, nodes))
+    assert oct((inv.state_dir / "slurm.json").stat().st_mode & 0o777) == "0o600"
+    got = require_nodes(load(tmp_path, SLURM_INV))  # type: ignore[arg-type]
+    assert [(n.name, n.address, n.role) for n in got.nodes] == [
+        ("n-1", "10.1.0.21", "head"),
+        ("n-2", "10.1.0.22", "worker"),
+    ]
+    hop = got.head.ssh.hops[-1]
+    assert (hop.address, hop.user, got.head.ssh.jump) == ("10.1.0.5", "alice", "alice@10.1.0.5:22")
+    assert got.ports == job_ports(42)
+    forget_allocation(inv)
+    assert not load(tmp_path, SLURM_INV).allocated  # type: ignore[attr-defined]
+
+
+def test_another_jobs_ray_on_a_shared_node_is_a_warning_only() -> None:
+    from dataclasses import replace
+
+    from provisioner.doctor.facts import NodeFacts
+    from provisioner.doctor.port_checks import check_stale_ray
+    from provisioner.inventory import Node, SSHSettings
+
+    node = Node("n-1", "10.1.0.21", "head", SSHSettings(user="alice"))
+    other = "2100 raylet /x/raylet --raylet_socket_name=/tmp/rayjob-9/session_x/sockets/raylet"
+    facts = replace(NodeFacts(host="n-1"), ray_processes=(other,))
+    (alone,) = check_stale_ray(node, facts)
+    (shared,) = check_stale_ray(node, facts, shared=True)
+    assert (alone.severity, shared.severity) == ("error", "warning")
+    assert "rayjob-9" in shared.evidence
