@@ -14,7 +14,6 @@ from provisioner.doctor.facts import NodeFacts
 from provisioner.doctor.findings import CATALOGUE, Finding, error, ordered, warning
 from provisioner.doctor.gather import (
     gather_facts,
-    gpu_probe_command,
     run_gpu_probes,
     run_probes,
     stop_listeners,
@@ -31,7 +30,7 @@ from provisioner.doctor.plan import PinFacts, Plan, plan_for
 from provisioner.doctor.port_checks import check_neighbours, check_ports, check_stale_ray
 from provisioner.doctor.ports import judge_probes, probe_plan
 from provisioner.errors import InputError, ProvisionerError
-from provisioner.gpu.plan import docker_gpu_options, plans_for
+from provisioner.gpu.plan import plans_for
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool
 from provisioner.runtime import judges, runtime_for
@@ -214,9 +213,11 @@ def deep_gpu_check(
     if not plans:
         return []
     report(f"--gpu-deep: a container of the pinned image on {len(plans)} GPU node(s)")
+    runtime = runtime_for(inventory)
     commands = {
-        name: gpu_probe_command(pin.image_id, docker_gpu_options(plan))
+        name: command
         for name, plan in plans.items()
+        if (command := runtime.gpu_probe_command(pin.image_id, plan)) is not None
     }
     group = run_gpu_probes(pool, inventory, commands, parallelism=parallelism)
     findings: list[Finding] = []

@@ -7,7 +7,6 @@ Round 3: stop the listener.
 
 from __future__ import annotations
 
-import shlex
 from importlib import resources
 
 from provisioner.doctor.facts import NodeFacts, parse_facts
@@ -70,12 +69,6 @@ def gather_facts(
         parallelism=parallelism,
         deadline=_deadline(inventory, FACTS_TIMEOUT_S),
     )
-
-
-def gpu_probe_command(image: str, options: list[str]) -> str:
-    """Round 4 (--gpu-deep): a container of `image` with the node's GPU options runs the
-    probe script read from stdin (gpu_checks.PROBE)."""
-    return " ".join(["docker run --rm -i --net=none", *options, shlex.quote(image), "python3", "-"])
 
 
 def run_gpu_probes(

@@ -118,6 +118,12 @@ class Runtime(Protocol):
         """Stop this cluster's Ray on `node` and nothing else; succeeds when none runs."""
         ...
 
+    def gpu_probe_command(self, image: str, gpus: GpuPlan) -> str | None:
+        """The doctor's --gpu-deep probe: run the probe script from stdin where Ray would
+        run on a GPU node of `image`, with `gpus` handed over as `up` does (None: this
+        runtime has no such place to check)."""
+        ...
+
     def running_test(self) -> str:
         """A shell condition, true while this cluster's Ray runs on the node."""
         ...

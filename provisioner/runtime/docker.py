@@ -176,6 +176,13 @@ def push_options(mode: str) -> PushOptions:
     return PushOptions(forward=True, chain_from=1 if mode == "relay" else 2)
 
 
+def gpu_probe_command(image: str, gpus: GpuPlan) -> str:
+    """The doctor's --gpu-deep round: a container of `image`, given the node's GPUs as `up`
+    gives them, runs the probe script read from stdin (doctor.gpu_checks.PROBE)."""
+    words = ["docker run --rm -i --net=none", *docker_gpu_options(gpus), shlex.quote(image)]
+    return " ".join([*words, "python3", "-"])
+
+
 class DockerRuntime:
     """Ray in the pinned image, one container per node."""
 
@@ -224,6 +231,9 @@ class DockerRuntime:
 
     def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
         return docker_run_command(self.inventory, node, self.image, gpus)
+
+    def gpu_probe_command(self, image: str, gpus: GpuPlan) -> str | None:
+        return gpu_probe_command(image, gpus)
 
     def stop_command(self, node: Node) -> str:
         return remove_container_command(self.cluster)

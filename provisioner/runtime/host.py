@@ -402,6 +402,9 @@ class HostRuntime:
     def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
         return start_command(self.inventory, node, self.python, gpus)
 
+    def gpu_probe_command(self, image: str, gpus: GpuPlan) -> str | None:
+        return None  # no image: the doctor's host judges read the node's own stack
+
     def stop_command(self, node: Node) -> str:
         return stop_command(self.cluster)
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from provisioner.cli import run
 from provisioner.lab import faults
 from provisioner.lab.config import LabNode
 from provisioner.lab.nodes import LabInfo
@@ -57,3 +61,17 @@ def jumped_inventory(source: Path, target: Path, lab: LabInfo, node: LabNode) ->
     entry["jump"] = f"{head.user}@{head.address}:22"
     target.write_text(yaml.safe_dump(document))
     return target
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """The CLI in-process: exit code, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = run(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def cli_json(*args: str) -> tuple[int, Any, str]:
+    """The CLI with --json: exit code, the parsed stdout, stderr."""
+    code, out, err = cli(*args, "--json")
+    return code, json.loads(out), err

@@ -10,42 +10,27 @@ on any node, and a process that only looks like Ray (another user's) is still th
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from provisioner.cli import run
 from provisioner.cluster import layout
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import docker_cli, exec_rc
 from provisioner.lab.nodes import LabInfo
 from provisioner.local import state_root
-from tests.e2e.helpers import ssh
+from tests.e2e.helpers import cli, cli_json, ssh
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 VENV = "/home/lab/ray-venv"
 SITE = f"{VENV}/lib/python3.11/site-packages"
 LOCKED_RAY = "2.60.0"
 OTHER_RAY = "2.59.0"  # a real release: its wheel comes from the package index once
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = run(list(args))
-    return code, out.getvalue(), err.getvalue()
-
-
-def cli_json(*args: str) -> tuple[int, Any, str]:
-    code, out, err = cli(*args, "--json")
-    return code, json.loads(out), err
 
 
 def as_root(node: LabNode, script: str, timeout: float = 180) -> str:

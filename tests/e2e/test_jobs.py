@@ -8,16 +8,13 @@ Budgets are tiny (a few hundred env steps): the lab's nodes share two cores.
 
 from __future__ import annotations
 
-import io
 import json
 import secrets
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from provisioner.cli import run
 from provisioner.cluster.token import local_token_path
 from provisioner.inventory import load_inventory
 from provisioner.jobs import make_spec, submit
@@ -25,16 +22,9 @@ from provisioner.jobs.client import AuthRefused
 from provisioner.jobs.link import Target
 from provisioner.jobs.stream import Handlers
 from provisioner.lab.nodes import LabInfo
+from tests.e2e.helpers import cli
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    """The CLI in-process: exit code, stdout, stderr."""
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = run(list(args))
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")

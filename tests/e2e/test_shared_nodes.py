@@ -13,22 +13,17 @@ Every cluster started here is taken down at the end (the session's by its fixtur
 
 from __future__ import annotations
 
-import io
-import json
 import time
 from collections.abc import Iterator
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from provisioner.cli import run
 from provisioner.lab.nodes import LabInfo
 from provisioner.runtime.host import temp_dir_mark
 from tests.e2e.faults.lab import edited_inventory
-from tests.e2e.helpers import ssh
+from tests.e2e.helpers import cli, cli_json, ssh
 
 BLOCK_B = 20000
 
@@ -38,18 +33,6 @@ import ray
 ray.init()
 print("GCS", ray.get_runtime_context().gcs_address, "NODES", len(ray.nodes()), flush=True)
 """
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = run(list(args))
-    return code, out.getvalue(), err.getvalue()
-
-
-def cli_json(*args: str) -> tuple[int, Any, str]:
-    code, out, err = cli(*args, "--json")
-    return code, json.loads(out), err
 
 
 def started_at(lab: LabInfo, cluster: str) -> dict[str, str]:

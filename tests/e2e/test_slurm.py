@@ -7,34 +7,24 @@ node, over real SSH; the cluster's compute nodes run Ray from their own virtuale
 
 from __future__ import annotations
 
-import io
 import json
 import signal
 import subprocess
 import sys
 import time
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from provisioner.cli import run
 from provisioner.inventory.allocation import job_ports
 from provisioner.lab.config import LabNode, slurm_inventory_document
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo, load_config
 from provisioner.runtime import host
-from tests.e2e.helpers import ssh, ssh_args
+from tests.e2e.helpers import cli, ssh, ssh_args
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = run(list(args))
-    return code, out.getvalue(), err.getvalue()
 
 
 def on_login(lab: LabInfo, command: str, timeout: float = 60) -> str:

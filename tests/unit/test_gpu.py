@@ -419,3 +419,17 @@ def test_the_container_records_its_gpus_for_up_to_compare() -> None:
     assert '"gpus": {{json (index .Config.Labels "provisioner.gpus")}}' in (
         docker.container_facts_command("demo")
     )
+
+
+def test_the_deep_check_probe_runs_in_the_image_with_ups_gpu_options(tmp_path: Path) -> None:
+    from provisioner.runtime import runtime_for
+    from tests.unit.inventories import make_inventory
+
+    plan = GpuPlan("runtime", ("GPU-aaaa", "GPU-bbbb"), (0, 1), "T4")
+    docker = runtime_for(make_inventory(tmp_path))
+    assert docker.gpu_probe_command("sha256:abc", plan) == (
+        "docker run --rm -i --net=none --runtime=nvidia -e NVIDIA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb"
+        " -e NVIDIA_DRIVER_CAPABILITIES=compute,utility sha256:abc python3 -"
+    )
+    host = runtime_for(make_inventory(tmp_path, runtime="host"))
+    assert host.gpu_probe_command("sha256:abc", plan) is None
