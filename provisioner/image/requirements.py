@@ -178,15 +178,19 @@ def wheels_in_report(data: dict[str, Any]) -> list[LockedWheel]:
     return found
 
 
-def resolve_without_download(requirements_in: Path, report: Reporter = quiet) -> list[LockedWheel]:
-    """Resolve requirements.in with pip's resolver, downloading no wheel (the build later
-    fetches each by its hash): for images of gigabytes, such as the CUDA one."""
+def _require_file(requirements_in: Path) -> None:
     if not requirements_in.is_file():
         raise InputError(
             "no such requirements file",
             "run from the repository root or pass --images-dir",
             where=str(requirements_in),
         )
+
+
+def resolve_without_download(requirements_in: Path, report: Reporter = quiet) -> list[LockedWheel]:
+    """Resolve requirements.in with pip's resolver, downloading no wheel (the build later
+    fetches each by its hash): for images of gigabytes, such as the CUDA one."""
+    _require_file(requirements_in)
     with tempfile.TemporaryDirectory(prefix="provisioner-lock-") as tmp:
         path = Path(tmp, "report.json")
         run_pip(
@@ -200,12 +204,7 @@ def resolve_without_download(requirements_in: Path, report: Reporter = quiet) ->
 def resolve(requirements_in: Path, wheelhouse: Path, report: Reporter = quiet) -> list[LockedWheel]:
     """Resolve requirements.in with pip in a fresh directory; keep the wheels in the
     wheelhouse (so the next build needs no download) and return them."""
-    if not requirements_in.is_file():
-        raise InputError(
-            "no such requirements file",
-            "run from the repository root or pass --images-dir",
-            where=str(requirements_in),
-        )
+    _require_file(requirements_in)
     with tempfile.TemporaryDirectory(prefix="provisioner-lock-") as tmp:
         run_pip(
             [*pip_download_args(Path(tmp)), "-r", str(requirements_in)],

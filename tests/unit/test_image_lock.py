@@ -149,3 +149,16 @@ def test_the_committed_lock_pins_the_issue_versions() -> None:
     assert wheels["torch"] == "2.13.0+cpu"  # the CPU build, never the CUDA one
     assert "gymnasium" in wheels
     assert not any(name.startswith("nvidia") for name in wheels)
+
+
+def test_a_missing_requirements_file_is_named_with_its_fix(tmp_path: Path) -> None:
+    import pytest
+
+    from provisioner.errors import InputError
+    from provisioner.image.requirements import resolve, resolve_without_download
+
+    missing = tmp_path / "requirements.in"
+    for call in (lambda: resolve(missing, tmp_path), lambda: resolve_without_download(missing)):
+        with pytest.raises(InputError) as caught:
+            call()
+        assert caught.value.where == str(missing) and "--images-dir" in (caught.value.fix or "")
