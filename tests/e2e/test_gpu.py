@@ -139,10 +139,14 @@ def test_up_hands_the_simulated_gpus_to_that_nodes_container_and_ray(
                 if name != w1.name:
                     assert runtime == "runc" and not [e for e in env if "NVIDIA" in e], name
             with Pool(inv) as pool:
-                for _ in range(20):  # the raylet reports its resources a moment after joining
+                # The raylet reports its resources a moment after joining, and the replaced
+                # container's raylet stays listed alive (no GPUs) beside the new one until its
+                # health checks fail: wait (up to 120 s) for one alive node per address.
+                for _ in range(240):
                     nodes = headprobe.gcs_nodes(pool.session(inv.head), runtime_for(inv))
-                    alive = {n.ip: n for n in nodes if n.alive}
-                    if len(alive) == 3:
+                    listed = [n for n in nodes if n.alive]
+                    alive = {n.ip: n for n in listed}
+                    if len(alive) == len(listed) == 3:
                         break
                     time.sleep(0.5)
             gpus = {ip: n.resources.get("GPU", 0) for ip, n in alive.items()}
