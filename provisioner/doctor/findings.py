@@ -44,7 +44,7 @@ CATALOGUE: dict[str, str] = {
     "doctor.facts": "the fact-gathering script ran to its end",
     "gpu.driver": "a node with NVIDIA GPUs (or asked for them) has a working driver: nvidia-smi "
     "lists its GPUs",
-    "gpu.toolkit": "docker runtime: the node's Docker hands GPUs to containers (NVIDIA Container "
+    "gpu.toolkit": "in Docker mode: the node's Docker hands GPUs to containers (NVIDIA Container "
     "Toolkit: --gpus, the nvidia runtime, or CDI)",
     "gpu.count": "the inventory's GPUs (gpus: / resources.GPU) are GPUs the node has",
     "gpu.cuda": "the driver runs the pinned image's CUDA (and the image has CUDA torch at all)",

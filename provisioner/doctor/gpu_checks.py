@@ -1,5 +1,6 @@
-"""Checks of the NVIDIA GPU stack: driver, container toolkit, the inventory's GPUs, the
-image's CUDA, the models across the cluster, and (opt-in) a GPU seen inside the image.
+"""Checks of the NVIDIA GPU stack: driver, the inventory's GPUs, the image's CUDA, the
+models across the cluster, and (opt-in) a GPU seen inside the image. How a runtime hands
+GPUs over (the docker runtime: the container toolkit) is that runtime's own check.
 
 A node without any sign of a GPU and without GPUs in its inventory entry gets no finding.
 """
@@ -20,19 +21,10 @@ from provisioner.inventory import Node
 # any CUDA release of that major version. The CUDA wheels of PyTorch carry their own CUDA
 # runtime and rely on exactly this compatibility.
 MINIMUM_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
-TOOLKIT_GUIDE = (
-    "https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html"
-)
-CONFIGURE = "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker"
 DRIVER_FIX = (
     "install the NVIDIA driver and check that `nvidia-smi` lists the GPUs; a driver installed "
     "after boot needs its kernel module loaded (sudo modprobe nvidia) or a reboot"
 )
-_WAYS = {
-    "gpus": "Docker's --gpus (device requests by UUID)",
-    "runtime": "the nvidia runtime (NVIDIA_VISIBLE_DEVICES)",
-    "cdi": "CDI (--device nvidia.com/gpu=...)",
-}
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -44,15 +36,9 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def _asked(node: Node) -> int | None:
-    """GPUs the inventory gives Ray on `node` (None: not said)."""
-    if node.gpus is not None:
-        return len(node.gpus)
-    count = node.resources.get("GPU")
-    return None if count is None else int(count)
-
-
-def _evidence(g: GpuFacts) -> str:
+def evidence(g: GpuFacts) -> str:
+    """What the facts say of the node's driver and devices (a runtime's GPU checks add how
+    it hands GPUs over)."""
     lines = []
     if g.smi:
         lines.append(f"nvidia-smi: exit {g.smi_rc}, {len(g.gpus)} GPU(s)")
@@ -62,14 +48,21 @@ def _evidence(g: GpuFacts) -> str:
         lines.append("nvidia-smi: not on the PATH")
     lines.append(f"kernel module: {g.module or 'not loaded (/proc/driver/nvidia/version absent)'}")
     lines.append(f"device files: {' '.join(g.devices) or 'none'}")
-    tools = ", ".join(f"{k} ({v})" for k, v in g.tools.items()) or "none"
-    lines.append(
-        f"container toolkit: {tools}{' ' + g.toolkit_version if g.toolkit_version else ''}"
-    )
-    lines.append(f"docker runtimes: {', '.join(sorted(g.runtimes)) or 'unknown'}")
-    specs = ", ".join(f"{s.path} ({s.kind or s.error})" for s in g.cdi) or "none"
-    lines.append(f"CDI specs: {specs}")
     return "\n".join(lines)
+
+
+def asked(node: Node) -> int | None:
+    """GPUs the inventory gives Ray on `node` (None: not said)."""
+    if node.gpus is not None:
+        return len(node.gpus)
+    count = node.resources.get("GPU")
+    return None if count is None else int(count)
+
+
+def concerned(node: Node, g: GpuFacts) -> bool:
+    """Whether the GPU checks speak of this node: it shows a GPU, or its inventory asks for
+    GPUs."""
+    return g.present or bool(asked(node))
 
 
 def check_driver(node: Node, g: GpuFacts) -> list[Finding]:
@@ -85,46 +78,17 @@ def check_driver(node: Node, g: GpuFacts) -> list[Finding]:
             f"{toolkit} there is no working NVIDIA driver: nvidia-smi is not installed".strip()
         )
     return [
-        error("gpu.driver", node.name, message[0].upper() + message[1:], _evidence(g), DRIVER_FIX)
+        error("gpu.driver", node.name, message[0].upper() + message[1:], evidence(g), DRIVER_FIX)
     ]
-
-
-def check_toolkit(node: Node, g: GpuFacts) -> list[Finding]:
-    """Docker mode: the node's Docker can hand its GPUs to a container."""
-    if not (g.gpus or g.gpu_files):
-        return []
-    methods = g.methods()
-    version = f" (toolkit {g.toolkit_version})" if g.toolkit_version else ""
-    if methods:
-        return [
-            ok(
-                "gpu.toolkit",
-                node.name,
-                f"containers get GPUs through {_WAYS[methods[0]]}{version}",
-            )
-        ]
-    if g.toolkit:
-        message = (
-            "the NVIDIA Container Toolkit is installed but Docker does not use it: a container "
-            "gets no GPU"
-        )
-        fix = f"register it with Docker: {CONFIGURE}"
-    else:
-        message = (
-            "GPUs but no NVIDIA Container Toolkit: a container gets no GPU (`docker run --gpus` "
-            'fails with: could not select device driver "" with capabilities: [[gpu]])'
-        )
-        fix = f"install nvidia-container-toolkit ({TOOLKIT_GUIDE}), then {CONFIGURE}"
-    return [error("gpu.toolkit", node.name, message, _evidence(g), fix)]
 
 
 def check_count(node: Node, g: GpuFacts) -> list[Finding]:
     """The inventory's GPUs against the node's."""
-    asked = _asked(node)
+    want = asked(node)
     have = len(g.gpus) if g.driver_ok else 0
     listing = ", ".join(f"{x.index} {x.uuid}" for x in g.gpus) or "none"
-    evidence = f"nvidia-smi: {listing}"
-    if asked is None:
+    seen = f"nvidia-smi: {listing}"
+    if want is None:
         return [ok("gpu.count", node.name, f"Ray gets all {have} GPU(s)")] if have else []
     sel = select(node, g.gpus if g.driver_ok else ())
     if sel.missing:
@@ -134,35 +98,35 @@ def check_count(node: Node, g: GpuFacts) -> list[Finding]:
                 node.name,
                 f"the inventory names GPU(s) {', '.join(sel.missing)}, which this node does "
                 "not have",
-                evidence,
+                seen,
                 "name GPUs as `nvidia-smi -L` lists them (index or UUID) in gpus: [...]",
             )
         ]
-    if asked > have:
+    if want > have:
         return [
             error(
                 "gpu.count",
                 node.name,
-                f"the inventory gives Ray {asked} GPU(s), the node has {have}: Ray would "
+                f"the inventory gives Ray {want} GPU(s), the node has {have}: Ray would "
                 "schedule work on GPUs that are not there",
-                evidence,
+                seen,
                 f"set the node's GPUs to what it has ({have}), or leave gpus and resources.GPU "
                 "out (then Ray gets every GPU the node has)",
             )
         ]
     chosen = ", ".join(str(x.index) for x in sel.chosen) or "none"
-    if asked < have and node.gpus is None:
+    if want < have and node.gpus is None:
         return [
             warning(
                 "gpu.count",
                 node.name,
-                f"the inventory gives Ray {asked} of the node's {have} GPUs (indices {chosen})",
-                evidence,
+                f"the inventory gives Ray {want} of the node's {have} GPUs (indices {chosen})",
+                seen,
                 "name the GPUs to use with gpus: [index or UUID, ...], or give it all "
                 f"(resources.GPU: {have})",
             )
         ]
-    return [ok("gpu.count", node.name, f"Ray gets {asked} of {have} GPU(s): {chosen}")]
+    return [ok("gpu.count", node.name, f"Ray gets {want} of {have} GPU(s): {chosen}")]
 
 
 def check_cuda(node: Node, g: GpuFacts, plan: Plan) -> list[Finding]:
@@ -212,12 +176,9 @@ def check_cuda(node: Node, g: GpuFacts, plan: Plan) -> list[Finding]:
 def check_gpus(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
     """Every single-node GPU check (pure); nothing on a node with no GPU and none asked."""
     g = f.gpu
-    if not g.present and not _asked(node):
+    if not concerned(node, g):
         return []
-    findings = check_driver(node, g) + check_count(node, g)
-    if not plan.host_mode:
-        findings += check_toolkit(node, g)
-    return findings + check_cuda(node, g, plan)
+    return check_driver(node, g) + check_count(node, g) + check_cuda(node, g, plan)
 
 
 def check_models(facts: dict[str, NodeFacts]) -> list[Finding]:

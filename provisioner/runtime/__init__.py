@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from provisioner.inventory import Inventory
     from provisioner.runtime.base import Judges, Runtime
 
-_NOT_RUNTIMES = frozenset({"base", "shell"})
+_NOT_RUNTIMES = frozenset({"base", "shell", "docker_gpu"})  # helpers of a runtime
 
 
 def names() -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from provisioner.image.lock import CLUSTER_TAG, Pin
 from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node
 from provisioner.runtime.base import Judges, RayState, RenderSection
+from provisioner.runtime.docker_gpu import check_toolkit
 
 if TYPE_CHECKING:
     from provisioner.console import Reporter
@@ -269,6 +270,7 @@ def node_judges(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
         *node_checks.check_docker(node, facts),
         *node_checks.check_shells(node, facts, plan),
         *node_checks.check_image(node, facts, plan),
+        *check_toolkit(node, facts.gpu),
     ]
 
 

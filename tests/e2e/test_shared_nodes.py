@@ -6,6 +6,9 @@
   second's is stopped by the doctor (and by `up`, even `--force`), naming the ports and the
   cluster; `down` of the second leaves the first untouched (container start times).
 - The same in host mode, on the host-mode lab (two clusters from the nodes' own Python).
+- A docker cluster beside a host-mode one on the host-mode lab's nodes: `up` pushes the pin
+  there by itself through the forwarding relay (every node lacks it), jobs run on both,
+  and `down` of the docker cluster leaves the host-mode one untouched.
 - A worker removed from the inventory: `status` names it, `up` removes this cluster's Ray
   and token there, a container restarted without the token cannot start.
 Every cluster started here is taken down at the end (the session's by its fixture).
@@ -20,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from provisioner.image.lock import read_pin
 from provisioner.lab.nodes import LabInfo
 from provisioner.runtime.host import temp_dir_mark
 from tests.e2e.faults.lab import edited_inventory
@@ -259,3 +263,69 @@ def test_host_mode_clusters_share_the_nodes(host_lab: LabInfo, tmp_path: Path) -
     finally:
         for inventory in (blocks["b"], first):
             cli("down", "-i", inventory, "--no-logs")
+
+
+def test_host_and_docker_clusters_share_the_nodes_and_up_relays_the_pin(
+    host_lab: LabInfo, image_pin: Path, tmp_path: Path
+) -> None:
+    """On the host-mode lab's nodes (which have Docker too): the host-mode cluster and a
+    docker cluster of another name and block. The docker cluster's `up` (push: auto) finds
+    no node holding the pin and sends it through the forwarding relay: the control machine
+    sends one image for the three nodes. A job runs on each cluster; `down` of the docker
+    cluster leaves the host-mode cluster's raylets as they were."""
+    first = str(host_lab.inventory)
+    name_d = f"{host_lab.name}-d"
+    pin = read_pin(image_pin)
+    docker_inv = str(
+        edited_inventory(
+            host_lab.inventory,
+            tmp_path / "d.yaml",
+            cluster=name_d,
+            runtime="docker",
+            image={"lock": str(image_pin)},
+            ray={"port_base": 24000},
+        )
+    )
+    cli("down", "-i", docker_inv, "--no-logs")  # a kept lab: what an earlier run left
+    for node in host_lab.nodes:  # no node holds the pin: up must push it
+        ssh(host_lab, node, f"docker rmi -f {pin.image_id} {pin.tag} >/dev/null 2>&1; true")
+    try:
+        code, doc, err = cli_json("up", "-i", first)
+        assert code == 0 and doc["status"]["alive_nodes"] == 3, err[-3000:]
+        before = raylets(host_lab, host_lab.name)
+        assert all(before.values())
+
+        code, doc, err = cli_json("up", "-i", docker_inv)
+        assert code == 0, err[-3000:]
+        assert doc["runtime"] == "docker" and doc["status"]["alive_nodes"] == 3, doc["status"]
+        assert doc["status"]["address"].endswith(":24000"), doc["status"]
+        push = doc["push"]
+        assert push["ok"] and push["mode"] == "forward", push
+        assert 0.95 * pin.size < push["control_bytes"] < 1.2 * pin.size, push
+        assert push["busiest_node_bytes"] < 1.2 * pin.size, push
+        held = [
+            ssh(host_lab, n, f"docker image inspect -f '{{{{.Id}}}}' {pin.image_id}").stdout.strip()
+            for n in host_lab.nodes
+        ]
+        assert held == [pin.image_id] * 3, held
+
+        playbook = tmp_path / "where.py"
+        playbook.write_text(WHERE_AM_I)
+        for inventory, port in ((first, 6379), (docker_inv, 24000)):
+            code, job, err = cli_json(
+                "submit", "-i", inventory, "--results", str(tmp_path / str(port)), str(playbook)
+            )
+            assert code == 0 and job["status"] == "SUCCEEDED", err[-3000:]
+            assert f"{host_lab.nodes[0].address}:{port} NODES 3" in err, err[-3000:]
+
+        code, _, err = cli("down", "-i", docker_inv, "--no-logs")
+        assert code == 0, err[-3000:]
+        assert not any(started_at(host_lab, name_d).values())
+        assert raylets(host_lab, host_lab.name) == before  # untouched
+        code, st, _ = cli_json("status", "-i", first)
+        assert code == 0 and st["alive_nodes"] == 3, st
+    finally:
+        cli("down", "-i", docker_inv, "--no-logs")
+        cli("down", "-i", first, "--no-logs")
+        for node in host_lab.nodes:  # the lab's disk: the pin is not needed there again
+            ssh(host_lab, node, f"docker rmi -f {pin.image_id} >/dev/null 2>&1; true")

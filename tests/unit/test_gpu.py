@@ -27,6 +27,7 @@ from provisioner.gpu.facts import GpuFacts, parse_cdi_spec, parse_gpu_facts
 from provisioner.gpu.plan import GpuPlan, docker_gpu_options, plan_gpus
 from provisioner.inventory import Node, RayPorts, SSHSettings, load_inventory
 from provisioner.runtime import docker, host
+from provisioner.runtime.docker_gpu import check_toolkit
 from tests.unit.inventories import make_inventory
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -49,7 +50,10 @@ def node(**kw: object) -> Node:
 
 
 def judged(g: GpuFacts, n: Node | None = None, plan: Plan = PLAN) -> dict[str, Finding]:
+    """The GPU checks, and in Docker mode the docker runtime's own (the container toolkit)."""
     findings = check_gpus(n or node(), NodeFacts("n", gpu=g), plan)
+    if not plan.host_mode:
+        findings += check_toolkit(n or node(), g)
     assert all(f.check in CATALOGUE for f in findings)
     return {f.check: f for f in findings}
 
@@ -195,7 +199,10 @@ def test_gpus_under_a_cpu_image_are_a_warning() -> None:
 
 def test_host_mode_needs_no_container_toolkit() -> None:
     plan = dataclasses.replace(PLAN, runtime="host")
-    assert "gpu.toolkit" not in judged(gpu_facts("no_toolkit_t4"), plan=plan)
+    f = NodeFacts("n", gpu=gpu_facts("no_toolkit_t4"))
+    checks = {x.check for x in node_findings(node(), f, plan)}
+    assert "gpu.driver" in checks and "gpu.toolkit" not in checks
+    assert "gpu.toolkit" in {x.check for x in node_findings(node(), f, PLAN)}
 
 
 def test_mixed_models_across_the_cluster_warn() -> None:
