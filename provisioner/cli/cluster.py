@@ -167,12 +167,24 @@ def up(
             min=1,
         ),
     ] = None,
+    rotate_token: Annotated[
+        bool,
+        typer.Option(
+            "--rotate-token",
+            help="A new token on every node, and every node restarted with it: a Ray that "
+            "holds the old one (a node that left the inventory unreached) cannot join. "
+            "Running jobs stop.",
+        ),
+    ] = False,
     json_: JsonOption = False,
 ) -> None:
     """Doctor, push the pin, start the head and the workers, wait until all joined, probe.
 
     SLURM (a scheduler section): first a job that holds the allocation (its state and the
-    scheduler's reason shown while it waits; Ctrl-C cancels it), then the allocated nodes."""
+    scheduler's reason shown while it waits; Ctrl-C cancels it), then the allocated nodes.
+
+    Exit 0 when every node joined, also with a warning (a node that left the inventory
+    could not be reached and keeps the token: the warning names the fix); 1 otherwise."""
     if push not in PUSH_MODES:
         raise InputError(
             f"--push {push!r} is not a push mode",
@@ -180,6 +192,14 @@ def up(
         )
     out = output(json_)
     inv = load_inventory(inventory)
+    if rotate_token and inv.slurm is not None:
+        raise InputError(
+            "--rotate-token does not apply to a scheduler inventory: the allocation is the "
+            "membership, and a node leaves it only when the job ends (SLURM ends Ray there)",
+            f"run `provisioner up` without it; for a new token anyway: `provisioner down`, "
+            f"remove {token.local_token_path(inv)}, then `provisioner up`",
+            where=str(inv.path),
+        )
     slurm_job = None
     if inv.slurm is not None:
         from provisioner.slurm.allocate import allocate
@@ -201,6 +221,7 @@ def up(
                 doctor=not no_doctor,
                 join_timeout=join_timeout,
                 push=push,
+                rotate_token=rotate_token,
             )
     except DoctorStopped as stopped:
         if json_:
@@ -211,6 +232,7 @@ def up(
                 f"[bold red]up stopped:[/bold red] {escape(stopped.fix or '')}", markup=True
             )
         raise typer.Exit(1) from None
+    _warn(out, result.warnings)
     if json_:
         out.emit({**result.to_json(), "slurm_job": slurm_job})
         return
@@ -219,6 +241,11 @@ def up(
     t = result.totals
     if result.departed:
         _say_departed(out, result.departed)
+    if result.token.rotate:
+        out.say(
+            f"token rotated ({result.token.why}): every node restarted with the new one; "
+            "a Ray holding the old token cannot join"
+        )
     if not result.changed:
         out.say("the cluster was already up; nothing changed")
     else:
@@ -231,6 +258,12 @@ def up(
     status = result.status
     out.say(f"Ray address: {status.address if status else ''} (token authentication on)")
     out.say(f"dashboard: provisioner tunnel -i {inventory}")
+
+
+def _warn(out: Output, warnings: list[str]) -> None:
+    """Warnings on stderr, in --json mode too (the document carries them as `warnings`)."""
+    for warning in warnings:
+        out.err.print(f"warning: {warning}")
 
 
 def _say_departed(out: Output, removal: membership.Removal) -> None:
@@ -375,7 +408,8 @@ def down(
     """Collect logs, stop workers then the head, remove containers, check ports are free.
 
     With a job running: refuses, unless --yes (the job is stopped and its results come home
-    first)."""
+    first). Exit 1 when an inventory node's Ray could not be removed; a node that left the
+    inventory and could not be reached is a warning (exit 0): the next `up` changes the token."""
     out = output(json_)
     inv = load_inventory(inventory)
     if inv.slurm is not None and not inv.allocated:  # a job still queued, or none
@@ -397,6 +431,7 @@ def down(
             slurm = {"job_id": job_id, "left_queue": gone}
             if not gone:
                 result.errors["slurm"] = f"SLURM job {job_id} is still in the queue"
+    _warn(out, result.warnings)
     if json_:
         out.emit(
             {

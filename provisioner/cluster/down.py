@@ -3,11 +3,12 @@ Ray: the runtime's stop), check the ports."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import commands, logs, membership
+from provisioner.cluster import commands, logs, membership, rotation, token
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
 from provisioner.inventory import Inventory, Node
@@ -23,10 +24,18 @@ class DownResult:
     ports_busy: dict[str, list[int]] = field(default_factory=dict)
     logs: logs.Collected | None = None
     departed: membership.Removal | None = None  # nodes that left the inventory since `up`
+    # departed nodes that could not be reached and still hold the token: warned about only
+    # (the cluster is down; the next `up` starts a fresh head and so rotates the token)
+    exposed: list[rotation.Exposed] = field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        return rotation.down_warnings(self.exposed)
 
     @property
     def ok(self) -> bool:
-        """Ray stopped everywhere, its ports free, and every node's logs collected (when asked)."""
+        """Ray stopped on every inventory node, its ports free, and every node's logs
+        collected (when asked). A departed node not reached is a warning, not a failure."""
         logs_failed = self.logs is not None and bool(self.logs.errors)
         return not self.errors and not self.ports_busy and not logs_failed
 
@@ -38,6 +47,8 @@ class DownResult:
             "ok": self.ok,
             "logs": self.logs.to_json() if self.logs else None,
             "departed": self.departed.to_json() if self.departed else None,
+            "token": {"exposed": [e.to_json() for e in self.exposed]},
+            "warnings": self.warnings,
         }
 
 
@@ -82,9 +93,19 @@ def bring_down(
 
     gone = membership.departed(inventory, membership.recorded_nodes(inventory), [])
     if gone:
+        held = membership.recorded_tokens(inventory)
+        current = ""  # no readable token here: every unreached node may hold it
+        with contextlib.suppress(ProvisionerError):
+            current = token.fingerprint(token.local_token_path(inventory))
         result.departed = membership.remove_departed(gone, pool, runtime, report)
-        result.errors.update(result.departed.errors)
-        membership.record_nodes(inventory, also=result.departed.failed)
+        failed = result.departed.failed
+        result.exposed = rotation.exposed(failed, result.departed.errors, held, current)
+        membership.record_nodes(
+            inventory,
+            also=failed,
+            token=current or None,
+            held={n.address: held.get(n.address, current) for n in failed},
+        )
     for stage in (list(inventory.workers), [inventory.head]):
         group = fan_out(stage, stop, deadline=90)
         for name, busy in group.results.items():

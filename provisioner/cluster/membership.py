@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,13 +92,24 @@ def node_from_json(data: dict[str, Any]) -> Node:
     return Node(str(data["name"]), str(data["address"]), role, ssh)
 
 
-def record_nodes(inventory: Inventory, also: Iterable[Node] = ()) -> None:
+def record_nodes(
+    inventory: Inventory,
+    also: Iterable[Node] = (),
+    *,
+    token: str | None = None,
+    held: Mapping[str, str] | None = None,
+) -> None:
     """Remember the inventory's nodes as the ones this cluster runs on (mode 0600), and
-    `also` (nodes that left but still hold this cluster's Ray: the next run retries)."""
+    `also` (nodes that left but still hold this cluster's Ray: the next run retries).
+
+    `token`: the fingerprint of the token the inventory's nodes hold now; `held`: address
+    -> the fingerprint of the token each of `also` holds (token.fingerprint)."""
     path = record_path(inventory)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    nodes = [*inventory.nodes, *also]
-    text = json.dumps({"nodes": [node_to_json(n) for n in nodes]}, indent=1)
+    held = held or {}
+    entries = [{**node_to_json(n), "token": token} for n in inventory.nodes]
+    entries += [{**node_to_json(n), "token": held.get(n.address)} for n in also]
+    text = json.dumps({"nodes": entries}, indent=1)
     tmp = path.with_name(f".{RECORD}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
@@ -106,12 +117,29 @@ def record_nodes(inventory: Inventory, also: Iterable[Node] = ()) -> None:
     tmp.replace(path)
 
 
+def _record(inventory: Inventory) -> list[dict[str, Any]]:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        nodes = json.loads(record_path(inventory).read_text())["nodes"]
+        if isinstance(nodes, list):
+            return nodes
+    return []
+
+
 def recorded_nodes(inventory: Inventory) -> list[Node]:
     """The nodes of the last `up` ([] when none is recorded or the record is unreadable)."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        data = json.loads(record_path(inventory).read_text())
-        return [node_from_json(n) for n in data["nodes"]]
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        return [node_from_json(n) for n in _record(inventory)]
     return []
+
+
+def recorded_tokens(inventory: Inventory) -> dict[str, str]:
+    """Address -> the fingerprint of the token that node held when last recorded (a node
+    recorded without one is left out: it may hold the current token)."""
+    return {
+        str(n["address"]): str(n["token"])
+        for n in _record(inventory)
+        if isinstance(n, dict) and n.get("token") and n.get("address")
+    }
 
 
 def departed(inventory: Inventory, recorded: Iterable[Node], gcs: Iterable[GcsNode]) -> list[Node]:

@@ -7,6 +7,7 @@ it travels to nodes on the stdin of an SSH command and reaches Ray through
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import stat
@@ -18,6 +19,7 @@ from provisioner.inventory import Inventory
 from provisioner.local import private_dir
 
 TOKEN_FILE = "auth_token"
+NEXT_FILE = "auth_token.next"  # a rotation under way: the token the nodes are being given
 
 
 def local_token_path(inventory: Inventory) -> Path:
@@ -32,11 +34,52 @@ def ensure_token(inventory: Inventory) -> Path:
     if path.exists():
         check_token_file(path)
         return path
-    token = secrets.token_hex(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token)
+    _write_new(path)
     return path
+
+
+def _write_new(path: Path) -> None:
+    """A new random token at `path`, atomically (a temporary file, mode 0600, renamed)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    tmp.replace(path)
+
+
+def next_token_path(inventory: Inventory) -> Path:
+    """Where a rotation keeps the new token until every node has been restarted with it."""
+    return Path(inventory.state_dir) / NEXT_FILE
+
+
+def rotation_unfinished(inventory: Inventory) -> bool:
+    """A rotation began (its new token exists) but did not finish: the next `up` finishes it."""
+    return next_token_path(inventory).exists()
+
+
+def begin_rotation(inventory: Inventory) -> Path:
+    """The new token's file: made now (random, 0600), or kept from an unfinished rotation,
+    so that nodes given it before a failure keep the same one."""
+    path = next_token_path(inventory)
+    private_dir(path.parent)
+    if path.exists():
+        check_token_file(path)
+    else:
+        _write_new(path)
+    return path
+
+
+def finish_rotation(inventory: Inventory) -> None:
+    """The new token becomes the cluster's (every node was restarted with it)."""
+    next_token_path(inventory).replace(local_token_path(inventory))
+
+
+def fingerprint(path: Path) -> str:
+    """A short digest that tells two tokens apart without revealing either (kept in the
+    cluster's local record, which node may still hold which token)."""
+    digest = hashlib.sha256(read_token_file(path).encode()).hexdigest()
+    return f"sha256:{digest[:16]}"
 
 
 def check_token_file(path: Path) -> None:

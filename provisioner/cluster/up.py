@@ -2,7 +2,8 @@
 all to join, probe. How Ray runs on a node is the runtime's (`provisioner.runtime`).
 
 Idempotent: a node whose Ray runs what the cluster pins and is alive is left alone; a
-dead worker is restarted alone; a restarted head brings its workers back too.
+dead worker is restarted alone; a restarted head brings its workers back too. A token
+rotation (`provisioner.cluster.rotation`) restarts the head, and so every node.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from provisioner.cluster import (
@@ -19,6 +21,7 @@ from provisioner.cluster import (
     logs,
     membership,
     preflight,
+    rotation,
     status,
     token,
 )
@@ -53,6 +56,11 @@ class UpResult:
     runtime: str = "docker"
     gpus: dict[str, GpuPlan] = field(default_factory=dict)  # node name -> its GPUs for Ray
     departed: membership.Removal | None = None  # nodes that left the inventory
+    token: rotation.TokenPlan = field(default_factory=rotation.TokenPlan)
+
+    @property
+    def warnings(self) -> list[str]:
+        return rotation.up_warnings(self.token)
 
     @property
     def changed(self) -> bool:
@@ -73,12 +81,17 @@ class UpResult:
             "push": self.push.to_json() if self.push else None,
             "gpus": {name: asdict(plan) for name, plan in self.gpus.items()},
             "departed": self.departed.to_json() if self.departed else None,
+            "token": self.token.to_json(),
+            "warnings": self.warnings,
         }
 
 
-def install_token(inventory: Inventory, pool: Pool, *, deadline: float = 30) -> None:
-    """Create the token locally if needed and write it to every node (0600, via stdin)."""
-    path = token.ensure_token(inventory)
+def install_token(
+    inventory: Inventory, pool: Pool, *, deadline: float = 30, path: Path | None = None
+) -> None:
+    """Create the token locally if needed and write it to every node (0600, via stdin);
+    `path`: another token file to install (a rotation's new token)."""
+    path = path or token.ensure_token(inventory)
     data = path.read_bytes()
     command = token.install_command(inventory.cluster)
 
@@ -222,6 +235,7 @@ def up(
     doctor: bool = True,
     join_timeout: float = 120,
     push: str = "auto",
+    rotate_token: bool = False,
 ) -> UpResult:
     """The whole `up`: doctor (stop on errors unless forced), the runtime's preparation
     (docker: push the pin; `push`, runtime.base.PUSH_MODES), then bring_up."""
@@ -254,6 +268,7 @@ def up(
         result=result,
         states=states,
         facts=result.doctor.report.facts if result.doctor else None,
+        rotate_token=rotate_token,
     )
     result.seconds = time.monotonic() - t0
     return result
@@ -270,22 +285,28 @@ def bring_up(
     result: UpResult | None = None,
     states: dict[str, RayState] | None = None,
     facts: Mapping[str, NodeFacts] | None = None,
+    rotate_token: bool = False,
 ) -> UpResult:
     """Start what is missing, wait until every node joined, run the placement probe.
 
     `states`: this cluster's Ray on every node as the doctor's round found it (then no
     node is asked again); without them, one round trip asks. `facts`: the doctor's facts
-    (the nodes' GPUs); without them, one round trip asks."""
+    (the nodes' GPUs); without them, one round trip asks. `rotate_token`: a new token on
+    every node, and every node restarted with it (rotation.plan also decides by itself)."""
     t0 = time.monotonic()
     result = result if result is not None else UpResult(runtime=runtime.name)
     install_token(inventory, pool)
+    current = token.fingerprint(token.local_token_path(inventory))
     result.gpus = gpu_plans(pool, inventory, runtime, facts)
     before = status.gather(inventory, pool, report, runtime=runtime, states=states)
     # Nodes that left the inventory (the last up's record, the GCS's list) lose this
     # cluster's Ray before anything starts, so that none of them meets the new head.
     gone = membership.departed(inventory, membership.recorded_nodes(inventory), before.gcs)
+    held = membership.recorded_tokens(inventory)
     if gone:
         result.departed = membership.remove_departed(gone, pool, runtime, report)
+    failed = result.departed.failed if result.departed else []
+    errors = result.departed.errors if result.departed else {}
     head = inventory.head
     head_session = pool.session(head)
     states = before.states
@@ -301,6 +322,22 @@ def bring_up(
         return needs_start(state, current, alive, head_restarted=head_restarted)
 
     head_restart = start_needed(head, head_restarted=False)
+    result.token = rotation.plan(
+        asked=rotate_token,
+        unfinished=token.rotation_unfinished(inventory),
+        exposed=rotation.exposed(failed, errors, held, current),
+        head_restart=head_restart,
+    )
+    if result.token.rotate:
+        report(f"token: a new one for every node ({result.token.why}); every node restarts")
+        try:
+            install_token(inventory, pool, path=token.begin_rotation(inventory))
+        except OperationError as exc:
+            raise OperationError(
+                f"token not rotated: {exc.message}; nothing was restarted",
+                f"{exc.fix}; then run `provisioner up` again (it finishes the rotation)",
+            ) from exc
+        head_restart = True
     to_start = [w for w in inventory.workers if start_needed(w, head_restarted=head_restart)]
     if head_restart:
         to_start.insert(0, head)
@@ -329,6 +366,9 @@ def bring_up(
     group = fan_out([n for n in to_start if n.name in removed.results], start, deadline=120)
     result.started += [n.name for n in to_start if n.name in group.results]
     _raise_first({**removed.errors, **group.errors}, "could not start Ray")
+    if result.token.rotate:  # every node now runs with the new token: it is the cluster's
+        token.finish_rotation(inventory)
+        report("token: rotated; a Ray holding the old one can no longer join")
     if head_restart:
         wait_for_gcs(head_session, runtime, timeout=60)
         report(f"{head.name}: GCS is up at {commands.head_address(inventory)}")
@@ -369,7 +409,12 @@ def bring_up(
     began = runtime.started_state()
     after = {n: began if n in result.started else s for n, s in before.states.items()}
     result.status = status.assemble(inventory, runtime, after, {}, list(fresh.values()))
-    membership.record_nodes(inventory, also=result.departed.failed if result.departed else ())
+    membership.record_nodes(
+        inventory,
+        also=failed,
+        token=token.fingerprint(token.local_token_path(inventory)),
+        held={n.address: held.get(n.address, current) for n in failed},
+    )
     result.timings["start"] = time.monotonic() - t0
     result.seconds = time.monotonic() - t0
     return result

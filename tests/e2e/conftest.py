@@ -42,6 +42,7 @@ MODULE_ORDER = (
     "test_ray_up",
     "test_jobs",
     "test_shared_nodes",
+    "test_token_rotation",
     "test_long_runs",
     "test_faults",
     "test_security",
