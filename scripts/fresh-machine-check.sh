@@ -41,8 +41,9 @@
 #     ca-certificates: the package index is reached through a proxy whose CA is there);
 #   - this machine's APT sources (/etc/apt/sources.list.d) and pip configuration
 #     (/etc/pip.conf, /etc/xdg/pip, root's pip.conf, the PIP_* environment), and, bind-mounted
-#     read-only, the local wheel folders that configuration names (/opt/wheels holds the
-#     CPU build of torch 2.13.0; /opt/pypi*): all part of the machine, not of the project.
+#     read-only, the local folders that configuration names (find-links, file:// indexes;
+#     here one holds the CPU build of torch 2.13.0): all part of the machine, not of the
+#     project.
 # gcc is on such a machine too but is left out on purpose: nothing `make demo` installs may
 # need a compiler. NOT there, and left to `make demo`: docker.io (client and engine),
 # debootstrap, iptables, iproute2, openssh-client, rsync, procps, the virtualenv, the
@@ -226,10 +227,16 @@ rm -rf "$ROOTFS"
 phase "2. docker import"
 
 # --- 3. start
+# The local folders pip's configuration names (find-links, index URLs as file://), read
+# from pip itself and from the PIP_* environment: mounted read-only at the same paths.
 mounts=()
-for dir in /opt/wheels /opt/pypi /opt/pypi-more; do
+while read -r dir; do
   [ -d "$dir" ] && mounts+=(-v "$dir:$dir:ro")
-done
+done < <(
+  { python3 -m pip config list 2>/dev/null | cut -d= -f2-; env | grep -E '^PIP_' | cut -d= -f2-; } |
+    tr -d "'\"" | tr ' ' '\n' | sed -n -e 's#^file://##' -e 's#/simple/*$##' -e '\#^/#p' |
+    sort -u
+)
 envs=()
 # pip's settings in the environment are the machine's too; PYTHONUNBUFFERED keeps the
 # time stamps on the log's lines true (a pipe would buffer Python's output).
