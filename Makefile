@@ -49,7 +49,7 @@ unit: install
 # started afresh); README's Reliability table must be what that record renders.
 e2e: install prereqs
 	rm -f build/reliability.json
-	$(BIN)/pytest -q -m e2e tests/e2e
+	$(BIN)/pytest -q -m e2e --durations=40 tests/e2e
 
 reliability-check: install
 	$(BIN)/python scripts/reliability_table.py --check
