@@ -8,9 +8,7 @@ node, over real SSH; the cluster's compute nodes run Ray from their own virtuale
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from provisioner.lab.config import LabNode, slurm_inventory_document
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo, load_config
 from provisioner.runtime import host
+from tests.e2e.faults.lab import interrupt
 from tests.e2e.helpers import cli, ssh, ssh_args
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
@@ -180,26 +179,11 @@ def test_two_allocations_share_nodes_and_a_third_waits_until_cancelled(
             assert ray_processes(node, f"{slurm_lab.name}-b") > 0
 
         # the partition is full: C waits; SIGINT (Ctrl-C) cancels its job
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "provisioner", "up", "-i", c],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stderr is not None
-        seen: list[str] = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            seen.append(line)
-            if "PENDING (Resources)" in line or not line:
-                break
-        assert any("PENDING (Resources)" in x for x in seen), "".join(seen)
-        (submitted,) = [x for x in seen if "submitted" in x]
+        run = interrupt("up", "-i", c, when="PENDING (Resources)", timeout=180)
+        assert run.code == 130, run.stderr[-3000:]
+        (submitted,) = [x for x in run.stderr.splitlines() if "submitted" in x]
         c_job = int(submitted.split("SLURM job ")[1].split()[0])
-        proc.send_signal(signal.SIGINT)
-        rest = proc.stderr.read()
-        assert proc.wait(timeout=60) == 130, rest
-        assert f"SLURM job {c_job}: cancelling it" in rest, rest
+        assert f"SLURM job {c_job}: cancelling it" in run.stderr, run.stderr[-3000:]
         assert not on_login(slurm_lab, f"squeue -h -j {c_job} 2>/dev/null || true").strip()
 
         code, down, err = cli_json("down", "-i", a, "--no-logs")
