@@ -8,13 +8,17 @@ Each tag carries a hash of its recipe, so a changed recipe builds a new image.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -37,6 +41,35 @@ BASE_PACKAGES = (
     "procps",
 )
 RECIPE_FILES = ("node.Dockerfile", "sshd_config", "entrypoint.sh", "delay-proxy.py")
+
+_held = threading.local()
+_in_process = threading.RLock()
+
+
+@contextmanager
+def build_lock() -> Iterator[None]:
+    """One builder of lab images (and of the wheelhouse they share) at a time on this
+    machine: two `lab up`s started together (or two test sessions) wait for each other
+    instead of both running debootstrap or writing the same wheel. Re-entrant."""
+    with _in_process:
+        depth = getattr(_held, "depth", 0)
+        if depth:
+            _held.depth = depth + 1
+            try:
+                yield
+            finally:
+                _held.depth = depth
+            return
+        path = state_root() / "images.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            _held.depth = 1
+            try:
+                yield
+            finally:
+                _held.depth = 0
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _digest(*parts: str | bytes) -> str:
@@ -95,6 +128,11 @@ def debian_mirror() -> str:
 
 def ensure_base_image(report: Reporter = quiet) -> str:
     """The tag of the local base image, building it once (debootstrap, about a minute)."""
+    with build_lock():
+        return _ensure_base_image(report)
+
+
+def _ensure_base_image(report: Reporter = quiet) -> str:
     registry_base = os.environ.get("PROVISIONER_BASE_IMAGE")
     tag = base_tag(registry_base)
     if _exists(tag):
@@ -181,6 +219,11 @@ def _run_reporting(cmd: list[str], report: Reporter, what: str) -> None:
 
 def ensure_node_image(report: Reporter = quiet) -> str:
     """The tag of the lab node image (sshd + dockerd + login user), built once."""
+    with build_lock():
+        return _ensure_node_image(report)
+
+
+def _ensure_node_image(report: Reporter = quiet) -> str:
     base = ensure_base_image(report)
     tag = node_tag(base)
     if not _exists(tag):
@@ -201,6 +244,11 @@ def ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
     """The tag of the host-mode lab node image: the node image plus a virtualenv built
     offline from images/requirements.lock and the wheelhouse (images/.wheelhouse), on
     the login shell's PATH only. Built once per lock."""
+    with build_lock():
+        return _ensure_host_node_image(images_dir, report)
+
+
+def _ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
     from provisioner.image.requirements import parse_lock
     from provisioner.image.wheelhouse import ensure_wheels
 
@@ -244,6 +292,11 @@ def slurm_node_tag(host: str) -> str:
 def ensure_slurm_node_image(images_dir: Path, report: Reporter = quiet) -> str:
     """The tag of the SLURM lab node image: the host-mode node image plus Debian's
     slurm-wlm and munge packages (from the Debian mirror at build time). Built once."""
+    with build_lock():
+        return _ensure_slurm_node_image(images_dir, report)
+
+
+def _ensure_slurm_node_image(images_dir: Path, report: Reporter = quiet) -> str:
     host = ensure_host_node_image(images_dir, report)
     tag = slurm_node_tag(host)
     if not _exists(tag):

@@ -54,16 +54,33 @@ MODULE_ORDER = (
 )
 
 
-def _module_rank(item: pytest.Item) -> int:
+# Tests on the host-mode and SLURM labs touch nothing of the `e2e` lab: `make e2e` runs
+# them (marked `apart`) in a second pytest process beside the first, so the suite's time
+# is nearer the longer of the two than their sum. Image builds take a lock
+# (`provisioner.lab.images.build_lock`), so the two never build the same image at once.
+APART_FIXTURES = {"host_lab", "slurm_lab"}
+
+
+def _apart(item: pytest.Item) -> bool:
+    return bool(APART_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def _rank(item: pytest.Item) -> tuple[int, int]:
     name = Path(str(item.fspath)).stem
-    return MODULE_ORDER.index(name) if name in MODULE_ORDER else len(MODULE_ORDER)
+    module = MODULE_ORDER.index(name) if name in MODULE_ORDER else len(MODULE_ORDER)
+    # in the second process, a test that also needs the pin runs last: by then the first
+    # process has built it (the build cache makes this one's build take seconds)
+    needs_pin = _apart(item) and "image_pin" in getattr(item, "fixturenames", ())
+    return (int(needs_pin), module)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
-    items.sort(key=_module_rank)  # stable: tests keep their file order within a module
+            if _apart(item):
+                item.add_marker(pytest.mark.apart)
+    items.sort(key=_rank)  # stable: tests keep their file order within a module
 
 
 @pytest.fixture(scope="session")
@@ -98,15 +115,16 @@ def image_pin() -> Path:
     """The cluster image built from images/ (the build cache makes a rebuild take seconds)
     and its pin written to images/image.lock.json, as `provisioner image build` does."""
     from provisioner.image.build import BuildOptions, build_image
-    from provisioner.lab.images import ensure_base_image
+    from provisioner.lab.images import build_lock, ensure_base_image
 
-    opts = BuildOptions(
-        images_dir=IMAGES,
-        wheelhouse=IMAGES / ".wheelhouse",
-        lock_path=IMAGES / "image.lock.json",
-        base=ensure_base_image(print),
-    )
-    result = build_image(opts, print)
+    with build_lock():  # the other e2e process may be building it (or the wheelhouse)
+        opts = BuildOptions(
+            images_dir=IMAGES,
+            wheelhouse=IMAGES / ".wheelhouse",
+            lock_path=IMAGES / "image.lock.json",
+            base=ensure_base_image(print),
+        )
+        result = build_image(opts, print)
     assert result.lock_path is not None and result.pin is not None
     return result.lock_path
 

@@ -219,13 +219,13 @@ def test_fault_isolate_drops_ssh_from_here_only_and_clear_undoes_it(lab: LabInfo
 
 
 def test_lab_up_json_and_down_leaves_nothing_behind() -> None:
-    cfg = LabConfig(name="e2edown", subnet="10.250.101.0/24", nodes=1)
+    cfg = LabConfig(name="e2edown", subnet="10.250.103.0/24", nodes=1)
     r = cli("lab", "up", "--nodes", "1", "--name", cfg.name, "--subnet", cfg.subnet, "--json")
     assert r.exit_code == 0, r.stderr
     doc = r.json()
     assert set(doc) >= {"inventory", "key", "known_hosts", "nodes"}
     assert doc["nodes"] == [
-        {"name": "provisioner-e2edown-0", "address": "10.250.101.10", "user": "lab", "role": "head"}
+        {"name": "provisioner-e2edown-0", "address": "10.250.103.10", "user": "lab", "role": "head"}
     ]
     r = cli("lab", "down", "--name", cfg.name)
     assert r.exit_code == 0, r.stderr
