@@ -9,8 +9,6 @@ and remove their own images from the nodes at the end.
 from __future__ import annotations
 
 import base64
-import os
-import random
 import shutil
 import tempfile
 import threading
@@ -25,29 +23,11 @@ from provisioner.image.lock import Pin, read_pin
 from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.lab import faults, wire
-from provisioner.lab.engine import client, exec_rc
+from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo
+from tests.e2e.helpers import small_image
 
 REPO = "provisioner/forward-test"
-
-
-def build(base: Pin, name: str, megabytes: int, parent: str = "scratch") -> Pin:
-    """An image of `parent` plus one layer of `megabytes` fixed pseudo-random bytes."""
-    with tempfile.TemporaryDirectory(prefix="forward-test-") as tmp:
-        blob = Path(tmp) / name
-        blob.write_bytes(random.Random(name).randbytes(megabytes * 1024 * 1024))
-        os.utime(blob, (0, 0))
-        (Path(tmp) / "Dockerfile").write_text(f"FROM {parent}\nCOPY {name} /{name}\n")
-        image, _ = client().images.build(path=tmp, tag=f"{REPO}:{name}", rm=True)
-    attrs = client().api.inspect_image(image.id)
-    return replace(
-        base,
-        image_id=image.id,
-        layers=tuple(attrs["RootFS"]["Layers"]),
-        layer_sizes=None,
-        size=int(attrs["Size"]),
-        tag=f"{REPO}:{name}",
-    )
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +78,7 @@ def push(inv: Inventory, pin: Pin, *, relay: bool = False, forward: bool = False
 def test_forward_sends_one_image_from_the_control_machine_and_at_most_one_per_node(
     lab: LabInfo, inventory: Inventory, base_pin: Pin
 ) -> None:
-    pin = build(base_pin, "blob16", 16)
+    pin = small_image(base_pin, REPO, "blob16", 16)
     keys = {n.name: authorized_keys(n) for n in inventory.nodes}
     # the star relay first, for contrast: its head sends the image to each worker
     remove(list(inventory.nodes), pin)
@@ -135,8 +115,8 @@ def test_forward_sends_one_image_from_the_control_machine_and_at_most_one_per_no
 def test_forward_sends_a_node_only_its_missing_layers_and_skips_a_node_that_has_everything(
     lab: LabInfo, inventory: Inventory, base_pin: Pin
 ) -> None:
-    bottom = build(base_pin, "blob16", 16)
-    top = build(base_pin, "top8", 8, parent=bottom.tag)
+    bottom = small_image(base_pin, REPO, "blob16", 16)
+    top = small_image(base_pin, REPO, "top8", 8, parent=bottom.tag)
     assert top.layers[:1] == bottom.layers
     first, second, third = inventory.nodes
     remove([first], top, bottom)  # nothing
@@ -163,7 +143,7 @@ def test_forward_sends_a_node_only_its_missing_layers_and_skips_a_node_that_has_
 def test_a_node_stopped_mid_relay_leaves_the_nodes_after_it_with_the_verified_image(
     lab: LabInfo, inventory: Inventory, base_pin: Pin
 ) -> None:
-    pin = build(base_pin, "blob128", 128)
+    pin = small_image(base_pin, REPO, "blob128", 128)
     first, middle, last = inventory.nodes
     remove(list(inventory.nodes), pin)
     keys = authorized_keys(middle)
