@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import random
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -41,23 +38,9 @@ SMALL_TAG = "provisioner/bench:push"
 
 def small_pin(pin: Pin, megabytes: int) -> Pin:
     """A one-layer image of `megabytes` fixed pseudo-random bytes (the same ID on every run)."""
-    from provisioner.lab.engine import client
+    from provisioner.lab.images import filler_image
 
-    with tempfile.TemporaryDirectory(prefix="bench-small-") as tmp:
-        blob = Path(tmp) / "blob"
-        blob.write_bytes(random.Random(megabytes).randbytes(megabytes * 1024 * 1024))
-        os.utime(blob, (0, 0))
-        (Path(tmp) / "Dockerfile").write_text("FROM scratch\nCOPY blob /blob\n")
-        image, _ = client().images.build(path=tmp, tag=f"{SMALL_TAG}-{megabytes}", rm=True)
-    attrs = client().api.inspect_image(image.id)
-    return replace(
-        pin,
-        image_id=image.id,
-        layers=tuple(attrs["RootFS"]["Layers"]),
-        layer_sizes=None,
-        size=int(attrs["Size"]),
-        tag=f"{SMALL_TAG}-{megabytes}",
-    )
+    return filler_image(pin, f"{SMALL_TAG}-{megabytes}", megabytes)
 
 
 def remove_pin(inv: Inventory, nodes: list[Node], pin: Pin, tag: str = CLUSTER_TAG) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from docker.errors import BuildError, ImageNotFound
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import LabError, PrerequisiteError
+from provisioner.image.lock import Pin
 from provisioner.lab.config import LABEL
 from provisioner.lab.engine import client, need
 from provisioner.local import state_root
@@ -329,3 +332,25 @@ def _docker_build(
                 last = now
     except BuildError as exc:
         raise LabError(f"building {tag} failed: {exc}") from exc
+
+
+def filler_image(base: Pin, tag: str, megabytes: int, parent: str = "scratch") -> Pin:
+    """A cheap image to push in tests and benchmarks: `parent` plus one layer of
+    `megabytes` pseudo-random bytes fixed by the tag (so the same image ID on every run),
+    built locally as `tag` and pinned like `base`."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", tag)
+    with tempfile.TemporaryDirectory(prefix="filler-") as tmp:
+        blob = Path(tmp) / name
+        blob.write_bytes(random.Random(tag).randbytes(megabytes * 1024 * 1024))
+        os.utime(blob, (0, 0))
+        (Path(tmp) / "Dockerfile").write_text(f"FROM {parent}\nCOPY {name} /{name}\n")
+        image, _ = client().images.build(path=tmp, tag=tag, rm=True)
+    attrs = client().api.inspect_image(image.id)
+    return replace(
+        base,
+        image_id=image.id,
+        layers=tuple(attrs["RootFS"]["Layers"]),
+        layer_sizes=None,
+        size=int(attrs["Size"]),
+        tag=tag,
+    )

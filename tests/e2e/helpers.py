@@ -4,23 +4,17 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import random
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from provisioner.cli import run
-from provisioner.image.lock import Pin
 from provisioner.lab import faults
 from provisioner.lab.config import LabNode
-from provisioner.lab.engine import client
 from provisioner.lab.nodes import LabInfo
 
 
@@ -81,23 +75,3 @@ def cli_json(*args: str) -> tuple[int, Any, str]:
     """The CLI with --json: exit code, the parsed stdout, stderr."""
     code, out, err = cli(*args, "--json")
     return code, json.loads(out), err
-
-
-def small_image(base: Pin, repo: str, name: str, megabytes: int, parent: str = "scratch") -> Pin:
-    """A test image `repo:name`: `parent` plus one layer of `megabytes` fixed pseudo-random
-    bytes (the same bytes for the same name), pinned like `base`: cheap to push."""
-    with tempfile.TemporaryDirectory(prefix="small-image-") as tmp:
-        blob = Path(tmp) / name
-        blob.write_bytes(random.Random(name).randbytes(megabytes * 1024 * 1024))
-        os.utime(blob, (0, 0))
-        (Path(tmp) / "Dockerfile").write_text(f"FROM {parent}\nCOPY {name} /{name}\n")
-        image, _ = client().images.build(path=tmp, tag=f"{repo}:{name}", rm=True)
-    attrs = client().api.inspect_image(image.id)
-    return replace(
-        base,
-        image_id=image.id,
-        layers=tuple(attrs["RootFS"]["Layers"]),
-        layer_sizes=None,
-        size=int(attrs["Size"]),
-        tag=f"{repo}:{name}",
-    )

@@ -24,8 +24,8 @@ from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.lab import faults, wire
 from provisioner.lab.engine import exec_rc
+from provisioner.lab.images import filler_image
 from provisioner.lab.nodes import LabInfo
-from tests.e2e.helpers import small_image
 
 REPO = "provisioner/forward-test"
 
@@ -78,7 +78,7 @@ def push(inv: Inventory, pin: Pin, *, relay: bool = False, forward: bool = False
 def test_forward_sends_one_image_from_the_control_machine_and_at_most_one_per_node(
     lab: LabInfo, inventory: Inventory, base_pin: Pin
 ) -> None:
-    pin = small_image(base_pin, REPO, "blob16", 16)
+    pin = filler_image(base_pin, f"{REPO}:blob16", 16)
     keys = {n.name: authorized_keys(n) for n in inventory.nodes}
     # the star relay first, for contrast: its head sends the image to each worker
     remove(list(inventory.nodes), pin)
@@ -115,8 +115,8 @@ def test_forward_sends_one_image_from_the_control_machine_and_at_most_one_per_no
 def test_forward_sends_a_node_only_its_missing_layers_and_skips_a_node_that_has_everything(
     lab: LabInfo, inventory: Inventory, base_pin: Pin
 ) -> None:
-    bottom = small_image(base_pin, REPO, "blob16", 16)
-    top = small_image(base_pin, REPO, "top8", 8, parent=bottom.tag)
+    bottom = filler_image(base_pin, f"{REPO}:blob16", 16)
+    top = filler_image(base_pin, f"{REPO}:top8", 8, parent=bottom.tag)
     assert top.layers[:1] == bottom.layers
     first, second, third = inventory.nodes
     remove([first], top, bottom)  # nothing
@@ -143,7 +143,7 @@ def test_forward_sends_a_node_only_its_missing_layers_and_skips_a_node_that_has_
 def test_a_node_stopped_mid_relay_leaves_the_nodes_after_it_with_the_verified_image(
     lab: LabInfo, inventory: Inventory, base_pin: Pin
 ) -> None:
-    pin = small_image(base_pin, REPO, "blob128", 128)
+    pin = filler_image(base_pin, f"{REPO}:blob128", 128)
     first, middle, last = inventory.nodes
     remove(list(inventory.nodes), pin)
     keys = authorized_keys(middle)

@@ -21,10 +21,9 @@ from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
 from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.lab.engine import client, exec_rc
-from provisioner.lab.images import build_lock, ensure_base_image
+from provisioner.lab.images import build_lock, ensure_base_image, filler_image
 from provisioner.lab.nodes import LabInfo
 from provisioner.remote import Session
-from tests.e2e.helpers import small_image
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
 OLDER_TAG = "provisioner/ray:torch-stage"
@@ -211,7 +210,7 @@ def test_relay_sends_about_one_image_from_the_control_machine(
     control machine sends it once, to the head, which sends it on to each worker. The
     claim does not depend on the size (the pin's relay is measured by `make bench`'s scale
     rows), and the nodes keep the pin."""
-    small = small_image(pin, RELAY_REPO, "relay48", 48)
+    small = filler_image(pin, f"{RELAY_REPO}:relay48", 48)
     # One worker's authorized_keys lacks its final newline (as an editor may leave it): the
     # relay key must not glue onto the user's key, and its removal must not take it along.
     glued = inventory.workers[0]
