@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -45,8 +45,8 @@ BASE_PACKAGES = (
 )
 RECIPE_FILES = ("node.Dockerfile", "sshd_config", "entrypoint.sh", "delay-proxy.py")
 
-_held = threading.local()
-_in_process = threading.RLock()
+_in_process = threading.RLock()  # held by the builder thread, so re-entrant
+_depth = 0  # nesting of build_lock() in the thread that holds _in_process
 
 
 @contextmanager
@@ -54,25 +54,18 @@ def build_lock() -> Iterator[None]:
     """One builder of lab images (and of the wheelhouse they share) at a time on this
     machine: two `lab up`s started together (or two test sessions) wait for each other
     instead of both running debootstrap or writing the same wheel. Re-entrant."""
-    with _in_process:
-        depth = getattr(_held, "depth", 0)
-        if depth:
-            _held.depth = depth + 1
-            try:
-                yield
-            finally:
-                _held.depth = depth
-            return
-        path = state_root() / "images.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            _held.depth = 1
-            try:
-                yield
-            finally:
-                _held.depth = 0
-                fcntl.flock(handle, fcntl.LOCK_UN)
+    global _depth
+    with _in_process, ExitStack() as stack:
+        if _depth == 0:
+            path = state_root() / "images.lock"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = stack.enter_context(path.open("a"))
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        _depth += 1
+        try:
+            yield
+        finally:
+            _depth -= 1
 
 
 def _digest(*parts: str | bytes) -> str:
