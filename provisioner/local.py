@@ -3,14 +3,19 @@ and the tools it runs. Neutral ground for the library and the lab alike."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from functools import cache
 from pathlib import Path
 
 import docker
 from docker.errors import DockerException
 
+from provisioner.console import Reporter, quiet
 from provisioner.errors import PrerequisiteError
 
 
@@ -59,3 +64,31 @@ def need(tool: str, package: str) -> str:
             f"`{tool}` is not installed on this machine", f"apt-get install -y {package}"
         )
     return path
+
+
+_in_process = threading.RLock()  # held by the builder thread, so re-entrant
+_depth = 0  # nesting of build_lock() in the thread that holds _in_process
+
+
+@contextmanager
+def build_lock(report: Reporter = quiet) -> Iterator[None]:
+    """One image builder at a time on this machine: `image build` and the lab's node
+    images share the wheelhouse and the build cache, so two builds started together (two
+    terminals, two `lab up`s, two test sessions) wait for each other instead of both
+    running debootstrap or writing the same wheel; the waiting one says so. Re-entrant."""
+    global _depth
+    with _in_process, ExitStack() as stack:
+        if _depth == 0:
+            path = state_root() / "images.lock"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = stack.enter_context(path.open("a"))
+            try:  # released when the file closes
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                report(f"waiting for another image build on this machine to end ({path})")
+                fcntl.flock(handle, fcntl.LOCK_EX)
+        _depth += 1
+        try:
+            yield
+        finally:
+            _depth -= 1

@@ -24,6 +24,7 @@ from provisioner.errors import InputError, OperationError
 from provisioner.image.lock import BUILD_TAG, Pin, Versions, layer_sizes_from_history, write_pin
 from provisioner.image.requirements import lock_sha256, parse_lock
 from provisioner.image.wheelhouse import ensure_wheels
+from provisioner.local import build_lock
 from provisioner.local import docker_client as client
 
 CONTEXT_FILES = ("Dockerfile", "requirements.lock", "ray-profile.sh")
@@ -185,7 +186,13 @@ def read_versions(image_id: str) -> tuple[Versions, str | None]:
 
 
 def build_image(opts: BuildOptions, report: Reporter = quiet) -> BuildResult:
-    """Build the image from the lock and the wheelhouse; write the pin for the full image."""
+    """Build the image from the lock and the wheelhouse; write the pin for the full image.
+    One build at a time on this machine (`build_lock`): another waits."""
+    with build_lock(report):
+        return _build_image(opts, report)
+
+
+def _build_image(opts: BuildOptions, report: Reporter) -> BuildResult:
     t0 = time.monotonic()
     lock_file = opts.lock_file
     check_images_dir(opts.images_dir, lock_file.name)

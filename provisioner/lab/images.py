@@ -8,7 +8,6 @@ Each tag carries a hash of its recipe, so a changed recipe builds a new image.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import random
@@ -16,10 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -31,7 +27,7 @@ from provisioner.errors import LabError, PrerequisiteError
 from provisioner.image.lock import Pin
 from provisioner.lab.config import LABEL
 from provisioner.lab.engine import client, need
-from provisioner.local import state_root
+from provisioner.local import build_lock, state_root
 
 SUITE = "bookworm"
 BASE_PACKAGES = (
@@ -44,28 +40,6 @@ BASE_PACKAGES = (
     "procps",
 )
 RECIPE_FILES = ("node.Dockerfile", "sshd_config", "entrypoint.sh", "delay-proxy.py")
-
-_in_process = threading.RLock()  # held by the builder thread, so re-entrant
-_depth = 0  # nesting of build_lock() in the thread that holds _in_process
-
-
-@contextmanager
-def build_lock() -> Iterator[None]:
-    """One builder of lab images (and of the wheelhouse they share) at a time on this
-    machine: two `lab up`s started together (or two test sessions) wait for each other
-    instead of both running debootstrap or writing the same wheel. Re-entrant."""
-    global _depth
-    with _in_process, ExitStack() as stack:
-        if _depth == 0:
-            path = state_root() / "images.lock"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handle = stack.enter_context(path.open("a"))
-            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
-        _depth += 1
-        try:
-            yield
-        finally:
-            _depth -= 1
 
 
 def _digest(*parts: str | bytes) -> str:
@@ -124,7 +98,7 @@ def debian_mirror() -> str:
 
 def ensure_base_image(report: Reporter = quiet) -> str:
     """The tag of the local base image, building it once (debootstrap, about a minute)."""
-    with build_lock():
+    with build_lock(report):
         return _ensure_base_image(report)
 
 
@@ -215,7 +189,7 @@ def _run_reporting(cmd: list[str], report: Reporter, what: str) -> None:
 
 def ensure_node_image(report: Reporter = quiet) -> str:
     """The tag of the lab node image (sshd + dockerd + login user), built once."""
-    with build_lock():
+    with build_lock(report):
         return _ensure_node_image(report)
 
 
@@ -240,7 +214,7 @@ def ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
     """The tag of the host-mode lab node image: the node image plus a virtualenv built
     offline from images/requirements.lock and the wheelhouse (images/.wheelhouse), on
     the login shell's PATH only. Built once per lock."""
-    with build_lock():
+    with build_lock(report):
         return _ensure_host_node_image(images_dir, report)
 
 
@@ -288,7 +262,7 @@ def slurm_node_tag(host: str) -> str:
 def ensure_slurm_node_image(images_dir: Path, report: Reporter = quiet) -> str:
     """The tag of the SLURM lab node image: the host-mode node image plus Debian's
     slurm-wlm and munge packages (from the Debian mirror at build time). Built once."""
-    with build_lock():
+    with build_lock(report):
         return _ensure_slurm_node_image(images_dir, report)
 
 

@@ -57,7 +57,7 @@ MODULE_ORDER = (
 # Tests on the host-mode and SLURM labs touch nothing of the `e2e` lab: `make e2e` runs
 # them (marked `apart`) in a second pytest process beside the first, so the suite's time
 # is nearer the longer of the two than their sum. Image builds take a lock
-# (`provisioner.lab.images.build_lock`), so the two never build the same image at once.
+# (`provisioner.local.build_lock`), so the two never build the same image at once.
 APART_FIXTURES = {"host_lab", "slurm_lab"}
 
 
@@ -115,16 +115,15 @@ def image_pin() -> Path:
     """The cluster image built from images/ (the build cache makes a rebuild take seconds)
     and its pin written to images/image.lock.json, as `provisioner image build` does."""
     from provisioner.image.build import BuildOptions, build_image
-    from provisioner.lab.images import build_lock, ensure_base_image
+    from provisioner.lab.images import ensure_base_image
 
-    with build_lock():  # the other e2e process may be building it (or the wheelhouse)
-        opts = BuildOptions(
-            images_dir=IMAGES,
-            wheelhouse=IMAGES / ".wheelhouse",
-            lock_path=IMAGES / "image.lock.json",
-            base=ensure_base_image(print),
-        )
-        result = build_image(opts, print)
+    opts = BuildOptions(
+        images_dir=IMAGES,
+        wheelhouse=IMAGES / ".wheelhouse",
+        lock_path=IMAGES / "image.lock.json",
+        base=ensure_base_image(print),
+    )
+    result = build_image(opts, print)  # waits while the other e2e process builds
     assert result.lock_path is not None and result.pin is not None
     return result.lock_path
 

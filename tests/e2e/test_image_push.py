@@ -21,7 +21,7 @@ from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
 from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.lab.engine import client, exec_rc
-from provisioner.lab.images import build_lock, ensure_base_image, filler_image
+from provisioner.lab.images import ensure_base_image, filler_image
 from provisioner.lab.nodes import LabInfo
 from provisioner.remote import Session
 
@@ -42,8 +42,7 @@ def build_opts(tmp: Path) -> BuildOptions:
 @pytest.fixture(scope="module")
 def pin(tmp_path_factory: pytest.TempPathFactory) -> Pin:
     """The image built from images/ (from the build cache when it was built before)."""
-    with build_lock():  # the other e2e process may be building it (or the wheelhouse)
-        result = build_image(build_opts(tmp_path_factory.mktemp("pin")), print)
+    result = build_image(build_opts(tmp_path_factory.mktemp("pin")), print)
     assert result.pin is not None and result.lock_path is not None
     assert read_pin(result.lock_path) == result.pin
     return result.pin
@@ -53,8 +52,7 @@ def pin(tmp_path_factory: pytest.TempPathFactory) -> Pin:
 def older(pin: Pin, tmp_path_factory: pytest.TempPathFactory) -> Pin:
     """An older image: the same Dockerfile stopped after the torch layer (base layers shared)."""
     opts = replace(build_opts(tmp_path_factory.mktemp("older")), target="torch", tag=OLDER_TAG)
-    with build_lock():
-        image_id = build_image(opts, print).image_id
+    image_id = build_image(opts, print).image_id
     attrs = client().api.inspect_image(image_id)
     layers = tuple(attrs["RootFS"]["Layers"])
     assert layers == pin.layers[: len(layers)] and len(layers) < len(pin.layers)
