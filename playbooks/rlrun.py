@@ -15,9 +15,20 @@ the target return or the step budget, and writes into the results directory
 - `summary.json`: what the run reached, and why it stopped.
 
 `--resume-from CHECKPOINT` (or `$PROVISIONER_RESUME_FROM`, relative to the results
-directory) continues a run: `Algorithm.restore_from_path` brings back the weights, the
-iteration and env-step counters; metrics.csv and TensorBoard go on from the rows the
+directory) continues a run: `Algorithm.restore_from_path` brings back the learner's
+weights and optimizer state, the connector states and the counters; then every env
+runner is given the restored weights and connector states and waits until it holds them
+(checked by digest), and the random generators go on from where they were
+(`rng.json` in each checkpoint). metrics.csv and TensorBoard go on from the rows the
 results directory already holds up to that iteration.
+
+Why the explicit hand-over: RLlib's own restore sends the weights to remote env runners
+fire-and-forget, through an actor manager that drops a call to a runner while an earlier
+call with the same tag is still in flight (`max_requests_in_flight_per_env_runner`,
+default 1). `build_algo()` leaves exactly such a call in flight (its own first weight
+sync), so on a cluster, where that call has to fetch the weights from another node, the
+restored weights were usually dropped and the runners sampled with a fresh policy. On
+one machine that call is done within milliseconds, so a resume there seemed to work.
 
 It runs on the cluster, not on the client: it needs Ray, RLlib and tensorboardX only.
 (The `type: ignore[no-untyped-call]` below: those parts of Ray's API are not annotated.)
@@ -48,6 +59,9 @@ RESUME_ENV = "PROVISIONER_RESUME_FROM"
 RETRIES_ENV = "PROVISIONER_RETRIES"
 PROGRESS_MARK = "PROVISIONER-PROGRESS"
 CHECKPOINTS = "checkpoints"
+
+
+RNG_FILE = "rng.json"
 
 
 @dataclass
@@ -101,6 +115,12 @@ def parser(
     p.add_argument("--lr", type=float, default=3e-4, help="learning rate")
     p.add_argument("--gamma", type=float, default=0.99, help="discount factor")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--obs-filter",
+        action="store_true",
+        help="normalise observations with a running mean/std filter (its state is "
+        "checkpointed and resumed with the weights)",
+    )
     p.add_argument("--results", type=Path, default=Path(os.environ.get(RESULTS_ENV, "results")))
     p.add_argument(
         "--checkpoint-every",
@@ -170,6 +190,13 @@ def ppo_config(
         )
         .debugging(seed=args.seed)
     )
+    if getattr(args, "obs_filter", False):
+        from ray.rllib.connectors.env_to_module.mean_std_filter import MeanStdFilter
+
+        def obs_filter(env: Any, spaces: Any = None, device: Any = None) -> Any:
+            return MeanStdFilter()
+
+        config = config.env_runners(env_to_module_connector=obs_filter)
     learners, per = learner_plan(
         cluster_gpus(),
         getattr(args, "num_gpus_per_learner", None),
@@ -301,6 +328,7 @@ def save_checkpoint(algo: Algorithm, results: Path, iteration: int, keep: int) -
     tmp = folder / f".tmp-{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     algo.save_to_path(str(tmp.resolve()))
+    (tmp / RNG_FILE).write_text(json.dumps(rng_states(algo)))
     os.replace(tmp, final)
     for old in sorted(p for p in folder.glob("iter-*") if p.is_dir())[: -max(1, keep)]:
         shutil.rmtree(old, ignore_errors=True)
@@ -389,6 +417,224 @@ def resume_path(results: Path, given: Path | None) -> Path | None:
     return path.resolve()
 
 
+def _flat(value: Any, out: list[bytes], key: str = "") -> None:
+    """Every number in a nested state, in a fixed order, as bytes (tensors and arrays too)."""
+    import numpy as np
+
+    if isinstance(value, dict):
+        for k in sorted(value, key=str):
+            _flat(value[k], out, f"{key}/{k}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _flat(v, out, f"{key}/{i}")
+    else:
+        if hasattr(value, "detach"):  # a torch tensor
+            value = value.detach().cpu().numpy()
+        if isinstance(value, np.ndarray | np.generic | int | float | bool):
+            arr = np.asarray(value, dtype=np.float64)
+            out.append(key.encode() + b"=" + arr.tobytes())
+        elif value is not None:
+            out.append(f"{key}={value!r}".encode())
+
+
+def digest(state: Any) -> str:
+    """A digest of a weights or connector state that is the same wherever it is computed."""
+    import hashlib
+
+    parts: list[bytes] = []
+    _flat(state, parts)
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()
+
+
+def on_every_runner(algo: Algorithm, func: Any, what: str) -> list[Any]:
+    """`func(runner)` on every env runner (the local one when there are no remote ones),
+    waiting for each; a runner that fails or does not answer fails the run, rather than
+    training going on with some runners in another state."""
+    group = algo.env_runner_group
+    assert group is not None
+    remote = group.num_remote_env_runners()
+    found = group.foreach_env_runner(func, local_env_runner=remote == 0)
+    if len(found) != max(remote, 1):
+        raise SystemExit(
+            f"resume: {max(remote, 1) - len(found)} of {max(remote, 1)} env runner(s) could "
+            f"not {what}; see the job's log for the runner's error"
+        )
+    return list(found)
+
+
+def _one_module(weights: Any) -> Any:
+    """A single-agent module's weights, whether or not they come keyed by its module id."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    return weights.get(DEFAULT_MODULE_ID, weights)
+
+
+def hand_over(algo: Algorithm, checkpoint: Path) -> int:
+    """Give every env runner the restored weights and connector states, wait until each
+    holds them, and check that by digest; the number of runners checked.
+
+    Synchronous calls on each runner, queued behind any weight sync RLlib still has in
+    flight, so nothing sent earlier can overwrite them (an actor runs one caller's calls
+    in order)."""
+    import ray
+    from ray.rllib.core import (
+        COMPONENT_ENV_TO_MODULE_CONNECTOR,
+        COMPONENT_LEARNER,
+        COMPONENT_MODULE_TO_ENV_CONNECTOR,
+        COMPONENT_RL_MODULE,
+    )
+
+    group = algo.env_runner_group
+    assert group is not None and algo.learner_group is not None
+    weights = algo.learner_group.get_state(
+        components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}", inference_only=True
+    )[COMPONENT_LEARNER][COMPONENT_RL_MODULE]
+    state: dict[str, Any] = {COMPONENT_RL_MODULE: weights}
+    for name, pipeline in (
+        (COMPONENT_ENV_TO_MODULE_CONNECTOR, getattr(algo, "env_to_module_connector", None)),
+        (COMPONENT_MODULE_TO_ENV_CONNECTOR, getattr(algo, "module_to_env_connector", None)),
+    ):
+        if pipeline is not None and (checkpoint / name).is_dir():
+            # exactly the checkpoint's state (RLlib's restore merges the fresh runners' in)
+            pipeline.restore_from_path(checkpoint / name)
+            state[name] = pipeline.get_state()
+    ref = ray.put(state)
+    want = {k: digest(_one_module(v) if k == COMPONENT_RL_MODULE else v) for k, v in state.items()}
+
+    def take(runner: Any) -> dict[str, str]:
+        import ray as _ray
+
+        runner.set_state(_ray.get(ref))  # no weights_seq_no: the runner takes them whatever
+        got = runner.get_state(components=list(state), inference_only=True)
+        return {
+            k: digest(_one_module(got[k]) if k == COMPONENT_RL_MODULE else got[k])
+            for k in state
+            if k in got
+        }
+
+    found = on_every_runner(algo, take, "take the restored weights")
+    for i, got in enumerate(found):
+        wrong = sorted(k for k in want if got.get(k) != want[k])
+        if wrong:
+            raise SystemExit(
+                f"resume: env runner {i + 1} does not hold the restored {', '.join(wrong)} "
+                "after the hand-over; not training on a fresh policy"
+            )
+    return len(found)
+
+
+def _rng_of_process(envs: Any = None) -> dict[str, Any]:
+    """This process's random generators (Python, NumPy, torch) and its envs' own."""
+    import random
+
+    import numpy as np
+
+    state: dict[str, Any] = {"python": _jsonable(random.getstate())}
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state["numpy"] = [kind, np.asarray(keys).tolist(), pos, has_gauss, cached]
+    try:
+        import torch
+
+        state["torch"] = torch.get_rng_state().tolist()
+    except ImportError:  # pragma: no cover - the image has torch
+        pass
+    if envs is not None:
+        state["envs"] = [_jsonable(e.np_random.bit_generator.state) for e in envs]
+    return state
+
+
+def _set_rng_of_process(state: dict[str, Any], envs: Any = None) -> None:
+    import random
+
+    import numpy as np
+
+    random.setstate(_tupled(state["python"]))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if "torch" in state:
+        import torch
+
+        torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if envs is not None:
+        for env, saved in zip(envs, state.get("envs", []), strict=False):
+            env.np_random.bit_generator.state = saved
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _tupled(value: Any) -> Any:
+    return tuple(_tupled(v) for v in value) if isinstance(value, list) else value
+
+
+def _runner_envs(runner: Any) -> list[Any]:
+    """The gymnasium envs an env runner steps (inside its vector env), unwrapped."""
+    vector = getattr(runner, "env", None)
+    inner = getattr(getattr(vector, "unwrapped", vector), "envs", None) or []
+    return [getattr(e, "unwrapped", e) for e in inner]
+
+
+def rng_states(algo: Algorithm) -> dict[str, Any]:
+    """The driver's (and its local learner's) random state and each env runner's, by
+    runner index, for `rng.json` beside a checkpoint."""
+    group = algo.env_runner_group
+    assert group is not None
+
+    def of(runner: Any) -> tuple[int, dict[str, Any]]:
+        return int(runner.worker_index), _rng_of_process(_runner_envs(runner))
+
+    runners = dict(on_every_runner(algo, of, "report its random state"))
+    return {"driver": _rng_of_process(), "runners": {str(k): v for k, v in runners.items()}}
+
+
+def restore_rng(algo: Algorithm, checkpoint: Path, seed: int) -> str:
+    """Put back the random state saved with the checkpoint; runners it has none for (a
+    checkpoint without rng.json, or more runners than before) are seeded anew from the
+    seed and the iteration, so that no runner replays the run's first episodes."""
+    group = algo.env_runner_group
+    assert group is not None
+    path = checkpoint / RNG_FILE
+    saved: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+    runners: dict[str, Any] = saved.get("runners", {})
+    iteration = int(algo.iteration or 0)
+
+    def put(runner: Any) -> bool:
+        import random
+
+        import numpy as np
+
+        mine = runners.get(str(int(runner.worker_index)))
+        envs = _runner_envs(runner)
+        if mine is not None:
+            _set_rng_of_process(mine, envs)
+            return True
+        fresh = (seed * 1_000_003 + iteration * 1_009 + int(runner.worker_index)) % 2**32
+        random.seed(fresh)
+        np.random.seed(fresh)
+        try:
+            import torch
+
+            torch.manual_seed(fresh)
+        except ImportError:  # pragma: no cover
+            pass
+        for k, env in enumerate(envs):
+            env.np_random, _ = __import__("gymnasium").utils.seeding.np_random(fresh + k)
+        return False
+
+    if "driver" in saved:
+        _set_rng_of_process(saved["driver"])
+    restored = on_every_runner(algo, put, "take its random state")
+    kept = sum(1 for r in restored if r)
+    if not saved:
+        return f"not in the checkpoint: {len(restored)} runner(s) seeded anew"
+    return f"restored ({kept} of {len(restored)} runner(s); others seeded anew)"
+
+
 def describe_device(d: dict[str, Any]) -> str:
     """`cuda:0 (Tesla T4) on 10.0.0.5` or `cpu on 10.0.0.5`."""
     gpu = f" ({d['gpu']})" if d.get("gpu") else ""
@@ -404,7 +650,13 @@ def train(
     resume = resume_path(results, saving.resume_from)
     if resume is not None:
         algo.restore_from_path(str(resume))  # type: ignore[no-untyped-call]
-        print(f"resumed from {resume} at iteration {algo.iteration}", flush=True)
+        handed = hand_over(algo, resume)
+        rng = restore_rng(algo, resume, seed=int(algo.config.seed or 0))  # type: ignore[union-attr]
+        print(
+            f"resumed from {resume} at iteration {algo.iteration}: the restored weights "
+            f"verified on {handed} env runner(s); random state {rng}",
+            flush=True,
+        )
     recorder = Recorder(results, continue_after=algo.iteration if resume else None)
     try:
         nodes = runner_nodes(algo)

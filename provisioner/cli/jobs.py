@@ -250,7 +250,7 @@ def _local_help(out: Output, spec: JobSpec) -> bool:
 
 
 def _handlers(out: Output, json_: bool, verbose: bool) -> Handlers:
-    line = ProgressLine(out)
+    line = ProgressLine(out, echoing=verbose or json_)
     echo = out.progress if json_ else _echo(out)
 
     def on_line(text: str) -> None:
@@ -272,11 +272,13 @@ def _handlers(out: Output, json_: bool, verbose: bool) -> Handlers:
 
 class ProgressLine:
     """The one live line of a followed job: rewritten in place on a terminal, one line
-    per iteration otherwise."""
+    per iteration otherwise, unless the job's own lines are echoed (`--verbose`, `--json`):
+    those already say each iteration once, and a log file or CI shows it once."""
 
-    def __init__(self, out: Output) -> None:
+    def __init__(self, out: Output, *, echoing: bool = False) -> None:
         self.out = out
         self.live = out.err.is_terminal and not out.json_mode
+        self.echoing = echoing
         self.shown = False
 
     def show(self, figures: dict[str, Any]) -> None:
@@ -285,7 +287,7 @@ class ProgressLine:
             self.out.stderr.write("\r\033[2K" + text)
             self.out.stderr.flush()
             self.shown = True
-        else:
+        elif not self.echoing:
             self.out.progress(text)
 
     def clear(self) -> None:

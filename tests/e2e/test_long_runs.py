@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shlex
@@ -25,10 +26,57 @@ import pytest
 from provisioner.cluster.layout import container_name
 from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
+from tests.e2e.faults.lab import edited_inventory
 from tests.e2e.helpers import ssh
 from tests.e2e.test_jobs import PLAYBOOKS, cli
 
 SMALL = ["--env-runners", "2", "--train-batch", "200", "--checkpoint-every", "2"]
+# Enough learning before a resume point that a fresh policy would show: with 1000 steps
+# an iteration, CartPole's mean return climbs from about 20 to 150 or more within 8.
+LEARN = ["--env-runners", "2", "--train-batch", "1000", "--checkpoint-every", "2"]
+LEARN += ["--target-return", "1e9", "--max-env-steps", "10000000"]
+
+
+def returns_of(home: Path) -> dict[int, float]:
+    """A results directory's mean return per iteration (metrics.csv)."""
+    rows = (home / "metrics.csv").read_text().splitlines()[1:]
+    return {int(r.split(",")[0]): float(r.split(",")[2] or "nan") for r in rows}
+
+
+def assert_learning_goes_on(returns: dict[int, float], at: int) -> tuple[float, float]:
+    """The mean return of the first iterations after the resume point `at` stays near the
+    mean just before it: (before, after).
+
+    The positive control is in the same run: its first iterations are a fresh policy's
+    return, far below the one reached before `at`, so a resume that restarted the policy
+    (keeping only the counters) fails here."""
+
+    def mean(iterations: range) -> float:
+        got = [returns[i] for i in iterations if i in returns and not math.isnan(returns[i])]
+        assert got, (iterations, returns)
+        return sum(got) / len(got)
+
+    fresh = mean(range(1, 3))
+    before = mean(range(at - 2, at + 1))
+    after = mean(range(at + 1, at + 4))
+    assert before > 3 * fresh, f"the run had not learned before {at}: {returns}"
+    assert after > 0.5 * before and after > 2.5 * fresh, (
+        f"resumed at {at}: mean return {before:.1f} before, {after:.1f} after, a fresh "
+        f"policy's {fresh:.1f}: {returns}"
+    )
+    return before, after
+
+
+def resume_point(home: Path) -> int:
+    """The iteration a resumed job's log says it continued from."""
+    found = re.search(r"resumed from \S+ at iteration (\d+)", (home / "job.log").read_text())
+    assert found, (home / "job.log").read_text()[-2000:]
+    return int(found.group(1))
+
+
+def latest_home(home: Path) -> int:
+    found = checkpoints_home(home)
+    return int(found[-1].split("-")[1]) if found else 0
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +178,10 @@ def test_a_killed_submit_leaves_the_job_running_and_jobs_logs_follow_takes_over(
     # every line of the job's output once, in order, across the reconnection
     iters = [int(m.group(1)) for m in map(JOB_LINE.search, text.splitlines()) if m]
     assert iters == list(range(1, 61)), text[-3000:]
+    # and each iteration once: not a terminal, so no progress line beside the job's own
+    # (without --json or --verbose the progress line is what shows: `submit`'s log above)
+    assert "ETA" in log.read_text(errors="replace")
+    assert [line for line in text.splitlines() if "ETA" in line] == [], text[-3000:]
     logged = (results / job / "job.log").read_text().splitlines()
     assert [int(m.group(1)) for m in map(JOB_LINE.search, logged) if m] == iters
     home = results / job
@@ -203,11 +255,9 @@ def test_head_container_killed_then_up_repairs_and_submit_resume_continues(
     inventory: str, lab: LabInfo, tmp_path: Path
 ) -> None:
     results = tmp_path / "results"
-    args = ["--max-iterations", "60", "--max-env-steps", "1000000", "--target-return", "1e9"]
-    args += SMALL
     code, out, err = cli(
         "submit", "-i", inventory, "--results", str(results), "--detach", "--json",
-        str(PLAYBOOKS / "ppo_cartpole.py"), "--", *args,
+        str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "60", *LEARN,
     )  # fmt: skip
     job = json.loads(out)["job_id"]
     assert code == 0 and json.loads(out)["detached"], err[-2000:]
@@ -219,7 +269,7 @@ def test_head_container_killed_then_up_repairs_and_submit_resume_continues(
         log=follow_log,
     )  # fmt: skip
     try:
-        wait_for(lambda: len(checkpoints_home(home)) >= 2, 300, "two checkpoints home")
+        wait_for(lambda: latest_home(home) >= 10, 400, "the checkpoint of iteration 10 home")
         code, listed, _ = jobs_json("list", "-i", inventory)
         assert {j["job_id"]: j for j in listed["jobs"]}[job]["status"] == "RUNNING"
         head = lab.nodes[0]
@@ -240,10 +290,15 @@ def test_head_container_killed_then_up_repairs_and_submit_resume_continues(
     # The head's disk outlived its container: `jobs results` brings what it holds now.
     code, _, err = jobs_json("results", job, "-i", inventory, "--results", str(results))
     assert code == 0, err[-2000:]
-    latest = int(checkpoints_home(home)[-1].split("-")[1])
+    latest = latest_home(home)
     code, _, err = cli("up", "-i", inventory)
     assert code == 0, err[-3000:]
-    more = ["--max-iterations", str(latest + 3), "--target-return", "1e9", *SMALL]
+    # The restarted head's Ray knows no job; its disk still holds the killed one's progress.
+    code, listed, err = jobs_json("list", "-i", inventory)
+    assert code == 0, err[-2000:]
+    row = {j["job_id"]: j for j in listed["jobs"]}[job]
+    assert row["status"] == "UNKNOWN" and row["progress"]["iteration"] >= latest, row
+    more = ["--max-iterations", str(latest + 3), *LEARN]
     code, out, err = cli(
         "submit", "-i", inventory, "--results", str(results), "--json", "--resume", job,
         str(PLAYBOOKS / "ppo_cartpole.py"), "--", *more,
@@ -251,18 +306,72 @@ def test_head_container_killed_then_up_repairs_and_submit_resume_continues(
     doc = json.loads(out)
     assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
     assert "the head's own copy" in err  # the head's disk survived its container
-    rows = (results / doc["job_id"] / "metrics.csv").read_text().splitlines()[1:]
+    resumed = results / doc["job_id"]
+    rows = (resumed / "metrics.csv").read_text().splitlines()[1:]
     iterations = [int(r.split(",")[0]) for r in rows]
     assert iterations == list(range(1, latest + 4)), iterations  # metrics appended
     steps = [int(r.split(",")[1]) for r in rows]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)  # counters continue
+    assert_learning_goes_on(returns_of(resumed), latest)  # and so does the learning
+    assert "restored weights verified on 2 env runner(s)" in (resumed / "job.log").read_text()
     resumed_rates = [float(r.split(",")[4]) for r in rows[latest:]]
     # this run's own steps over its own time: the same order as before the loss, not the
     # lifetime steps over a short time (bounds only: the lab is noisy)
     before = [float(r.split(",")[4]) for r in rows[1:latest]]
     assert max(resumed_rates) < 5 * max(before), (before, resumed_rates)
     assert doc["summary"]["iterations"] == latest + 3
-    assert (results / doc["job_id"] / "training.png").is_file()
+    assert (resumed / "training.png").is_file()
+
+
+def test_a_finished_run_resumed_on_its_cluster_and_on_another_goes_on_learning(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    """`--resume JOB` on the same cluster (the head's own copy), then `--resume PATH` on a
+    cluster of another name whose head holds no copy (the checkpoint is sent from here),
+    with an observation filter whose state must come back with the weights."""
+    results = tmp_path / "results"
+    first = ["--max-iterations", "10", "--obs-filter", *LEARN]
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(results), "--json",
+        str(PLAYBOOKS / "ppo_cartpole.py"), "--", *first,
+    )  # fmt: skip
+    doc = json.loads(out)
+    assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
+    job = doc["job_id"]
+    assert latest_home(results / job) == 10
+    # nothing killed: the same cluster
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(results), "--json", "--resume", job,
+        str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "13", "--obs-filter",
+        *LEARN,
+    )  # fmt: skip
+    again = json.loads(out)
+    assert code == 0 and again["status"] == "SUCCEEDED", err[-3000:]
+    assert "the head's own copy" in err
+    before, after = assert_learning_goes_on(returns_of(results / again["job_id"]), 10)
+    print(f"--resume JOB, same cluster: return {before:.1f} before, {after:.1f} after")
+    # a cluster of another name, on other ports: its head has no copy of the job
+    other = edited_inventory(
+        Path(inventory), tmp_path / "other.yaml", cluster=f"{lab.name}-r", ray={"port_base": 21000}
+    )
+    try:
+        code, _, err = cli("up", "-i", str(other))
+        assert code == 0, err[-3000:]
+        source = results / job
+        code, out, err = cli(
+            "submit", "-i", str(other), "--results", str(tmp_path / "r"), "--json",
+            "--resume", str(source), str(PLAYBOOKS / "ppo_cartpole.py"), "--",
+            "--max-iterations", "13", "--obs-filter", *LEARN,
+        )  # fmt: skip
+        moved = json.loads(out)
+        assert code == 0 and moved["status"] == "SUCCEEDED", err[-3000:]
+        assert "the head's own copy" not in err and "sent" in err, err[-3000:]
+        home = tmp_path / "r" / moved["job_id"]
+        before, after = assert_learning_goes_on(returns_of(home), 10)
+        print(f"--resume PATH, another cluster: return {before:.1f} before, {after:.1f} after")
+        assert "restored weights verified on 2 env runner(s)" in (home / "job.log").read_text()
+    finally:
+        cli("down", "-i", str(other), "--no-logs", "--yes")
 
 
 def test_tunnel_prints_the_lines_rays_own_cli_needs(inventory: str, tmp_path: Path) -> None:
@@ -301,18 +410,18 @@ def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
     results = tmp_path / "results"
     log = tmp_path / "submit.log"
     # Five runners on three nodes of two CPUs: every worker holds at least one.
-    args = ["--env-runners", "5", "--train-batch", "200", "--checkpoint-every", "2"]
+    args = [*LEARN, "--env-runners", "5"]
     proc = provisioner_process(
         "submit", "-i", inventory, "--results", str(results), "--json", "--verbose",
-        "--retries", "1", str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "40",
-        "--target-return", "1e9", *args, log=log,
+        "--retries", "1", str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "16",
+        *args, log=log,
     )  # fmt: skip
     worker = lab.nodes[1]
     cluster = load_inventory(Path(inventory)).cluster
     try:
-        # a checkpoint at iteration 2 is on the head: the retry resumes from what the
+        # a checkpoint at iteration 8 is on the head: the retry resumes from what the
         # failed attempt left there (its results come home when it ends)
-        wait_for(lambda: "iter 3 " in log.read_text(errors="replace"), 300, "iteration 3")
+        wait_for(lambda: "iter 9 " in log.read_text(errors="replace"), 400, "iteration 9")
         stopped = ssh(lab, worker, f"docker kill {container_name(cluster)}")  # at once, mid-run
         assert stopped.returncode == 0, stopped.stderr
         proc.wait(420)
@@ -328,11 +437,49 @@ def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
     assert attempts[0]["status"] == "FAILED" and attempts[1]["status"] == "SUCCEEDED"
     assert attempts[1]["resumed_from"] == attempts[0]["job_id"]
     rows = (results / doc["job_id"] / "metrics.csv").read_text().splitlines()[1:]
-    assert [int(r.split(",")[0]) for r in rows] == list(range(1, 41))  # resumed, not restarted
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, 17))  # resumed, not restarted
+    resumed_at = resume_point(results / doc["job_id"])
+    assert resumed_at >= 8, resumed_at
+    assert_learning_goes_on(returns_of(results / doc["job_id"]), resumed_at)
     code, listed, err = jobs_json("list", "-i", inventory)
     assert code == 0, err[-2000:]
     tries = {j["job_id"]: j["attempt"] for j in listed["jobs"]}
     assert tries[attempts[0]["job_id"]] == 1 and tries[attempts[1]["job_id"]] == 2
+
+
+def test_the_head_killed_mid_run_with_retries_1_is_repaired_and_goes_on_learning(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    log = tmp_path / "submit.log"
+    proc = provisioner_process(
+        "submit", "-i", inventory, "--results", str(results), "--json", "--verbose",
+        "--retries", "1", str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "16",
+        *LEARN, log=log,
+    )  # fmt: skip
+    head = lab.nodes[0]
+    cluster = load_inventory(Path(inventory)).cluster
+    try:
+        wait_for(lambda: "iter 9 " in log.read_text(errors="replace"), 400, "iteration 9")
+        killed = ssh(lab, head, f"docker kill {container_name(cluster)}")
+        assert killed.returncode == 0, killed.stderr
+        proc.wait(600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text(errors="replace")
+    doc = json.loads(log.with_suffix(".out").read_text())
+    assert proc.returncode == 0 and doc["status"] == "SUCCEEDED", text[-4000:]
+    attempts = json.loads((results / doc["job_id"] / "attempts.json").read_text())
+    assert [a["attempt"] for a in attempts] == [1, 2], attempts
+    assert attempts[1]["resumed_from"] == attempts[0]["job_id"]
+    home = results / doc["job_id"]
+    rows = (home / "metrics.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, 17))
+    at = resume_point(home)
+    assert at >= 8, at
+    before, after = assert_learning_goes_on(returns_of(home), at)
+    print(f"--retries after a head kill: return {before:.1f} before {at}, {after:.1f} after")
 
 
 def test_down_during_a_followed_job_asks_for_yes_then_stops_it_and_brings_results_home(
@@ -340,13 +487,20 @@ def test_down_during_a_followed_job_asks_for_yes_then_stops_it_and_brings_result
 ) -> None:
     results = tmp_path / "results"
     log = tmp_path / "submit.log"
+    # a resumed run: the earlier one's two iterations and checkpoint, then this one's
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(results), "--json",
+        str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "2", *SMALL,
+    )  # fmt: skip
+    assert code == 0 and json.loads(out)["status"] == "SUCCEEDED", err[-3000:]
+    earlier = json.loads(out)["job_id"]
     args = ["--max-iterations", "200", "--target-return", "1e9", *SMALL]
     follower = provisioner_process(
-        "submit", "-i", inventory, "--results", str(results), "--json",
+        "submit", "-i", inventory, "--results", str(results), "--json", "--resume", earlier,
         str(PLAYBOOKS / "ppo_cartpole.py"), "--", *args, log=log,
     )  # fmt: skip
     try:
-        wait_for(lambda: "iter 2 " in log.read_text(errors="replace"), 240, "two iterations")
+        wait_for(lambda: "iter 4 " in log.read_text(errors="replace"), 240, "two iterations more")
         job = job_id_in(log)
         assert job is not None
         code, _, err = cli("down", "-i", inventory, "--no-logs")
@@ -365,5 +519,7 @@ def test_down_during_a_followed_job_asks_for_yes_then_stops_it_and_brings_result
     doc = json.loads(log.with_suffix(".out").read_text())
     assert follower.returncode == 1 and doc["status"] == "STOPPED", text[-3000:]
     home = results / job
-    assert (home / "metrics.csv").read_text().count("\n") >= 3  # nothing lost
+    rows = (home / "metrics.csv").read_text().splitlines()[1:]
+    iterations = [int(r.split(",")[0]) for r in rows]
+    assert iterations[:4] == [1, 2, 3, 4], iterations  # nothing lost, the counters go on
     assert (home / "progress.json").is_file()

@@ -1,0 +1,158 @@
+"""Resume on real RLlib (a local Ray, no lab): the learning goes on, not only the counters.
+
+The cluster's condition is made here on purpose: RLlib's own restore sends the restored
+weights to remote env runners fire-and-forget, and its actor manager drops that call while
+an earlier one with the same tag is still in flight. On a cluster the setup-time weight
+sync is often still in flight (it fetches the weights from another node); on one machine
+it is done in milliseconds. So each test leaves a slow call with that tag in flight, as a
+remote runner would, and then resumes.
+
+The positive control: without the playbooks' hand-over, the resumed run samples with a
+fresh policy, and its first return is the fresh run's first return again.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "playbooks"))
+
+import rlrun
+
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+ARGS = ["--env-runners", "2", "--train-batch", "1000", "--checkpoint-every", "6"]
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    import ray  # the dev install has the training stack
+
+    ray.init(
+        num_cpus=3,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(PLAYBOOKS)}},
+    )
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def rllib_drops_its_restore_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    restore = Algorithm.restore_from_path
+
+    def as_on_a_cluster(self: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+        manager = self.env_runner_group._worker_manager
+        manager.fetch_ready_async_reqs(tags="set_state", timeout_seconds=30)
+        sent = self.env_runner_group.foreach_env_runner_async(
+            lambda runner: time.sleep(3), tag="set_state"
+        )
+        assert sent == 2  # one slow call in flight on each runner
+        return restore(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Algorithm, "restore_from_path", as_on_a_cluster)
+
+
+def train(results: Path, *extra: str) -> dict[str, Any]:
+    p = rlrun.parser("test", target_return=1e9, max_env_steps=10**7)
+    args = p.parse_args([*ARGS, "--results", str(results), *extra])
+    budget = rlrun.Budget(args.target_return, args.max_env_steps, args.max_iterations)
+    config = rlrun.ppo_config(args, "CartPole-v1")
+    return rlrun.train(config, budget, results, rlrun.saving_of(args))
+
+
+def returns(results: Path) -> dict[int, float]:
+    return {r.iteration: r.episode_return_mean for r in rlrun.read_rows(results / "metrics.csv")}
+
+
+@pytest.fixture(scope="module")
+def trained(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six iterations of PPO on CartPole, checkpointed at the sixth."""
+    results = tmp_path_factory.mktemp("trained")
+    train(results, "--max-iterations", "6")
+    got = returns(results)
+    assert got[6] > 3 * got[1], got  # it learned: a fresh policy is far below
+    return results
+
+
+def resume(trained: Path, into: Path) -> dict[int, float]:
+    for name in ("metrics.csv", "checkpoints"):
+        src = trained / name
+        dest = into / name
+        if src.is_dir():
+            import shutil
+
+            shutil.copytree(src, dest)
+        else:
+            dest.write_bytes(src.read_bytes())
+    train(into, "--max-iterations", "8", "--resume-from", "checkpoints/iter-000006")
+    return returns(into)
+
+
+def test_resumed_learning_goes_on_when_rllib_drops_its_own_weight_sync(
+    trained: Path, tmp_path: Path, rllib_drops_its_restore_sync: None, capsys: Any
+) -> None:
+    got = resume(trained, tmp_path)
+    before = returns(trained)
+    assert got[7] > 0.5 * before[6] and got[7] > 3 * before[1], (before, got)
+    out = capsys.readouterr().out
+    assert "the restored weights verified on 2 env runner(s)" in out
+    assert "random state restored (2 of 2 runner(s)" in out
+
+
+def test_without_the_hand_over_the_resumed_run_samples_a_fresh_policy(
+    trained: Path,
+    tmp_path: Path,
+    rllib_drops_its_restore_sync: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The positive control: what users saw before the hand-over."""
+    monkeypatch.setattr(rlrun, "hand_over", lambda algo, checkpoint: 0)
+    monkeypatch.setattr(rlrun, "restore_rng", lambda algo, checkpoint, seed: "untouched")
+    got = resume(trained, tmp_path)
+    before = returns(trained)
+    assert got[7] < 2 * before[1], (before, got)  # a fresh policy's return
+    assert got[7] == pytest.approx(before[1])  # and its very episodes: the RNG replayed
+
+
+def test_a_checkpoint_carries_every_runners_random_state(trained: Path) -> None:
+    saved = json.loads((trained / "checkpoints" / "iter-000006" / rlrun.RNG_FILE).read_text())
+    assert sorted(saved["runners"]) == ["1", "2"]
+    for state in saved["runners"].values():
+        assert {"python", "numpy", "torch", "envs"} <= set(state) and state["envs"]
+    assert saved["runners"]["1"] != saved["runners"]["2"]
+
+
+def test_digest_is_the_same_for_a_tensor_and_its_array_and_differs_on_a_change() -> None:
+    import numpy as np
+    import torch
+
+    weights = {"b": np.arange(3, dtype=np.float32), "a": {"w": np.ones((2, 2))}}
+    as_tensors = {"a": {"w": torch.ones((2, 2))}, "b": torch.arange(3, dtype=torch.float32)}
+    assert rlrun.digest(weights) == rlrun.digest(as_tensors)
+    changed = {"b": np.arange(3, dtype=np.float32), "a": {"w": np.ones((2, 2)) * 1.0001}}
+    assert rlrun.digest(weights) != rlrun.digest(changed)
+
+
+def test_the_random_state_of_a_process_goes_through_json_and_back() -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(1)
+    np.random.seed(1)
+    saved = json.loads(json.dumps(rlrun._rng_of_process()))
+    first = (random.random(), float(np.random.rand()))
+    random.seed(2)
+    np.random.seed(2)
+    rlrun._set_rng_of_process(saved)
+    assert (random.random(), float(np.random.rand())) == first
