@@ -7,7 +7,7 @@ PROV := $(BIN)/provisioner
 LAB_INVENTORY = $$($(PROV) lab up --json | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["inventory"])')
 
 .PHONY: help install lint typecheck unit e2e test lab lab-down demo bench bench-doctor clean prereqs \
-	reliability-check reliability-table goldens
+	reliability-check reliability-table goldens soak
 
 help:
 	@echo "make install   virtualenv in $(VENV), editable install, torch pinned to the CPU build"
@@ -15,6 +15,7 @@ help:
 	@echo "make test      ruff, mypy, unit tests, end-to-end tests on the lab"
 	@echo "make lab       start a 3-node lab (make lab-down removes it)"
 	@echo "make bench     benchmarks side by side (results in bench-results/)"
+	@echo "make soak      one long training run under a storm of faults (bench-results/soak.json)"
 	@echo "make reliability-table   README's Reliability table from the last e2e run's record"
 	@echo "make goldens   recapture the doctor's golden facts from a lab"
 
@@ -85,6 +86,12 @@ demo: prereqs install
 BENCH_ARGS ?= --rows all
 bench: install prereqs
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
+
+# A storm of faults on one long run (about 20 minutes; not part of `make test`):
+# the record goes to bench-results/soak.json.
+SOAK_ARGS ?=
+soak: install prereqs
+	$(BIN)/python scripts/soak.py $(SOAK_ARGS)
 
 LAB ?= lab
 bench-doctor: install prereqs

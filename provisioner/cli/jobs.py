@@ -146,6 +146,10 @@ def _show_upload(out: Output, upload: Upload, json_: bool) -> None:
     out.say("(control it with .gitignore or .rayignore in that directory; see the README)")
 
 
+REPAIR_TRIES = 5
+REPAIR_WAIT_S = 20.0
+
+
 def _with_retries(
     target: Target,
     spec: JobSpec,
@@ -153,6 +157,8 @@ def _with_retries(
     retries: int,
     handlers: Handlers,
     prepare: Callable[[Link], None] | None,
+    *,
+    attach: bool = False,
 ) -> JobOutcome:
     from dataclasses import replace
 
@@ -164,13 +170,28 @@ def _with_retries(
         raise InputError("--retries repairs the cluster with `up`: it needs -i INVENTORY", "add -i")
 
     def repair() -> None:
+        import time
+
         from provisioner.cli.cluster import _pin
         from provisioner.cluster.up import up
+        from provisioner.errors import OperationError
         from provisioner.remote import Pool
 
-        with Pool(inv) as pool:
-            pin = _pin(inv) if inv.image_lock is not None else None
-            up(inv, pool, handlers.report, pin=pin, doctor=False)
+        # a node cut off or powered off for a while comes back: `up` is tried again
+        # (REPAIR_TRIES in all, REPAIR_WAIT_S apart) before the run gives up
+        for left in range(REPAIR_TRIES - 1, -1, -1):
+            try:
+                with Pool(inv) as pool:
+                    pin = _pin(inv) if inv.image_lock is not None else None
+                    up(inv, pool, handlers.report, pin=pin, doctor=False)
+                return
+            except OperationError as exc:
+                if left == 0:
+                    raise
+                handlers.report(
+                    f"repair failed ({exc}); trying again in {REPAIR_WAIT_S:.0f} s ({left} more)"
+                )
+                time.sleep(REPAIR_WAIT_S)
 
     def resume_from(
         following: JobSpec, previous: Path
@@ -197,6 +218,7 @@ def _with_retries(
         handlers=handlers,
         prepare=prepare,
         resume_prepare=resume_from,
+        attach=attach,
     )
 
 

@@ -20,16 +20,17 @@ from provisioner.cli.jobs import (
     _finish,
     _handlers,
     _target,
+    _with_retries,
     duration_text,
     progress_text,
 )
-from provisioner.errors import OperationError
+from provisioner.errors import InputError, OperationError
 from provisioner.jobs import manage
 from provisioner.jobs.client import JOB_LOG_CAP, job_log
 from provisioner.jobs.results import bring_home
 from provisioner.jobs.spec import check_job_id
 from provisioner.jobs.stream import job_info, visible
-from provisioner.jobs.submit import follow_to_end
+from provisioner.jobs.submit import follow_to_end, retry_spec
 
 app = typer.Typer(
     help="Jobs on the cluster: list, logs [--follow], stop, results.", no_args_is_help=True
@@ -82,6 +83,16 @@ def logs_cmd(
         typer.Option("--follow", "-f", help="Follow until the job ends (Ctrl-C: stop following)."),
     ] = False,
     results: ResultsOption = Path("results"),
+    retries: Annotated[
+        int | None,
+        typer.Option(
+            "--retries",
+            min=0,
+            help="With --follow: take over the retries of a job submitted here with "
+            "--retries (after that client died): repair and resume when a node is lost, "
+            "up to N attempts after the first in all.",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
     json_: JsonOption = False,
 ) -> None:
@@ -89,10 +100,17 @@ def logs_cmd(
     as they appear (reconnecting when the stream or the tunnel drops)."""
     out = output(json_)
     job_id = check_job_id(job)
+    if retries is not None and not follow:
+        raise InputError("--retries takes over a followed job", "add --follow")
     target = _target(inventory, address, token_file)
     if follow:
         handlers = _handlers(out, json_, verbose=True if not json_ else verbose)
-        _finish(out, json_, follow_to_end(target, job_id, results, handlers))
+        if retries is None:
+            _finish(out, json_, follow_to_end(target, job_id, results, handlers))
+            return
+        spec, _ = retry_spec(results, job_id)
+        outcome = _with_retries(target, spec, results, retries, handlers, None, attach=True)
+        _finish(out, json_, outcome)
         return
     with target.link() as link:
         job_info(link, job_id)

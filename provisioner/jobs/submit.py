@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.cluster import layout
-from provisioner.errors import OperationError
+from provisioner.errors import InputError, OperationError
 from provisioner.jobs.client import JOB_LOG_CAP, job_log, refused
 from provisioner.jobs.link import Link, Target
 from provisioner.jobs.results import Results, bring_home, finish, tail
@@ -285,6 +285,73 @@ def write_attempts(outcome: JobOutcome, homes: list[Path]) -> None:
         landing.write_file(home, "attempts.json", body)
 
 
+RETRY_FILE = ".retry.json"  # in an attempt's results home: what a reattaching client needs
+
+
+def remember(
+    results_root: Path, spec: JobSpec, retries: int, attempts: list[dict[str, Any]]
+) -> None:
+    """What `jobs logs JOB --follow --retries N` needs to take over this run's retries if
+    this client dies: the playbook, its arguments and the attempts so far (beside the
+    attempt's results, on this machine only)."""
+    import json
+
+    from provisioner.jobs import landing
+
+    home = results_root / spec.job_id
+    landing.ensure_root(home)
+    body = {
+        "playbook": str(spec.playbook),
+        "args": list(spec.args),
+        "env": spec.env,
+        "run": spec.run,
+        "attempt": spec.attempt,
+        "resumed_from": spec.resumed_from,
+        "retries": retries,
+        "attempts": attempts,
+    }
+    landing.write_file(home, RETRY_FILE, json.dumps(body, indent=1).encode())
+
+
+def retry_spec(results_root: Path, job_id: str) -> tuple[JobSpec, int]:
+    """The spec of a running attempt that this machine submitted with --retries, and the
+    retries it was given; an InputError when this machine has no record of it."""
+    import json
+
+    from provisioner.jobs.spec import make_spec
+
+    path = results_root / job_id / RETRY_FILE
+    try:
+        body = json.loads(path.read_text())
+        spec = make_spec(Path(body["playbook"]), [str(a) for a in body["args"]], job_id=job_id)
+        env = {str(k): str(v) for k, v in dict(body["env"]).items()}
+        spec = replace(
+            spec,
+            env=env,
+            run=str(body["run"]),
+            attempt=int(body["attempt"]),
+            resumed_from=str(body["resumed_from"]),
+        )
+        return spec, int(body["retries"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(
+            f"no retry record of job {job_id} under {results_root} ({type(exc).__name__})",
+            f"give the --results folder it was submitted with, or follow it without --retries "
+            f"(then continue it with `provisioner submit --resume {job_id} --retries N`)",
+        ) from exc
+
+
+def spec_attempts(results_root: Path, spec: JobSpec) -> list[dict[str, Any]]:
+    """The attempts before `spec`'s, as its retry record lists them."""
+    import json
+
+    try:
+        body = json.loads((results_root / spec.job_id / RETRY_FILE).read_text())
+        return [a for a in body.get("attempts", []) if isinstance(a, dict)]
+    except (OSError, ValueError):
+        return []
+
+
 def submit_with_retries(
     target: Target,
     spec: JobSpec,
@@ -295,30 +362,44 @@ def submit_with_retries(
     handlers: Handlers | None = None,
     prepare: Callable[[Link], None] | None = None,
     resume_prepare: Callable[[JobSpec, Path], tuple[JobSpec, Callable[[Link], None] | None]],
+    attach: bool = False,
 ) -> JobOutcome:
     """Run `spec`; when it fails because a node was lost or the head restarted, repair
     the cluster (`repair`, i.e. `up`) and resubmit from the latest checkpoint, at most
-    `retries` times. Every attempt is listed in the outcome and in attempts.json."""
+    `retries` times. Every attempt is listed in the outcome and in attempts.json.
+
+    `attach`: `spec` is a job already running (read back with `retry_spec`, as `jobs logs
+    JOB --follow --retries N` does after the client that submitted it died): it is
+    followed, not submitted, and the run's earlier attempts count."""
     import dataclasses
 
     h = handlers or Handlers()
     env = {**spec.env, "PROVISIONER_RETRIES": str(retries)}
-    current = dataclasses.replace(spec, env=env, run=spec.job_id, attempt=1)
-    outcome = submit(target, current, results_root, handlers=h, prepare=prepare)
-    records = [attempt_record(outcome, current)]
-    homes = [results_root / current.job_id]
+    current = dataclasses.replace(spec, env=env, run=spec.run or spec.job_id)
+    records: list[dict[str, Any]] = list(spec_attempts(results_root, current)) if attach else []
+    homes = [results_root / r["job_id"] for r in records]
+
+    def run(step: Callable[[Link], None] | None, *, follow_only: bool = False) -> JobOutcome:
+        remember(results_root, current, retries, records)
+        if follow_only:
+            return follow_to_end(target, current.job_id, results_root, h)
+        return submit(target, current, results_root, handlers=h, prepare=step)
+
+    outcome = run(prepare, follow_only=attach)
+    records.append(attempt_record(outcome, current))
+    homes.append(results_root / current.job_id)
     while not outcome.ok and not outcome.interrupted and lost_a_node(outcome):
         if current.attempt > retries:
             break
         h.report(f"job {outcome.job_id} {outcome.status}: a node was lost; repairing (up)")
         repair()
         following = dataclasses.replace(
-            current, job_id=f"{spec.job_id}-r{current.attempt}", attempt=current.attempt + 1
+            current, job_id=f"{current.run}-r{current.attempt}", attempt=current.attempt + 1
         )
         following, step = resume_prepare(following, results_root / current.job_id)
         h.report(f"attempt {following.attempt}: job {following.job_id}")
         current = following
-        outcome = submit(target, current, results_root, handlers=h, prepare=step)
+        outcome = run(step)
         records.append(attempt_record(outcome, current))
         homes.append(results_root / current.job_id)
     outcome.attempts = records

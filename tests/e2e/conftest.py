@@ -44,6 +44,7 @@ MODULE_ORDER = (
     "test_shared_nodes",
     "test_token_rotation",
     "test_long_runs",
+    "test_storm",
     "test_faults",
     "test_security",
     "test_hostile_returns",

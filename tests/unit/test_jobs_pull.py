@@ -233,3 +233,27 @@ def test_only_a_lost_node_or_head_is_worth_a_retry(tmp_path: Path) -> None:
     assert not lost_a_node(far)
     assert lost_a_node(dataclasses.replace(far, lost_node=True))
     assert shows_a_lost_node("(raylet) Raylet is terminated. Termination is unexpected.")
+
+
+def test_a_retry_record_gives_back_the_spec_a_reattaching_client_resubmits(
+    tmp_path: Path,
+) -> None:
+    from provisioner.jobs.spec import make_spec
+    from provisioner.jobs.submit import remember, retry_spec, spec_attempts
+
+    playbook = tmp_path / "play.py"
+    playbook.write_text("print(1)\n")
+    spec = dataclasses.replace(
+        make_spec(playbook, ["--lr", "1e-3", "two words"], job_id="play-r1"),
+        env={"PROVISIONER_RETRIES": "3"},
+        run="play",
+        attempt=2,
+        resumed_from="play",
+    )
+    earlier = [{"attempt": 1, "job_id": "play", "status": "FAILED"}]
+    remember(tmp_path / "results", spec, 3, earlier)
+    got, retries = retry_spec(tmp_path / "results", "play-r1")
+    assert got == spec and retries == 3
+    assert spec_attempts(tmp_path / "results", got) == earlier
+    with pytest.raises(InputError, match="no retry record of job other"):
+        retry_spec(tmp_path / "results", "other")

@@ -1,0 +1,283 @@
+"""A storm of faults on a lab while one training run goes on with `submit --retries`.
+
+`make soak` runs a long storm (scripts/soak.py, record in bench-results/soak.json); the
+e2e suite runs a short one. The run is a real `provisioner submit` process, watched
+through its log (`--verbose`: the job's own `iter N` lines). Each fault is injected at a
+random moment once training is going, undone after its time, and measured:
+
+- `resumed_s`: from the fault until the first iteration after it (of a new attempt, when
+  the fault made the job fail);
+- `caught_up_s`: until an iteration beyond the last one reached before the fault;
+- `iterations_lost`: the iterations computed twice (the last one reached before the
+  fault, less the checkpoint the next attempt resumed from);
+- `return_before` / `return_after`: the mean return of the 3 iterations up to the fault
+  and of the first 3 after it; `continuous` when the second is at least half the first.
+
+Faults: a worker's or the head's Ray container killed, a worker cut off from the head
+(30-90 s), the following client SIGKILLed then reattached (`jobs logs --follow
+--retries`), sshd restarted on the head, a worker powered off and back on.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from provisioner.cluster.layout import container_name
+from provisioner.errors import LabError
+from provisioner.inventory import load_inventory
+from provisioner.lab import faults
+from provisioner.lab.config import LabNode
+from provisioner.lab.engine import exec_rc
+from provisioner.lab.nodes import LabInfo
+
+KINDS = ("worker_kill", "head_kill", "worker_cut", "client_kill", "sshd_restart", "worker_off")
+ITER = re.compile(r"\biter +(\d+) +steps +\d+ +return +(\S+)")
+RESUMED = re.compile(r"resumed from \S+ at iteration (\d+)")
+JOB = re.compile(r"(?: as job |attempt \d+: job )(\S+)")
+
+
+@dataclass
+class FaultRecord:
+    kind: str
+    node: str
+    at_s: float  # since the run started
+    undone_at_s: float | None = None
+    resumed_s: float | None = None
+    caught_up_s: float | None = None
+    reached_before: int = 0
+    resumed_from: int | None = None
+    iterations_lost: int = 0
+    return_before: float | None = None
+    return_after: float | None = None
+    continuous: bool | None = None
+    note: str = ""
+
+
+@dataclass
+class Watch:
+    """What the run's logs said so far: iteration lines with their time, resume points,
+    job ids. The client may be replaced (reattached): each client's log is read."""
+
+    logs: list[Path] = field(default_factory=list)
+    offsets: dict[Path, int] = field(default_factory=dict)
+    iters: list[tuple[float, int, float]] = field(default_factory=list)  # (t, iteration, ret)
+    resumes: list[tuple[float, int]] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        for log in self.logs:
+            if not log.exists():
+                continue
+            with open(log, "rb") as f:
+                f.seek(self.offsets.get(log, 0))
+                chunk = f.read()
+            end = chunk.rfind(b"\n") + 1
+            self.offsets[log] = self.offsets.get(log, 0) + end
+            for line in chunk[:end].decode(errors="replace").splitlines():
+                if m := ITER.search(line):
+                    ret = float(m.group(2)) if m.group(2) != "nan" else float("nan")
+                    self.iters.append((now, int(m.group(1)), ret))
+                if m := RESUMED.search(line):
+                    self.resumes.append((now, int(m.group(1))))
+                if m := JOB.search(line):
+                    self.jobs.append(m.group(1))
+
+    def reached(self) -> int:
+        return max((i for _, i, _ in self.iters), default=0)
+
+
+@dataclass
+class Storm:
+    lab: LabInfo
+    inventory: Path
+    results: Path
+    playbook: Path
+    args: list[str]
+    retries: int
+    work: Path
+    seed: int = 0
+    report: Callable[[str], None] = print
+    records: list[FaultRecord] = field(default_factory=list)
+    watch: Watch = field(default_factory=Watch)
+    client: subprocess.Popen[bytes] | None = None
+    clients: int = 0
+    started: float = 0.0
+
+    # --- the run ----------------------------------------------------------------------
+
+    def _spawn(self, *args: str) -> None:
+        self.clients += 1
+        log = self.work / f"client-{self.clients}.log"
+        self.watch.logs.append(log)
+        with open(log, "wb") as err, open(log.with_suffix(".out"), "wb") as out:
+            self.client = subprocess.Popen(
+                [sys.executable, "-m", "provisioner", *args], stdout=out, stderr=err
+            )
+
+    def start(self) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.started = time.monotonic()
+        self._spawn(
+            "submit", "-i", str(self.inventory), "--results", str(self.results), "--json",
+            "--verbose", "--retries", str(self.retries), str(self.playbook), "--", *self.args,
+        )  # fmt: skip
+
+    def elapsed(self) -> float:
+        return round(time.monotonic() - self.started, 1)
+
+    def wait_for(self, what: str, predicate: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.watch.poll()
+            if predicate():
+                return
+            if self.client is not None and self.client.poll() is not None:
+                raise LabError(f"the run's client exited ({self.client.returncode}) {what}")
+            time.sleep(0.5)
+        raise LabError(f"timed out after {timeout:.0f}s waiting {what}")
+
+    def finish(self, timeout: float) -> dict[str, Any]:
+        """Wait for the client to end; its JSON outcome."""
+        assert self.client is not None
+        self.client.wait(timeout)
+        self.watch.poll()
+        out = self.watch.logs[-1].with_suffix(".out")
+        doc: dict[str, Any] = json.loads(out.read_text())
+        return doc
+
+    # --- faults ---------------------------------------------------------------------------
+
+    def _nodes(self) -> tuple[LabNode, list[LabNode]]:
+        head, *workers = self.lab.nodes
+        return head, workers
+
+    def _kill_container(self, node: LabNode) -> None:
+        cluster = load_inventory(self.inventory).cluster
+        rc, out = exec_rc(node.container, f"docker kill {container_name(cluster)}")
+        if rc != 0:
+            raise LabError(f"{node.name}: docker kill failed: {out[-300:]}")
+
+    def inject(self, kind: str, rng: random.Random) -> FaultRecord:
+        head, workers = self._nodes()
+        worker = rng.choice(workers)
+        node = head if kind in ("head_kill", "sshd_restart") else worker
+        self.watch.poll()
+        rec = FaultRecord(kind, node.name, self.elapsed(), reached_before=self.watch.reached())
+        self.report(f"[{rec.at_s:7.1f}s] fault: {kind} on {node.name}")
+        if kind in ("worker_kill", "head_kill"):
+            self._kill_container(node)
+        elif kind == "worker_cut":
+            hold = rng.uniform(30, 90)
+            faults.cut(self.lab, head, worker)
+            try:
+                time.sleep(hold)
+            finally:
+                faults.uncut(self.lab, head, worker)
+            rec.note = f"cut for {hold:.0f} s"
+        elif kind == "client_kill":
+            assert self.client is not None
+            self.client.send_signal(signal.SIGKILL)
+            self.client.wait(30)
+            time.sleep(rng.uniform(2, 8))
+            self.watch.poll()
+            job = self.watch.jobs[-1]
+            self._spawn(
+                "jobs", "logs", job, "--follow", "--retries", str(self.retries), "-i",
+                str(self.inventory), "--results", str(self.results), "--json", "--verbose",
+            )  # fmt: skip
+            rec.note = f"reattached to {job}"
+        elif kind == "sshd_restart":
+            # the listener only (its pid file): sessions already open go on, as on a node
+            # whose sshd is restarted by its package manager
+            restart = "kill $(cat /run/sshd.pid) && sleep 1 && /usr/sbin/sshd"
+            rc, out = exec_rc(node.container, restart)
+            if rc != 0:
+                raise LabError(f"{node.name}: sshd restart failed: {out[-300:]}")
+        elif kind == "worker_off":
+            hold = rng.uniform(15, 40)
+            faults.stop(self.lab, worker)
+            try:
+                time.sleep(hold)
+            finally:
+                faults.start(self.lab, worker)
+            rec.note = f"off for {hold:.0f} s"
+        else:
+            raise LabError(f"unknown fault {kind}")
+        rec.undone_at_s = self.elapsed()
+        self.records.append(rec)
+        return rec
+
+    def measure(self, rec: FaultRecord, timeout: float) -> None:
+        """Wait until training went on past where it was; fill in the figures."""
+        t0 = self.started + rec.at_s
+        self.wait_for(
+            f"for training to go on after {rec.kind}",
+            lambda: any(t > t0 and i > rec.reached_before for t, i, _ in self.watch.iters),
+            timeout,
+        )
+        after = [(t, i, r) for t, i, r in self.watch.iters if t > t0]
+        resumes = [(t, k) for t, k in self.watch.resumes if t > t0]
+        rec.resumed_s = round(after[0][0] - t0, 1)
+        rec.caught_up_s = round(next(t for t, i, _ in after if i > rec.reached_before) - t0, 1)
+        if resumes:
+            rec.resumed_from = resumes[0][1]
+            rec.iterations_lost = max(0, rec.reached_before - resumes[0][1])
+            start = resumes[0][1]
+            after = [(t, i, r) for t, i, r in after if t >= resumes[0][0]]
+        else:
+            start = rec.reached_before
+        before = [r for t, _, r in self.watch.iters if t <= t0][-3:]
+        firsts = [r for _, i, r in after if start < i <= start + 3]
+        rec.return_before = _mean(before)
+        rec.return_after = _mean(firsts)
+        if rec.return_before is not None and rec.return_after is not None:
+            rec.continuous = rec.return_after >= 0.5 * rec.return_before
+        self.report(
+            f"[{self.elapsed():7.1f}s] {rec.kind}: training went on after {rec.resumed_s} s, "
+            f"past iteration {rec.reached_before} after {rec.caught_up_s} s; "
+            f"{rec.iterations_lost} iteration(s) computed twice; return "
+            f"{_fmt(rec.return_before)} -> {_fmt(rec.return_after)}"
+        )
+
+    def run(
+        self, kinds: list[str], *, gap: tuple[float, float], warmup: int, timeout: float
+    ) -> None:
+        """Inject `kinds` in order, each `gap` seconds (random) after training went on
+        again; the first once the run reached iteration `warmup`."""
+        rng = random.Random(self.seed)
+        self.wait_for("for the first iterations", lambda: self.watch.reached() >= warmup, timeout)
+        for kind in kinds:
+            time.sleep(rng.uniform(*gap))
+            rec = self.inject(kind, rng)
+            self.measure(rec, timeout)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [asdict(r) for r in self.records]
+
+
+def schedule(count: int, seed: int) -> list[str]:
+    """`count` faults, every kind at least once (when count allows), in a random order."""
+    rng = random.Random(seed)
+    kinds = list(KINDS)[:count] + [rng.choice(KINDS) for _ in range(max(0, count - len(KINDS)))]
+    rng.shuffle(kinds)
+    return kinds
+
+
+def _mean(values: list[float]) -> float | None:
+    got = [v for v in values if v == v]  # NaN: an iteration with no finished episode
+    return round(sum(got) / len(got), 1) if got else None
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

@@ -1,0 +1,79 @@
+"""A short storm (the long one is `make soak`): one PPO run with `submit --retries 4`
+while a worker's Ray container is killed, the following client is SIGKILLed and
+reattached (`jobs logs --follow --retries`), and the head's Ray container is killed.
+
+The run must end SUCCEEDED with every result file home and verified, each fault costing
+at most `--checkpoint-every` iterations computed twice, and the learning curve going on
+across every recovery (the mean return after it at least half the one before, the run
+having learned well past a fresh policy's return first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from provisioner.lab.nodes import LabInfo
+from provisioner.lab.storm import Storm
+from tests.e2e.helpers import cli
+
+PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "ppo_cartpole.py"
+EVERY = 2
+
+
+@pytest.fixture(scope="module")
+def inventory(cluster_inventory: Path) -> Path:
+    code, _, err = cli("up", "-i", str(cluster_inventory))
+    assert code == 0, err[-3000:]
+    return cluster_inventory
+
+
+def test_a_run_goes_on_through_a_short_storm_of_faults(
+    inventory: Path, lab: LabInfo, tmp_path: Path
+) -> None:
+    args = ["--env-runners", "2", "--train-batch", "1000", "--checkpoint-every", str(EVERY)]
+    args += ["--target-return", "1e9", "--max-env-steps", "100000000", "--max-iterations", "36"]
+    storm = Storm(
+        lab=lab,
+        inventory=inventory,
+        results=tmp_path / "results",
+        playbook=PLAYBOOK,
+        args=args,
+        retries=4,
+        work=tmp_path,
+        seed=3,
+    )
+    storm.start()
+    try:
+        storm.run(["worker_kill", "client_kill", "head_kill"], gap=(3, 8), warmup=8, timeout=600)
+        doc = storm.finish(900)
+    finally:
+        if storm.client is not None and storm.client.poll() is None:
+            storm.client.kill()
+    print(json.dumps(storm.to_json(), indent=1))
+    assert doc["status"] == "SUCCEEDED", doc
+    home = tmp_path / "results" / doc["job_id"]
+    rows = (home / "metrics.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, 37))
+    manifest = json.loads((home / ".pulled.json").read_text())
+    for name, entry in manifest.items():
+        assert hashlib.sha256((home / name).read_bytes()).hexdigest() == entry["sha256"], name
+    assert (home / "summary.json").is_file() and (home / "training.png").is_file()
+    attempts = json.loads((home / "attempts.json").read_text())
+    assert [a["status"] for a in attempts] == ["FAILED", "FAILED", "SUCCEEDED"], attempts
+    assert len({a["job_id"] for a in attempts}) == 3
+    by_kind = {r["kind"]: r for r in storm.to_json()}
+    # the two container kills failed an attempt each; the client's death cost nothing
+    assert by_kind["client_kill"]["resumed_from"] is None
+    assert by_kind["client_kill"]["iterations_lost"] == 0
+    for kind in ("worker_kill", "head_kill"):
+        rec = by_kind[kind]
+        assert rec["resumed_from"] is not None, rec
+        assert rec["iterations_lost"] <= EVERY, rec
+    fresh = sum(float(r.split(",")[2]) for r in rows[:2]) / 2
+    for rec in storm.to_json():
+        assert rec["return_before"] > 3 * fresh, (fresh, rec)  # learned: a restart would show
+        assert rec["continuous"], rec
