@@ -41,7 +41,7 @@ from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo
 
 KINDS = ("worker_kill", "head_kill", "worker_cut", "client_kill", "sshd_restart", "worker_off")
-ITER = re.compile(r"\biter +(\d+) +steps +\d+ +return +(\S+)")
+ITER = re.compile(r"\biter +(\d+) +steps +\d+ +return")
 RESUMED = re.compile(r"resumed from \S+ at iteration (\d+)")
 JOB = re.compile(r"(?: as job |attempt \d+: job )(\S+)")
 
@@ -51,6 +51,8 @@ class FaultRecord:
     kind: str
     node: str
     at_s: float  # since the run started
+    job_before: str = ""  # the attempt that was running
+    job_after: str = ""  # the attempt that went on (another one when the fault failed it)
     undone_at_s: float | None = None
     resumed_s: float | None = None
     caught_up_s: float | None = None
@@ -65,14 +67,20 @@ class FaultRecord:
 
 @dataclass
 class Watch:
-    """What the run's logs said so far: iteration lines with their time, resume points,
-    job ids. The client may be replaced (reattached): each client's log is read."""
+    """What the run's clients showed so far: each job's iteration lines (the first time
+    each is shown: a reattached client replays the log from its start), with the time
+    they were seen. The client may be replaced (reattached): each client's log is read."""
 
     logs: list[Path] = field(default_factory=list)
     offsets: dict[Path, int] = field(default_factory=dict)
-    iters: list[tuple[float, int, float]] = field(default_factory=list)  # (t, iteration, ret)
-    resumes: list[tuple[float, int]] = field(default_factory=list)
+    current: dict[Path, str] = field(default_factory=dict)  # the job a log is showing
+    seen: set[tuple[str, int]] = field(default_factory=set)
+    iters: list[tuple[float, str, int]] = field(default_factory=list)  # (t, job, iteration)
     jobs: list[str] = field(default_factory=list)
+
+    def follow(self, log: Path, job: str = "") -> None:
+        self.logs.append(log)
+        self.current[log] = job
 
     def poll(self) -> None:
         now = time.monotonic()
@@ -85,16 +93,22 @@ class Watch:
             end = chunk.rfind(b"\n") + 1
             self.offsets[log] = self.offsets.get(log, 0) + end
             for line in chunk[:end].decode(errors="replace").splitlines():
-                if m := ITER.search(line):
-                    ret = float(m.group(2)) if m.group(2) != "nan" else float("nan")
-                    self.iters.append((now, int(m.group(1)), ret))
-                if m := RESUMED.search(line):
-                    self.resumes.append((now, int(m.group(1))))
                 if m := JOB.search(line):
-                    self.jobs.append(m.group(1))
+                    self.current[log] = m.group(1)
+                    if m.group(1) not in self.jobs:
+                        self.jobs.append(m.group(1))
+                if (m := ITER.search(line)) and (
+                    self.current[log],
+                    int(m.group(1)),
+                ) not in self.seen:
+                    self.seen.add((self.current[log], int(m.group(1))))
+                    self.iters.append((now, self.current[log], int(m.group(1))))
 
     def reached(self) -> int:
-        return max((i for _, i, _ in self.iters), default=0)
+        return max((i for _, _, i in self.iters), default=0)
+
+    def job(self) -> str:
+        return self.jobs[-1] if self.jobs else ""
 
 
 @dataclass
@@ -116,10 +130,10 @@ class Storm:
 
     # --- the run ----------------------------------------------------------------------
 
-    def _spawn(self, *args: str) -> None:
+    def _spawn(self, *args: str, job: str = "") -> None:
         self.clients += 1
         log = self.work / f"client-{self.clients}.log"
-        self.watch.logs.append(log)
+        self.watch.follow(log, job)
         with open(log, "wb") as err, open(log.with_suffix(".out"), "wb") as out:
             self.client = subprocess.Popen(
                 [sys.executable, "-m", "provisioner", *args], stdout=out, stderr=err
@@ -154,6 +168,7 @@ class Storm:
         self.watch.poll()
         out = self.watch.logs[-1].with_suffix(".out")
         doc: dict[str, Any] = json.loads(out.read_text())
+        self.settle(str(doc.get("job_id", self.watch.job())))
         return doc
 
     # --- faults ---------------------------------------------------------------------------
@@ -168,12 +183,28 @@ class Storm:
         if rc != 0:
             raise LabError(f"{node.name}: docker kill failed: {out[-300:]}")
 
+    def _busy_workers(self, workers: list[LabNode]) -> list[LabNode]:
+        """The workers that host an env runner of the running attempt (its runners.json,
+        home while followed); all of them when it is not known yet."""
+        try:
+            path = self.results / self.watch.job() / "runners.json"
+            addresses = {r["node_ip"] for r in json.loads(path.read_text())}
+        except (OSError, ValueError, KeyError, TypeError):
+            return workers
+        return [w for w in workers if w.address in addresses] or workers
+
     def inject(self, kind: str, rng: random.Random) -> FaultRecord:
         head, workers = self._nodes()
-        worker = rng.choice(workers)
+        worker = rng.choice(self._busy_workers(workers))
         node = head if kind in ("head_kill", "sshd_restart") else worker
         self.watch.poll()
-        rec = FaultRecord(kind, node.name, self.elapsed(), reached_before=self.watch.reached())
+        rec = FaultRecord(
+            kind,
+            node.name,
+            self.elapsed(),
+            job_before=self.watch.job(),
+            reached_before=self.watch.reached(),
+        )
         self.report(f"[{rec.at_s:7.1f}s] fault: {kind} on {node.name}")
         if kind in ("worker_kill", "head_kill"):
             self._kill_container(node)
@@ -191,10 +222,11 @@ class Storm:
             self.client.wait(30)
             time.sleep(rng.uniform(2, 8))
             self.watch.poll()
-            job = self.watch.jobs[-1]
+            job = self.watch.job()
             self._spawn(
                 "jobs", "logs", job, "--follow", "--retries", str(self.retries), "-i",
                 str(self.inventory), "--results", str(self.results), "--json", "--verbose",
+                job=job,
             )  # fmt: skip
             rec.note = f"reattached to {job}"
         elif kind == "sshd_restart":
@@ -219,36 +251,49 @@ class Storm:
         return rec
 
     def measure(self, rec: FaultRecord, timeout: float) -> None:
-        """Wait until training went on past where it was; fill in the figures."""
+        """Wait until training went on past where it was: the times. What was lost and
+        the returns come from the result files when the run is over (`settle`)."""
         t0 = self.started + rec.at_s
         self.wait_for(
             f"for training to go on after {rec.kind}",
-            lambda: any(t > t0 and i > rec.reached_before for t, i, _ in self.watch.iters),
+            lambda: any(t > t0 and i > rec.reached_before for t, _, i in self.watch.iters),
             timeout,
         )
-        after = [(t, i, r) for t, i, r in self.watch.iters if t > t0]
-        resumes = [(t, k) for t, k in self.watch.resumes if t > t0]
-        rec.resumed_s = round(after[0][0] - t0, 1)
-        rec.caught_up_s = round(next(t for t, i, _ in after if i > rec.reached_before) - t0, 1)
-        if resumes:
-            rec.resumed_from = resumes[0][1]
-            rec.iterations_lost = max(0, rec.reached_before - resumes[0][1])
-            start = resumes[0][1]
-            after = [(t, i, r) for t, i, r in after if t >= resumes[0][0]]
-        else:
-            start = rec.reached_before
-        before = [r for t, _, r in self.watch.iters if t <= t0][-3:]
-        firsts = [r for _, i, r in after if start < i <= start + 3]
-        rec.return_before = _mean(before)
-        rec.return_after = _mean(firsts)
-        if rec.return_before is not None and rec.return_after is not None:
-            rec.continuous = rec.return_after >= 0.5 * rec.return_before
+        after = [(t, job, i) for t, job, i in self.watch.iters if t > t0]
+        rec.job_after = after[-1][1]
+        first = next((t for t, job, _ in after if job == rec.job_after), after[0][0])
+        rec.resumed_s = round(first - t0, 1)
+        rec.caught_up_s = round(next(t for t, _, i in after if i > rec.reached_before) - t0, 1)
         self.report(
-            f"[{self.elapsed():7.1f}s] {rec.kind}: training went on after {rec.resumed_s} s, "
-            f"past iteration {rec.reached_before} after {rec.caught_up_s} s; "
-            f"{rec.iterations_lost} iteration(s) computed twice; return "
-            f"{_fmt(rec.return_before)} -> {_fmt(rec.return_after)}"
+            f"[{self.elapsed():7.1f}s] {rec.kind}: training went on after {rec.resumed_s} s "
+            f"(job {rec.job_after}), past iteration {rec.reached_before} after "
+            f"{rec.caught_up_s} s"
         )
+
+    def settle(self, last_job: str) -> None:
+        """From the result files of every attempt (home, verified): for each fault, the
+        iteration the next attempt resumed from, the iterations computed twice, and the
+        mean return of the 3 iterations up to the resume point and of the first 3 after."""
+        final = _returns(self.results / last_job / "metrics.csv")
+        for rec in self.records:
+            if rec.job_after and rec.job_after != rec.job_before:
+                log = self.results / rec.job_after / "job.log"
+                found = RESUMED.search(log.read_text(errors="replace")) if log.is_file() else None
+                rec.resumed_from = int(found.group(1)) if found else 0
+                done = _returns(self.results / rec.job_before / "metrics.csv")
+                rec.iterations_lost = max(0, max(done, default=0) - rec.resumed_from)
+                point = rec.resumed_from
+            else:
+                point = rec.reached_before
+            rec.return_before = _mean([final.get(i, NAN) for i in range(point - 2, point + 1)])
+            rec.return_after = _mean([final.get(i, NAN) for i in range(point + 1, point + 4)])
+            if rec.return_before is not None and rec.return_after is not None:
+                rec.continuous = rec.return_after >= 0.5 * rec.return_before
+            self.report(
+                f"{rec.kind}: resumed from {rec.resumed_from}, {rec.iterations_lost} "
+                f"iteration(s) computed twice; return {_fmt(rec.return_before)} -> "
+                f"{_fmt(rec.return_after)}"
+            )
 
     def run(
         self, kinds: list[str], *, gap: tuple[float, float], warmup: int, timeout: float
@@ -272,6 +317,17 @@ def schedule(count: int, seed: int) -> list[str]:
     kinds = list(KINDS)[:count] + [rng.choice(KINDS) for _ in range(max(0, count - len(KINDS)))]
     rng.shuffle(kinds)
     return kinds
+
+
+NAN = float("nan")
+
+
+def _returns(path: Path) -> dict[int, float]:
+    """iteration -> mean return, from a metrics.csv (none when it is missing)."""
+    if not path.is_file():
+        return {}
+    rows = path.read_text().splitlines()[1:]
+    return {int(r.split(",")[0]): float(r.split(",")[2] or "nan") for r in rows}
 
 
 def _mean(values: list[float]) -> float | None:

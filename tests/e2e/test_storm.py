@@ -35,7 +35,7 @@ def test_a_run_goes_on_through_a_short_storm_of_faults(
     inventory: Path, lab: LabInfo, tmp_path: Path
 ) -> None:
     args = ["--env-runners", "2", "--train-batch", "1000", "--checkpoint-every", str(EVERY)]
-    args += ["--target-return", "1e9", "--max-env-steps", "100000000", "--max-iterations", "36"]
+    args += ["--target-return", "1e9", "--max-env-steps", "100000000", "--max-iterations", "60"]
     storm = Storm(
         lab=lab,
         inventory=inventory,
@@ -59,14 +59,15 @@ def test_a_run_goes_on_through_a_short_storm_of_faults(
     assert doc["status"] == "SUCCEEDED", doc
     home = tmp_path / "results" / doc["job_id"]
     rows = (home / "metrics.csv").read_text().splitlines()[1:]
-    assert [int(r.split(",")[0]) for r in rows] == list(range(1, 37))
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, 61))
     manifest = json.loads((home / ".pulled.json").read_text())
     for name, entry in manifest.items():
         assert hashlib.sha256((home / name).read_bytes()).hexdigest() == entry["sha256"], name
     assert (home / "summary.json").is_file() and (home / "training.png").is_file()
     attempts = json.loads((home / "attempts.json").read_text())
-    assert [a["status"] for a in attempts] == ["FAILED", "FAILED", "SUCCEEDED"], attempts
-    assert len({a["job_id"] for a in attempts}) == 3
+    # a lost runner fails its attempt (FAILED); a lost head leaves it UNKNOWN
+    assert [a["status"] in ("FAILED", "UNKNOWN") for a in attempts] == [True, True, False]
+    assert attempts[-1]["status"] == "SUCCEEDED" and len({a["job_id"] for a in attempts}) == 3
     by_kind = {r["kind"]: r for r in storm.to_json()}
     # the two container kills failed an attempt each; the client's death cost nothing
     assert by_kind["client_kill"]["resumed_from"] is None
