@@ -41,6 +41,9 @@ from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo
 
 KINDS = ("worker_kill", "head_kill", "worker_cut", "client_kill", "sshd_restart", "worker_off")
+# Faults that fail the running attempt (a node that hosts an env runner, or the head, is
+# lost): the run goes on in a new attempt. The others leave the attempt running.
+FAILING = frozenset({"worker_kill", "head_kill", "worker_cut", "worker_off"})
 ITER = re.compile(r"\biter +(\d+) +steps +\d+ +return")
 RESUMED = re.compile(r"resumed from \S+ at iteration (\d+)")
 JOB = re.compile(r"(?: as job |attempt \d+: job )(\S+)")
@@ -77,6 +80,7 @@ class Watch:
     seen: set[tuple[str, int]] = field(default_factory=set)
     iters: list[tuple[float, str, int]] = field(default_factory=list)  # (t, job, iteration)
     jobs: list[str] = field(default_factory=list)
+    resumes: dict[str, int] = field(default_factory=dict)  # job -> the iteration it resumed at
 
     def follow(self, log: Path, job: str = "") -> None:
         self.logs.append(log)
@@ -186,12 +190,14 @@ class Storm:
     def _busy_workers(self, workers: list[LabNode]) -> list[LabNode]:
         """The workers that host an env runner of the running attempt (its runners.json,
         home while followed); all of them when it is not known yet."""
-        try:
-            path = self.results / self.watch.job() / "runners.json"
-            addresses = {r["node_ip"] for r in json.loads(path.read_text())}
-        except (OSError, ValueError, KeyError, TypeError):
-            return workers
-        return [w for w in workers if w.address in addresses] or workers
+        path = self.results / self.watch.job() / "runners.json"
+        for _ in range(60):  # it comes home with the results, a few seconds after the start
+            try:
+                addresses = {r["node_ip"] for r in json.loads(path.read_text())}
+                return [w for w in workers if w.address in addresses] or workers
+            except (OSError, ValueError, KeyError, TypeError):
+                time.sleep(0.5)
+        return workers
 
     def inject(self, kind: str, rng: random.Random) -> FaultRecord:
         head, workers = self._nodes()
@@ -254,16 +260,23 @@ class Storm:
         """Wait until training went on past where it was: the times. What was lost and
         the returns come from the result files when the run is over (`settle`)."""
         t0 = self.started + rec.at_s
-        self.wait_for(
-            f"for training to go on after {rec.kind}",
-            lambda: any(t > t0 and i > rec.reached_before for t, _, i in self.watch.iters),
-            timeout,
-        )
+        fails = rec.kind in FAILING
+
+        def went_on() -> bool:
+            return any(
+                t > t0 and i > rec.reached_before and (job != rec.job_before) == fails
+                for t, job, i in self.watch.iters
+            )
+
+        what = "a new attempt" if fails else "the same attempt"
+        self.wait_for(f"for training to go on in {what} after {rec.kind}", went_on, timeout)
         after = [(t, job, i) for t, job, i in self.watch.iters if t > t0]
-        rec.job_after = after[-1][1]
-        first = next((t for t, job, _ in after if job == rec.job_after), after[0][0])
+        rec.job_after = next(j for _, j, i in after if (j != rec.job_before) == fails)
+        first = next(t for t, job, _ in after if job == rec.job_after)
         rec.resumed_s = round(first - t0, 1)
-        rec.caught_up_s = round(next(t for t, _, i in after if i > rec.reached_before) - t0, 1)
+        rec.caught_up_s = round(
+            next(t for t, j, i in after if j == rec.job_after and i > rec.reached_before) - t0, 1
+        )
         self.report(
             f"[{self.elapsed():7.1f}s] {rec.kind}: training went on after {rec.resumed_s} s "
             f"(job {rec.job_after}), past iteration {rec.reached_before} after "
@@ -277,9 +290,9 @@ class Storm:
         final = _returns(self.results / last_job / "metrics.csv")
         for rec in self.records:
             if rec.job_after and rec.job_after != rec.job_before:
-                log = self.results / rec.job_after / "job.log"
-                found = RESUMED.search(log.read_text(errors="replace")) if log.is_file() else None
-                rec.resumed_from = int(found.group(1)) if found else 0
+                # the job's own line, as its client showed it (the job.log of an attempt
+                # whose head died never comes home)
+                rec.resumed_from = self.watch.resumes.get(rec.job_after, 0)
                 done = _returns(self.results / rec.job_before / "metrics.csv")
                 rec.iterations_lost = max(0, max(done, default=0) - rec.resumed_from)
                 point = rec.resumed_from
