@@ -344,3 +344,52 @@ def test_forward_gives_each_edge_its_own_key_that_only_its_receiver_accepts(
             "on any node, authorized_keys byte for byte as before"
         )
         s.measured = f"{len(probes)} ssh probes"
+
+
+def test_ctrl_c_mid_round_removes_every_relay_key(
+    lab: LabInfo, inventory: Inventory, base_pin: Pin
+) -> None:
+    """SIGINT to this process while a round streams (held at the chain's last node, as in
+    the test above): the push stops with KeyboardInterrupt, and before it does every edge
+    key is gone from every node: authorized_keys byte for byte as before, no private key."""
+    import os
+    import signal
+
+    pin = filler_image(base_pin, f"{REPO}:blob64", 64)
+    last = inventory.nodes[-1]
+    nodes = list(inventory.nodes)
+    remove(nodes, pin)
+    keys_before = {n.name: authorized_keys(n) for n in nodes}
+    seen: dict[str, int] = {}
+
+    def report(line: str) -> None:
+        print(line)
+        if line.startswith("forwarding relay:"):
+            dockerd(last, "STOP")
+
+    def interrupt_mid_round() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if on_node(last, "pgrep -f '^docker load$'")[0] == 0:
+                break
+            time.sleep(0.2)
+        # positive control: the round's keys are there while it streams
+        seen["keys"] = sum(len(private_keys(n)) for n in nodes)
+        seen["lines"] = sum(len(relay_lines(n)) for n in nodes)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    opts = PushOptions(tag=pin.tag, forward=True, cache_dir=CACHE)
+    helper = threading.Thread(target=interrupt_mid_round, daemon=True)
+    helper.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            push_image(inventory, None, report, pin=pin, opts=opts)
+    finally:
+        dockerd(last, "CONT")
+        helper.join(130)
+    assert seen == {"keys": 2, "lines": 2}, seen
+    for node in nodes:
+        assert authorized_keys(node) == keys_before[node.name], node.name
+        assert not private_keys(node), node.name
+        assert image_on(node, pin.tag) == "", node.name  # nothing tagged by a broken push
+    remove(nodes, pin)
