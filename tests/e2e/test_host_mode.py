@@ -27,6 +27,7 @@ from provisioner.lab.config import LabNode
 from provisioner.lab.engine import docker_cli, exec_rc
 from provisioner.lab.nodes import LabInfo
 from provisioner.local import state_root
+from tests.e2e.faults.lab import _SSHD_BACK as SSHD_BACK
 from tests.e2e.helpers import cli, cli_json, ssh
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
@@ -274,7 +275,7 @@ def root_login(lab: LabInfo) -> Iterator[None]:
             "cat /home/lab/.ssh/authorized_keys >> /root/.ssh/authorized_keys && "
             "chmod 600 /root/.ssh/authorized_keys && "
             f"sed -i 's/^PermitRootLogin no$/PermitRootLogin prohibit-password/' {SSHD_LAB} && "
-            "kill -HUP $(cat /run/sshd.pid)",
+            "kill -HUP $(cat /run/sshd.pid) && " + SSHD_BACK,
         )
     try:
         yield
@@ -286,7 +287,7 @@ def root_login(lab: LabInfo) -> Iterator[None]:
                 "/root/.ssh/authorized_keys.e2e-keep /root/.ssh/authorized_keys; "
                 "else rm -f /root/.ssh/authorized_keys; fi; "
                 f"sed -i 's/^PermitRootLogin prohibit-password$/PermitRootLogin no/' {SSHD_LAB} "
-                "&& kill -HUP $(cat /run/sshd.pid)",
+                "&& kill -HUP $(cat /run/sshd.pid) && " + SSHD_BACK,
             )
 
 
