@@ -6,10 +6,14 @@ names the interpreter (`ray: {python: /opt/venv/bin/python}`). Ray starts detach
 the SSH session (`setsid`) with this cluster's own temp dir (`--temp-dir`: a short
 link /tmp/prov-CLUSTER to the node directory `~/.provisioner/clusters/CLUSTER/ray`,
 short because Ray's socket paths under it may not exceed 107 bytes), and is stopped by
-its processes: those
-whose command line names that temp dir, the other processes of the session `up` started
-them in, and their descendants (Ray's workers). Never `ray stop`: it stops every Ray on
-the node, other users' and other clusters' included.
+its processes: the SSH user's own (`ps -u`; never another user's, even as root) whose
+environment holds this cluster's id (`PROVISIONER_CLUSTER_ID`, made once in the local
+state folder: Ray's processes inherit it), the other processes of the session `up`
+started them in, and their descendants (Ray's workers; the dashboard's modules write
+their title over their environment, so the session and the descendants matter). A Ray
+an older provisioner started (no id in its environment) is known by its temp dir on its
+command line, among the user's own processes only. Never `ray stop`: it stops every Ray
+on the node, other users' and other clusters' included.
 """
 
 from __future__ import annotations
