@@ -105,6 +105,7 @@ def render(
         return
     require_nodes(inv)
     path = token.ensure_token(inv)
+    token.ensure_cluster_id(inv)
     pin = _pin(inv) if inv.image_lock is not None else None
     text = render_mod.render(inv, path, runtime_for(inv, pin))
     if out_file is None:

@@ -23,6 +23,9 @@ RESULTS_ROOT_ENV = "PROVISIONER_RESULTS_ROOT"
 LABEL_CLUSTER = "provisioner.cluster"
 LABEL_ROLE = "provisioner.role"
 LABEL_GPUS = "provisioner.gpus"  # the GPUs a container was given (gpu.plan.signature)
+# The cluster's id (cluster.token.ensure_cluster_id): which state folder's cluster it is,
+# so that a namesake of another user or state folder is never taken for this one.
+LABEL_CLUSTER_ID = "provisioner.cluster-id"
 
 
 def container_name(cluster: str) -> str:
@@ -84,16 +87,24 @@ def node_short_ray_dir(cluster: str) -> str:
 def link_short_ray_dir_command(cluster: str) -> str:
     """Make `node_short_ray_dir` a link to `node_ray_dir` (creating that), refusing when the
     name is another user's (/tmp is shared: a link someone else made would hand them this
-    cluster's sockets) or not a link. /tmp's sticky bit keeps it ours afterwards."""
+    cluster's sockets) or not a link. The link is made under a fresh name and renamed
+    into place (`mv -T`: rename(2), which /tmp's sticky bit refuses over another user's
+    name and which never follows a directory made there meanwhile), then checked: ours,
+    a link, to this cluster's directory. /tmp's sticky bit keeps it ours afterwards."""
     short = shlex.quote(node_short_ray_dir(cluster))
-    return (
-        f"mkdir -p {node_ray_dir(cluster)} && t={short} && "
-        'if [ -e "$t" ] || [ -L "$t" ]; then '
-        '[ -L "$t" ] && [ "$(stat -c %u "$t")" = "$(id -u)" ] || '
-        '{ echo "$t exists and is not a link of this user (a cluster of the same name of '
+    refuse = (
+        'echo "$t exists and is not a link of this user (a cluster of the same name of '
         'another user, or something left behind): remove it or rename the cluster" >&2; '
-        "exit 2; }; fi && "
-        f'ln -sfn {node_ray_dir(cluster)} "$t"'
+        "exit 2"
+    )
+    return (
+        f"mkdir -p {node_ray_dir(cluster)} && t={short} && d={node_ray_dir(cluster)} && "
+        'if [ -e "$t" ] || [ -L "$t" ]; then '
+        f'[ -L "$t" ] && [ "$(stat -c %u "$t")" = "$(id -u)" ] || {{ {refuse}; }}; fi && '
+        'n=$(mktemp -u "$t.XXXXXXXX") && ln -s "$d" "$n" && '
+        f'{{ mv -T "$n" "$t" 2>/dev/null || {{ rm -f "$n"; {refuse}; }}; }} && '
+        '[ -L "$t" ] && [ "$(stat -c %u "$t")" = "$(id -u)" ] && [ "$(readlink "$t")" = "$d" ] '
+        f"|| {{ {refuse}; }}"
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
@@ -19,6 +20,7 @@ from provisioner.inventory import Inventory
 from provisioner.local import private_dir
 
 TOKEN_FILE = "auth_token"
+CLUSTER_ID_FILE = "cluster_id"  # this state folder's cluster, told apart from namesakes
 NEXT_FILE = "auth_token.next"  # a rotation under way: the token the nodes are being given
 
 
@@ -46,6 +48,34 @@ def _write_new(path: Path) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
     tmp.replace(path)
+
+
+def ensure_cluster_id(inventory: Inventory) -> str:
+    """This cluster's id (16 hex digits, made once, kept in its state folder): what marks
+    its container and its Ray processes on a node, so that a cluster of the same name
+    from another state folder or another user is never taken for it."""
+    path = Path(inventory.state_dir) / CLUSTER_ID_FILE
+    found = read_cluster_id(inventory)
+    if found:
+        return found
+    private_dir(path.parent)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(8) + "\n")
+    tmp.replace(path)
+    return read_cluster_id(inventory)
+
+
+def read_cluster_id(inventory: Inventory) -> str:
+    """The cluster's id, or "" when this state folder has none yet (before the first
+    `up`, or made by an older provisioner); anything but 16 hex digits counts as none."""
+    try:
+        text = (Path(inventory.state_dir) / CLUSTER_ID_FILE).read_text().strip()
+    except OSError:
+        return ""
+    return text if re.fullmatch(r"[0-9a-f]{16}", text) else ""
 
 
 def next_token_path(inventory: Inventory) -> Path:

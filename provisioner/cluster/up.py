@@ -240,6 +240,7 @@ def up(
     """The whole `up`: doctor (stop on errors unless forced), the runtime's preparation
     (docker: push the pin; `push`, runtime.base.PUSH_MODES), then bring_up."""
     t0 = time.monotonic()
+    token.ensure_cluster_id(inventory)  # marks what this cluster starts on the nodes
     runtime = runtime_for(inventory, pin, push=push)
     result = UpResult(runtime=runtime.name)
     if doctor:

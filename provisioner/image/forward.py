@@ -3,16 +3,20 @@ it receives on to the next node while it loads it (`image push --forward`, `up -
 
 The plan is forward_plan.py's. Here: one round trip per node gathers what it holds
 (nodes that hold the pin are only verified and tagged); every node of the chain gets a
-private directory with a temporary key, the known_hosts of the nodes it may send to
-(host keys this machine already trusts; no trust on first use) and its hop script; its
-authorized_keys gets the key's public half, restricted to the chain's addresses, to the
-hop script as the one command and to a lifetime (relay.py's add/remove: the file ends
-byte for byte as it began). The control machine streams into the first node's hop; each
-hop forwards with OpenSSH to the next. Every node counts the bytes it receives, so the
-bytes each sender put on the wire are read, not estimated. The control machine then
-verifies and tags every node; nodes that fail are re-fed (forward_plan.refeed_chain), at
-most `retries` more rounds. Keys and directories are removed at the end, whatever
-happens; a removal that fails is an error of the push.
+private directory. Each round, every node of it gets its hop script, and every edge of
+the round (sender -> receiver) a key of its own, made for that edge and round: the
+private half only on the sender (with the receiver's host keys as this machine trusts
+them; no trust on first use), the public half only in the receiver's authorized_keys,
+accepted only from the sender's address, only to run the receiver's hop script (which
+runs once per round) and only for a few minutes (relay.py's add/remove: the file ends
+byte for byte as it began). So a node holds no key that any node but its own receiver
+accepts. The control machine streams into the first node's hop; each hop forwards with
+OpenSSH to the next. Every node counts the bytes it receives, so the bytes each sender
+put on the wire are read, not estimated. The round's keys are removed as soon as its
+stream ends, whatever happened (a failure, Ctrl-C); the control machine then verifies
+and tags every node; nodes that fail are re-fed (forward_plan.refeed_chain), at most
+`retries` more rounds. Directories, and any key whose removal failed, are removed
+again at the end; a removal that fails is an error of the push.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import shlex
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from provisioner.console import Reporter
 from provisioner.errors import ConnectError, ProvisionerError, RemoteError
@@ -39,28 +44,34 @@ from provisioner.image.forward_plan import (
     ALIVE_S,
     HOP_SCRIPT,
     RECEIVED,
+    SEND_KEY,
+    SEND_KNOWN_HOSTS,
     Chain,
     chain_order,
+    drop_sender_files_command,
+    edge_key_lifetime_s,
     feed_command,
     first_chain,
     hop_command,
     hop_script,
     parse_received,
+    private_file_command,
     refeed_chain,
     sent_bytes,
+    write_hop_command,
 )
 from provisioner.image.lock import Pin
 from provisioner.image.plan import NodePlan
 from provisioner.image.relay import (
-    KEY_GRACE_S,
     Added,
     RelayKey,
-    _remove_keys,
     add_key_command,
     known_host_lines,
     make_relay_key,
     node_ssh,
     parse_added,
+    remove_failed,
+    remove_key_command,
 )
 from provisioner.image.savestream import SavedImage, partial, passthrough
 from provisioner.inventory import Inventory, Node
@@ -84,7 +95,9 @@ class _Run:
         self.report = safe
         self.sent: dict[str, int] = {}  # sender ("control" or a node) -> bytes on the wire
         self.dirs: dict[str, str] = {}  # node -> its private relay directory
-        self.key = make_relay_key()
+        self.known: dict[str, str] = {}  # node -> its host keys, as known_hosts lines
+        self.keys: list[_EdgeKey] = []  # edge keys that may still be in authorized_keys
+        self.lock = threading.Lock()
 
     def each(self, names: list[str], fn: Callable[[Node], object]) -> dict[str, ProvisionerError]:
         group = fan_out(
@@ -95,8 +108,23 @@ class _Run:
     def ssh_to(self, sender: str, target: str) -> tuple[str, ...]:
         d = self.dirs[sender]
         return node_ssh(
-            self.nodes[target], f"{d}/key", f"{d}/known_hosts", HOP_SCRIPT, alive_s=ALIVE_S
+            self.nodes[target],
+            f"{d}/{SEND_KEY}",
+            f"{d}/{SEND_KNOWN_HOSTS}",
+            HOP_SCRIPT,
+            alive_s=ALIVE_S,
         )
+
+
+@dataclass
+class _EdgeKey:
+    """One edge's key for one round: the sender holds its private half, the receiver's
+    authorized_keys its public half (`added`: what the add reported it appended)."""
+
+    sender: str
+    receiver: str
+    key: RelayKey
+    added: Added | None = None
 
 
 def push_forwarded(
@@ -134,44 +162,30 @@ def push_forwarded(
         return
     out.mode = "forward"
     run.report(f"forwarding relay: control -> {' -> '.join(order)}")
-    added: dict[str, Added | None] = {}
     try:
-        ready = _set_up(run, order, added, out)
+        ready = _set_up(run, order, out)
         order = [n for n in order if n in ready]
         if order:
             _rounds(run, order, plans, out, t0)
     finally:
-        _tear_down(run, added, out)
+        _tear_down(run, out)
     for name, bytes_ in run.sent.items():
         if name in out.nodes:
             out.nodes[name].bytes_forwarded = bytes_
 
 
-def _set_up(
-    run: _Run, order: list[str], added: dict[str, Added | None], out: PushReport
-) -> set[str]:
-    """A private directory, the key, known_hosts and the authorized key on every node of
-    the chain; the nodes where that worked."""
-    senders = ",".join(run.nodes[n].address for n in order)
-    lifetime = int(run.opts.timeout * (run.opts.retries + 1)) + KEY_GRACE_S
-    known = "\n".join(line for n in order for line in known_host_lines(run.nodes[n])) + "\n"
-    lock = threading.Lock()
+def _set_up(run: _Run, order: list[str], out: PushReport) -> set[str]:
+    """A private directory on every node of the chain, and the host keys this machine
+    trusts for each (a sender gets its receiver's, round by round); the nodes where
+    that worked."""
+    for name in order:
+        run.known[name] = "\n".join(known_host_lines(run.nodes[name])) + "\n"
 
     def one(node: Node) -> None:
-        s = run.pool.session(node)
-        made = s.run("umask 077 && mktemp -d", timeout=30).check().stdout.strip()
-        with lock:
-            run.dirs[node.name] = made
-        d = shlex.quote(made)
-        s.run(f"umask 077 && cat > {d}/key", timeout=30, stdin=run.key.private_openssh).check()
-        s.run(f"umask 077 && cat > {d}/known_hosts", timeout=30, stdin=known.encode()).check()
-        command = hop_command(made)
-        with lock:
-            added[node.name] = None  # from here on, a removal is due
-        result = s.run(add_key_command(run.key, senders, lifetime, command), timeout=30)
-        with lock:
-            added[node.name] = parse_added(result.stdout, run.key, senders, command)
-        result.check()
+        made = run.pool.session(node).run("umask 077 && mktemp -d", timeout=30)
+        d = made.check().stdout.strip()
+        with run.lock:
+            run.dirs[node.name] = d
 
     errors = run.each(order, one)
     out.errors.update(errors)
@@ -227,34 +241,17 @@ def _one_round(
     """Write the hop scripts, stream into the chain, verify every node; the failed ones
     (node -> what failed there)."""
     names = [h.node for h in chain.hops]
-
-    def write(node: Node) -> None:
-        hop = next(h for h in chain.hops if h.node == node.name)
-        nxt = run.ssh_to(node.name, hop.next) if hop.next else None
-        script = hop_script(run.dirs[node.name], nxt, hop.drop)
-        d = shlex.quote(run.dirs[node.name])
-        run.pool.session(node).run(
-            f"cat > {d}/{HOP_SCRIPT}", timeout=30, stdin=script.encode()
-        ).check()
-
-    errors = run.each(names, write)
+    edges = [_EdgeKey(a, b, make_relay_key()) for a, b in chain.edges()]
+    errors: dict[str, ProvisionerError] = {}
+    try:
+        errors = _prepare_round(run, chain, edges)
+        if not errors:
+            _feed(run, chain, saved)
+    finally:  # the round's keys go as soon as its stream ended, whatever happened;
+        _remove_edge_keys(run, edges)  # one that stays is tried again (and told) at the end
     if errors:  # a node we cannot even prepare: every node of the round is fed again later
         out.errors.update(errors)
-        return {n: errors.get(n, out.errors[next(iter(errors))]) for n in names}
-    first = run.nodes[names[0]]
-    try:
-        if chain.feeder is None:
-            _feed_from_control(run, chain, first, saved)
-        else:
-            feeder = run.pool.session(run.nodes[chain.feeder])
-            result = feeder.run(
-                feed_command(run.pin.image_id, run.ssh_to(chain.feeder, first.name)),
-                timeout=run.opts.timeout,
-            )
-            if not result.ok:
-                run.report(f"{chain.feeder}: feeding the chain ended early: {result.tail(2)}")
-    except ProvisionerError as exc:  # the stream broke: the nodes' own state decides below
-        run.report(f"the stream into {first.name} broke: {exc}")
+        return {n: errors.get(n, next(iter(errors.values()))) for n in names}
     received: dict[str, int] = {}
     lock = threading.Lock()
 
@@ -282,6 +279,92 @@ def _one_round(
         out.nodes[name] = push
         run.report(f"{name}: loaded and verified; {push.bytes_sent / 1e6:,.0f} MB from {push.via}")
     return failures
+
+
+def _prepare_round(run: _Run, chain: Chain, edges: list[_EdgeKey]) -> dict[str, ProvisionerError]:
+    """Every node of the round: its hop script; as a sender, its edge's private key and
+    its receiver's host keys; as a receiver, its sender's public key in authorized_keys
+    (from the sender's address, the hop script as the one command, a short lifetime)."""
+    sends = {e.sender: e for e in edges}
+    receives = {e.receiver: e for e in edges}
+    hops = {h.node: h for h in chain.hops}
+    lifetime = edge_key_lifetime_s(
+        len(chain.hops), max(run.nodes[h.node].ssh.connect_timeout for h in chain.hops)
+    )
+
+    def one(node: Node) -> None:
+        s, d = run.pool.session(node), run.dirs[node.name]
+        hop = hops.get(node.name)
+        if hop is not None:
+            nxt = run.ssh_to(node.name, hop.next) if hop.next else None
+            script = hop_script(d, nxt, hop.drop)
+            s.run(write_hop_command(d), timeout=30, stdin=script.encode()).check()
+        edge = sends.get(node.name)
+        if edge is not None:
+            known = run.known[edge.receiver].encode()
+            key = edge.key.private_openssh
+            s.run(private_file_command(d, SEND_KEY), timeout=30, stdin=key).check()
+            s.run(private_file_command(d, SEND_KNOWN_HOSTS), timeout=30, stdin=known).check()
+        edge = receives.get(node.name)
+        if edge is not None:
+            sender = run.nodes[edge.sender].address
+            command = hop_command(d)
+            with run.lock:
+                run.keys.append(edge)  # from here on, a removal is due
+            result = s.run(add_key_command(edge.key, sender, lifetime, command), timeout=30)
+            edge.added = parse_added(result.stdout, edge.key, sender, command)
+            result.check()
+
+    touched = [*([chain.feeder] if chain.feeder else []), *hops]
+    return run.each(touched, one)
+
+
+def _feed(run: _Run, chain: Chain, saved: SavedImage | None) -> None:
+    """Stream into the chain's first node, from here or from the feeder node."""
+    first = run.nodes[chain.hops[0].node]
+    try:
+        if chain.feeder is None:
+            _feed_from_control(run, chain, first, saved)
+        else:
+            feeder = run.pool.session(run.nodes[chain.feeder])
+            result = feeder.run(
+                feed_command(run.pin.image_id, run.ssh_to(chain.feeder, first.name)),
+                timeout=run.opts.timeout,
+            )
+            if not result.ok:
+                run.report(f"{chain.feeder}: feeding the chain ended early: {result.tail(2)}")
+    except ProvisionerError as exc:  # the stream broke: the nodes' own state decides below
+        run.report(f"the stream into {first.name} broke: {exc}")
+
+
+def _remove_edge_keys(run: _Run, edges: list[_EdgeKey]) -> dict[str, ProvisionerError]:
+    """The edges' private halves off their senders and public halves out of their
+    receivers' authorized_keys; a key whose removal failed stays due (the tear-down
+    tries again). Node -> what failed there."""
+    senders = {e.sender for e in edges}
+
+    def one(node: Node) -> None:
+        s = run.pool.session(node)
+        first: ProvisionerError | None = None
+        if node.name in senders:
+            try:
+                s.run(drop_sender_files_command(run.dirs[node.name]), timeout=30).check()
+            except ProvisionerError as exc:
+                first = exc
+        with run.lock:
+            due = [e for e in run.keys if e.receiver == node.name and e in edges]
+        for edge in due:
+            try:
+                s.run(remove_key_command(edge.key, edge.added), timeout=30).check()
+            except ProvisionerError as exc:
+                first = first or remove_failed(node.name, edge.key, exc)
+                continue
+            with run.lock:
+                run.keys.remove(edge)
+        if first is not None:
+            raise first
+
+    return run.each(sorted(senders | {e.receiver for e in edges}), one)
 
 
 def _feed_from_control(run: _Run, chain: Chain, first: Node, saved: SavedImage | None) -> None:
@@ -319,16 +402,19 @@ def _failed(name: str, sender: str, exc: ProvisionerError) -> RemoteError:
     )
 
 
-def _tear_down(run: _Run, added: dict[str, Added | None], out: PushReport) -> None:
-    """The relay key out of every authorized_keys it went into, every directory removed."""
-    due = [run.nodes[n] for n in added]
-    for name, exc in _remove_keys(run.pool, due, run.key, added).items():
+def _tear_down(run: _Run, out: PushReport) -> None:
+    """Any edge key still due out of authorized_keys, every relay directory removed."""
+    left = list(run.keys)
+    for name, exc in _remove_edge_keys(run, left).items():
         first = out.errors.get(name)
         out.errors[name] = (
             exc
             if first is None
             else RemoteError(
-                name, f"{first.message}; and {exc.message}", exc.fix, kind="relay-cleanup"
+                name,
+                f"{first.message}; and {exc.message}",
+                getattr(exc, "fix", ""),
+                kind="relay-cleanup",
             )
         )
 

@@ -26,7 +26,12 @@ from provisioner.image.savestream import SavedImage
 
 HOP_SCRIPT = "hop"  # the script each node runs for the stream it receives, in its relay dir
 RECEIVED = "received"  # bytes the node's hop read from its sender, counted by `wc -c`
+STARTED = "started"  # made by a round's hop when it starts: a second start is refused
+SEND_KEY = "send.key"  # a sender's private half of its edge's key, in its relay dir
+SEND_KNOWN_HOSTS = "send.known_hosts"  # the host keys of its receiver only
 ALIVE_S = 10  # a hop's ssh ends ~30 s after the next node stops answering
+KEY_BASE_S = 60  # an edge key's lifetime: this, plus KEY_PER_HOP_S per hop of the round
+KEY_PER_HOP_S = 15  # on top of each hop's connect timeout
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,13 @@ class Chain:
     def first_missing(self) -> int:
         """What the feeder sends: the pin's layers from here on."""
         return self.hops[0].first_missing if self.hops else 0
+
+    def edges(self) -> list[tuple[str, str]]:
+        """(sender, receiver) of every node-to-node stream of the round: the feeder's
+        into the first hop, then each hop's into the next (the control machine's own
+        stream goes over its SSH session, with no relay key)."""
+        out = [(self.feeder, self.hops[0].node)] if self.feeder and self.hops else []
+        return out + [(h.node, h.next) for h in self.hops if h.next]
 
     def sender_of(self, node: str) -> str:
         """Who sent `node` its stream ("control" for the control machine)."""
@@ -135,6 +147,9 @@ def hop_script(directory: str, next_ssh: Sequence[str] | None, drop: Sequence[st
     d = shlex.quote(directory)
     lines = [
         f"cd {d} || exit 1",
+        # one stream per round: the relay key that runs this can load once, not again
+        f"mkdir {STARTED} 2>/dev/null || "
+        "{ echo 'hop: this round has received its stream already' >&2; exit 3; }",
         f"rm -f fwd cnt {RECEIVED} load.out load.rc fwd.rc",
         "mkfifo cnt",
         f"wc -c < cnt > {RECEIVED} &",
@@ -175,6 +190,32 @@ def feed_command(image_id: str, first_ssh: Sequence[str]) -> str:
 def hop_command(directory: str) -> str:
     """The relay key's forced command on a node: its hop script, nothing else."""
     return f"sh {directory}/{HOP_SCRIPT}"
+
+
+def write_hop_command(directory: str) -> str:
+    """Run on a node before a round: its hop script (from stdin) in place, and the
+    round's one start allowed again."""
+    d = shlex.quote(directory)
+    return f"rm -rf {d}/{STARTED} && cat > {d}/{HOP_SCRIPT}"
+
+
+def private_file_command(directory: str, name: str) -> str:
+    """Run on a node: stdin into a 0600 file of its relay dir (a sender's edge key, its
+    receiver's known_hosts)."""
+    return f"umask 077 && cat > {shlex.quote(directory)}/{name}"
+
+
+def drop_sender_files_command(directory: str) -> str:
+    """Run on a round's sender after the round: its edge key and known_hosts gone."""
+    d = shlex.quote(directory)
+    return f"rm -f {d}/{SEND_KEY} {d}/{SEND_KNOWN_HOSTS}"
+
+
+def edge_key_lifetime_s(hops: int, connect_timeout_s: float) -> int:
+    """How long an edge key is valid (sshd's `expiry-time`, checked when a connection
+    authenticates, not after): every edge of a round connects when the round starts,
+    one hop after the other, each within its connect timeout."""
+    return KEY_BASE_S + max(1, hops) * (int(connect_timeout_s) + KEY_PER_HOP_S)
 
 
 def sent_bytes(chain: Chain, received: Mapping[str, int]) -> dict[str, int]:

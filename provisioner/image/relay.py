@@ -300,16 +300,18 @@ def _remove_keys(
         return result.stdout
 
     group = fan_out(due, remove, deadline=60)
-    return {
-        name: RemoteError(
-            name,
-            f"the temporary relay key could not be removed from ~/.ssh/authorized_keys: {exc}",
-            f"remove the line ending in {key.comment} from ~/.ssh/authorized_keys on {name} "
-            f"(it stops working by itself at its expiry-time)",
-            kind="relay-cleanup",
-        )
-        for name, exc in group.errors.items()
-    }
+    return {name: remove_failed(name, key, exc) for name, exc in group.errors.items()}
+
+
+def remove_failed(name: str, key: RelayKey, exc: ProvisionerError) -> RemoteError:
+    """The error of a relay key left in `name`'s authorized_keys, with the fix."""
+    return RemoteError(
+        name,
+        f"the temporary relay key could not be removed from ~/.ssh/authorized_keys: {exc}",
+        f"remove the line ending in {key.comment} from ~/.ssh/authorized_keys on {name} "
+        f"(it stops working by itself at its expiry-time)",
+        kind="relay-cleanup",
+    )
 
 
 def _relay_worker(

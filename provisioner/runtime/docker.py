@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from provisioner.cluster import layout
 from provisioner.cluster.commands import ray_start_args
+from provisioner.cluster.token import read_cluster_id
 from provisioner.doctor import cluster_checks, node_checks
 from provisioner.doctor.facts import NodeFacts
 from provisioner.doctor.findings import Finding
@@ -53,11 +54,43 @@ def shm_size(inventory: Inventory) -> str:
     return f'"{_SHM_FROM_MEMINFO}"'
 
 
+def _id_label(cluster: str) -> str:
+    """Shell: the cluster-id label of the container called ray-CLUSTER ("" when it has
+    none, or there is no such container)."""
+    name = shlex.quote(layout.container_name(cluster))
+    fmt = shlex.quote(
+        f'{{{{with index .Config.Labels "{layout.LABEL_CLUSTER_ID}"}}}}{{{{.}}}}{{{{end}}}}'
+    )
+    return f"$(docker inspect --format {fmt} {name} 2>/dev/null)"
+
+
+def foreign_container_guard(cluster: str, cluster_id: str, then: str) -> str:
+    """Shell: when the node's ray-CLUSTER container carries another cluster's id (a cluster
+    of the same name from another state folder or another user), say so on stderr and run
+    `then` (`exit 0`: nothing of ours here; `exit 3`: refuse). One without an id label
+    (an older provisioner's) counts as this cluster's."""
+    name = layout.container_name(cluster)
+    return (
+        f"l={_id_label(cluster)}; "
+        f'if [ -n "$l" ] && [ "$l" != {shlex.quote(cluster_id)} ]; then '
+        f'echo "the container {name} on this node belongs to another cluster of the same '
+        f"name (cluster id $l; this state folder's: {cluster_id or 'none yet'}): left "
+        "alone; rename this cluster (cluster: in the inventory), or take that one down from "
+        'its own state folder" >&2; '
+        f"{then}; fi"
+    )
+
+
 def docker_run_command(
-    inventory: Inventory, node: Node, image: str, gpus: GpuPlan | None = None
+    inventory: Inventory,
+    node: Node,
+    image: str,
+    gpus: GpuPlan | None = None,
+    cluster_id: str = "",
 ) -> str:
     """`docker run` for the node's Ray container (run by a POSIX shell on the node);
-    `gpus`: the node's GPUs for Ray and the way its Docker hands them over."""
+    `gpus`: the node's GPUs for Ray and the way its Docker hands them over; `cluster_id`
+    labels it, and refuses to start over another cluster's container of the same name."""
     cluster = inventory.cluster
     gpu_options = docker_gpu_options(gpus) if gpus else []
     if gpus:
@@ -81,18 +114,26 @@ def docker_run_command(
         *(f"-e {shlex.quote(f'{k}={v}')}" for k, v in CONTAINER_ENV.items()),
         f"--label {shlex.quote(f'{layout.LABEL_CLUSTER}={cluster}')}",
         f"--label {shlex.quote(f'{layout.LABEL_ROLE}={node.role}')}",
+        *(
+            [f"--label {shlex.quote(f'{layout.LABEL_CLUSTER_ID}={cluster_id}')}"]
+            if cluster_id
+            else []
+        ),
         *gpu_options,
         shlex.quote(image),
         shlex.join(ray_start_args(inventory, node, gpus=gpus)),
     ]
     prepare = f"mkdir -p {layout.node_ray_dir(cluster)} {layout.node_results_dir(cluster)}"
-    return f"{prepare} && " + " ".join(parts)
+    guard = f"{foreign_container_guard(cluster, cluster_id, 'exit 3')}; " if cluster_id else ""
+    return f"{guard}{prepare} && " + " ".join(parts)
 
 
-def remove_container_command(cluster: str) -> str:
-    """Stop and remove the node's Ray container; succeeds when there is none."""
+def remove_container_command(cluster: str, cluster_id: str = "") -> str:
+    """Stop and remove the node's Ray container; succeeds when there is none, and when
+    the one of that name is another cluster's (its id label), which is left alone."""
     name = shlex.quote(layout.container_name(cluster))
-    return f"docker rm -f {name} >/dev/null 2>&1; ! docker inspect {name} >/dev/null 2>&1"
+    guard = foreign_container_guard(cluster, cluster_id, "exit 0")
+    return f"{guard}; docker rm -f {name} >/dev/null 2>&1; ! docker inspect {name} >/dev/null 2>&1"
 
 
 def container_running_test(cluster: str) -> str:
@@ -114,16 +155,20 @@ def container_facts_command(cluster: str) -> str:
         '"image": {{json .Image}}, "started_at": {{json .State.StartedAt}}, '
         '"restarts": {{json .RestartCount}}, "exit_code": {{json .State.ExitCode}}, '
         '"oom_killed": {{json .State.OOMKilled}}, '
+        f'"cluster_id": {{{{json (index .Config.Labels "{layout.LABEL_CLUSTER_ID}")}}}}, '
         f'"gpus": {{{{json (index .Config.Labels "{layout.LABEL_GPUS}")}}}}}}'
     )
     return f"docker inspect --format {fmt} {name} 2>/dev/null || echo null"
 
 
-def parse_container_facts(stdout: str) -> RayState:
-    """Parse the one JSON line of `container_facts_command` (`null`: absent)."""
+def parse_container_facts(stdout: str, cluster_id: str = "") -> RayState:
+    """Parse the one JSON line of `container_facts_command` (`null`: absent; a container
+    carrying another cluster's id is not this cluster's: absent too)."""
     lines = [ln for ln in stdout.splitlines() if ln.strip()]
     data = json.loads(lines[-1]) if lines else None
     if not data:
+        return RayState()
+    if data.get("cluster_id") and data.get("cluster_id") != cluster_id:
         return RayState()
     return RayState(
         status=str(data.get("status") or "unknown"),
@@ -160,10 +205,12 @@ def _forget_state(cluster: str) -> str:
     return f"rm -f {names}"
 
 
-def run_options(inventory: Inventory) -> list[str]:
+def run_options(inventory: Inventory, cluster_id: str = "") -> list[str]:
     """`docker run` options for `ray up`: host networking is Ray's own; these add shm,
-    token, logs."""
+    token, logs, and the cluster's id label."""
     options = [f"-e {k}={shlex.quote(v)}" for k, v in CONTAINER_ENV.items()]
+    if cluster_id:
+        options.append(f"--label {shlex.quote(f'{layout.LABEL_CLUSTER_ID}={cluster_id}')}")
     options.append(f"-v {layout.node_ray_dir(inventory.cluster)}:{layout.CONTAINER_RAY_DIR}")
     if inventory.shm_size:
         options.append(f"--shm-size={int(inventory.shm_size)}")
@@ -199,6 +246,7 @@ class DockerRuntime:
         # what `docker run` names: the pinned ID, else the cluster tag a push leaves
         self.image = image or (pin.image_id if pin else CLUSTER_TAG)
         self.image_id = pin.image_id if pin else ""
+        self.cluster_id = read_cluster_id(inventory)  # "" before the first `up`
 
     def prepare(
         self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
@@ -220,7 +268,7 @@ class DockerRuntime:
         return container_facts_command(self.cluster)
 
     def parse_state(self, stdout: str) -> RayState:
-        return parse_container_facts(stdout)
+        return parse_container_facts(stdout, self.cluster_id)
 
     def started_state(self) -> RayState:
         return RayState(status="running", runs=self.image)
@@ -231,13 +279,13 @@ class DockerRuntime:
         return state.runs == self.pin.image_id
 
     def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
-        return docker_run_command(self.inventory, node, self.image, gpus)
+        return docker_run_command(self.inventory, node, self.image, gpus, self.cluster_id)
 
     def gpu_probe_command(self, image: str, gpus: GpuPlan) -> str | None:
         return gpu_probe_command(image, gpus)
 
     def stop_command(self, node: Node) -> str:
-        return remove_container_command(self.cluster)
+        return remove_container_command(self.cluster, self.cluster_id)
 
     def running_test(self) -> str:
         return container_running_test(self.cluster)
@@ -254,7 +302,7 @@ class DockerRuntime:
                 "image": self.image,
                 "container_name": layout.container_name(self.cluster),
                 "pull_before_run": False,
-                "run_options": run_options(self.inventory),
+                "run_options": run_options(self.inventory, self.cluster_id),
             },
             "file_mounts": {layout.CONTAINER_TOKEN_PATH: str(token_path)},
         }

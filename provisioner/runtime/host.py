@@ -6,20 +6,26 @@ names the interpreter (`ray: {python: /opt/venv/bin/python}`). Ray starts detach
 the SSH session (`setsid`) with this cluster's own temp dir (`--temp-dir`: a short
 link /tmp/prov-CLUSTER to the node directory `~/.provisioner/clusters/CLUSTER/ray`,
 short because Ray's socket paths under it may not exceed 107 bytes), and is stopped by
-its processes: those
-whose command line names that temp dir, the other processes of the session `up` started
-them in, and their descendants (Ray's workers). Never `ray stop`: it stops every Ray on
-the node, other users' and other clusters' included.
+its processes: the SSH user's own (`ps -u`; never another user's, even as root) whose
+environment holds this cluster's id (`PROVISIONER_CLUSTER_ID`, made once in the local
+state folder: Ray's processes inherit it), the other processes of the session `up`
+started them in, and their descendants (Ray's workers; the dashboard's modules write
+their title over their environment, so the session and the descendants matter). A Ray
+an older provisioner started (no id in its environment) is known by its temp dir on its
+command line, among the user's own processes only. Never `ray stop`: it stops every Ray
+on the node, other users' and other clusters' included.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from provisioner.cluster import layout
 from provisioner.cluster.commands import ray_start_args
+from provisioner.cluster.token import read_cluster_id
 from provisioner.doctor.facts import NodeFacts, Shell
 from provisioner.doctor.findings import Finding, error, ok, warning
 from provisioner.doctor.plan import Plan
@@ -36,6 +42,7 @@ if TYPE_CHECKING:
 
 START_LOG = "start.log"
 STOP_WAIT_S = 15
+ID_ENV = "PROVISIONER_CLUSTER_ID"  # in the environment of every Ray process of the cluster
 
 
 def temp_dir(cluster: str) -> str:
@@ -73,6 +80,11 @@ def _env(cluster: str) -> str:
     )
 
 
+def _id_env(cluster_id: str) -> str:
+    """`NAME=VALUE` marking Ray's processes as this cluster's (quoted; VALUE: 16 hex)."""
+    return shlex.quote(f"{ID_ENV}={cluster_id}")
+
+
 def legacy_temp_dir_mark(cluster: str) -> str:
     """The temp dir Ray was given before it was a short link (the node directory itself):
     a Ray started by an older provisioner is still stopped as this cluster's."""
@@ -94,17 +106,39 @@ def _mark_vars(cluster: str) -> str:
     return " ".join(words)
 
 
-def _pids(cluster: str) -> str:
-    """Shell: PIDS = this cluster's Ray processes: those whose command line names its temp
-    dir, every process of their sessions (`up` starts Ray in a session of its own, so
-    Ray's client server, which names no path, is found too; never session 1 nor the
-    stop's own), and every descendant of them (Ray's workers rename themselves)."""
+def _seeds(cluster: str, cluster_id: str) -> str:
+    """Shell: L = the SSH user's own processes (`ps -u`: another user's are never ours,
+    even to root), SEED = those of this cluster: whose environment holds its id, or (a
+    Ray an older provisioner started) whose command line names its temp dir while their
+    environment holds no cluster id at all."""
+    want = _id_env(cluster_id) if cluster_id else "''"
+    return (
+        'L=$(ps -u "$(id -u)" -ww -o pid=,ppid=,sid=,args=); '
+        f"w={want}; "
+        'E=$([ -n "$w" ] && grep -lsxz -e "$w" /proc/[0-9]*/environ | cut -d/ -f3); '
+        f'SEED=$(printf "%s\\n" "$L" | awk {_mark_vars(cluster)} -v e="$E" '
+        '\'BEGIN { m = a b; l = c d; n = split(e, x, "\\n"); '
+        'for (i = 1; i <= n; i++) env[x[i]] = 1 } { line = $0 " " } '
+        '($1 in env) { print "y", $1; next } '
+        'index(line, m "/") || index(line, m " ") || index(line, l "/") { print "m", $1 }\' | '
+        'while read -r k p; do if [ "$k" = y ]; then echo "$p"; '
+        f'elif ! grep -qz -e "^{ID_ENV}=" "/proc/$p/environ" 2>/dev/null; then echo "$p"; '
+        "fi; done)"
+    )
+
+
+def _pids(cluster: str, cluster_id: str) -> str:
+    """Shell: PIDS = this cluster's Ray processes: the SEED (`_seeds`), every process of
+    their sessions (`up` starts Ray in a session of its own, so Ray's client server is
+    found too; never session 1 nor the stop's own), and every descendant of them (Ray's
+    workers rename themselves); the SSH user's own processes only."""
     return (
         'me=$(ps -o sid= -p $$ | tr -d " "); '
-        f'PIDS=$(ps -e -ww -o pid=,ppid=,sid=,args= | awk {_mark_vars(cluster)} -v me="$me" '
-        '\'BEGIN { m = a b; l = c d } { parent[$1] = $2; sid[$1] = $3; line = $0 " " } '
-        'index(line, m "/") || index(line, m " ") || index(line, l "/") '
-        "{ own[$1] = 1; if ($3 != 1 && $3 != me) ours[$3] = 1 } "
+        f"{_seeds(cluster, cluster_id)}; "
+        'PIDS=$(printf "%s\\n" "$L" | awk -v me="$me" -v seeds="$SEED" '
+        '\'BEGIN { n = split(seeds, s, "\\n"); for (i = 1; i <= n; i++) seed[s[i]] = 1 } '
+        "{ parent[$1] = $2; sid[$1] = $3 } "
+        "($1 in seed) { own[$1] = 1; if ($3 != 1 && $3 != me) ours[$3] = 1 } "
         "END { for (p in sid) if (sid[p] in ours) own[p] = 1; "
         "do { n = 0; for (p in parent) if (!(p in own) && (parent[p] in own)) "
         "{ own[p] = 1; n++ } } while (n); for (p in own) print p }')"
@@ -115,10 +149,15 @@ WORKER_START_TRIES = 10  # 3 s apart
 
 
 def start_command(
-    inventory: Inventory, node: Node, python: str | None, gpus: GpuPlan | None = None
+    inventory: Inventory,
+    node: Node,
+    python: str | None,
+    gpus: GpuPlan | None = None,
+    cluster_id: str = "",
 ) -> str:
-    """Start this cluster's Ray on `node` from the node's own Python, detached; `gpus`:
-    the node's GPUs Ray may use (CUDA_VISIBLE_DEVICES)."""
+    """Start this cluster's Ray on `node` from the node's own Python, detached, its
+    processes marked with `cluster_id` (their environment); `gpus`: the node's GPUs Ray
+    may use (CUDA_VISIBLE_DEVICES)."""
     cluster = inventory.cluster
     args = ray_start_args(inventory, node, block=False, gpus=gpus)[2:]  # after `ray start`
     args.append("--temp-dir=TEMPDIR")
@@ -130,8 +169,9 @@ def start_command(
     env = host_gpu_env(gpus) if gpus else {}
     gpu_env = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
     tries = 1 if node.role == "head" else WORKER_START_TRIES
+    mark = f"export {_id_env(cluster_id)}; " if cluster_id else ""
     script = (
-        f"set -e; {_interpreter(python)}; {_env(cluster)}; {gpu_env}"
+        f"set -e; {_interpreter(python)}; {_env(cluster)}; {mark}{gpu_env}"
         f"{layout.link_short_ray_dir_command(cluster)}; "
         f"mkdir -p {layout.node_results_dir(cluster)}; "
         f'cd "$HOME"; echo "== $(date -u +%FT%TZ) ray start with $PY" >>{log}; '
@@ -146,26 +186,33 @@ def start_command(
     return login_shell(script)
 
 
-def stop_command(cluster: str) -> str:
+def stop_command(cluster: str, cluster_id: str = "") -> str:
     """TERM this cluster's Ray processes, KILL those left after a while; nothing else."""
+    pids = _pids(cluster, cluster_id)
     return (
-        f'{_pids(cluster)}; [ -z "$PIDS" ] && exit 0; kill -TERM $PIDS 2>/dev/null; '
+        f'{pids}; [ -z "$PIDS" ] && exit 0; kill -TERM $PIDS 2>/dev/null; '
         f"for i in $(seq {STOP_WAIT_S * 10}); do left=; "
         'for p in $PIDS; do kill -0 "$p" 2>/dev/null && left="$left $p"; done; '
         '[ -z "$left" ] && break; sleep 0.1; done; '
         '[ -n "$left" ] && kill -KILL $left 2>/dev/null && sleep 0.3; '
-        f'{_pids(cluster)}; [ -z "$PIDS" ] && exit 0; kill -KILL $PIDS 2>/dev/null; sleep 0.5; '
-        f'{_pids(cluster)}; [ -z "$PIDS" ]'
+        f'{pids}; [ -z "$PIDS" ] && exit 0; kill -KILL $PIDS 2>/dev/null; sleep 0.5; '
+        f'{pids}; [ -z "$PIDS" ]'
     )
 
 
-def state_command(cluster: str) -> str:
-    """`raylet=PID`, `gcs=PID`, `session=NAME`, `python=...` lines about this cluster's Ray."""
-    mark = shlex.quote(temp_dir_mark(cluster))
+def _own_ray(cluster: str, cluster_id: str) -> str:
+    """Shell: `raylet=PID` / `gcs=PID` for this cluster's raylet and GCS (of `_seeds`)."""
     return (
-        "ps -e -ww -o pid=,comm=,args= | awk -v m=" + mark + " "
-        '\'index($0, m) && ($2 == "raylet" || $2 == "gcs_server") '
-        '{ print ($2 == "raylet" ? "raylet" : "gcs") "=" $1 }\'; '
+        f"{_seeds(cluster, cluster_id)}; "
+        'for p in $SEED; do c=$(ps -o comm= -p "$p"); '
+        'case "$c" in raylet) echo "raylet=$p";; gcs_server) echo "gcs=$p";; esac; done'
+    )
+
+
+def state_command(cluster: str, cluster_id: str = "") -> str:
+    """`raylet=PID`, `gcs=PID`, `session=NAME`, `python=...` lines about this cluster's Ray."""
+    return (
+        f"{_own_ray(cluster, cluster_id)}; "
         f"d={layout.node_ray_dir(cluster)}; "
         '[ -d "$d" ] && echo "dir=yes"; '
         's=$(ls -d "$d"/session_2* 2>/dev/null | sort | tail -n 1); '
@@ -188,12 +235,9 @@ def parse_state(stdout: str) -> RayState:
     return RayState(status=status, runs=values.get("python"), started_at=values.get("session"))
 
 
-def running_test(cluster: str) -> str:
-    mark = shlex.quote(temp_dir_mark(cluster))
-    return (
-        "ps -e -ww -o comm=,args= | awk -v m=" + mark + " "
-        '\'index($0, m) && ($1 == "raylet" || $1 == "gcs_server") { f = 1 } END { exit !f }\''
-    )
+def running_test(cluster: str, cluster_id: str = "") -> str:
+    """Exit 0 when this cluster's raylet or GCS runs (the SSH user's own processes)."""
+    return f"{_own_ray(cluster, cluster_id)} | grep -q ."
 
 
 def python_command(cluster: str, python: str | None, *args: str) -> str:
@@ -213,6 +257,18 @@ def log_command(cluster: str, lines: int | None = None) -> str:
 def ray_shell(facts: NodeFacts, python: str | None) -> Shell:
     """The interpreter Ray would run with on this node, as the facts tell it."""
     return facts.ray_python if python else facts.login
+
+
+_VERSION = re.compile(r"[0-9]+(?:\.[0-9]+){0,3}(?:(?:a|b|rc|\.dev|\.post)[0-9]+)*")
+
+
+def pip_requirement(extra: str, version: str | None) -> str:
+    """`"ray[EXTRA]==VERSION"` as one shell word, for a suggested `pip install`; a version
+    a node reported that is not a plain release number (node text: anything) is left out,
+    so nothing of a node's choosing reaches the command the user is told to run."""
+    if version and _VERSION.fullmatch(version):
+        return shlex.quote(f"ray[{extra}]=={version}")
+    return shlex.quote(f"ray[{extra}]") + " (of the version the head runs)"
 
 
 def _stack(shell: Shell) -> str:
@@ -252,7 +308,8 @@ def check_host_python(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]
                 node.name,
                 f"Ray {shell.ray_version} at {shell.ray_interpreter or shell.ray} has no RLlib",
                 f"{shell.ray_interpreter}: {_stack(shell) or 'no RLlib stack'}",
-                f'install "ray[rllib]=={shell.ray_version}" (and torch) into that environment',
+                f"install {pip_requirement('rllib', shell.ray_version)} (and torch) into "
+                "that environment",
             )
         ]
     return [
@@ -332,8 +389,8 @@ def check_host_versions(facts: dict[str, NodeFacts], plan: Plan) -> list[Finding
                     f"this machine has Ray {plan.control_ray}, the cluster runs Ray "
                     f"{head.ray_version}: jobs submitted from here may be refused or fail",
                     f"local: ray {plan.control_ray}; head {plan.head}: ray {head.ray_version}",
-                    f'pip install "ray[default]=={head.ray_version}" here, or install Ray '
-                    f"{plan.control_ray} on the nodes",
+                    f"pip install {pip_requirement('default', head.ray_version)} here, or "
+                    f"install Ray {plan.control_ray} on the nodes",
                 )
             )
         else:
@@ -379,6 +436,7 @@ class HostRuntime:
         self.cluster = inventory.cluster
         self.python = inventory.ray_python
         self.image_id = ""
+        self.cluster_id = read_cluster_id(inventory)  # "" before the first `up`
 
     def prepare(
         self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
@@ -386,7 +444,7 @@ class HostRuntime:
         return None  # the nodes bring their own Ray; the doctor checked the versions
 
     def state_command(self) -> str:
-        return state_command(self.cluster)
+        return state_command(self.cluster, self.cluster_id)
 
     def parse_state(self, stdout: str) -> RayState:
         return parse_state(stdout)
@@ -400,16 +458,16 @@ class HostRuntime:
         return state.runs == self.python
 
     def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
-        return start_command(self.inventory, node, self.python, gpus)
+        return start_command(self.inventory, node, self.python, gpus, self.cluster_id)
 
     def gpu_probe_command(self, image: str, gpus: GpuPlan) -> str | None:
         return None  # no image: the doctor's host judges read the node's own stack
 
     def stop_command(self, node: Node) -> str:
-        return stop_command(self.cluster)
+        return stop_command(self.cluster, self.cluster_id)
 
     def running_test(self) -> str:
-        return running_test(self.cluster)
+        return running_test(self.cluster, self.cluster_id)
 
     def python_command(self, *args: str) -> str:
         return python_command(self.cluster, self.python, *args)
@@ -425,11 +483,12 @@ class HostRuntime:
             f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={layout.node_token_path(self.cluster)} "
             f"RAY_USAGE_STATS_ENABLED=0 "
             f"{layout.RESULTS_ROOT_ENV}={layout.node_results_dir(self.cluster)} "
+            + (f"{_id_env(self.cluster_id)} " if self.cluster_id else "")
         )
         return RenderSection(
             {"file_mounts": {token: str(token_path)}},
             before_start=(
-                stop_command(self.cluster),
+                stop_command(self.cluster, self.cluster_id),
                 layout.link_short_ray_dir_command(self.cluster),
             ),
             env=env,

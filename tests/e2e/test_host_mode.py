@@ -11,19 +11,23 @@ on any node, and a process that only looks like Ray (another user's) is still th
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
 from provisioner.cluster import layout
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import docker_cli, exec_rc
 from provisioner.lab.nodes import LabInfo
 from provisioner.local import state_root
+from tests.e2e.faults.lab import _SSHD_BACK as SSHD_BACK
 from tests.e2e.helpers import cli, cli_json, ssh
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
@@ -205,3 +209,152 @@ def test_up_train_status_logs_down(inventory: str, host_lab: LabInfo, tmp_path: 
     finally:
         ssh(host_lab, head, f"kill {decoy_pid}")
         cli("down", "-i", inventory, "--no-logs")
+
+
+# --- another user on the nodes: their processes are never this cluster's
+
+INTRUDER = "intruder"  # a second unix user on every node
+SSHD_LAB = "/etc/ssh/sshd_config.d/lab.conf"  # the lab's own sshd settings
+
+
+def own_raylets(node: LabNode, user: str, cluster: str) -> list[str]:
+    """PIDs of `user`'s raylets of the cluster (run as root in the node: every process)."""
+    mark = layout.node_short_ray_dir(cluster) + "/"
+    out = as_root(node, f"ps -u {user} -ww -o pid=,comm=,args= || true")
+    return [
+        line.split()[0]
+        for line in out.splitlines()
+        if line.split()[1:2] == ["raylet"] and mark in line
+    ]
+
+
+@contextmanager
+def intruder_decoys(lab: LabInfo, cluster: str) -> Iterator[dict[str, list[str]]]:
+    """On every node, processes of another user whose command lines name this cluster's
+    temp dir: one called raylet (a copy of bash, as Ray's own raylet would show in `ps`)
+    and one that only names the path; node -> their PIDs. Removed afterwards."""
+    mark = layout.node_short_ray_dir(cluster)
+    script = (
+        "cd\n"
+        f"setsid ./raylet -c 'sleep 900; :' {mark}/session_latest </dev/null >/dev/null 2>&1 &\n"
+        "echo $!\n"
+        f"setsid bash -c 'exec -a \"ray::worker {mark}/sockets/raylet\" sleep 900' "
+        "</dev/null >/dev/null 2>&1 &\n"
+        "echo $!\n"
+    )
+    pids = {}
+    for node in lab.nodes:
+        home = f"/home/{INTRUDER}"
+        as_root(
+            node,
+            f"id {INTRUDER} >/dev/null 2>&1 || useradd -m {INTRUDER}; "
+            f"cp /bin/bash {home}/raylet && printf %s {shlex.quote(script)} > {home}/decoys && "
+            f"chown {INTRUDER} {home}/raylet {home}/decoys",
+        )
+        out = as_root(node, f"su {INTRUDER} -s /bin/sh -c 'sh {home}/decoys'")
+        pids[node.name] = out.split()
+        assert len(pids[node.name]) == 2 and all(p.isdigit() for p in pids[node.name]), out
+    try:
+        yield pids
+    finally:
+        for node in lab.nodes:
+            as_root(node, f"kill -9 {' '.join(pids[node.name])} 2>/dev/null; true")
+
+
+@contextmanager
+def root_login(lab: LabInfo) -> Iterator[None]:
+    """The lab's key accepted for root too: the lab's sshd says `PermitRootLogin no`,
+    changed for the test to sshd's default (root by key only); root's authorized_keys
+    and sshd's setting put back as they were."""
+    for node in lab.nodes:
+        as_root(
+            node,
+            "mkdir -p /root/.ssh && chmod 700 /root/.ssh && "
+            "{ [ -e /root/.ssh/authorized_keys ] && cp -p /root/.ssh/authorized_keys "
+            "/root/.ssh/authorized_keys.e2e-keep; true; } && "
+            "cat /home/lab/.ssh/authorized_keys >> /root/.ssh/authorized_keys && "
+            "chmod 600 /root/.ssh/authorized_keys && "
+            f"sed -i 's/^PermitRootLogin no$/PermitRootLogin prohibit-password/' {SSHD_LAB} && "
+            "kill -HUP $(cat /run/sshd.pid) && " + SSHD_BACK,
+        )
+    try:
+        yield
+    finally:
+        for node in lab.nodes:
+            as_root(
+                node,
+                "if [ -e /root/.ssh/authorized_keys.e2e-keep ]; then mv -f "
+                "/root/.ssh/authorized_keys.e2e-keep /root/.ssh/authorized_keys; "
+                "else rm -f /root/.ssh/authorized_keys; fi; "
+                f"sed -i 's/^PermitRootLogin prohibit-password$/PermitRootLogin no/' {SSHD_LAB} "
+                "&& kill -HUP $(cat /run/sshd.pid) && " + SSHD_BACK,
+            )
+
+
+def as_user_inventory(lab: LabInfo, tmp_path: Path, user: str, cluster: str) -> Path:
+    """The host lab's inventory for another SSH user and cluster name (Ray from the lab
+    user's virtualenv, named, since root's login shell does not activate it)."""
+    document = yaml.safe_load(lab.inventory.read_text())
+    document["cluster"] = cluster
+    document["ssh"].update(user=user, key=str(lab.key), known_hosts=str(lab.known_hosts))
+    document["ray"] = {**(document.get("ray") or {}), "python": f"{VENV}/bin/python"}
+    path = tmp_path / f"{user}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_another_users_processes_naming_the_clusters_temp_dir_survive_up_and_down(
+    host_lab: LabInfo, tmp_path: Path
+) -> None:
+    """A second unix user runs, on every node, a `raylet` and a Ray-looking worker whose
+    command lines name this cluster's /tmp/prov-NAME/. `up` and `down` as the lab user
+    and as root (who could kill them) take only the SSH user's own processes."""
+    from tests.e2e.faults.record import scenario
+
+    runs: dict[str, float] = {}
+    with (
+        scenario(
+            "another user's processes naming the cluster's temp dir (host mode), SSH user and root",
+            "`up` and `down` succeed and take only the SSH user's own Ray processes, marked "
+            "by the cluster's id; the other user's processes live on",
+            kind="security",
+        ) as s,
+        root_login(host_lab),
+    ):
+        # a cluster name for each SSH user: /tmp/prov-NAME is one user's (the other's up
+        # is refused there, as it should be)
+        for user, cluster in (("lab", f"{host_lab.name}-x"), ("root", f"{host_lab.name}-r")):
+            with intruder_decoys(host_lab, cluster) as decoys:
+                for node in host_lab.nodes:  # they do name the temp dir: `ps -e` shows it
+                    listing = as_root(node, "ps -e -ww -o pid=,args=")
+                    named = [
+                        ln.split()[0]
+                        for ln in listing.splitlines()
+                        if f"/tmp/prov-{cluster}/" in ln
+                    ]
+                    assert set(decoys[node.name]) <= set(named), (named, decoys)
+                inventory = str(as_user_inventory(host_lab, tmp_path, user, cluster))
+                t0 = time.monotonic()
+                try:
+                    code, up, err = cli_json("up", "-i", inventory)
+                    assert code == 0, (err[-2000:], json.dumps(up)[-3000:])
+                    assert up["status"]["alive_nodes"] == 3, up["status"]
+                    for node in host_lab.nodes:  # positive control: ours run
+                        assert own_raylets(node, user, cluster), (user, node.name)
+                    code, down, err = cli_json("down", "-i", inventory, "--no-logs")
+                    assert code == 0 and down["ok"], err[-3000:]
+                finally:
+                    cli("down", "-i", inventory, "--no-logs")
+                runs[user] = time.monotonic() - t0
+                for node in host_lab.nodes:
+                    assert own_raylets(node, user, cluster) == [], (user, node.name)
+                    pids = " ".join(decoys[node.name])
+                    alive = as_root(node, f"kill -0 {pids} && echo alive")
+                    assert alive.strip() == "alive", f"{user}'s down stopped another user's process"
+        s.observed = (
+            "the other user's raylet and Ray-looking worker, on every node, named the "
+            "cluster's temp dir; as the lab user and as root: `up` exit 0 with every node "
+            "alive and the SSH user's own raylet on each, `down` exit 0 with none left; the "
+            "other user's processes alive after both"
+        )
+        s.measured = ", ".join(f"up+down as {u}: {t:.0f} s" for u, t in runs.items())

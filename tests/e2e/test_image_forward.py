@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,214 @@ def test_a_node_stopped_mid_relay_leaves_the_nodes_after_it_with_the_verified_im
     # the first node sent its stream twice at most: to the middle one and again to the last
     assert counted[first.name].to_nodes < 2.2 * pin.size
     assert sum(w.from_control for w in counted.values()) < 1.2 * pin.size
+
+
+# --- the relay keys: one per edge and round, accepted by that edge's receiver only
+
+KEY_DIRS = "/tmp /var/tmp /home /root"  # where a node could hold a private key of ours
+
+
+def stamp(text: str) -> datetime:
+    return datetime.strptime(text, "%Y%m%d%H%M%S")
+
+
+def dockerd(node: Node, signal: str) -> None:
+    """Stop or continue the node's own dockerd, by its pid file (its sshd runs on)."""
+    rc, out = on_node(node, f"kill -{signal} $(cat /var/run/docker.pid)")
+    assert rc == 0, out
+
+
+def private_keys(node: Node) -> dict[str, str]:
+    """Every OpenSSH private key file on the node outside /etc (path -> public line)."""
+    rc, out = on_node(
+        node,
+        f"grep -rlsF -- '-----BEGIN OPENSSH PRIVATE KEY-----' {KEY_DIRS} | "
+        'while read -r f; do printf \'%s %s\\n\' "$f" "$(ssh-keygen -y -f "$f")"; done',
+    )
+    assert rc in (0, 1), out
+    found = {}
+    for line in out.splitlines():
+        path, _, public = line.partition(" ")
+        if public.startswith("ssh-"):
+            found[path] = " ".join(public.split()[:2])
+    return found
+
+
+def relay_lines(node: Node) -> list[str]:
+    text = authorized_keys(node).decode()
+    return [line for line in text.splitlines() if "provisioner-relay-" in line]
+
+
+def accepting(lines: dict[str, list[str]], public: str) -> list[str]:
+    """The nodes whose authorized_keys hold this public key."""
+    return sorted(n for n, held in lines.items() if any(f" {public} " in f" {x} " for x in held))
+
+
+def ssh_from(node: Node, key: str, target: Node) -> tuple[int, str]:
+    """A real OpenSSH connection from `node` to `target` with `key`, nothing else tried."""
+    return on_node(
+        node,
+        f"cp {key} /tmp/probe.key && chown lab /tmp/probe.key && chmod 600 /tmp/probe.key && "
+        f"su lab -s /bin/sh -c 'ssh -F /dev/null -i /tmp/probe.key -o IdentitiesOnly=yes "
+        "-o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+        f"-o ConnectTimeout=10 {target.ssh.user}@{target.address} true' </dev/null; "
+        "rc=$?; rm -f /tmp/probe.key; exit $rc",
+    )
+
+
+def test_forward_gives_each_edge_its_own_key_that_only_its_receiver_accepts(
+    lab: LabInfo, inventory: Inventory, base_pin: Pin
+) -> None:
+    from tests.e2e.faults.record import scenario
+
+    pin = filler_image(base_pin, f"{REPO}:blob64", 64)
+    first, middle, last = inventory.nodes
+    nodes = list(inventory.nodes)
+    remove(nodes, pin)
+    keys_before = {n.name: authorized_keys(n) for n in nodes}
+    assert all(not private_keys(n) for n in nodes), "a private key left from before"
+    result: list[PushReport] = []
+
+    def report(line: str) -> None:
+        print(line)
+        if line.startswith("forwarding relay:"):  # the facts gathered: hold the chain's end
+            dockerd(last, "STOP")
+
+    opts = PushOptions(tag=pin.tag, forward=True, cache_dir=CACHE)
+    worker = threading.Thread(
+        target=lambda: result.append(push_image(inventory, None, report, pin=pin, opts=opts))
+    )
+    with scenario(
+        "a compromised node during a forwarding push",
+        "it holds at most one relay key, accepted only by its own receiver, only from its "
+        "address, only for the hop's one load, for minutes; every key removed after the round",
+        kind="security",
+    ) as s:
+        worker.start()
+        try:
+            # the round is under way once the last node's hop loads (held by its dockerd)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if on_node(last, "pgrep -f '^docker load$'")[0] == 0:
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError("the chain never reached the last node")
+            held = {n.name: private_keys(n) for n in nodes}
+            lines = {n.name: relay_lines(n) for n in nodes}
+            date = {n.name: on_node(n, "date -u +%Y%m%d%H%M%S")[1].strip() for n in nodes}
+            # who holds a key, and who accepts it: only the edge's receiver
+            receiver = {first.name: middle, middle.name: last}
+            for name, found in held.items():
+                for path, public in found.items():
+                    ok = [receiver[name].name] if name in receiver else []
+                    assert accepting(lines, public) == ok, (name, path, lines)
+                assert len(found) == (1 if name in receiver else 0), (name, found)
+                assert all(path.endswith("/send.key") for path in found), found
+            keys = {name: next(iter(found)) for name, found in held.items() if found}
+            publics = {public for found in held.values() for public in found.values()}
+            assert len(publics) == 2  # a key per edge, no key shared
+            for name, held_lines in lines.items():
+                assert len(held_lines) == (0 if name == first.name else 1), (name, held_lines)
+            for sender, to in receiver.items():  # from the sender only, the hop, minutes
+                (line,) = lines[to.name]
+                address = next(n.address for n in nodes if n.name == sender)
+                assert line.startswith(f'from="{address}",restrict,command="sh /tmp/tmp.'), line
+                expiry = line.split('expiry-time="', 1)[1][:14]
+                left = stamp(expiry) - stamp(date[to.name])  # by the receiver's own clock
+                assert 0 < left.total_seconds() < 600, (expiry, date[to.name])
+            # real OpenSSH from the nodes: a key reaches nothing but its receiver's hop
+            probes = {}
+            for sender, to in receiver.items():
+                sender_node = next(n for n in nodes if n.name == sender)
+                key = keys[sender]
+                for target in nodes:
+                    if target.name == sender:
+                        continue
+                    rc, out = ssh_from(sender_node, key, target)
+                    probes[(sender, target.name)] = rc
+                    if target.name == to.name:  # positive control: accepted, and the
+                        # forced command refuses a second load in this round
+                        assert rc == 3 and "received its stream already" in out, out
+                    else:
+                        assert rc == 255 and "Permission denied" in out, (sender, target, out)
+                # the same key from a node that is not its sender: refused (from=)
+                other = next(n for n in nodes if n.name not in (sender, to.name))
+                rc, out = on_node(sender_node, f"base64 -w0 {key}")
+                assert rc == 0, out
+                copy = "/tmp/stolen.key"
+                rc, out = on_node(other, f"echo {out.strip()} | base64 -d > {copy}")
+                assert rc == 0, out
+                rc, out = ssh_from(other, copy, to)
+                on_node(other, f"rm -f {copy}")
+                assert rc == 255 and "Permission denied" in out, (other.name, to.name, out)
+                probes[(f"{other.name} with {sender}'s key", to.name)] = rc
+        finally:
+            dockerd(last, "CONT")
+            worker.join(600)
+        assert result, "the push did not return"
+        push_report = result[0]
+        assert push_report.ok, push_report.errors
+        for node in nodes:  # loaded and verified everywhere; no key left anywhere
+            assert image_on(node, pin.tag) == pin.image_id, node.name
+            assert authorized_keys(node) == keys_before[node.name], node.name
+            assert not private_keys(node), node.name
+        s.observed = (
+            "mid-round, with the chain held at its last node: each sender held exactly one "
+            "private key (2 edges, 2 keys), each key in exactly one authorized_keys, its "
+            "receiver's, from the sender's address, forced to the hop, expiring in minutes; "
+            "real ssh with it: its receiver accepted it and the hop refused a second load "
+            "(exit 3), every other node refused it, and so did its receiver from another "
+            "node's address; after the push: loaded and verified everywhere, no private key "
+            "on any node, authorized_keys byte for byte as before"
+        )
+        s.measured = f"{len(probes)} ssh probes"
+
+
+def test_ctrl_c_mid_round_removes_every_relay_key(
+    lab: LabInfo, inventory: Inventory, base_pin: Pin
+) -> None:
+    """SIGINT to this process while a round streams (held at the chain's last node, as in
+    the test above): the push stops with KeyboardInterrupt, and before it does every edge
+    key is gone from every node: authorized_keys byte for byte as before, no private key."""
+    import os
+    import signal
+
+    pin = filler_image(base_pin, f"{REPO}:blob64", 64)
+    last = inventory.nodes[-1]
+    nodes = list(inventory.nodes)
+    remove(nodes, pin)
+    keys_before = {n.name: authorized_keys(n) for n in nodes}
+    seen: dict[str, int] = {}
+
+    def report(line: str) -> None:
+        print(line)
+        if line.startswith("forwarding relay:"):
+            dockerd(last, "STOP")
+
+    def interrupt_mid_round() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if on_node(last, "pgrep -f '^docker load$'")[0] == 0:
+                break
+            time.sleep(0.2)
+        # positive control: the round's keys are there while it streams
+        seen["keys"] = sum(len(private_keys(n)) for n in nodes)
+        seen["lines"] = sum(len(relay_lines(n)) for n in nodes)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    opts = PushOptions(tag=pin.tag, forward=True, cache_dir=CACHE)
+    helper = threading.Thread(target=interrupt_mid_round, daemon=True)
+    helper.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            push_image(inventory, None, report, pin=pin, opts=opts)
+    finally:
+        dockerd(last, "CONT")
+        helper.join(130)
+    assert seen == {"keys": 2, "lines": 2}, seen
+    for node in nodes:
+        assert authorized_keys(node) == keys_before[node.name], node.name
+        assert not private_keys(node), node.name
+        assert image_on(node, pin.tag) == "", node.name  # nothing tagged by a broken push
+    remove(nodes, pin)

@@ -329,3 +329,85 @@ def test_host_and_docker_clusters_share_the_nodes_and_up_relays_the_pin(
         cli("down", "-i", first, "--no-logs")
         for node in host_lab.nodes:  # the lab's disk: the pin is not needed there again
             ssh(host_lab, node, f"docker rmi -f {pin.image_id} >/dev/null 2>&1; true")
+
+
+def containers(lab: LabInfo, cluster: str) -> dict[str, str]:
+    """Each node's `ray-CLUSTER` container: `ID running cluster-id` ('' when absent)."""
+    fmt = (
+        '{{.Id}} {{.State.Running}} {{with index .Config.Labels "provisioner.cluster-id"}}'
+        "{{.}}{{end}}"
+    )
+    return {
+        node.name: ssh(
+            lab, node, f"docker inspect -f '{fmt}' ray-{cluster} 2>/dev/null"
+        ).stdout.strip()
+        for node in lab.nodes
+    }
+
+
+def test_a_namesake_cluster_from_another_state_folder_is_left_alone_by_our_up_and_down(
+    lab: LabInfo, cluster_inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two state folders, one cluster name, the same nodes (as two users of one Docker, or
+    one user on two machines): each cluster's containers carry its own id; our `down`
+    leaves theirs, our `up` refuses to replace them; their own `down` removes them."""
+    from tests.e2e.faults.record import scenario
+
+    name = f"{lab.name}-same"
+    # the same name; each on its own port block, as two users sharing nodes would be
+    inventories = {
+        who: str(
+            edited_inventory(
+                cluster_inventory, tmp_path / f"{who}.yaml", cluster=name, ray={"port_base": base}
+            )
+        )
+        for who, base in (("ours", 24000), ("theirs", 23000))
+    }
+    ours, theirs = tmp_path / "ours-state", tmp_path / "theirs-state"
+
+    def as_(state: Path, verb: str, *args: str) -> tuple[int, object, str]:
+        monkeypatch.setenv("PROVISIONER_STATE_DIR", str(state))
+        return cli_json(verb, "-i", inventories[state.name.split("-")[0]], *args)
+
+    with scenario(
+        "a cluster of the same name from another state folder on the same nodes",
+        "our `down` leaves its containers running, our `up` refuses to replace them "
+        "(exit 1, saying whose they are); its own `down` removes them",
+        kind="security",
+    ) as s:
+        try:
+            code, _, err = as_(theirs, "up")
+            assert code == 0, err[-3000:]
+            before = containers(lab, name)
+            their_id = (theirs / "clusters" / name / "cluster_id").read_text().strip()
+            assert all(v.endswith(f" true {their_id}") for v in before.values()), before
+
+            code, doc, err = as_(ours, "down", "--no-logs")
+            assert code == 0, err[-3000:]
+            assert containers(lab, name) == before  # the same containers, still running
+
+            code, doc, err = as_(ours, "up")
+            assert code == 1, err[-3000:]
+            said = err + str(doc)
+            assert "another cluster of the same name" in said and their_id in said, said[-3000:]
+            assert containers(lab, name) == before
+
+            # positive control: their own down does remove them, and then ours starts
+            code, _, err = as_(theirs, "down", "--no-logs")
+            assert code == 0, err[-3000:]
+            assert set(containers(lab, name).values()) == {""}
+            code, _, err = as_(ours, "up")
+            assert code == 0, err[-3000:]
+            our_id = (ours / "clusters" / name / "cluster_id").read_text().strip()
+            assert our_id != their_id
+            assert all(v.endswith(f" true {our_id}") for v in containers(lab, name).values())
+        finally:
+            for state in (ours, theirs):
+                as_(state, "down", "--no-logs")
+        assert set(containers(lab, name).values()) == {""}
+        s.observed = (
+            "the other state folder's containers carried its own cluster id on every node; "
+            "our `down`: exit 0, the same containers still running; our `up`: exit 1 naming "
+            "the other cluster's id, its containers untouched; its own `down` removed them, "
+            "then our `up` started ours, labelled with our id"
+        )

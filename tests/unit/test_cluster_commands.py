@@ -159,3 +159,87 @@ def test_port_block_reaches_ray_start_on_head_and_workers(tmp_path: Path) -> Non
         ]
         assert numbers and all(23000 <= n <= 23999 for n in numbers)
     assert commands.head_address(inv) == "10.250.9.10:23000"
+
+
+CID = "0123456789abcdef"
+OTHER = "fedcba9876543210"
+
+
+def test_the_container_carries_the_clusters_id_and_never_replaces_a_namesakes(
+    tmp_path: Path,
+) -> None:
+    inv = make_inventory(tmp_path)
+    run = docker.docker_run_command(inv, inv.head, "sha256:abc", cluster_id=CID)
+    label = (
+        'l=$(docker inspect --format \'{{with index .Config.Labels "provisioner.cluster-id"}}'
+        "{{.}}{{end}}' ray-demo 2>/dev/null); "
+        f'if [ -n "$l" ] && [ "$l" != {CID} ]; then '
+    )
+    assert run.startswith(label) and "; exit 3; fi; mkdir -p " in run
+    assert f" --label provisioner.cluster-id={CID} " in run
+    remove = docker.remove_container_command("demo", CID)
+    assert remove.startswith(label) and remove.endswith(
+        "; exit 0; fi; docker rm -f ray-demo >/dev/null 2>&1; "
+        "! docker inspect ray-demo >/dev/null 2>&1"
+    )
+    # without an id (a state folder before its first `up`): no label, every id foreign
+    assert "provisioner.cluster-id=" not in docker.docker_run_command(inv, inv.head, "x")
+    assert "[ \"$l\" != '' ]" in docker.remove_container_command("demo")
+    assert f"--label provisioner.cluster-id={CID}" in docker.run_options(inv, CID)
+
+
+def _fake_docker(tmp_path: Path, label: str) -> dict[str, str]:
+    """A `docker` that answers `inspect` with a container labelled `label` and logs `rm`:
+    the guard's logic run by a real shell."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    (bin_ / "docker").write_text(
+        f'#!/bin/sh\ncase "$1" in inspect) [ -e {tmp_path}/gone ] && exit 1; '
+        f'echo {label}; exit 0;; rm) echo "$@" >> {tmp_path}/rm.log; '
+        f"touch {tmp_path}/gone;; esac\n"
+    )
+    (bin_ / "docker").chmod(0o755)
+    return {"PATH": f"{bin_}:/usr/bin:/bin"}
+
+
+def test_down_leaves_a_namesakes_container_and_removes_its_own(tmp_path: Path) -> None:
+    import subprocess
+
+    for label, removed in ((OTHER, False), (CID, True), ("", True)):
+        work = tmp_path / (label or "legacy")
+        work.mkdir()
+        done = subprocess.run(
+            ["sh", "-c", docker.remove_container_command("demo", CID)],
+            env=_fake_docker(work, label),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert (work / "rm.log").exists() == removed, label
+        if not removed:
+            assert "another cluster of the same name" in done.stderr and OTHER in done.stderr
+
+
+def test_a_container_with_another_clusters_id_is_not_this_clusters_state() -> None:
+    line = '{"running": true, "status": "running", "image": "sha256:x", "cluster_id": "%s"}'
+    assert docker.parse_container_facts(line % OTHER, CID).status == "absent"
+    assert docker.parse_container_facts(line % CID, CID).running
+    assert docker.parse_container_facts(line.replace('"%s"', "null"), CID).running  # older
+
+
+def test_the_cluster_id_is_made_once_private_and_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from provisioner.cluster import token
+
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    inv = make_inventory(tmp_path)
+    assert token.read_cluster_id(inv) == ""
+    made = token.ensure_cluster_id(inv)
+    path = tmp_path / "state" / "clusters" / "demo" / "cluster_id"
+    assert len(made) == 16 and int(made, 16) >= 0 and path.stat().st_mode & 0o777 == 0o600
+    assert token.ensure_cluster_id(inv) == made == token.read_cluster_id(inv)
+    assert docker.DockerRuntime(inv, None).cluster_id == made
+    path.write_text("x; rm -rf ~\n")  # anything but 16 hex digits is no id
+    assert token.read_cluster_id(inv) == ""

@@ -122,3 +122,20 @@ def test_this_clusters_running_ray_is_waived_on_its_node_only() -> None:
         "warning"
     ]
     assert [f.severity for f in explained_by_own_ray(busy, running, "other", "host")] == ["error"]
+
+
+def test_a_nodes_ray_version_reaches_a_suggested_pip_install_quoted_or_not_at_all() -> None:
+    hostile = '2.59.0" && curl x | sh && echo "'
+    text = (GOLDEN / "host_head.txt").read_text().replace("ray_version=2.60.0", "ray_version=")
+    for version, expected in (
+        ("2.59.0", "pip install 'ray[default]==2.59.0' here"),
+        (hostile, "pip install 'ray[default]' (of the version the head runs) here"),
+    ):
+        head = parse_facts(HEAD.name, text.replace("ray_version=", f"ray_version={version}"))
+        assert head.login.ray_version == version  # the node said it, as it was
+        found = judges("host").cluster({HEAD.name: head}, PLAN)
+        (control,) = [f for f in found if f.check == "ray.control"]
+        assert control.severity == "error" and expected in control.fix, control.fix
+        assert "curl" not in control.fix
+    assert host.pip_requirement("rllib", "2.60.0rc1") == "'ray[rllib]==2.60.0rc1'"
+    assert host.pip_requirement("rllib", "2.60.0; rm -rf ~").startswith("'ray[rllib]' ")

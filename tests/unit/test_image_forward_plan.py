@@ -16,14 +16,18 @@ from provisioner.image.forward_plan import (
     Chain,
     Hop,
     chain_order,
+    drop_sender_files_command,
+    edge_key_lifetime_s,
     feed_command,
     first_chain,
     hop_command,
     hop_script,
     layer_members,
     parse_received,
+    private_file_command,
     refeed_chain,
     sent_bytes,
+    write_hop_command,
 )
 from provisioner.image.plan import NodePlan
 from provisioner.image.savestream import read_saved
@@ -113,7 +117,7 @@ def _fake_bin(tmp: Path) -> Path:
     """`docker load` and `ssh` stand-ins that keep what they read, to run the hop script
     with the real sh, tee, tar and wc (the lab runs it on real nodes)."""
     bin_ = tmp / "bin"
-    bin_.mkdir()
+    bin_.mkdir(exist_ok=True)
     (bin_ / "docker").write_text(f"#!/bin/sh\ncat > {tmp}/loaded\necho Loaded\n")
     (bin_ / "ssh").write_text(f"#!/bin/sh\ncat > {tmp}/forwarded\n")
     for f in bin_.iterdir():
@@ -165,9 +169,47 @@ def test_the_last_hop_only_loads(tmp_path: Path) -> None:
     work = tmp_path / "relay"
     work.mkdir()
     script = hop_script(str(work), None, ())
-    assert "ssh" not in script and "fwd" not in script.split("\n", 2)[2]
+    assert "ssh" not in script and "fwd" not in script.split("\n", 3)[3]
     done = run_hop(work, script, b"abc")
     assert done.returncode == 0 and (work / "loaded").read_bytes() == b"abc"
+
+
+def test_a_hop_runs_once_per_round(tmp_path: Path) -> None:
+    """The edge key's forced command loads one stream: a second start in the same round
+    is refused, and writing the round's hop script again allows one more."""
+    work = tmp_path / "relay"
+    work.mkdir()
+    script = hop_script(str(work), None, ())
+    assert run_hop(work, script, b"abc").returncode == 0
+    again = run_hop(work, script, b"hostile")
+    assert again.returncode == 3 and b"received its stream already" in again.stderr
+    assert (work / "loaded").read_bytes() == b"abc"  # the second stream never loaded
+    subprocess.run(["sh", "-c", write_hop_command(str(work))], input=script.encode(), check=True)
+    assert run_hop(work, script, b"next round").returncode == 0
+    assert (work / "loaded").read_bytes() == b"next round"
+
+
+def test_round_edges_and_their_commands() -> None:
+    chain = Chain(None, (Hop("a", 0, "b"), Hop("b", 0, "c"), Hop("c", 0)))
+    assert chain.edges() == [("a", "b"), ("b", "c")]  # the control machine's needs no key
+    refeed = Chain("h", (Hop("x", 0, "y"), Hop("y", 0)))
+    assert refeed.edges() == [("h", "x"), ("x", "y")]
+    assert Chain("h", ()).edges() == []
+    assert write_hop_command("/tmp/d ir") == "rm -rf '/tmp/d ir'/started && cat > '/tmp/d ir'/hop"
+    assert private_file_command("/tmp/d ir", "send.key") == (
+        "umask 077 && cat > '/tmp/d ir'/send.key"
+    )
+    assert drop_sender_files_command("/tmp/d ir") == (
+        "rm -f '/tmp/d ir'/send.key '/tmp/d ir'/send.known_hosts"
+    )
+
+
+def test_an_edge_key_lives_minutes_not_the_push() -> None:
+    """sshd checks expiry-time when a connection authenticates; every edge connects as
+    the round starts, one hop after the other, each within its connect timeout."""
+    assert edge_key_lifetime_s(2, 10) == 60 + 2 * 25
+    assert edge_key_lifetime_s(0, 10) == 85
+    assert edge_key_lifetime_s(10, 3.9) == 60 + 10 * 18
 
 
 def test_up_push_modes_choose_the_push() -> None:

@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -204,3 +205,75 @@ def test_a_name_read_from_a_short_temp_dir_is_this_clusters() -> None:
     assert layout.short_name("demo") == "demo" and layout.is_named("demo", "demo")
     assert not layout.is_named("demo2", "demo") and not layout.is_named("", "demo")
     assert not layout.is_named(layout.short_name(long), long + "x")
+
+
+CID = "0123456789abcdef"
+
+
+def _spawn_env(argv0: str, cluster_id: str | None) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k != host.ID_ENV}
+    if cluster_id is not None:
+        env[host.ID_ENV] = cluster_id
+    return subprocess.Popen(
+        ["bash", "-c", f'exec -a "{argv0}" sleep 60'], start_new_session=True, env=env
+    )
+
+
+def test_stop_goes_by_the_clusters_id_in_the_environment_not_by_a_path_in_argv() -> None:
+    """Ours: a process with this cluster's id in its environment, whatever its command
+    line says. Not ours: one naming our temp dir whose environment holds another id (a
+    cluster of the same name from another state folder)."""
+    marked = _spawn_env("python worker-without-a-path", CID)
+    namesake = _spawn_env("raylet --session_dir=/tmp/prov-demo/session_1", "fedcba9876543210")
+    for proc in (marked, namesake):  # reaped at once, as a node's init does (no zombie)
+        threading.Thread(target=proc.wait, daemon=True).start()
+    time.sleep(0.3)
+    try:
+        done = subprocess.run(
+            ["bash", "-c", host.stop_command("demo", CID)], timeout=60, check=False
+        )
+        assert done.returncode == 0
+        marked.wait(timeout=5)
+        assert namesake.poll() is None
+        # positive control: its own cluster's stop does end it
+        theirs = host.stop_command("demo", "fedcba9876543210")
+        assert subprocess.run(["bash", "-c", theirs], timeout=60).returncode == 0
+        namesake.wait(timeout=5)
+    finally:
+        for p in (marked, namesake):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_host_commands_list_the_ssh_users_own_processes_only(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path, runtime="host")
+    runtime = runtime_for(inv)
+    for command in (
+        host.stop_command("demo", CID),
+        host.state_command("demo", CID),
+        host.running_test("demo", CID),
+        runtime.stop_command(inv.head),
+        runtime.state_command(),
+        runtime.running_test(),
+    ):
+        assert "ps -e" not in command and 'ps -u "$(id -u)"' in command
+    assert "export PROVISIONER_CLUSTER_ID=0123456789abcdef; " in host.start_command(
+        inv, inv.head, None, cluster_id=CID
+    )
+    assert "PROVISIONER_CLUSTER_ID" not in host.start_command(inv, inv.head, None)
+
+
+def test_the_link_is_made_under_a_fresh_name_and_renamed_into_place() -> None:
+    """No check-then-create: `ln -s` to a fresh name, then rename(2) (`mv -T`), which
+    /tmp's sticky bit refuses over another user's name and which never descends into a
+    directory made there meanwhile; then the result is checked."""
+    command = layout.link_short_ray_dir_command("demo")
+    assert "ln -sfn" not in command
+    assert 'n=$(mktemp -u "$t.XXXXXXXX") && ln -s "$d" "$n" && { mv -T "$n" "$t"' in command
+    assert command.endswith(
+        '[ -L "$t" ] && [ "$(stat -c %u "$t")" = "$(id -u)" ] && [ "$(readlink "$t")" = "$d" ] '
+        '|| { echo "$t exists and is not a link of this user (a cluster of the same name of '
+        'another user, or something left behind): remove it or rename the cluster" >&2; '
+        "exit 2; }"
+    )
