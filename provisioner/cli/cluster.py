@@ -362,7 +362,7 @@ def _slurm_status(inv: Inventory, out: Output) -> dict[str, object] | None:
         return None
     assert inv.login is not None
     with Pool(inv) as pool:
-        state = queue_state(pool.session(inv.login), inv, recorded.job_id)
+        state = queue_state(pool.session(inv.login), inv, recorded.job_id, recorded.tag)
     left = time_seconds_left(state.time_left)
     limit = time_seconds_left(state.time_limit)
     near = left is not None and (left < 600 or (limit is not None and left < limit * 0.1))

@@ -18,7 +18,7 @@ from provisioner.errors import ReceiveError
 from provisioner.inventory import Inventory, Node
 from provisioner.local import private_dir
 from provisioner.remote import Pool, Session, fan_out
-from provisioner.remote.receive import Limits, receive_tar
+from provisioner.remote.receive import Limits, check_name, receive_tar
 from provisioner.runtime import runtime_for
 from provisioner.runtime.base import Runtime
 
@@ -220,6 +220,25 @@ def receive_logs(blob: str, target: Path, node: str, *, limits: Limits = LIMITS)
     receive_tar(data, target, limits=limits, what=what, where=node)
 
 
+def node_logs_dir(directory: Path, node: str) -> Path:
+    """DIRECTORY/NODE, where a node's logs go: refused (ReceiveError) unless NODE is one
+    plain folder name whose folder lies inside DIRECTORY once resolved. Node names from
+    an inventory or a scheduler are checked where they are read; this holds whatever
+    name arrives here (`../x`, `/x`, `a/b`, `.`)."""
+    what = f"the logs of node {node!r}"
+    parts = check_name(node, what=what, where=node)
+    root = Path(os.path.realpath(directory))
+    target = root / node
+    if parts != (node,) or Path(os.path.realpath(target)).parent != root:
+        raise ReceiveError(
+            f"refused {what}: its name is not one folder name inside {directory}",
+            "nothing was written; a node name is a host name: check the inventory, or the "
+            "login node that named it",
+            where=node,
+        )
+    return target
+
+
 @dataclass
 class Collected:
     directory: Path
@@ -248,6 +267,7 @@ def collect(
     command = collect_command(runtime or runtime_for(inventory))
 
     def one(node: Node) -> str:
+        target = node_logs_dir(directory, node.name)  # before anything runs
         report(f"{node.name}: collecting logs")
         cap = LIMITS.compressed_bytes * 4 // 3 + 4
         result = pool.session(node).run(command, timeout=120, max_output=cap)
@@ -258,7 +278,7 @@ def collect(
                 f"clear old Ray sessions on {node.name} (`provisioner down`, then `up`)",
                 where=node.name,
             )
-        receive_logs(result.stdout, directory / node.name, node.name)
+        receive_logs(result.stdout, target, node.name)
         return node.name
 
     private_dir(directory)

@@ -1,7 +1,13 @@
 """A SLURM allocation as the inventory sees it: which job holds the nodes, which nodes,
 and what each job's Ray gets of its own (a block of ports; the sbatch script's Ray also a
-short temp dir per job, `/tmp/rayjob-JOBID`; `up`'s Ray has its cluster's short temp dir
-like any host-mode cluster, `layout.node_short_ray_dir`).
+private temp dir per job and node, made by `mktemp`; `up`'s Ray has its cluster's short
+temp dir like any host-mode cluster, `layout.node_short_ray_dir`).
+
+The login node is not trusted with the control machine: the node names and addresses it
+answers are checked here (`AllocatedNode`), when they are parsed and when the record is
+read back, since a name becomes a folder here (the node's logs) and an address an SSH
+target. A name is a host name (letters, digits, '_', '.', '-', not starting with '.' or
+'-'), never a path.
 
 `up` records the allocation in the cluster's local state (`slurm.json`), so that every
 later command (`status`, `submit`, `jobs`, `logs`, `down`) loads an inventory whose head
@@ -15,11 +21,14 @@ the ports without talking. The rendered sbatch script does the same arithmetic i
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from provisioner.errors import InputError
 from provisioner.inventory.models import Hop, Inventory, Node, RayPorts, Role
 
 BLOCKS_START = 20000  # below Linux's ephemeral range (32768-60999)
@@ -46,16 +55,48 @@ def job_ports(job_id: int) -> RayPorts:
     return RayPorts.from_base(port_base(job_id), BLOCK_SIZE)
 
 
-def temp_dir(job_id: int) -> str:
-    """The sbatch script's short Ray temp dir on every node: Ray's socket paths under it
-    stay far below the 107-byte limit of a Unix socket path (a long $HOME would not)."""
-    return f"/tmp/rayjob-{job_id}"
+# A node name as SLURM may give it (a host name, one folder name here) and an address
+# (an IP address or a DNS name); checked whole (fullmatch: no trailing newline either).
+_NODE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
+_HOST_NAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+NAME_FIX = (
+    "nothing was recorded; a SLURM node name is a host name (letters, digits, '.', '_', '-'): "
+    "find out why the login node answers this (a misconfigured or compromised login node, "
+    "or a wrapper of `scontrol` on its PATH) before using it"
+)
+
+
+def node_name_problem(name: str) -> str | None:
+    """Why `name` is not a node name SLURM may give (None: it is one)."""
+    if not _NODE_NAME.fullmatch(name):
+        return f"node name {name!r} is not a host name"
+    return None
+
+
+def address_problem(address: str) -> str | None:
+    """Why `address` is not an IP address or a DNS name (None: it is one)."""
+    try:
+        ipaddress.ip_address(address)
+        return None
+    except ValueError:
+        pass
+    if _HOST_NAME.fullmatch(address) and not address.startswith(("-", ".")):
+        return None
+    return f"node address {address!r} is neither an IP address nor a DNS name"
 
 
 @dataclass(frozen=True)
 class AllocatedNode:
+    """A node of the allocation, as the login node named it: checked when made, so no
+    unchecked name or address from the scheduler exists past the parser (InputError)."""
+
     name: str  # SLURM's node name
     address: str  # the address SLURM reaches it by (NodeAddr, resolved to an IP)
+
+    def __post_init__(self) -> None:
+        why = node_name_problem(self.name) or address_problem(self.address)
+        if why:
+            raise InputError(f"refused a node of the SLURM allocation: {why}", NAME_FIX)
 
 
 @dataclass(frozen=True)
@@ -64,25 +105,43 @@ class Allocation:
 
     job_id: int
     nodes: tuple[AllocatedNode, ...] = ()
+    # The job's comment (`sbatch --comment`) is `provisioner-TAG`, TAG random per job: with
+    # the job's name and user it tells this cluster's job from any other job that has (or
+    # gets) the same id. "" in a record of an older provisioner: name and user only.
+    tag: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id,
+            "tag": self.tag,
             "nodes": [{"name": n.name, "address": n.address} for n in self.nodes],
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Allocation:
         nodes = tuple(AllocatedNode(str(n["name"]), str(n["address"])) for n in data["nodes"])
-        return cls(int(data["job_id"]), nodes)
+        tag = str(data.get("tag", ""))
+        if not re.fullmatch(r"[0-9a-f]{0,64}", tag):
+            raise ValueError(f"tag {tag!r}")
+        return cls(int(data["job_id"]), nodes, tag)
 
 
 def read_allocation(inventory: Inventory) -> Allocation | None:
-    """The allocation `up` recorded for this cluster (None: none, or unreadable)."""
+    """The allocation `up` recorded for this cluster (None: none, or unreadable). A record
+    whose node names or addresses are not host names is refused (InputError, exit 2): they
+    are checked again here, where they are read back, not only where they were parsed."""
+    path = inventory.state_dir / RECORD
     try:
-        data = json.loads((inventory.state_dir / RECORD).read_text())
+        data = json.loads(path.read_text())
         return Allocation.from_json(data)
-    except (OSError, ValueError, KeyError, TypeError):
+    except InputError as exc:
+        raise InputError(
+            f"the recorded SLURM allocation holds a node that is refused: {exc.message}",
+            f"remove {path} (and cancel the job on the login node with `scancel "
+            f"{data.get('job_id', 'JOBID')}`), then run `provisioner up` again",
+            where=str(path),
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

@@ -29,8 +29,12 @@ SCHEDULER_FIELDS = {
     "extra_sbatch_args": "more sbatch options, a list such as [--qos=debug, --constraint=ib]",
 }
 SCHEDULER_TYPES = ("slurm",)
-_WORD = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
-_SBATCH_ARG = re.compile(r"^--[a-z][a-z0-9-]*(?:=[A-Za-z0-9_.,:=+/@%-]*)?$")
+# Matched whole (fullmatch: `$` would let a trailing newline through).
+_WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}")
+_SBATCH_ARG = re.compile(r"--[a-z][a-z0-9-]*(?:=[A-Za-z0-9_.,:=+/@%-]*)?")
+# What provisioner sets itself: the job's name and comment tell its job from any other
+# (`up` reuses and `down` cancels only that one), so an extra argument may not change them.
+_OWN_SBATCH_ARGS = ("--job-name", "--comment")
 
 
 @dataclass
@@ -52,7 +56,7 @@ def _count(value: Any, where: Where, field: str, *, least: int) -> int:
 
 
 def _word(value: Any, where: Where, field: str) -> str:
-    if not isinstance(value, str | int) or not _WORD.match(str(value)):
+    if not isinstance(value, str | int) or not _WORD.fullmatch(str(value)):
         raise where.error(
             field,
             f"expected a SLURM name (letters, digits, '_', '.', '+', '-'), got {value!r}",
@@ -83,11 +87,18 @@ def _extra(value: Any, where: Where, field: str) -> tuple[str, ...]:
         raise where.error(field, f"expected a list, got {value!r}", "write [--qos=debug, ...]")
     lines = value.item_lines if isinstance(value, LocatedList) else [where.line] * len(value)
     for i, (item, line) in enumerate(zip(value, lines, strict=True)):
-        if not isinstance(item, str) or not _SBATCH_ARG.match(item):
+        if not isinstance(item, str) or not _SBATCH_ARG.fullmatch(item):
             raise where.at(line).error(
                 f"{field}[{i}]",
                 f"expected one long sbatch option as --name or --name=value, got {item!r}",
                 "write each option whole, e.g. --qos=debug (no spaces, no short options)",
+            )
+        if item.split("=", 1)[0] in _OWN_SBATCH_ARGS:
+            raise where.at(line).error(
+                f"{field}[{i}]",
+                f"{item.split('=', 1)[0]} is set by provisioner (the job's name and comment "
+                "are how it knows its own job)",
+                "remove it; the job is named after the cluster (`provisioner-CLUSTER`)",
             )
     return tuple(value)
 

@@ -86,9 +86,14 @@ def test_rendered_sbatch_script_trains_to_the_end(slurm_lab: LabInfo, tmp_path: 
     assert data["stopped_by"] == "max_iterations" and data["iterations"] == 3, data
     assert sorted(data["nodes"]) == sorted(n.address for n in compute), data
     assert f"driver exited with 0; results in {results}" in log, log
-    for node in compute:  # the job's Ray stopped with it on every node
-        _, left = exec_rc(node.container, f"ps -e -ww -o args= | grep -c '[r]ayjob-{job_id}/'")
+    for node in compute:  # the job's Ray stopped with it on every node, its dirs removed
+        _, left = exec_rc(node.container, f"ps -e -ww -o args= | grep -c '[r]ayjob-{job_id}[.]'")
         assert left.strip() == "0", f"{node.name}: Ray processes of job {job_id} left"
+        _, dirs = exec_rc(node.container, f"ls -d /tmp/rayjob-{job_id}.* 2>/dev/null; true")
+        assert not dirs.strip(), f"{node.name}: job directories left: {dirs}"
+    # each node ran in a directory of its own (positive control for the two checks above)
+    _, full = exec_rc(first.container, f"cat /home/lab/{slurm_lab.name}-{job_id}.out")
+    assert full.count(f"in /tmp/rayjob-{job_id}.") == len(compute), full[-3000:]
 
 
 def cli_json(*args: str) -> tuple[int, Any, str]:

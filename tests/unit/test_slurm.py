@@ -11,7 +11,7 @@ import pytest
 
 from provisioner.errors import InventoryError
 from provisioner.inventory import load_inventory
-from provisioner.inventory.allocation import BLOCK_SIZE, job_ports, port_base, temp_dir
+from provisioner.inventory.allocation import BLOCK_SIZE, job_ports, port_base
 from provisioner.inventory.models import Slurm, time_seconds
 from provisioner.lab.config import LabConfig, slurm_conf, slurm_inventory_document
 from provisioner.slurm.sbatch import SbatchJob, pack_playbook, render_sbatch, sbatch_directives
@@ -134,9 +134,14 @@ def test_port_blocks_of_jobs_do_not_overlap() -> None:
         blocks[job] = used
     assert all(not (blocks[1] & blocks[j]) for j in range(2, 121))
     assert max(port_base(j) for j in blocks) + BLOCK_SIZE <= 32768  # below ephemeral ports
+    from provisioner.slurm.sbatch import JOB_DIR_MAX, JOB_DIR_NAME, RAY_DIR
+
     session = "session_2026-12-01_05-45-14_312333_4194304"  # the largest pid
-    socket = f"{temp_dir(99999999)}/{session}/sockets/dash_MetricsHead"  # Ray's longest
-    assert len(socket) < 107
+    ray_dir = f"{'x' * JOB_DIR_MAX}/{RAY_DIR}"
+    socket = f"{ray_dir}/{session}/sockets/dash_PlatformEventsHead"  # Ray's longest
+    assert len(socket) <= 107
+    longest_id = JOB_DIR_NAME.replace("$SLURM_JOB_ID", "67043328")  # SLURM's MaxJobId
+    assert len(f"/tmp/{longest_id}") <= JOB_DIR_MAX  # /tmp always fits
 
 
 def job(**changes: object) -> SbatchJob:
@@ -174,7 +179,7 @@ def test_sbatch_script_quotes_args_and_starts_ray_from_the_job_block() -> None:
     assert "ppo_cartpole.py --target-return 450 --name 'it'\"'\"'s'\n" in text
     assert "BASE=$(( 20000 + ($SLURM_JOB_ID % 120) * 100 ))" in text
     assert "--port=$((BASE + 0))" in text and "--max-worker-port=$((BASE + 99))" in text
-    assert "JOB_DIR=/tmp/rayjob-$SLURM_JOB_ID" in text
+    assert "JOB_DIR=$(private_dir)\n" in text and "/tmp/rayjob" not in text
     assert "ray stop" not in text.replace("run\n", "")  # never every Ray on the node
     assert "RAY_AUTH_MODE=token" in text and "export PLAYBOOK_TGZ=QUJD\n" in text
     pinned = render_sbatch(job(python="/opt/venv/bin/python"))
@@ -224,26 +229,36 @@ def test_holding_job_and_queue_commands_are_quoted() -> None:
         "--cpus-per-task=2 --partition=lab --time=00:30:00 '--qos=a b' --output=/dev/null "
         "--wrap='exec sleep infinity'"
     )
+    assert commands.submit_command(slurm, "c1", "ab12").endswith(
+        "'--qos=a b' --comment=provisioner-ab12 --output=/dev/null --wrap='exec sleep infinity'"
+    )
     assert commands.queue_command(7, "lab") == (
-        "squeue -h -j 7 -o '%T|%r|%N|%L|%l' 2>/dev/null; echo ==; "
+        "id -un; echo ==; squeue -h -j 7 -o '%T|%r|%N|%L|%l|%j|%u|%k' 2>/dev/null; echo ==; "
         "squeue -h -t PD -p lab -o %i --sort=-p,i 2>/dev/null; true"
     )
-    assert commands.cancel_command(7) == "scancel 7"
+    owner = commands.Owner("provisioner-c1", "ab12")
+    assert commands.cancel_command(7, owner) == (
+        'scancel --name=provisioner-c1 --user="$(id -un)" 7'
+    )
+
+
+OURS = "|provisioner-c1|alice|provisioner-ab12"
 
 
 def test_queue_states_as_squeue_prints_them() -> None:
-    from provisioner.slurm.commands import QueueState, parse_queue, time_seconds_left
+    from provisioner.slurm.commands import Owner, QueueState, parse_queue, time_seconds_left
 
-    pending = parse_queue("PENDING|Resources|||30:00\n==\n9\n7\n", 7)
+    me = Owner("provisioner-c1", "ab12")
+    pending = parse_queue(f"alice\n==\nPENDING|Resources|||30:00{OURS}\n==\n9\n7\n", 7, me)
     assert pending == QueueState("PENDING", "Resources", "", "", "30:00", position=2)
     assert pending.describe() == "PENDING (Resources), place 2 in the queue"
-    running = parse_queue("RUNNING|None|n-[1-3]|29:41|30:00\n==\n", 7)
+    running = parse_queue(f"alice\n==\nRUNNING|None|n-[1-3]|29:41|30:00{OURS}\n==\n", 7, me)
     assert (running.state, running.nodelist, running.describe()) == (
         "RUNNING",
         "n-[1-3]",
         "RUNNING",
     )
-    assert parse_queue("\n==\n", 7).gone
+    assert parse_queue("alice\n==\n\n==\n", 7, me).gone
     assert time_seconds_left("29:41") == 1781 and time_seconds_left("1-02:00:00") == 93600
     assert time_seconds_left("UNLIMITED") is None
 
