@@ -101,12 +101,13 @@ class Watch:
                     self.current[log] = m.group(1)
                     if m.group(1) not in self.jobs:
                         self.jobs.append(m.group(1))
-                if (m := ITER.search(line)) and (
-                    self.current[log],
-                    int(m.group(1)),
-                ) not in self.seen:
-                    self.seen.add((self.current[log], int(m.group(1))))
-                    self.iters.append((now, self.current[log], int(m.group(1))))
+                if r := RESUMED.search(line):
+                    self.resumes[self.current[log]] = int(r.group(1))
+                m = ITER.search(line)
+                key = (self.current[log], int(m.group(1))) if m else None
+                if key is not None and key not in self.seen:
+                    self.seen.add(key)
+                    self.iters.append((now, *key))
 
     def reached(self) -> int:
         return max((i for _, _, i in self.iters), default=0)

@@ -34,12 +34,19 @@ ARGS = ["--env-runners", "2", "--train-batch", "1000", "--checkpoint-every", "6"
 def local_ray() -> Iterator[None]:
     import ray  # the dev install has the training stack
 
-    ray.init(
-        num_cpus=3,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(PLAYBOOKS)}},
-    )
+    for tries_left in (1, 0):  # Ray gives its raylet 30 s to register: a loaded machine may not
+        try:
+            ray.init(
+                num_cpus=3,
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": str(PLAYBOOKS)}},
+            )
+            break
+        except Exception as exc:
+            ray.shutdown()
+            if not tries_left or "timed out during startup" not in str(exc):
+                raise
     yield
     ray.shutdown()
 
