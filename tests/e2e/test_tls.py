@@ -205,6 +205,7 @@ def test_ray_traffic_runs_tls_with_the_cluster_ca(
         gcs = inv.ports.gcs
         old_seen = handshake(inv.head.address, gcs, old_ca, *old)
         assert not old_seen.verified and not old_seen.grpc, old_seen
+        (tmp_path / "after").mkdir()
         new_seen = check_gcs(inv, tmp_path / "after")  # the new CA's certificate works
         assert_gcs_tls(inv, new_seen)
         s.observed = (

@@ -133,3 +133,16 @@ def test_tls_false_leaves_ray_in_clear(tmp_path: Path) -> None:
     assert "RAY_USE_TLS" not in docker.docker_run_command(inv, inv.head, "img")
     assert "RAY_USE_TLS" not in host.start_command(inv, inv.head, None)
     assert "RAY_USE_TLS" not in host.HostRuntime(inv).python_command("nodes")
+
+
+def test_a_refused_handshake_in_ray_logs_is_named() -> None:
+    from provisioner.cluster import logs
+
+    # as the head's gcs_server.err showed it on the lab (a client without a certificate)
+    line = (
+        "E1202 14:19:35.296541718      37 ssl_transport_security.cc:1432]       Handshake "
+        "failed with fatal error SSL_ERROR_SSL: error:100000c0:SSL routines:OPENSSL_internal:"
+        "PEER_DID_NOT_RETURN_A_CERTIFICATE."
+    )
+    assert {f.pattern for f in logs.triage_text(line)} == {"tls"}
+    assert logs.triage_text("raylet started, listening on port 8077") == []
