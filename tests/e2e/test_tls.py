@@ -213,10 +213,11 @@ def test_ray_traffic_runs_tls_with_the_cluster_ca(
             "cluster's CA for the head's address and an HTTP/2 SETTINGS frame with a "
             "certificate of that CA; without a certificate, or with another CA's, the "
             "connection was closed at the handshake and nothing was served; the dashboard "
-            "agent's HTTP port (the control) showed no TLS; a driver on a worker connected with the node's "
-            "files and did not with no TLS, another CA's files, or another CA's certificate "
-            "beside the cluster's CA; PPO trained with env runners on every node; after "
-            "`up --rotate-token` the CA was new and the old CA's certificate was refused"
+            "agent's HTTP port (the control) showed no TLS; a driver on a worker connected "
+            "with the node's files and did not with no TLS, another CA's files, or another "
+            "CA's certificate beside the cluster's CA; PPO trained with env runners on every "
+            "node; after `up --rotate-token` the CA was new and the old CA's certificate "
+            "was refused"
         )
         s.measured = f"{time.monotonic() - t0:.0f} s in all; refused: " + "; ".join(
             f"{k}: {v.error[:60]}" for k, v in seen.items() if k in ("none", "other CA's cert")

@@ -6,9 +6,10 @@ own traffic goes on); an inventory without it: `up` warns, naming it and the fix
 `up --rotate-token` restarts every node with a new token; the fault undone, the worker's
 Ray container restarted on its node (as a reboot would) is refused by the head ("Ray:
 InvalidAuthToken", or with TLS the old CA's certificate at the handshake) and the GCS
-lists only the 2 inventory nodes; a later `up` removes the old Ray there (the record kept the node). The same worker unreached by `down`: a warning,
-exit 0, and the next `up` (a fresh head) rotates by itself. The session's cluster is whole
-again at the end of each test.
+lists only the 2 inventory nodes; a later `up` removes the old Ray there (the record kept
+the node). The same worker unreached by `down`: a warning, exit 0, and the next `up` (a
+fresh head) rotates by itself. The session's cluster is whole again at the end of each
+test.
 """
 
 from __future__ import annotations
