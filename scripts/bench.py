@@ -35,6 +35,7 @@ import bench_doctor
 import bench_push
 import bench_scale
 import bench_scaling
+import bench_tls
 import bench_up
 from bench_repeats import Attempt, Repeats, summary
 
@@ -47,7 +48,7 @@ from provisioner.lab.config import LabConfig, LabNode
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUPS = ("bring-up", "fan-out", "latency", "push", "training", "scale")
+GROUPS = ("bring-up", "fan-out", "latency", "push", "training", "tls", "scale")
 DEFAULT_GROUPS = GROUPS[:-1]  # scale makes labs of its own (minutes, GBs): `--rows all`
 SCRIPT = ".venv/bin/python scripts/bench.py"
 
@@ -122,6 +123,7 @@ class Row:
     met: bool | None
     what: str  # what was measured, on what
     extra: dict[str, Any] = field(default_factory=dict)
+    id: str = ""  # a stable name for the row (bench.json's rows[].id)
 
     @property
     def rerun(self) -> str:
@@ -129,6 +131,7 @@ class Row:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **({"id": self.id} if self.id else {}),
             "group": self.group,
             "benchmark": self.benchmark,
             "ours": self.ours.to_json(),
@@ -719,6 +722,54 @@ def rows_training(ctx: Context) -> list[Row]:
     ]
 
 
+def rows_tls(ctx: Context) -> list[Row]:
+    """PPO env steps/s with TLS on Ray's channels (the default) and off, same cluster."""
+    args, work = ctx.args, ctx.workdir / "tls"
+    work.mkdir(parents=True, exist_ok=True)
+    inventories = {
+        on: bench_tls.inventory_with_tls(ctx.inventory, work / f"tls-{on}.yaml", on=on)
+        for on in (True, False)
+    }
+    runs: dict[bool, list[float | None]] = {True: [], False: []}
+    try:
+        for i in range(args.repeat):  # interleaved, so a busy moment hits both alike
+            for on in (True, False) if i % 2 == 0 else (False, True):
+                log(f"tls {i + 1}/{args.repeat}: PPO with TLS {'on' if on else 'off'}")
+                runs[on].append(
+                    ctx.rep.run(
+                        f"tls/{'on' if on else 'off'}",
+                        lambda on=on: bench_tls.steps_per_s(
+                            inventories[on], args.runners, args.train_steps, args.train_batch,
+                            work / "results", work / "tls.log",
+                        ),
+                    )
+                )  # fmt: skip
+    finally:
+        bench_up.down(str(inventories[True]))
+    a = ctx.fig("TLS on", "steps/s", "tls/on", runs[True])
+    b = ctx.fig("TLS off", "steps/s", "tls/off", runs[False])
+    kept = ratio(a, b)
+    lost = None if kept is None else 1 - kept
+    n = len(ctx.lab.nodes)
+    return [
+        Row(
+            "tls",
+            "PPO env steps/s: TLS on Ray's channels (the default) vs off",
+            a,
+            b,
+            lost,
+            "fraction of env steps/s lost to TLS",
+            "≤ 0.10",
+            meets(lost, lambda x: x <= 0.10),
+            f"PPO on CartPole (playbooks/ppo_cartpole.py through `provisioner submit`), "
+            f"{args.runners} env runners, {args.train_steps} env steps, batch "
+            f"{args.train_batch}, on the {n}-node lab cluster, Ray restarted (down, up) with "
+            f"`ray: {{tls: true}}` and `{{tls: false}}` in turn, interleaved",
+            id="ppo-tls-cost",
+        )
+    ]
+
+
 def rows_scale(ctx: Context) -> list[Row]:
     """Labs of each --scale-nodes size, one at a time (made here, removed after)."""
     args = ctx.args
@@ -910,6 +961,7 @@ ROWS: dict[str, Callable[[Context], list[Row]]] = {
     "latency": rows_latency,
     "push": rows_push,
     "training": rows_training,
+    "tls": rows_tls,
     "scale": rows_scale,
 }
 
@@ -1036,7 +1088,7 @@ def main(argv: list[str]) -> int:
         order = sorted(args.groups, key=lambda g: (g != "push", GROUPS.index(g)))
         try:
             for group in order:
-                if group in ("bring-up", "latency", "training") and not pinned:
+                if group in ("bring-up", "latency", "training", "tls") and not pinned:
                     log("the pin on every node")
                     ctx.ensure_pin()
                     pinned = True

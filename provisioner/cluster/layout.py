@@ -49,6 +49,12 @@ def node_token_path(cluster: str) -> str:
     return node_path(cluster, "auth_token")
 
 
+def node_tls_dir(cluster: str) -> str:
+    """Shell word: the node's TLS folder (the cluster CA's certificate, the node's own
+    certificate and key; 0700, files 0600)."""
+    return node_path(cluster, "tls")
+
+
 def node_ray_dir(cluster: str) -> str:
     """Shell word: the node directory mounted as Ray's /tmp/ray (logs survive the container)."""
     return node_path(cluster, "ray")

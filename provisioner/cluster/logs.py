@@ -65,6 +65,17 @@ PATTERNS: tuple[Pattern, ...] = (
         "clients need RAY_AUTH_MODE=token and the token",
     ),
     Pattern(
+        "tls",
+        re.compile(
+            r"Handshake failed with fatal error|CERTIFICATE_VERIFY_FAILED"
+            r"|PEER_DID_NOT_RETURN_A_CERTIFICATE|RAY_TLS_SERVER_KEY and RAY_TLS_CA_CERT must"
+        ),
+        "a process reached Ray without a certificate of this cluster's CA, or without TLS "
+        "(a Ray of another cluster or of an old CA, a client started by hand)",
+        "run `provisioner up` again (it gives every node its certificate); a process of "
+        "your own needs RAY_USE_TLS=1 and the RAY_TLS_* files of a node of this cluster",
+    ),
+    Pattern(
         "oom-kill",
         re.compile(r"OutOfMemoryError|killed due to memory|[Oo]ut of memory|OOMKilled|oom-kill"),
         "a process was killed for lack of memory",

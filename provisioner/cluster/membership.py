@@ -165,9 +165,9 @@ def outside_inventory(inventory: Inventory, gcs: Iterable[GcsNode]) -> list[GcsN
 
 
 def forget_command(cluster: str) -> str:
-    """Remove the cluster's token from a node: a container restarted there later (Docker's
-    restart policy) then finds no token and cannot join."""
-    return f"rm -f {layout.node_token_path(cluster)}"
+    """Remove the cluster's token and TLS certificates from a node: a container restarted
+    there later (Docker's restart policy) then finds neither and cannot join."""
+    return f"rm -rf {layout.node_token_path(cluster)} {layout.node_tls_dir(cluster)}"
 
 
 @dataclass

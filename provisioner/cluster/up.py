@@ -1,5 +1,6 @@
-"""Bring the cluster up: token, old Ray out, head and workers started together, wait for
-all to join, probe. How Ray runs on a node is the runtime's (`provisioner.runtime`).
+"""Bring the cluster up: token and TLS certificates, old Ray out, head and workers started
+together, wait for all to join, probe. How Ray runs on a node is the runtime's
+(`provisioner.runtime`).
 
 Idempotent: a node whose Ray runs what the cluster pins and is alive is left alone; a
 dead worker is restarted alone; a restarted head brings its workers back too. A token
@@ -23,6 +24,7 @@ from provisioner.cluster import (
     preflight,
     rotation,
     status,
+    tls,
     token,
 )
 from provisioner.cluster.headprobe import GcsNode
@@ -106,6 +108,32 @@ def install_token(
             f"could not install the cluster token on {names}: {first}",
             f"the SSH user must own ~/{layout.node_dir(inventory.cluster)} on those nodes "
             "(Docker creates a missing mount directory as root): "
+            f"sudo chown -R {inventory.head.ssh.user} ~/.provisioner there",
+        )
+
+
+def install_tls(
+    inventory: Inventory, pool: Pool, *, deadline: float = 30, ca: tls.Authority | None = None
+) -> None:
+    """Give every node a fresh key and a certificate of the cluster's CA for its address,
+    with the CA's certificate (0600 files, via stdin); `ca`: another CA (a rotation's new
+    one). Nothing with TLS off (`ray: {tls: false}`)."""
+    if not inventory.tls:
+        return
+    ca = ca or tls.ensure_authority(inventory)
+    command = tls.install_command(inventory.cluster)
+    bundles = {n.name: tls.bundle(ca, n) for n in inventory.nodes}
+
+    def one(node: Node) -> None:
+        pool.session(node).run(command, timeout=deadline, stdin=bundles[node.name]).check()
+
+    group = fan_out(inventory.nodes, one, deadline=deadline)
+    if group.errors:
+        names = ", ".join(sorted(group.errors))
+        first = next(iter(group.errors.values()))
+        raise OperationError(
+            f"could not install the cluster's TLS certificates on {names}: {first}",
+            f"the SSH user must own ~/{layout.node_dir(inventory.cluster)} on those nodes: "
             f"sudo chown -R {inventory.head.ssh.user} ~/.provisioner there",
         )
 
@@ -297,6 +325,7 @@ def bring_up(
     t0 = time.monotonic()
     result = result if result is not None else UpResult(runtime=runtime.name)
     install_token(inventory, pool)
+    install_tls(inventory, pool)
     current = token.fingerprint(token.local_token_path(inventory))
     result.gpus = gpu_plans(pool, inventory, runtime, facts)
     before = status.gather(inventory, pool, report, runtime=runtime, states=states)
@@ -332,7 +361,11 @@ def bring_up(
     if result.token.rotate:
         report(f"token: a new one for every node ({result.token.why}); every node restarts")
         try:
+            # a new CA with the new token: kept from a rotation that did not finish
+            new_ca = not token.rotation_unfinished(inventory)
             install_token(inventory, pool, path=token.begin_rotation(inventory))
+            if inventory.tls:
+                install_tls(inventory, pool, ca=tls.begin_rotation(inventory, fresh=new_ca))
         except OperationError as exc:
             raise OperationError(
                 f"token not rotated: {exc.message}; nothing was restarted",
@@ -368,6 +401,7 @@ def bring_up(
     result.started += [n.name for n in to_start if n.name in group.results]
     _raise_first({**removed.errors, **group.errors}, "could not start Ray")
     if result.token.rotate:  # every node now runs with the new token: it is the cluster's
+        tls.finish_rotation(inventory)  # first: an unfinished token makes the next up redo it
         token.finish_rotation(inventory)
         report("token: rotated; a Ray holding the old one can no longer join")
     if head_restart:

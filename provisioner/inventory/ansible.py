@@ -24,6 +24,7 @@ from provisioner.inventory.fields import (
     Where,
     check_address,
     check_cluster,
+    check_flag,
     check_gpus,
     check_jump,
     check_label_map,
@@ -49,6 +50,7 @@ PROVISIONER_VARS = {
     "provisioner_runtime": "docker | host",
     "provisioner_ray_python": "host runtime: the interpreter Ray runs with",
     "provisioner_ray_port_base": "first port of the cluster's block of Ray ports",
+    "provisioner_ray_tls": "TLS on Ray's channels with the cluster's own CA (true | false)",
     "provisioner_resources": "Ray resources of a host",
     "provisioner_labels": "Ray labels of a host",
     "provisioner_gpus": "NVIDIA GPUs for Ray: all | none | [index or UUID, ...]",
@@ -280,7 +282,21 @@ def to_raw(path: Path, document: dict[str, Any]) -> RawInventory:
             at("provisioner_ray_port_base"),
             "provisioner_ray_port_base",
         ),
+        tls=check_flag(
+            _ini_flag(common.get("provisioner_ray_tls")),
+            at("provisioner_ray_tls"),
+            "provisioner_ray_tls",
+            default=True,
+        ),
     )
+
+
+def _ini_flag(value: Any) -> Any:
+    """An INI inventory's `true` / `false` arrive as text (ansible-core reads only Python's
+    True / False as booleans there): the same yes/no as YAML's."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return value
 
 
 def parse_ansible(path: Path) -> RawInventory:

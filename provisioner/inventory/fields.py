@@ -40,7 +40,7 @@ TOP_FIELDS = {
     "head": "the head node: an address or {name, address, ...}",
     "workers": "a list of worker nodes: addresses or {name, address, ...}",
     "image": "the image pin: {lock: PATH}",
-    "ray": "Ray settings: {port_base, ports, shm_size, object_store_memory, python}",
+    "ray": "Ray settings: {port_base, ports, shm_size, object_store_memory, python, tls}",
     "runtime": "how Ray runs on the nodes: docker (the pinned image) | host (the node's Python)",
     "scheduler": "instead of head and workers: {type: slurm, login, partition, nodes, time, ...}",
 }
@@ -73,6 +73,8 @@ RAY_FIELDS = {
     "object_store_memory": "object store size (bytes or 4GiB)",
     "python": "host runtime: the interpreter Ray runs with (absolute path; default: a login "
     "shell's `ray`)",
+    "tls": "TLS on Ray's channels between nodes, with a CA of the cluster's own (true, the "
+    "default | false)",
 }
 
 
@@ -245,6 +247,15 @@ def check_python(value: Any, where: Where, field: str) -> str | None:
             f"expected an absolute path to a Python interpreter, got {value!r}",
             "e.g. /opt/venv/bin/python (letters, digits, / . _ + - only)",
         )
+    return value
+
+
+def check_flag(value: Any, where: Where, field: str, *, default: bool) -> bool:
+    """A yes/no setting: true or false (absent: `default`)."""
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise where.error(field, f"expected true or false, got {value!r}", f"{field}: true")
     return value
 
 

@@ -189,6 +189,7 @@ class Inventory:
     object_store_memory: int | None = None  # bytes; None: Ray's default
     runtime: str = "docker"  # how Ray runs on the nodes: a module of provisioner.runtime
     ray_python: str | None = None  # host runtime: the interpreter (None: a login shell's `ray`)
+    tls: bool = True  # TLS on Ray's channels, with the cluster's own CA (cluster.tls)
     # SLURM: what to ask for, and the login node; the head and workers are the allocated
     # nodes once `up` has them (until then the head is the login node, and `allocated` False)
     slurm: Slurm | None = None

@@ -16,6 +16,7 @@ from provisioner.inventory.fields import (
     Where,
     check_address,
     check_cluster,
+    check_flag,
     check_gpus,
     check_jump,
     check_keys,
@@ -197,5 +198,6 @@ def parse_native(path: Path, document: Any) -> RawInventory:
             document.get("runtime", "docker"), _line(document, "runtime", top), "runtime"
         ),
         ray_python=check_python(ray.get("python"), _line(ray, "python", ray_where), "ray.python"),
+        tls=check_flag(ray.get("tls"), _line(ray, "tls", ray_where), "ray.tls", default=True),
         slurm=scheduler.slurm if scheduler else None,
     )

@@ -51,6 +51,7 @@ class RawInventory:
     object_store_memory: int | None = None
     runtime: str = "docker"
     ray_python: str | None = None
+    tls: bool = True  # TLS on Ray's channels (cluster.tls)
     # SLURM (`scheduler:`): the login node (also `head` until the allocation is known)
     slurm: Slurm | None = None
 

@@ -257,6 +257,7 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
             object_store_memory=raw.object_store_memory,
             runtime=raw.runtime,
             ray_python=raw.ray_python,
+            tls=raw.tls,
             slurm=raw.slurm,
             login=login,
             allocated=False,
@@ -275,4 +276,5 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
         object_store_memory=raw.object_store_memory,
         runtime=raw.runtime,
         ray_python=raw.ray_python,
+        tls=raw.tls,
     )

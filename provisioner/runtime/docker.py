@@ -3,7 +3,8 @@
 The container is named after the cluster and carries its labels; Ray's temp dir is the
 node directory `~/.provisioner/clusters/CLUSTER/ray`, mounted at /tmp/ray so that logs
 survive the container; the token is a read-only file mount named by RAY_AUTH_TOKEN_PATH,
-so it never appears on a command line. A restart policy restarts a crashed Ray.
+so it never appears on a command line; so is the node's TLS folder (`cluster.tls`). A
+restart policy restarts a crashed Ray.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provisioner.cluster import layout
+from provisioner.cluster import layout, tls
 from provisioner.cluster.commands import ray_start_args
 from provisioner.cluster.token import read_cluster_id
 from provisioner.doctor import cluster_checks, node_checks
@@ -45,6 +46,18 @@ CONTAINER_ENV: Mapping[str, str] = {
     "RAY_USAGE_STATS_ENABLED": "0",
     layout.RESULTS_ROOT_ENV: layout.CONTAINER_RESULTS_DIR,
 }
+
+
+def tls_options(inventory: Inventory) -> list[str]:
+    """With TLS on: the node's TLS folder mounted read-only (with --mount, so a start
+    without it fails, as for the token) and the variables that make Ray use it."""
+    if not inventory.tls:
+        return []
+    source = layout.node_tls_dir(inventory.cluster)
+    return [
+        f"--mount type=bind,source={source},target={tls.CONTAINER_TLS_DIR},readonly",
+        *(f"-e {shlex.quote(f'{k}={v}')}" for k, v in tls.ray_env(tls.CONTAINER_TLS_DIR).items()),
+    ]
 
 
 def shm_size(inventory: Inventory) -> str:
@@ -112,6 +125,7 @@ def docker_run_command(
         f"target={layout.CONTAINER_TOKEN_PATH},readonly",
         f"-v {layout.node_results_dir(cluster)}:{layout.CONTAINER_RESULTS_DIR}",
         *(f"-e {shlex.quote(f'{k}={v}')}" for k, v in CONTAINER_ENV.items()),
+        *tls_options(inventory),
         f"--label {shlex.quote(f'{layout.LABEL_CLUSTER}={cluster}')}",
         f"--label {shlex.quote(f'{layout.LABEL_ROLE}={node.role}')}",
         *(

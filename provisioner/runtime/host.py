@@ -23,7 +23,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provisioner.cluster import layout
+from provisioner.cluster import layout, tls
 from provisioner.cluster.commands import ray_start_args
 from provisioner.cluster.token import read_cluster_id
 from provisioner.doctor.facts import NodeFacts, Shell
@@ -70,13 +70,17 @@ def _interpreter(python: str | None) -> str:
     )
 
 
-def _env(cluster: str) -> str:
-    """The token by path, no usage stats, and where jobs write their results (the node's
-    results directory, as the docker runtime mounts it)."""
+def _env(cluster: str, use_tls: bool = True) -> str:
+    """The token by path, no usage stats, where jobs write their results (the node's
+    results directory, as the docker runtime mounts it), and with `use_tls` the node's TLS
+    files (`cluster.tls`)."""
+    secure = "".join(
+        f" {k}={v}" for k, v in tls.ray_env(layout.node_tls_dir(cluster)).items() if use_tls
+    )
     return (
         "export RAY_AUTH_MODE=token "
         f"RAY_AUTH_TOKEN_PATH={layout.node_token_path(cluster)} RAY_USAGE_STATS_ENABLED=0 "
-        f"{layout.RESULTS_ROOT_ENV}={layout.node_results_dir(cluster)}"
+        f"{layout.RESULTS_ROOT_ENV}={layout.node_results_dir(cluster)}{secure}"
     )
 
 
@@ -171,7 +175,7 @@ def start_command(
     tries = 1 if node.role == "head" else WORKER_START_TRIES
     mark = f"export {_id_env(cluster_id)}; " if cluster_id else ""
     script = (
-        f"set -e; {_interpreter(python)}; {_env(cluster)}; {mark}{gpu_env}"
+        f"set -e; {_interpreter(python)}; {_env(cluster, inventory.tls)}; {mark}{gpu_env}"
         f"{layout.link_short_ray_dir_command(cluster)}; "
         f"mkdir -p {layout.node_results_dir(cluster)}; "
         f'cd "$HOME"; echo "== $(date -u +%FT%TZ) ray start with $PY" >>{log}; '
@@ -240,9 +244,10 @@ def running_test(cluster: str, cluster_id: str = "") -> str:
     return f"{_own_ray(cluster, cluster_id)} | grep -q ."
 
 
-def python_command(cluster: str, python: str | None, *args: str) -> str:
-    """Run a Python script read from stdin with the interpreter Ray runs with."""
-    script = f"{_interpreter(python)}; {_env(cluster)}; exec $PY - " + shlex.join(args)
+def python_command(cluster: str, python: str | None, *args: str, use_tls: bool = True) -> str:
+    """Run a Python script read from stdin with the interpreter Ray runs with (and the
+    environment Ray's processes have: a driver of this cluster)."""
+    script = f"{_interpreter(python)}; {_env(cluster, use_tls)}; exec $PY - " + shlex.join(args)
     return login_shell(script)
 
 
@@ -470,7 +475,7 @@ class HostRuntime:
         return running_test(self.cluster, self.cluster_id)
 
     def python_command(self, *args: str) -> str:
-        return python_command(self.cluster, self.python, *args)
+        return python_command(self.cluster, self.python, *args, use_tls=self.inventory.tls)
 
     def runtime_log_command(self, lines: int | None = None) -> str:
         return log_command(self.cluster, lines)

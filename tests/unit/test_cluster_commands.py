@@ -42,6 +42,11 @@ def test_head_docker_run_is_quoted_and_carries_no_token(tmp_path: Path) -> None:
         '-v "$HOME"/.provisioner/clusters/demo/results:/provisioner/results '
         "-e RAY_AUTH_MODE=token -e RAY_AUTH_TOKEN_PATH=/run/provisioner/auth_token "
         "-e RAY_USAGE_STATS_ENABLED=0 -e PROVISIONER_RESULTS_ROOT=/provisioner/results "
+        '--mount type=bind,source="$HOME"/.provisioner/clusters/demo/tls,'
+        "target=/run/provisioner/tls,readonly "
+        "-e RAY_USE_TLS=1 -e RAY_TLS_SERVER_CERT=/run/provisioner/tls/node.crt "
+        "-e RAY_TLS_SERVER_KEY=/run/provisioner/tls/node.key "
+        "-e RAY_TLS_CA_CERT=/run/provisioner/tls/ca.crt "
         "--label provisioner.cluster=demo "
         "--label provisioner.role=head sha256:abc ray start --head "
         "--node-ip-address=10.250.9.10 --port=6379 --dashboard-host=127.0.0.1 "

@@ -317,3 +317,18 @@ def test_ansible_port_base(tmp_path: Path, key: Path) -> None:
     assert inv.ports == RayPorts.from_base(22000)
     err = error_of(tmp_path, text.replace("=22000", "=99"), "hosts.ini")
     assert "provisioner_ray_port_base" in str(err) and "hosts.ini:4" in str(err)
+
+
+def test_ray_tls_is_on_by_default_and_turned_off_by_the_inventory(
+    tmp_path: Path, key: Path
+) -> None:
+    assert load_inventory(write(tmp_path, "inv.yaml", NATIVE)).tls is True
+    off = NATIVE + "  tls: false\n"
+    assert load_inventory(write(tmp_path, "off.yaml", off)).tls is False
+    err = error_of(tmp_path, NATIVE + "  tls: 'no'\n", "bad.yaml")
+    assert "ray.tls" in str(err) and "true or false" in str(err)
+    ini = INI.replace("KEY", str(key)).replace(
+        "provisioner_cluster=rack", "provisioner_cluster=rack\nprovisioner_ray_tls=false"
+    )
+    assert load_inventory(write(tmp_path, "hosts.ini", ini)).tls is False
+    assert load_inventory(write(tmp_path, "on.ini", INI.replace("KEY", str(key)))).tls is True

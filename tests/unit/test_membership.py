@@ -87,5 +87,6 @@ def test_record_keeps_nodes_whose_removal_failed(tmp_path: Path) -> None:
 
 def test_forget_command_removes_only_this_clusters_token() -> None:
     assert membership.forget_command("demo") == (
-        'rm -f "$HOME"/.provisioner/clusters/demo/auth_token'
+        'rm -rf "$HOME"/.provisioner/clusters/demo/auth_token '
+        '"$HOME"/.provisioner/clusters/demo/tls'
     )
