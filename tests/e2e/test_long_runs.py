@@ -461,41 +461,6 @@ def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
     assert tries[attempts[0]["job_id"]] == 1 and tries[attempts[1]["job_id"]] == 2
 
 
-def test_the_head_killed_mid_run_with_retries_1_is_repaired_and_goes_on_learning(
-    inventory: str, lab: LabInfo, tmp_path: Path
-) -> None:
-    results = tmp_path / "results"
-    log = tmp_path / "submit.log"
-    proc = provisioner_process(
-        "submit", "-i", inventory, "--results", str(results), "--json", "--verbose",
-        "--retries", "1", str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "16",
-        *LEARN, log=log,
-    )  # fmt: skip
-    head = lab.nodes[0]
-    cluster = load_inventory(Path(inventory)).cluster
-    try:
-        wait_for(lambda: job_reached(log, 9), 400, "iteration 9")
-        killed = ssh(lab, head, f"docker kill {container_name(cluster)}")
-        assert killed.returncode == 0, killed.stderr
-        proc.wait(600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = log.read_text(errors="replace")
-    doc = json.loads(log.with_suffix(".out").read_text())
-    assert proc.returncode == 0 and doc["status"] == "SUCCEEDED", text[-4000:]
-    attempts = json.loads((results / doc["job_id"] / "attempts.json").read_text())
-    assert [a["attempt"] for a in attempts] == [1, 2], attempts
-    assert attempts[1]["resumed_from"] == attempts[0]["job_id"]
-    home = results / doc["job_id"]
-    rows = (home / "metrics.csv").read_text().splitlines()[1:]
-    assert [int(r.split(",")[0]) for r in rows] == list(range(1, 17))
-    at = resume_point(home)
-    assert at >= 8, at
-    before, after = assert_learning_goes_on(returns_of(home), at)
-    print(f"--retries after a head kill: return {before:.1f} before {at}, {after:.1f} after")
-
-
 def test_down_during_a_followed_job_asks_for_yes_then_stops_it_and_brings_results_home(
     inventory: str, tmp_path: Path
 ) -> None:
