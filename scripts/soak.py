@@ -103,7 +103,7 @@ def main() -> int:
             error = f"{type(exc).__name__}: {exc}"
             print("storm stopped:", error)
         doc = storm.finish(3600)
-        home = a.work / "results" / doc["job_id"]
+        home = a.work / "results" / str(doc.get("job_id") or storm.watch.job())
         check = verified_home(home)
         rows = (home / "metrics.csv").read_text().splitlines()[1:]
         iterations = [int(r.split(",")[0]) for r in rows]
@@ -118,7 +118,7 @@ def main() -> int:
             "duration_s": round(time.time() - started, 1),
             "retries": retries,
             "checkpoint_every": CHECKPOINT_EVERY,
-            "status": doc.get("status"),
+            "status": doc.get("status") or (doc.get("error") or {}).get("message"),
             "attempts": len(json.loads((home / "attempts.json").read_text())),
             "iterations": iterations[-1] if iterations else 0,
             "metrics_rows_contiguous": iterations == list(range(1, len(iterations) + 1)),

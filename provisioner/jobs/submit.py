@@ -183,7 +183,7 @@ def collect(
             f"the job's log is not available ({type(exc).__name__}); results from the head's disk"
         )
     h.report(f"job {job_id}: {status}; bringing results home")
-    results = bring_home(target, job_id, home, log=log)
+    results = bring_home_patiently(target, job_id, home, log, h)
     if status == "UNKNOWN":
         status = recorded_status(home) or status
     return JobOutcome(
@@ -196,6 +196,28 @@ def collect(
         lost_node=status != SUCCEEDED and log is not None and shows_a_lost_node(log[-LOST_SCAN:]),
         message=message,
     )
+
+
+# When the job has ended, its results must come home: a head whose sshd is restarting, or
+# a link that dropped, is waited for this long before the error is the outcome.
+HOME_WAITS_S = (2.0, 4.0, 8.0, 15.0, 30.0, 30.0)
+
+
+def bring_home_patiently(
+    target: Target, job_id: str, home: Path, log: str | None, h: Handlers
+) -> Results:
+    """`bring_home`, trying again while the head refuses or drops SSH connections."""
+    from provisioner.errors import ConnectError
+
+    for wait in (*HOME_WAITS_S, None):
+        try:
+            return bring_home(target, job_id, home, log=log)
+        except ConnectError as exc:
+            if wait is None:
+                raise
+            h.report(f"results of {job_id}: {exc}; trying again in {wait:.0f} s")
+            time.sleep(wait)
+    raise AssertionError("unreachable")
 
 
 def recorded_status(home: Path) -> str | None:
