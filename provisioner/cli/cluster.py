@@ -89,30 +89,43 @@ def render(
     args: Annotated[
         list[str] | None, typer.Argument(help="--slurm: arguments for the playbook, after `--`.")
     ] = None,
+    json_: JsonOption = False,
 ) -> None:
     """A cluster.yaml for `ray up` (local provider), validated with Ray's own code; or with
-    --slurm, an sbatch script that runs PLAYBOOK on Ray across a SLURM allocation."""
-    out = output(False)
+    --slurm, an sbatch script that runs PLAYBOOK on Ray across a SLURM allocation.
+    With --json: {"kind", "path" (null on stdout), "next", "text" (when not written)}."""
+    out = output(json_)
     inv = load_inventory(inventory)
     if slurm or playbook is not None:
         text = _render_sbatch(inv, slurm, playbook, args or [])
-        if out_file is None:
-            out.stdout.write(text)
-            return
-        out_file.write_text(text)
-        out_file.chmod(0o755)
-        out.progress(f"wrote {out_file}; next: sbatch {out_file} (on the cluster's login node)")
+        if out_file is not None:
+            out_file.write_text(text)
+            out_file.chmod(0o755)
+        _rendered(out, "sbatch", text, out_file, f"sbatch {out_file} (on the cluster's login node)")
         return
     require_nodes(inv)
     path = token.ensure_token(inv)
     token.ensure_cluster_id(inv)
     pin = _pin(inv) if inv.image_lock is not None else None
     text = render_mod.render(inv, path, runtime_for(inv, pin))
-    if out_file is None:
+    if out_file is not None:
+        out_file.write_text(text)
+    _rendered(out, "cluster.yaml", text, out_file, f"ray up -y {out_file}")
+
+
+def _rendered(out: Output, kind: str, text: str, out_file: Path | None, next_: str) -> None:
+    """Report what render made: the text on stdout, or where it was written."""
+    if out.json_mode:
+        doc: dict[str, object] = {"kind": kind, "path": None if out_file is None else str(out_file)}
+        if out_file is None:
+            doc["text"] = text
+        else:
+            doc["next"] = next_
+        out.emit(doc)
+    elif out_file is None:
         out.stdout.write(text)
-        return
-    out_file.write_text(text)
-    out.progress(f"wrote {out_file}; next: ray up -y {out_file}")
+    else:
+        out.progress(f"wrote {out_file}; next: {next_}")
 
 
 def _render_sbatch(inv: Inventory, slurm: bool, playbook: Path | None, args: list[str]) -> str:
@@ -520,21 +533,41 @@ def ray_env_lines(url: str, token_path: Path) -> list[str]:
     ]
 
 
+def tunnel_doc(dash: str, board: str, token_path: Path, exports: list[str]) -> dict[str, object]:
+    """What `tunnel --json` prints: the local URLs and ports, and the export lines."""
+    from urllib.parse import urlsplit
+
+    return {
+        "dashboard": {"url": dash, "port": urlsplit(dash).port},
+        "tensorboard": {"url": board, "port": urlsplit(board).port},
+        "token_path": str(token_path.resolve()),
+        "exports": exports,
+    }
+
+
 def tunnel_cmd(
     inventory: InventoryOption,
     port: Annotated[int | None, typer.Option("--port", help="Local dashboard port.")] = None,
+    json_: JsonOption = False,
 ) -> None:
-    """Forward the head's dashboard (8265) and TensorBoard (6006) here until Ctrl-C."""
-    out = output(False)
+    """Forward the head's dashboard (8265) and TensorBoard (6006) here until Ctrl-C.
+    With --json: one JSON document ({"dashboard", "tensorboard", "token_path", "exports"})
+    as soon as the tunnels are up; it keeps running until Ctrl-C."""
+    out = output(json_)
     inv = load_cluster(inventory)
     with Pool(inv) as pool, ExitStack() as stack:
         dash = stack.enter_context(tunnel(inv, local_port=port, pool=pool))
         board = stack.enter_context(tunnel(inv, remote_port=TENSORBOARD_PORT, pool=pool))
-        out.say(f"dashboard:   {dash}\ntensorboard: {board}\n(Ctrl-C to stop)")
-        out.say(f"the dashboard asks for the token: {token.local_token_path(inv)}")
-        out.say("for Ray's own CLI (`ray job list`, `ray job logs -f JOB`), in another shell:")
-        for line in ray_env_lines(dash, token.local_token_path(inv)):
-            out.say(line)
+        token_path = token.local_token_path(inv)
+        exports = ray_env_lines(dash, token_path)
+        if json_:
+            out.emit(tunnel_doc(dash, board, token_path, exports))
+        else:
+            out.say(f"dashboard:   {dash}\ntensorboard: {board}\n(Ctrl-C to stop)")
+            out.say(f"the dashboard asks for the token: {token_path}")
+            out.say("for Ray's own CLI (`ray job list`, `ray job logs -f JOB`), in another shell:")
+            for line in exports:
+                out.say(line)
         while True:
             time.sleep(3600)
 

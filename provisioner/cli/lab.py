@@ -297,7 +297,9 @@ def fault_unisolate(
 
 @fault_app.command("break")
 def fault_break(
-    node: NodeArg,
+    node: Annotated[
+        str, typer.Argument(help="Node name, index (0 = head) or address (not with --list).")
+    ] = "",
     what: Annotated[
         str, typer.Argument(help="A breakage: `lab fault break --list` names them.")
     ] = "",
