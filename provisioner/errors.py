@@ -70,6 +70,11 @@ class ReceiveError(OperationError):
     """Files coming home from a node or a job were refused (unsafe, too big, or corrupt)."""
 
 
+class TooLargeError(ReceiveError):
+    """One file coming home was refused for its size (over a cap, or more than the space
+    free here); the transfer may go on without it."""
+
+
 class LabError(OperationError):
     """The local lab could not be built, started or changed."""
 

@@ -399,6 +399,8 @@ def _render(out: Output, outcome: JobOutcome) -> None:
         out.say(f"plot: {plot}")
     for problem in found.unreadable:
         out.say(f"could not read {problem}")
+    for line in found.pulled.refused if found.pulled else []:
+        out.err.print(f"refused: {escape(line)}", markup=True, highlight=False)
     if found.refused is not None:
         out.err.print(
             f"[bold red]results refused:[/bold red] {escape(found.refused.message)}",

@@ -174,9 +174,11 @@ def results_cmd(
             )
             for name in sent.pending:
                 out.say(f"still changing on the head (run again): {name}")
+            for line in sent.refused:
+                out.err.print(f"refused: {escape(line)}", markup=True, highlight=False)
         for plot in found.plots:
             out.say(f"plot: {plot}")
         if found.missing:
             out.say(f"no result files: {found.missing}")
-    if found.pulled is not None and not found.pulled.found:
+    if found.pulled is not None and (not found.pulled.found or found.pulled.refused):
         raise typer.Exit(1)

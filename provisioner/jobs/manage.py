@@ -8,6 +8,7 @@ progress.json): after a head restart Ray forgets its jobs, the disk does not.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,16 +18,22 @@ from provisioner.console import Reporter
 from provisioner.errors import OperationError
 from provisioner.jobs import spec as specs
 from provisioner.jobs.link import Link
+from provisioner.jobs.pull import enter_command
 from provisioner.jobs.results import STATUS_FILE, pull_all
 from provisioner.jobs.submit import wait_until_done
 
+PROGRESS_BYTES = 64 * 1024  # the most of one job's progress.json read by `jobs list`
+
 
 def progress_command(cluster: str) -> str:
-    """Every job directory on the head and its progress.json (NUL-separated pairs)."""
+    """Every job directory on the head and its progress.json (NUL-separated pairs); links
+    are skipped, never followed, and at most PROGRESS_BYTES of each file are read."""
     root = layout.node_results_dir(cluster)
     return (
-        f'cd {root} 2>/dev/null || exit 0; for d in */; do [ -d "$d" ] || continue; '
-        "printf '%s\\0' \"${d%/}\"; cat -- \"${d}progress.json\" 2>/dev/null; printf '\\0'; done"
+        f'cd -P {root} 2>/dev/null || exit 0; for d in */; do d="${{d%/}}"; '
+        '{ [ -d "$d" ] && [ ! -L "$d" ]; } || continue; '
+        'printf \'%s\\0\' "$d"; dd if="$d/progress.json" iflag=nofollow,count_bytes '
+        f"count={PROGRESS_BYTES} status=none 2>/dev/null; printf '\\0'; done"
     )
 
 
@@ -123,13 +130,27 @@ def running(link: Link) -> list[str]:
     ]
 
 
+def record_status_command(cluster: str, job_id: str) -> str:
+    """Shell: stdin written as the job's STATUS_FILE, never through a link: the job's
+    directory entered as a pull does (exit 4 when it is a link), the text written to a
+    fresh file made there by mktemp, then renamed over the name (a link planted under
+    that name is replaced, its target untouched)."""
+    temp = shlex.quote(f".tmp-{STATUS_FILE}.XXXXXX")
+    return (
+        f"{enter_command(cluster, job_id)}; t=$(mktemp {temp}) && "
+        f'cat > "$t" && mv -f -- "$t" {shlex.quote(STATUS_FILE)} || {{ rm -f -- "$t"; exit 1; }}'
+    )
+
+
 def record_status(link: Link, job_id: str, status: str) -> None:
     """Write the job's final status beside its results on the head (`down --yes` does, so
     that a follower that lost the cluster still learns how the job ended)."""
     assert link.inventory is not None
-    path = layout.node_results_dir(link.inventory.cluster, job_id, STATUS_FILE)
     body = json.dumps({"job_id": job_id, "status": status, "by": "down"}).encode()
-    link.head().run(f"cat > {path}", timeout=60, stdin=body).check()
+    command = record_status_command(link.inventory.cluster, job_id)
+    link.head().run(command, timeout=60, stdin=body).check(
+        "the job's results directory on the head is missing or a link (a hostile job?)"
+    )
 
 
 class JobsRunning(OperationError):

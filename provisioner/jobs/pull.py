@@ -4,21 +4,34 @@ A job writes into its results directory on the head node's own disk (outside the
 container, under the cluster's directory there). `pull` lists that directory in one
 command (size and mtime of every file), sends nothing for a file already home with the
 same size and mtime (recorded in `.pulled.json` beside the results), asks the head for
-the sha256 of the rest in one more command, fetches each over SFTP on the same SSH
-connection while hashing it here, and keeps it only when size and sha256 match.
+the sha256 of the rest in one more command, fetches each on the same SSH connection while
+hashing it here, and keeps it only when size and sha256 match.
 A file that changed while it travelled (a metrics file rewritten mid-run) is left for
 the next pull. Names starting with `.tmp` are files a playbook is still writing.
 
 Every file is received through `provisioner.remote.receive` (the one safe way to write
 what comes from the cluster) into a fresh staging directory, and moved into the results
-only when verified (`landing.place`). No size cap: a job's results are as big as it
-makes them.
+only when verified (`landing.place`).
+
+A job may be hostile, and in docker mode it runs as root over this directory, so:
+
+- nothing on the head follows a link: the job's directory (and a file's folder) is
+  entered with `cd -P` and refused (exit 4) unless its physical path is the one under
+  the results root; `find -P` lists only regular files; each file is read by `dd` with
+  `iflag=nofollow`, and at most the size it was listed with (a file that grew is
+  fetched again by the next pull);
+- bounded: a file over `PULL_MAX_ENV` bytes (default `PULL_MAX_BYTES`), or one that would
+  leave less than `RESERVE_BYTES` free here, is refused by name (in `Pulled.refused`) and
+  the rest comes home; the bytes of one pull are capped by the same figure;
+- every read from the head has an idle timeout (`READ_TIMEOUT`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import posixpath
 import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,14 +39,19 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.cluster import layout
-from provisioner.errors import OperationError, RemoteError
+from provisioner.errors import InputError, ReceiveError, RemoteError, TooLargeError
 from provisioner.jobs import landing
-from provisioner.remote.receive import Limits, Receiver
+from provisioner.remote.receive import Limits, MiB, Receiver
 from provisioner.remote.session import Session
 
 MANIFEST = ".pulled.json"
 HASH_BATCH = 100  # names per sha256sum command (the command line stays short)
 CHUNK = 1 << 20
+PULL_MAX_ENV = "PROVISIONER_PULL_MAX_BYTES"
+PULL_MAX_BYTES = 64 * 1024 * MiB  # 64 GiB: per file and per pull
+RESERVE_BYTES = 1024 * MiB  # left free on this machine's disk, whatever the job wrote
+READ_TIMEOUT = 120.0  # seconds a read from the head may wait for data
+LINK_EXIT = 4
 
 
 @dataclass(frozen=True)
@@ -52,6 +70,7 @@ class Pulled:
     bytes_sent: int = 0
     unchanged: int = 0  # files already home, not sent again
     pending: list[str] = field(default_factory=list)  # changed while travelling: next pull
+    refused: list[str] = field(default_factory=list)  # too big for the caps or this disk
     found: bool = True  # the head had a results directory for the job
 
     def to_json(self) -> dict[str, Any]:
@@ -61,24 +80,72 @@ class Pulled:
             "bytes_sent": self.bytes_sent,
             "files_unchanged": self.unchanged,
             "files_pending": self.pending,
+            "files_refused": self.refused,
             "found_on_head": self.found,
         }
 
 
-def list_command(cluster: str, job_id: str) -> str:
-    """Size, mtime and name of every finished file of the job's results (NUL-separated);
-    exit 3 when the head has no results directory for the job."""
-    directory = layout.node_results_dir(cluster, job_id)
+def enter_command(cluster: str, rel: str) -> str:
+    """Shell: `cd` into RESULTS/rel without following a link anywhere in `rel`: exit 3 when
+    it is absent, exit 4 when its physical path is not RESULTS/rel (a link on the way)."""
+    root = layout.node_results_dir(cluster)
+    target = shlex.quote(rel)
     return (
-        f"cd {directory} 2>/dev/null || exit 3; "
-        "find . -type f ! -path '*/.tmp*' -printf '%s %T@ %P\\0'"
+        f"root=$(cd -P {root} 2>/dev/null && pwd -P) || exit 3; "
+        f"cd -P {root}/{target} 2>/dev/null || exit 3; "
+        f'[ "$(pwd -P)" = "$root"/{target} ] || exit {LINK_EXIT}'
+    )
+
+
+def list_command(cluster: str, job_id: str) -> str:
+    """Size, mtime and name of every finished regular file of the job's results
+    (NUL-separated), never through a link; exit 3 when the head has no results directory
+    for the job, 4 when that directory is a link."""
+    return (
+        f"{enter_command(cluster, job_id)}; "
+        "find -P . -type f ! -path '*/.tmp*' -printf '%s %T@ %P\\0'"
     )
 
 
 def hash_command(cluster: str, job_id: str, paths: list[str]) -> str:
     """sha256 of each of `paths` (relative to the job's results), NUL-terminated lines."""
-    directory = layout.node_results_dir(cluster, job_id)
-    return f"cd {directory} && sha256sum -z -- " + " ".join(shlex.quote(p) for p in paths)
+    quoted = " ".join(shlex.quote(p) for p in paths)
+    return f"{enter_command(cluster, job_id)}; exec sha256sum -z -- {quoted}"
+
+
+def read_command(cluster: str, job_id: str, path: str, size: int) -> str:
+    """Shell: at most `size` bytes of the job's file `path` on stdout, opened without
+    following a link (its folder entered as `enter_command` does)."""
+    folder, name = posixpath.split(path)
+    rel = f"{job_id}/{folder}" if folder else job_id
+    return (
+        f"{enter_command(cluster, rel)}; exec dd if={shlex.quote('./' + name)} "
+        f"iflag=nofollow,count_bytes bs={CHUNK} count={size} status=none"
+    )
+
+
+def pull_limit(environ: dict[str, str] | None = None) -> int:
+    """The most bytes one file, and one pull, may bring home ($PROVISIONER_PULL_MAX_BYTES)."""
+    value = (os.environ if environ is None else environ).get(PULL_MAX_ENV, "")
+    if not value:
+        return PULL_MAX_BYTES
+    if not value.isdigit() or int(value) <= 0:
+        raise InputError(
+            f"{PULL_MAX_ENV}={value!r} is not a number of bytes",
+            f"set {PULL_MAX_ENV} to a positive whole number of bytes, e.g. 68719476736, "
+            "or unset it for the default (64 GiB)",
+        )
+    return int(value)
+
+
+def limits(max_bytes: int) -> Limits:
+    return Limits(
+        members=UNBOUNDED,
+        file_bytes=max_bytes,
+        total_bytes=max_bytes,
+        compressed_bytes=max_bytes,
+        reserve_bytes=RESERVE_BYTES,
+    )
 
 
 def safe_relative(name: str) -> str | None:
@@ -145,24 +212,38 @@ def needed(
 UNBOUNDED = 1 << 62
 LIMITS = Limits(
     members=UNBOUNDED, file_bytes=UNBOUNDED, total_bytes=UNBOUNDED, compressed_bytes=UNBOUNDED
-)
+)  # for tests of placing only; a pull uses `limits(pull_limit())`
 
 
 def pull(session: Session, cluster: str, job_id: str, home: Path) -> Pulled:
     """Bring what is new in the job's results on the head into `home` (results/JOB)."""
     result = Pulled(directory=home)
     listing = session.run(list_command(cluster, job_id), timeout=120)
+    what, where = f"the results of job {job_id}", f"{session.host} (job {job_id})"
     if listing.exit_code == 3:
         result.found = False
         return result
+    if listing.exit_code == LINK_EXIT:
+        raise ReceiveError(
+            f"refused {what}: its results directory on the head is a link (or under one)",
+            "nothing was fetched; find out what on the head planted it (a hostile job) "
+            "before trusting what it sends",
+            where=where,
+        )
     listing.check("check the head's disk and that the job id is right")
     files = parse_listing(listing.stdout)
     landing.ensure_root(home)
     manifest = read_manifest(home)
     todo = needed(files, manifest, home)
     result.unchanged = len(files) - len(todo)
-    what, where = f"the results of job {job_id}", f"{session.host} (job {job_id})"
-    with Receiver(home / ".incoming", limits=LIMITS, what=what, where=where) as receiver:
+    bounds = limits(pull_limit())
+    fix = (
+        f"that file stays on the head; to bring it home, set {PULL_MAX_ENV} to more bytes "
+        f"(now {bounds.file_bytes}) and run `provisioner jobs results {job_id}` again"
+    )
+    with Receiver(
+        home / ".incoming", limits=bounds, what=what, where=where, size_fix=fix
+    ) as receiver:
         _fetch(session, cluster, job_id, todo, receiver, home, manifest, result)
     landing.write_file(home, MANIFEST, json.dumps(manifest, indent=1).encode())
     return result
@@ -188,13 +269,16 @@ def _fetch(
             if expected is None:
                 result.pending.append(f.path)
                 continue
-            remote = layout.node_results_rel(cluster, job_id, f.path)
+            command = read_command(cluster, job_id, f.path, f.size)
             try:
-                got = receiver.add_file(f.path, _chunks(session, remote), size=f.size)
+                got = receiver.add_file(f.path, _chunks(session, command), size=f.size)
+            except TooLargeError as exc:
+                result.refused.append(f"{f.path}: {exc.message} (fix: {exc.fix})")
+                continue
             except RemoteError as exc:
-                if exc.kind != "sftp":
+                if exc.kind != "read":
                     raise
-                result.pending.append(f.path)  # removed meanwhile (an old checkpoint)
+                result.pending.append(f.path)  # removed or made a link meanwhile
                 continue
             if (got.size, got.sha256) != (f.size, expected):  # changed while it travelled
                 result.pending.append(f.path)
@@ -205,15 +289,8 @@ def _fetch(
             result.bytes_sent += got.size
 
 
-def _chunks(session: Session, remote: str) -> Iterator[bytes]:
-    try:
-        with session.open_remote(remote) as handle:
-            while chunk := handle.read(CHUNK):
-                yield chunk
-    except OSError as exc:
-        raise OperationError(
-            f"cannot read {remote} on {session.host}: {exc}", "run `jobs results` again"
-        ) from exc
+def _chunks(session: Session, command: str) -> Iterator[bytes]:
+    yield from session.stream(command, idle_timeout=READ_TIMEOUT)
 
 
 def sha256_file(path: Path) -> str:

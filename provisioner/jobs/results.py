@@ -10,7 +10,6 @@ newlines only, and a file the client cannot read (a non-UTF-8 CSV, bad JSON) is 
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from provisioner.jobs.link import Target
 from provisioner.jobs.plots import plot_results
 from provisioner.jobs.pull import Pulled, pull
 from provisioner.jobs.stream import visible
+from provisioner.jobs.tables import read_json
 from provisioner.remote.session import Session
 
 LOG_FILE = "job.log"
@@ -107,7 +107,7 @@ def finish(home: Path, pulled: Pulled | None) -> Results:
         summary = home / "summary.json"
         if summary.is_file():
             try:
-                value = json.loads(summary.read_text(encoding="utf-8"))
+                value = read_json(summary)
             except (ValueError, OSError) as exc:
                 found.unreadable.append(f"summary.json: {exc}")
             else:

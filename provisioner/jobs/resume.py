@@ -18,7 +18,9 @@ from pathlib import Path
 from provisioner.cluster import layout
 from provisioner.errors import InputError
 from provisioner.jobs.link import Link
+from provisioner.jobs.pull import enter_command
 from provisioner.jobs.spec import JOB_ID, RESUME_DIR
+from provisioner.jobs.upload import sendable_files
 from provisioner.remote.session import Session
 
 CHECKPOINT = re.compile(r"^iter-(\d+)$")
@@ -81,25 +83,32 @@ def head_copy_command(cluster: str, old: str, checkpoint: str, new: str) -> str:
     src = shlex.quote(f"{old}/{checkpoint}")
     dest = shlex.quote(f"{new}/{RESUME_DIR}")
     seeds = " ".join(
-        f"if [ -e {shlex.quote(f'{old}/{name}')} ]; then cp -r {shlex.quote(f'{old}/{name}')} "
+        f"if [ -e {shlex.quote(f'{old}/{name}')} ]; then cp -rP {shlex.quote(f'{old}/{name}')} "
         f"{shlex.quote(f'{new}/')}; fi;"
         for name in SEEDS
     )
     return (
-        f"cd {root} && [ -d {src} ] || exit 3; mkdir -p {dest} && "
-        f"cp -r {src} {dest}/checkpoint && {seeds} true"
+        f"cd -P {root} && [ -d {src} ] && [ ! -L {shlex.quote(old)} ] || exit 3; "
+        f"mkdir -p {dest} && ( {enter_command(cluster, f'{new}/{RESUME_DIR}')} ) && "
+        f"cp -rP {src} {dest}/checkpoint && {seeds} true"
     )
 
 
 def upload(session: Session, cluster: str, local: Path, remote_rel: str) -> int:
-    """Send a local file or directory to the head under the results root; files sent."""
-    files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+    """Send a local file or directory to the head under the results root; files sent.
+    Local links are never followed and secrets stay here (`sendable_files`); on the head
+    every folder written into is checked not to be a link before a file goes in."""
+    if local.is_symlink():
+        return 0
+    files = [local] if local.is_file() else sendable_files(local)[0]
     base = local.parent if local.is_file() else local
     targets = [f"{remote_rel}/{p.relative_to(base).as_posix()}" for p in files]
     dirs = sorted({t.rsplit("/", 1)[0] for t in targets})
     if dirs:
         words = " ".join(layout.node_results_dir(cluster, d) for d in dirs)
-        session.run(f"mkdir -p {words}", timeout=60).check()
+        checks = " && ".join(f"( {enter_command(cluster, d)} )" for d in dirs)
+        made = session.run(f"mkdir -p {words} && {checks}", timeout=60)
+        made.check("a folder of the resumed job on the head is a link (a hostile job?)")
     for path, target in zip(files, targets, strict=True):
         session.sftp_put(path, layout.node_results_rel(cluster, target))
     return len(files)

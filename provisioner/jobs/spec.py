@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -89,11 +90,12 @@ class JobSpec:
         }
 
 
-def job_id_for(playbook: Path, now: float | None = None) -> str:
-    """A readable, unique-enough submission id: `<playbook stem>-<UTC timestamp>`."""
-    stem = re.sub(r"[^a-z0-9]+", "-", playbook.stem.lower()).strip("-") or "job"
+def job_id_for(playbook: Path, now: float | None = None, nonce: str | None = None) -> str:
+    """A readable, unguessable submission id: `<playbook stem>-<UTC timestamp>-<random>`
+    (48 random bits, so a job cannot plant the directory of the next job in advance)."""
+    stem = re.sub(r"[^a-z0-9]+", "-", playbook.stem.lower()).strip("-")[:80] or "job"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
-    return f"{stem}-{stamp}"
+    return f"{stem}-{stamp}-{secrets.token_hex(6) if nonce is None else nonce}"
 
 
 def make_spec(

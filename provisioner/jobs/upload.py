@@ -128,3 +128,21 @@ def plan_upload(directory: Path, base_excludes: list[str], state_dir: Path) -> U
     going = set(sent)
     upload.secrets = [p.relative_to(directory).as_posix() for p in everything if p not in going]
     return upload
+
+
+def sendable_files(directory: Path) -> tuple[list[Path], list[str]]:
+    """The files under `directory` that may be sent to the cluster as they are (a
+    checkpoint for `--resume`), with the same secrets filter as the working_dir, and the
+    relative names left out: secrets, and links (never followed: a file is sent only
+    when its real path is its path under `directory`)."""
+    root = directory.resolve()
+    kept = _sent(directory, list(SECRET_PATTERNS))
+    going: list[Path] = []
+    for path in kept:
+        rel = path.relative_to(directory)
+        if path.resolve() == root / rel and not looks_like_private_key(path):
+            going.append(path)
+    every = _sent(directory, [])
+    names = {p.relative_to(directory).as_posix() for p in going}
+    left = sorted({p.relative_to(directory).as_posix() for p in every} - names)
+    return going, left

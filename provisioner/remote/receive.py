@@ -6,7 +6,10 @@ module, which holds these rules whatever the transport:
 
 - only regular files and directories: links, hard links, devices, FIFOs are refused;
 - names are relative, without `..`, control characters or undecodable bytes;
-- bounded: member count, bytes per file, total bytes, and compressed bytes read;
+- bounded: member count, bytes per file, total bytes, and compressed bytes read; a file
+  whose sender declared its size is read to that size and no further (one that grows
+  past it is refused), and refused before a byte is written when it is over a cap or
+  more than the space free here (leaving `Limits.reserve_bytes` free);
 - written by this code (never `tarfile.extractall`) into a fresh directory made with
   exclusive creation next to the destination, through directory descriptors with
   `O_NOFOLLOW` and files with `O_CREAT | O_EXCL`, so nothing can redirect a write;
@@ -47,7 +50,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
 
-from provisioner.errors import ReceiveError
+from provisioner.errors import ReceiveError, TooLargeError
 
 MiB = 1024 * 1024
 _CHUNK = 1 << 16
@@ -71,6 +74,7 @@ class Limits:
     file_bytes: int = 256 * MiB
     total_bytes: int = 512 * MiB
     compressed_bytes: int = 256 * MiB
+    reserve_bytes: int = 256 * MiB  # left free on the local disk, whatever comes
 
 
 @dataclass(frozen=True)
@@ -119,8 +123,11 @@ class Receiver:
     """A fresh private directory beside `destination`, filled file by file, then moved
     into place by `commit()`. Without a commit (a refusal, an exception) it is removed."""
 
-    def __init__(self, destination: Path, *, limits: Limits, what: str, where: str) -> None:
+    def __init__(
+        self, destination: Path, *, limits: Limits, what: str, where: str, size_fix: str = ""
+    ) -> None:
         self.destination = Path(os.path.abspath(destination))
+        self.size_fix = size_fix  # the fix named when something is over a limit
         self.limits = limits
         self.what = what
         self.where = where
@@ -135,9 +142,25 @@ class Receiver:
         os.fchmod(self._root, 0o700)
 
     # -- errors -------------------------------------------------------------------
-    def refuse(self, why: str, *, size: bool = False) -> ReceiveError:
-        fix = (SIZE_FIX if size else HOSTILE_FIX).format(where=self.where)
-        return ReceiveError(f"refused {self.what}: {why}", fix, where=self.where)
+    def refuse(self, why: str, *, size: bool = False, fix: str = "") -> ReceiveError:
+        fix = fix or (self.size_fix if size else "") or (SIZE_FIX if size else HOSTILE_FIX)
+        fix = fix.format(where=self.where)
+        kind = TooLargeError if size else ReceiveError
+        return kind(f"refused {self.what}: {why}", fix, where=self.where)
+
+    def check_space(self, name: str, size: int) -> None:
+        """Refuse `name` (declared `size` bytes) when writing it would leave less than
+        `limits.reserve_bytes` free on the local disk."""
+        disk = os.statvfs(self.staging)
+        free = disk.f_bavail * disk.f_frsize
+        if size + self.limits.reserve_bytes > free:
+            raise self.refuse(
+                f"{name!r} is {size} bytes and only {free} bytes are free under "
+                f"{self.destination.parent} (keeping {self.limits.reserve_bytes} free)",
+                size=True,
+                fix=f"free space under {self.destination.parent} (or bring results home "
+                "elsewhere with --results DIR), then run again",
+            )
 
     def _os_error(self, name: str, exc: OSError) -> ReceiveError:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -191,13 +214,15 @@ class Receiver:
     ) -> ReceivedFile:
         """Write file `name` (relative; 0600) from `chunks`, within the limits; a name
         already received is refused. `size`, when the sender declared one, is checked
-        before anything is written."""
+        against the limits and the free space before anything is written, and at most
+        that many bytes are read: a file that grows past it is refused."""
         parts = check_name(name, what=self.what, where=self.where)
         if not parts:
             raise self.refuse(f"{name!r} names the top directory, not a file")
         self._count()
         if size is not None:
             self._check_size(name, size, 0, declared=size)
+            self.check_space(name, size)
         digest = hashlib.sha256()
         written = 0
         try:
@@ -217,6 +242,10 @@ class Receiver:
                     os.fchmod(fd, 0o600)
                     for chunk in chunks:
                         written += len(chunk)
+                        if size is not None and written > size:
+                            raise self.refuse(
+                                f"{name!r} grew past the {size} bytes it was listed with"
+                            )
                         self._check_size(name, written, len(chunk))
                         out.write(chunk)
                         digest.update(chunk)

@@ -19,6 +19,8 @@ from provisioner.remote.results import Result
 from provisioner.remote.route import hop_targets, open_hop_channel, open_proxy_command
 from provisioner.remote.translate import CONNECT_ERRORS, translate
 
+SFTP_TIMEOUT = 120.0  # seconds one SFTP read may wait for data
+
 _CHUNK = 1 << 16
 _POLL = 1.0  # seconds between checks of a quiet channel; data wakes us at once
 # Bytes kept from one command's stdout (and as many from its stderr): a node cannot fill
@@ -224,6 +226,41 @@ class Session:
             dropped=out.dropped + err.dropped,
         )
 
+    def stream(self, command: str, *, idle_timeout: float) -> Iterator[bytes]:
+        """Run `command` and yield its stdout as it comes; a read that waits more than
+        `idle_timeout` seconds, or a non-zero exit, is a RemoteError (kind "read")."""
+        try:
+            channel = self._transport().open_session(timeout=idle_timeout)
+            channel.settimeout(idle_timeout)
+            channel.exec_command(command)
+            channel.shutdown_write()
+        except CONNECT_ERRORS as exc:
+            raise self._lost(exc) from None
+        shown = command.splitlines()[0][:100] if command else ""
+        try:
+            while data := channel.recv(1 << 20):
+                yield data
+            if not channel.status_event.wait(idle_timeout):
+                raise TimeoutError
+        except TimeoutError:
+            raise RemoteError(
+                self.host,
+                f"no data for {idle_timeout:g}s from: {shown}",
+                "check the node's load and network, then run again",
+                kind="read",
+            ) from None
+        except CONNECT_ERRORS as exc:
+            raise self._lost(exc) from None
+        finally:
+            channel.close()
+        if channel.exit_status != 0:
+            raise RemoteError(
+                self.host,
+                f"exit {channel.exit_status} from: {shown}",
+                "run again (the file may have changed or gone meanwhile)",
+                kind="read",
+            )
+
     def _lost(self, exc: BaseException) -> RemoteError:
         return RemoteError(
             self.host,
@@ -252,6 +289,7 @@ class Session:
         """A node's file open for reading over SFTP (prefetching), to stream it home."""
         try:
             handle = self._sftp_client().open(remote, "rb")
+            handle.settimeout(SFTP_TIMEOUT)  # a stalled read is an error, not a hang
             handle.prefetch()
         except FileNotFoundError:
             raise RemoteError(

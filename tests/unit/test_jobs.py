@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -96,7 +97,11 @@ def test_missing_or_non_python_playbook_is_bad_input(tmp_path: Path) -> None:
 
 
 def test_job_id_is_readable_and_timestamped() -> None:
-    assert job_id_for(Path("/a/PPO_CartPole.py"), now=0) == "ppo-cartpole-19700101-000000"
+    assert job_id_for(Path("/a/PPO_CartPole.py"), now=0, nonce="ab12") == (
+        "ppo-cartpole-19700101-000000-ab12"
+    )
+    one, two = (job_id_for(Path("/a/x.py"), now=0) for _ in range(2))
+    assert one != two and re.fullmatch(r"x-19700101-000000-[0-9a-f]{12}", one), (one, two)
 
 
 def test_line_splitter_joins_chunks_and_progress_lines_stay_out_of_the_log() -> None:

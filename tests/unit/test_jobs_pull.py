@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -36,25 +37,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "playbooks"))
 
 import rlrun
 
+ROOT_WORD = '"$HOME"/.provisioner/clusters/c/results'
+
+
+def on(root: Path, command: str) -> str:
+    """A head-side command run against `root` standing for the cluster's results root."""
+    return command.replace(ROOT_WORD, shlex.quote(str(root)))
+
 
 def test_listing_commands_are_quoted_and_skip_files_being_written() -> None:
     cmd = list_command("demo", "ppo-1")
     assert cmd.startswith(
-        'cd "$HOME"/.provisioner/clusters/demo/results/ppo-1 2>/dev/null || exit 3'
+        'root=$(cd -P "$HOME"/.provisioner/clusters/demo/results 2>/dev/null && pwd -P) '
+        '|| exit 3; cd -P "$HOME"/.provisioner/clusters/demo/results/ppo-1 2>/dev/null || exit 3'
     )
     assert "! -path '*/.tmp*'" in cmd
     assert hash_command("demo", "ppo-1", ["a b", "c;d"]).endswith("sha256sum -z -- 'a b' 'c;d'")
 
 
 def test_the_listing_matches_what_find_prints(tmp_path: Path) -> None:
-    (tmp_path / "checkpoints" / "iter-000002").mkdir(parents=True)
-    (tmp_path / "checkpoints" / "iter-000002" / "state.pkl").write_bytes(b"x" * 10)
-    (tmp_path / "checkpoints" / ".tmp-iter-000004").mkdir()
-    (tmp_path / "checkpoints" / ".tmp-iter-000004" / "half.pkl").write_bytes(b"y")
-    (tmp_path / "odd name.csv").write_text("1\n")
-    shell = list_command("c", "j").replace(
-        '"$HOME"/.provisioner/clusters/c/results/j', str(tmp_path)
-    )
+    job = tmp_path / "j"
+    (job / "checkpoints" / "iter-000002").mkdir(parents=True)
+    (job / "checkpoints" / "iter-000002" / "state.pkl").write_bytes(b"x" * 10)
+    (job / "checkpoints" / ".tmp-iter-000004").mkdir()
+    (job / "checkpoints" / ".tmp-iter-000004" / "half.pkl").write_bytes(b"y")
+    (job / "odd name.csv").write_text("1\n")
+    shell = on(tmp_path, list_command("c", "j"))
     out = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, check=True)
     found = {f.path: f.size for f in parse_listing(out.stdout)}
     assert found == {"checkpoints/iter-000002/state.pkl": 10, "odd name.csv": 2}
@@ -62,9 +70,7 @@ def test_the_listing_matches_what_find_prints(tmp_path: Path) -> None:
         [
             "bash",
             "-c",
-            hash_command("c", "j", list(found)).replace(
-                '"$HOME"/.provisioner/clusters/c/results/j', str(tmp_path)
-            ),
+            on(tmp_path, hash_command("c", "j", list(found))),
         ],
         capture_output=True,
         text=True,
