@@ -55,7 +55,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--faults", type=int, default=10)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--iterations", type=int, default=220, help="the run's --max-iterations")
+    p.add_argument("--iterations", type=int, default=320, help="the run's --max-iterations")
     p.add_argument("--retries", type=int, default=None, help="default: faults + 2")
     p.add_argument("--gap", type=float, nargs=2, default=(15.0, 45.0), metavar=("MIN", "MAX"))
     p.add_argument("--lab", default="soak")
