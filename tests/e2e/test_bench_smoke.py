@@ -50,6 +50,7 @@ def test_bench_harness_writes_every_row(
         "re-push, 1 node",
         f"control-machine bytes, {n} nodes",
         "training: env steps/s, 1 vs 2 env runners",
+        "PPO env steps/s: TLS on Ray's channels (the default) vs off",
     ]
     assert sorted(rows) == sorted(expected)
     no_baseline = {"re-push, 1 node", f"latency: up, {n} nodes, +0 ms"}

@@ -184,7 +184,7 @@ def test_ray_traffic_runs_tls_with_the_cluster_ca(
         code, out, err = cli(
             "submit", "-i", inventory, "--results", str(tmp_path / "results"), "--json",
             str(PLAYBOOKS / "ppo_cartpole.py"), "--",
-            "--env-runners", "3", "--train-batch", "300", "--max-iterations", "2",
+            "--env-runners", "5", "--train-batch", "300", "--max-iterations", "2",
         )  # fmt: skip
         assert code == 0, err[-3000:]
         job = json.loads(out)
