@@ -7,7 +7,7 @@ PROV := $(BIN)/provisioner
 LAB_INVENTORY = $$($(PROV) lab up --json | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["inventory"])')
 
 .PHONY: help install lint typecheck unit e2e test lab lab-down demo bench bench-doctor clean prereqs \
-	reliability-check reliability-table goldens soak
+	reliability-check reliability-table goldens soak reference
 
 help:
 	@echo "make install   virtualenv in $(VENV), editable install, torch pinned to the CPU build"
@@ -17,6 +17,7 @@ help:
 	@echo "make bench     benchmarks side by side (results in bench-results/)"
 	@echo "make soak      one long training run under a storm of faults (bench-results/soak.json)"
 	@echo "make reliability-table   README's Reliability table from the last e2e run's record"
+	@echo "make reference docs/reference.md from the CLI itself (make test fails when it is stale)"
 	@echo "make goldens   recapture the doctor's golden facts from a lab"
 
 $(BIN)/python:
@@ -64,6 +65,9 @@ e2e: install prereqs
 
 reliability-check: install
 	$(BIN)/python scripts/reliability_table.py --check
+
+reference: install
+	$(BIN)/python scripts/reference.py --write
 
 reliability-table: install
 	$(BIN)/python scripts/reliability_table.py --write
