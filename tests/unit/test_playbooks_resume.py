@@ -163,3 +163,35 @@ def test_the_random_state_of_a_process_goes_through_json_and_back() -> None:
     np.random.seed(2)
     rlrun._set_rng_of_process(saved)
     assert (random.random(), float(np.random.rand())) == first
+
+
+def test_the_cells_playbook_resumes_its_learning_too(
+    local_ray: None, tmp_path: Path, rllib_drops_its_restore_sync: None
+) -> None:
+    """ppo_cells.py (this project's own environment, with an observation filter) goes
+    through the same restore: after the resume its runners act with the trained policy."""
+    import ppo_cells
+    from cell_network import CellNetwork
+
+    def cells(results: Path, *extra: str) -> dict[int, float]:
+        p = rlrun.parser("test", target_return=1e9, max_env_steps=10**7)
+        p.set_defaults(lr=1e-3, gamma=0.5)
+        args = p.parse_args([*ARGS, "--obs-filter", "--results", str(results), *extra])
+        args.cells, args.users, args.horizon = 4, 4, 50
+        budget = rlrun.Budget(args.target_return, args.max_env_steps, args.max_iterations)
+        rlrun.train(ppo_cells.config(args), budget, results, rlrun.saving_of(args))
+        return returns(results)
+
+    assert CellNetwork is not None
+    first = tmp_path / "first"
+    before = cells(first, "--max-iterations", "6")
+    assert before[6] > before[1] + 0.2 * abs(before[1]), before  # it learned
+    again = tmp_path / "again"
+    again.mkdir()
+    import shutil
+
+    shutil.copytree(first / "checkpoints", again / "checkpoints")
+    (again / "metrics.csv").write_bytes((first / "metrics.csv").read_bytes())
+    got = cells(again, "--max-iterations", "7", "--resume-from", "checkpoints/iter-000006")
+    # nearer the trained policy's return than a fresh one's
+    assert abs(got[7] - before[6]) < abs(got[7] - before[1]), (before, got)
