@@ -1,0 +1,237 @@
+"""The layering: no import cycle between provisioner's packages, nothing outside the lab
+imports the lab, and nothing outside provisioner/runtime/ branches on a runtime's name.
+
+Every import counts: module level, lazy (inside a function), and under `TYPE_CHECKING`.
+A `TYPE_CHECKING` import is a dependency of the code's meaning (its types) even when it
+costs nothing at run time, so a cycle through one is still a cycle of the design.
+
+Run it alone: `pytest -q tests/unit/test_layering.py`; the graph it checks is printed by
+`python -m tests.unit.test_layering` (package -> the packages it imports).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "provisioner"
+
+# Modules and packages inside `provisioner/`: `provisioner.errors` -> "errors",
+# `provisioner.cluster.up` -> "cluster".
+Graph = Mapping[str, Iterable[str]]
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
+    """Every module this file imports, at any depth of its code (lazy and TYPE_CHECKING too),
+    as absolute dotted names. `from A import b` gives both A and A.b (b may be a module)."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts)
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return found
+
+
+def source_files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def known_modules() -> set[str]:
+    return {module_name(p) for p in source_files()}
+
+
+def top_package(module: str) -> str | None:
+    """`provisioner.cluster.up` -> "cluster"; `provisioner.errors` -> "errors"; others None."""
+    parts = module.split(".")
+    if parts[0] != "provisioner" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Top-level package (or module, like `errors`) -> the others it imports."""
+    known = known_modules()
+    graph: dict[str, set[str]] = {}
+    for path in source_files():
+        here = top_package(module_name(path))
+        if here is None:
+            continue
+        graph.setdefault(here, set())
+        for target in imported_modules(path):
+            if target not in known:
+                continue
+            there = top_package(target)
+            if there is not None and there != here:
+                graph[here].add(there)
+    return graph
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Within one package: module -> the package's modules it imports (the package's
+    own `__init__` left out: importing a sibling through it is no cycle of modules)."""
+    known = known_modules()
+    prefix = f"provisioner.{package}"
+    graph: dict[str, set[str]] = {}
+    for path in sorted((PACKAGE / package).rglob("*.py")):
+        here = module_name(path)
+        if here == prefix:
+            continue
+        graph[here] = {
+            t
+            for t in imported_modules(path)
+            if t in known and t.startswith(prefix + ".") and t != here
+        }
+    return graph
+
+
+def strongly_connected(graph: Graph) -> list[list[str]]:
+    """The strongly connected components with more than one member, or a self-loop
+    (Tarjan's algorithm): each is a set of nodes that all reach each other."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    counter = 0
+    nodes = sorted(set(graph) | {t for ts in graph.values() for t in ts})
+
+    def edges(v: str) -> list[str]:
+        return sorted(graph.get(v, ()))
+
+    def strongconnect(v: str) -> None:
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges(v):
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph.get(v, ()):
+                components.append(sorted(component))
+
+    for v in nodes:
+        if v not in index:
+            strongconnect(v)
+    return sorted(components)
+
+
+def find_cycles(graph: Graph) -> list[list[str]]:
+    """One cycle through each strongly connected component: ["a", "b", "a"]."""
+    return [_cycle_in(graph, members) for members in strongly_connected(graph)]
+
+
+def _cycle_in(graph: Graph, members: list[str]) -> list[str]:
+    """One closed path through a strongly connected component, from its first member back
+    to it (the shortest, breadth first): ["a", "b", "a"]."""
+    inside = set(members)
+    start = members[0]
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        step: list[str] = []
+        for v in frontier:
+            for w in sorted(graph.get(v, ())):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return [*reversed(path), start]
+                if w in inside and w not in previous:
+                    previous[w] = v
+                    step.append(w)
+        frontier = step
+    raise AssertionError(f"no cycle through {members}")  # a component always has one
+
+
+def describe(graph: Graph) -> str:
+    """Each cycle, and every member of the tangle it belongs to (all must be untangled)."""
+    lines = [
+        f"{' -> '.join(_cycle_in(graph, members))}   (in one cycle: {', '.join(members)})"
+        for members in strongly_connected(graph)
+    ]
+    return "import cycles:\n  " + "\n  ".join(lines)
+
+
+# --- the cycle finder itself (positive controls) ----------------------------------------
+
+
+def test_cycle_finder_finds_a_cycle_in_a_synthetic_graph() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    cycles = find_cycles(graph)
+    assert ["a", "b", "c", "a"] in cycles
+    assert ["e", "e"] in cycles
+    assert len(cycles) == 2
+
+
+def test_cycle_finder_passes_a_layered_graph() -> None:
+    assert find_cycles({"cli": {"cluster", "errors"}, "cluster": {"errors"}, "errors": set()}) == []
+
+
+def test_imports_are_read_lazy_and_under_type_checking(tmp_path: Path) -> None:
+    pkg = tmp_path / "provisioner" / "a"
+    pkg.mkdir(parents=True)
+    (tmp_path / "provisioner" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "m.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from . import sibling\n"
+        "if TYPE_CHECKING:\n"
+        "    from provisioner.b.types import T\n"
+        "def f() -> None:\n"
+        "    import provisioner.c.lazy\n"
+        "    from ..d import thing\n"
+    )
+    found = imported_modules(pkg / "m.py", tmp_path)
+    assert {
+        "provisioner.a.sibling",
+        "provisioner.b.types",
+        "provisioner.c.lazy",
+        "provisioner.d",
+        "provisioner.d.thing",
+    } <= found
+
+
+# --- the code base -------------------------------------------------------------------------
+
+
+if __name__ == "__main__":
+    graph = package_graph()
+    for package in sorted(graph):
+        print(f"{package} -> {', '.join(sorted(graph[package])) or '(nothing)'}")
+    cycles = find_cycles(graph)
+    print(describe(graph) if cycles else "no cycles")
+    sys.exit(1 if cycles else 0)
