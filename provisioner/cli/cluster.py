@@ -17,7 +17,7 @@ from rich.text import Text
 from provisioner.cli.common import InventoryOption, JsonOption, output
 from provisioner.cli.doctor import render as render_findings
 from provisioner.cluster import down as down_mod
-from provisioner.cluster import membership, token
+from provisioner.cluster import membership
 from provisioner.cluster import render as render_mod
 from provisioner.cluster import status as status_mod
 from provisioner.cluster import up as up_mod
@@ -30,6 +30,7 @@ from provisioner.image.lock import Pin, read_pin
 from provisioner.inventory import Inventory, load_cluster, load_inventory
 from provisioner.inventory.loader import require_nodes
 from provisioner.jobs.manage import JobsRunning, Stopped, stop_for_down
+from provisioner.node import token
 from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
 from provisioner.runtime.base import PUSH_MODES, Runtime
@@ -308,12 +309,12 @@ def _ray_cell(n: status_mod.NodeStatus) -> str:
 def status_table(st: status_mod.ClusterStatus) -> Table:
     """Pure: the human status table; readable at 80 columns (names and addresses wrap,
     never cut), each unhealthy node with its reason."""
-    docker = st.runtime == "docker"
+    image = st.caps.needs_image  # the node runs the pinned image: is it the pinned one
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
     table.add_column("node / address", overflow="fold", min_width=13)
     table.add_column("role", no_wrap=True)
     table.add_column("ray", no_wrap=True)
-    table.add_column("image" if docker else "current", no_wrap=True)
+    table.add_column("image" if image else "current", no_wrap=True)
     table.add_column("CPUs", justify="right", no_wrap=True)
     table.add_column("problem", overflow="fold", ratio=1, min_width=20)
     for n in st.nodes:

@@ -51,8 +51,8 @@ ResultsOption = Annotated[
 
 def _target(inventory: Path | None, address: str | None, token_file: Path | None) -> Target:
     """Where the cluster is: the inventory (tunnel, token, SSH to the head), or an address."""
-    from provisioner.cluster import token
     from provisioner.inventory import load_cluster
+    from provisioner.node import token
 
     inv = load_cluster(inventory) if inventory is not None else None
     if address is not None:

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import commands, logs, membership, rotation, token
+from provisioner.cluster import logs, membership, rotation
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
 from provisioner.inventory import Inventory, Node
+from provisioner.node import commands, token
 from provisioner.remote import Pool, fan_out
 from provisioner.runtime import runtime_for
 from provisioner.runtime.base import Runtime

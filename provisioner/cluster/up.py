@@ -15,30 +15,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import (
-    commands,
-    headprobe,
-    layout,
-    logs,
-    membership,
-    preflight,
-    rotation,
-    status,
-    tls,
-    token,
-)
+from provisioner.checks.facts import NodeFacts
+from provisioner.checks.neighbours import port_owner
+from provisioner.cluster import headprobe, logs, membership, preflight, rotation, status
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.cluster.status import ClusterStatus
 from provisioner.console import Reporter, quiet
 from provisioner.doctor import DoctorReport
-from provisioner.doctor.facts import NodeFacts
 from provisioner.doctor.gather import gather_facts
-from provisioner.doctor.neighbours import port_owner
 from provisioner.errors import OperationError, ProvisionerError
 from provisioner.gpu.plan import GpuPlan, plans_for, signature
 from provisioner.image.lock import Pin
 from provisioner.image.push import PushReport
 from provisioner.inventory import Inventory, Node
+from provisioner.node import commands, layout, tls, token
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.runtime import runtime_for
 from provisioner.runtime.base import RayState, Runtime
@@ -55,7 +45,7 @@ class UpResult:
     doctor: preflight.Preflight | None = None
     push: PushReport | None = None
     timings: dict[str, float] = field(default_factory=dict)
-    runtime: str = "docker"
+    runtime: str = ""  # the runtime's name ("": not known)
     gpus: dict[str, GpuPlan] = field(default_factory=dict)  # node name -> its GPUs for Ray
     departed: membership.Removal | None = None  # nodes that left the inventory
     token: rotation.TokenPlan = field(default_factory=rotation.TokenPlan)
@@ -227,7 +217,7 @@ def gpu_plans(
     them (`up --no-doctor`) from one facts round of their own."""
     if facts is None or set(facts) != {n.name for n in inventory.nodes}:
         facts = gather_facts(pool, inventory, "", reachability=False, parallelism=32).results
-    return plans_for(inventory.nodes, {n: f.gpu for n, f in facts.items()}, runtime.name)
+    return plans_for(inventory.nodes, {n: f.gpu for n, f in facts.items()}, runtime.gpu_methods)
 
 
 def _refuse_foreign_gcs(

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import layout
 from provisioner.errors import InputError, ReceiveError, RemoteError, TooLargeError
 from provisioner.jobs import landing
+from provisioner.node import layout
 from provisioner.remote.receive import Limits, MiB, Receiver
 from provisioner.remote.session import Session
 

@@ -228,6 +228,13 @@ def test_imports_are_read_lazy_and_under_type_checking(tmp_path: Path) -> None:
 # --- the code base -------------------------------------------------------------------------
 
 
+def test_no_import_cycle_between_packages() -> None:
+    graph = package_graph()
+    assert "runtime" in graph and "cluster" in graph  # the graph was read at all
+    cycles = find_cycles(graph)
+    assert not cycles, describe(graph)
+
+
 if __name__ == "__main__":
     graph = package_graph()
     for package in sorted(graph):
