@@ -453,7 +453,5 @@ def _cell(value: float, whole: bool) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    from provisioner.cli import jobs_group
-
+    """`provisioner submit` (the `jobs` group is cli/jobs_group.py's, built on these helpers)."""
     app.command("submit")(submit_cmd)
-    app.add_typer(jobs_group.app, name="jobs")

@@ -235,6 +235,44 @@ def test_no_import_cycle_between_packages() -> None:
     assert not cycles, describe(graph)
 
 
+def test_no_import_cycle_between_the_cli_modules() -> None:
+    graph = module_graph("cli")
+    assert "provisioner.cli.jobs" in graph
+    cycles = find_cycles(graph)
+    assert not cycles, describe(graph)
+
+
+def test_no_import_cycle_between_modules_of_any_package() -> None:
+    for package in sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()):
+        graph = module_graph(package)
+        cycles = find_cycles(graph)
+        assert not cycles, f"in provisioner/{package}/: " + describe(graph)
+
+
+def test_nothing_outside_the_lab_imports_the_lab() -> None:
+    """provisioner/lab/ may import itself; scripts/ and tests/ may import it; the CLI's
+    `lab` group is the lab's own front end (cli/lab.py)."""
+    allowed = {PACKAGE / "lab", PACKAGE / "cli" / "lab.py"}
+    offenders = []
+    for path in source_files():
+        if any(path == a or a in path.parents for a in allowed):
+            continue
+        hits = sorted(
+            t
+            for t in imported_modules(path)
+            if t == "provisioner.lab" or t.startswith("provisioner.lab.")
+        )
+        if hits:
+            offenders.append(f"{path.relative_to(ROOT)}: {', '.join(hits)}")
+    assert not offenders, "imports of provisioner.lab outside the lab:\n  " + "\n  ".join(offenders)
+
+
+def test_the_lab_import_check_sees_a_lab_import() -> None:
+    """Positive control: the reader the check relies on finds `provisioner.lab` in cli/lab.py."""
+    found = imported_modules(PACKAGE / "cli" / "lab.py")
+    assert any(t.startswith("provisioner.lab") for t in found)
+
+
 if __name__ == "__main__":
     graph = package_graph()
     for package in sorted(graph):
