@@ -12,6 +12,7 @@ Run it alone: `pytest -q tests/unit/test_layering.py`; the graph it checks is pr
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -271,6 +272,185 @@ def test_the_lab_import_check_sees_a_lab_import() -> None:
     """Positive control: the reader the check relies on finds `provisioner.lab` in cli/lab.py."""
     found = imported_modules(PACKAGE / "cli" / "lab.py")
     assert any(t.startswith("provisioner.lab") for t in found)
+
+
+# --- no branch on a runtime's name outside provisioner/runtime/ -----------------------------
+#
+# The same check as a grep anyone can run: scripts/runtime_name_grep.sh (no output: no
+# branch). The test below also reads the code's syntax, so that it flags only what
+# compares, matches, looks up or defaults a runtime's name, and not the Docker SDK,
+# `docker` as a program's name, or facts sections named "docker".
+
+# The lab builds the nodes each runtime needs (its recipes are per runtime): it may name them.
+# The inventory's one default is data: the runtime an inventory that names none gets.
+NAME_BRANCH_EXEMPT = (PACKAGE / "runtime", PACKAGE / "lab")
+DEFAULT_AS_DATA = {("provisioner/inventory/models.py", "DEFAULT_RUNTIME")}
+
+
+def _mentions_runtime(node: ast.AST) -> bool:
+    return "runtime" in ast.unparse(node).lower()
+
+
+def _names_in(node: ast.AST, names: frozenset[str]) -> bool:
+    """The expression is a runtime's name, or a literal tuple/list/set holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in names
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(isinstance(e, ast.Constant) and e.value in names for e in node.elts)
+    return False
+
+
+def name_branches(source: str, names: frozenset[str], where: str = "<src>") -> list[str]:
+    """Every place in `source` that branches on, looks up or defaults a runtime's name:
+    `x.runtime == "docker"`, `runtime in ("docker", "host")`, `match runtime: case "host"`,
+    `{"docker": ...}` keyed only by runtime names, `runtime: str = "docker"`,
+    `def f(runtime="docker")`, `f(..., runtime="docker")`, `.get("runtime", "docker")`,
+    and a runtime's name passed where a runtime goes (`plans_for(..., "docker")`)."""
+    tree = ast.parse(source)
+    found: list[str] = []
+
+    def hit(node: ast.AST, what: str) -> None:
+        found.append(f"{where}:{getattr(node, 'lineno', 0)}: {what}: {ast.unparse(node)[:80]}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            for i, side in enumerate(sides):
+                others = sides[:i] + sides[i + 1 :]
+                if _names_in(side, names) and any(_mentions_runtime(o) for o in others):
+                    hit(node, "compares a runtime's name")
+                    break
+        elif isinstance(node, ast.Match) and _mentions_runtime(node.subject):
+            for case in node.cases:
+                if any(
+                    isinstance(p, ast.MatchValue) and _names_in(p.value, names)
+                    for p in ast.walk(case.pattern)
+                ):
+                    hit(node, "matches a runtime's name")
+        elif isinstance(node, ast.Dict) and node.keys:
+            keys = [k for k in node.keys if k is not None]
+            if keys and all(isinstance(k, ast.Constant) and k.value in names for k in keys):
+                hit(node, "a table keyed by runtime names")
+        elif isinstance(node, ast.AnnAssign | ast.Assign) and node.value is not None:
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            named = _names_in(node.value, names) and any(_mentions_runtime(t) for t in targets)
+            if named and (where, ast.unparse(targets[0])) not in DEFAULT_AS_DATA:
+                hit(node, "a runtime's name as a default")
+        elif isinstance(node, ast.arguments):
+            positional = [*node.posonlyargs, *node.args]
+            with_default = positional[len(positional) - len(node.defaults) :]
+            pairs = list(zip(with_default, node.defaults, strict=True))
+            keyword = zip(node.kwonlyargs, node.kw_defaults, strict=True)
+            pairs += [(a, d) for a, d in keyword if d is not None]
+            for arg, default in pairs:
+                if "runtime" in arg.arg and _names_in(default, names):
+                    hit(default, f"a runtime's name as the default of {arg.arg}")
+        elif isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg and "runtime" in kw.arg and _names_in(kw.value, names):
+                    hit(node, "a runtime's name passed as a runtime")
+            args = node.args
+            if (
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr == "get"
+                and len(args) == 2
+                and _mentions_runtime(args[0])
+                and _names_in(args[1], names)
+            ):
+                hit(node, "a runtime's name as a default")
+            elif args and _names_in(args[-1], names) and len(args) > 1:
+                hit(node, "a runtime's name passed as the last argument")
+    return found
+
+
+def test_the_name_branch_finder_flags_every_form() -> None:
+    """Positive control: each way the review found of branching on a name is flagged."""
+    source = (
+        "if inventory.runtime != 'docker': pass\n"
+        "what = 'its container' if runtime.name == 'docker' else 'its Ray'\n"
+        "ok = runtime in ('docker', 'host')\n"
+        "match self.runtime:\n    case 'host': pass\n"
+        "RUNTIME_LOG = {'docker': 'container.log'}\n"
+        "class C:\n    runtime: str = 'docker'\n"
+        "def f(findings, runtime: str = 'docker'): pass\n"
+        "x = document.get('runtime', 'docker')\n"
+        "plans = plans_for(nodes, facts, 'docker')\n"
+        "y = UpResult(runtime='host')\n"
+    )
+    found = name_branches(source, frozenset({"docker", "host"}))
+    assert sorted(int(f.split(":")[1]) for f in found) == [1, 2, 3, 4, 6, 8, 9, 10, 11, 12], found
+
+
+def test_the_name_branch_finder_leaves_other_uses_alone() -> None:
+    source = (
+        "exe = need('docker', 'docker.io')\n"
+        "text = sections.get('docker', '')\n"
+        "state = values.get('docker', 'missing')\n"
+        "row = {'host': host, 'port': port}\n"
+        "if key == 'host': pass\n"
+        "if plan.method == 'host': pass\n"
+        "client = docker.from_env()\n"
+    )
+    assert name_branches(source, frozenset({"docker", "host"})) == []
+
+
+def test_nothing_outside_the_runtimes_branches_on_a_runtimes_name() -> None:
+    from provisioner.runtime.registry import names
+
+    known = frozenset(names())
+    assert {"docker", "host"} <= known
+    found: list[str] = []
+    for path in source_files():
+        if any(e in path.parents for e in NAME_BRANCH_EXEMPT):
+            continue
+        found += name_branches(path.read_text(), known, str(path.relative_to(ROOT)))
+    assert not found, "branches on a runtime's name outside provisioner/runtime/:\n  " + (
+        "\n  ".join(found)
+    )
+
+
+def _grep(folder: Path) -> str:
+    from provisioner.runtime.registry import names
+
+    script = ROOT / "scripts" / "runtime_name_grep.sh"
+    env = {"PATH": "/usr/bin:/bin", "RUNTIME_NAMES": "|".join(names())}
+    done = subprocess.run(
+        ["bash", str(script), folder.name],
+        cwd=folder.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
+def test_the_grep_anyone_can_run_finds_no_branch() -> None:
+    assert _grep(PACKAGE) == ""
+
+
+def test_the_grep_finds_a_planted_branch(tmp_path: Path) -> None:
+    """Positive control: the grep on a copy of a module with the review's branches back."""
+    package = tmp_path / "provisioner"
+    (package / "cluster").mkdir(parents=True)
+    (package / "runtime").mkdir()
+    (package / "cluster" / "status.py").write_text(
+        'what = "its container" if runtime.name == "docker" else "its Ray"\n'
+        'RUNTIME_LOG = {"docker": "container.log"}\n'
+    )
+    (package / "runtime" / "docker.py").write_text('if runtime.name == "docker": pass\n')
+    found = _grep(package).splitlines()
+    assert [line.split(":")[:2] for line in found] == [
+        ["provisioner/cluster/status.py", "1"],
+        ["provisioner/cluster/status.py", "2"],
+    ]
+
+
+def test_the_inventorys_default_runtime_is_registered() -> None:
+    from provisioner.inventory.models import DEFAULT_RUNTIME
+    from provisioner.runtime.registry import RUNTIMES
+
+    assert DEFAULT_RUNTIME in RUNTIMES
 
 
 if __name__ == "__main__":
