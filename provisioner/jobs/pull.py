@@ -28,7 +28,6 @@ A job may be hostile, and in docker mode it runs as root over this directory, so
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import posixpath
@@ -291,11 +290,3 @@ def _fetch(
 
 def _chunks(session: Session, command: str) -> Iterator[bytes]:
     yield from session.stream(command, idle_timeout=READ_TIMEOUT)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
