@@ -215,29 +215,20 @@ def up(
             f"remove {token.local_token_path(inv)}, then `provisioner up`",
             where=str(inv.path),
         )
-    slurm_job = None
-    if inv.slurm is not None:
-        from provisioner.slurm.allocate import allocate
-
-        with Pool(inv) as pool:
-            got = allocate(inv, pool, out.progress, queue_timeout=queue_timeout)
-        inv, slurm_job = got.inventory, got.job_id
-    inv = require_nodes(inv)
-    out.watch_nodes(n.name for n in inv.nodes)
     pin = _pin(inv) if inv.image_lock is not None else None
     try:
-        with Pool(inv) as pool:
-            result = up_mod.up(
-                inv,
-                pool,
-                out.progress,
-                pin=pin,
-                force=force,
-                doctor=not no_doctor,
-                join_timeout=join_timeout,
-                push=push,
-                rotate_token=rotate_token,
-            )
+        result, slurm_job = up_mod.up_cluster(
+            inv,
+            out.progress,
+            pin=pin,
+            queue_timeout=queue_timeout,
+            on_nodes=lambda held: out.watch_nodes(n.name for n in held.nodes),
+            force=force,
+            doctor=not no_doctor,
+            join_timeout=join_timeout,
+            push=push,
+            rotate_token=rotate_token,
+        )
     except DoctorStopped as stopped:
         if json_:
             out.emit({"stopped_by": "doctor", "doctor": stopped.preflight.to_json()})
@@ -434,18 +425,8 @@ def down(
     out.watch_nodes(n.name for n in inv.nodes)
     stopped = _stop_jobs(inv, results, yes, out)
     target = None if no_logs else (logs_dir or _default_logs_dir(inv))
-    slurm: dict[str, object] = {}
-    with Pool(inv) as pool:
-        result = down_mod.bring_down(
-            inv, pool, out.progress, logs_dir=target, runtime=_runtime(inv)
-        )
-        if inv.slurm is not None:  # Ray stopped on the nodes first: then give them back
-            from provisioner.slurm.allocate import release
-
-            job_id, gone = release(inv, pool, out.progress)
-            slurm = {"job_id": job_id, "left_queue": gone}
-            if not gone:
-                result.errors["slurm"] = f"SLURM job {job_id} is still in the queue"
+    result = down_mod.down_cluster(inv, out.progress, logs_dir=target, runtime=_runtime(inv))
+    slurm = result.slurm.to_json() if result.slurm is not None else {}
     _warn(out, result.warnings)
     if json_:
         out.emit(
@@ -473,12 +454,11 @@ def down(
 
 def _down_slurm_queued(inv: Inventory, out: Output, json_: bool) -> None:
     """down before the allocation ran: cancel the recorded job, if any."""
-    from provisioner.slurm.allocate import release
-
-    with Pool(inv) as pool:
-        job_id, gone = release(inv, pool, out.progress)
+    result = down_mod.down_cluster(inv, out.progress, logs_dir=None)
+    assert result.slurm is not None
+    job_id, gone = result.slurm.job_id, result.slurm.left_queue
     if json_:
-        out.emit({"removed": [], "slurm": {"job_id": job_id, "left_queue": gone}})
+        out.emit({"removed": [], "slurm": result.slurm.to_json()})
     else:
         out.say(f"SLURM job {job_id} cancelled" if job_id else "no SLURM job recorded")
     if not gone:

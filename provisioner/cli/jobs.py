@@ -173,17 +173,16 @@ def _with_retries(
         import time
 
         from provisioner.cli.cluster import _pin
-        from provisioner.cluster.up import up
+        from provisioner.cluster.up import up_cluster
         from provisioner.errors import OperationError
-        from provisioner.remote import Pool
 
         # a node cut off or powered off for a while comes back: `up` is tried again
-        # (REPAIR_TRIES in all, REPAIR_WAIT_S apart) before the run gives up
+        # (REPAIR_TRIES in all, REPAIR_WAIT_S apart) before the run gives up. It is the
+        # CLI's `up`: a scheduler's nodes are held first (the recorded job while alive).
         for left in range(REPAIR_TRIES - 1, -1, -1):
             try:
-                with Pool(inv) as pool:
-                    pin = _pin(inv) if inv.image_lock is not None else None
-                    up(inv, pool, handlers.report, pin=pin, doctor=False)
+                pin = _pin(inv) if inv.image_lock is not None else None
+                up_cluster(inv, handlers.report, pin=pin, doctor=False)
                 return
             except OperationError as exc:
                 if left == 0:

@@ -10,14 +10,22 @@ rotation (`provisioner.cluster.rotation`) restarts the head, and so every node.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from provisioner.checks.facts import NodeFacts
 from provisioner.checks.neighbours import port_owner
-from provisioner.cluster import headprobe, logs, membership, preflight, rotation, status
+from provisioner.cluster import (
+    allocation,
+    headprobe,
+    logs,
+    membership,
+    preflight,
+    rotation,
+    status,
+)
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.cluster.status import ClusterStatus
 from provisioner.console import Reporter, quiet
@@ -241,6 +249,41 @@ def _refuse_foreign_gcs(
         "`provisioner doctor` suggests a free one), or free the port",
         where=inventory.head.name,
     )
+
+
+def up_cluster(
+    inventory: Inventory,
+    report: Reporter = quiet,
+    *,
+    pin: Pin | None = None,
+    queue_timeout: float | None = None,
+    on_nodes: Callable[[Inventory], None] | None = None,
+    force: bool = False,
+    doctor: bool = True,
+    join_timeout: float = 120,
+    push: str = "auto",
+    rotate_token: bool = False,
+) -> tuple[UpResult, int | None]:
+    """`up` on the inventory's nodes, held first when a scheduler gives them: the one path
+    of the CLI's `up` and of `jobs submit --retries`' repair. Returns the result and the
+    scheduler's job that holds the nodes (None: no scheduler). `on_nodes`: told the nodes
+    once they are known (the CLI watches them)."""
+    held, job_id = allocation.hold(inventory, report, queue_timeout=queue_timeout)
+    if on_nodes is not None:
+        on_nodes(held)
+    with Pool(held) as pool:
+        result = up(
+            held,
+            pool,
+            report,
+            pin=pin,
+            force=force,
+            doctor=doctor,
+            join_timeout=join_timeout,
+            push=push,
+            rotate_token=rotate_token,
+        )
+    return result, job_id
 
 
 def up(

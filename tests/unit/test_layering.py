@@ -12,6 +12,7 @@ Run it alone: `pytest -q tests/unit/test_layering.py`; the graph it checks is pr
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -451,6 +452,23 @@ def test_the_inventorys_default_runtime_is_registered() -> None:
     from provisioner.runtime.registry import RUNTIMES
 
     assert DEFAULT_RUNTIME in RUNTIMES
+
+
+def test_the_architecture_doc_lists_what_each_package_imports() -> None:
+    """docs/architecture.md's layering table says, for each package, what it imports: it
+    must be the graph the code has (so the doc stays true)."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    graph = package_graph()
+    rows = re.findall(r"^\| `([a-z]+)/` \|[^|]*\| ([^|]*) \|$", doc, flags=re.M)
+    assert len(rows) >= 10, "the layering table of docs/architecture.md was not found"
+    wrong = []
+    for package, imports in rows:
+        said = {w for w in re.findall(r"[a-z]+", imports) if w in graph and w != package}
+        if said != graph[package]:
+            wrong.append(
+                f"{package}: the doc says {sorted(said)}, the code {sorted(graph[package])}"
+            )
+    assert not wrong, "\n  ".join(["docs/architecture.md is not the code's layering:", *wrong])
 
 
 if __name__ == "__main__":
