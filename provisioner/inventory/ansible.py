@@ -276,6 +276,7 @@ def to_raw(path: Path, document: dict[str, Any]) -> RawInventory:
         image_lock=relative_path(path, str(lock)) if lock else None,
         runtime=runtime,
         runtime_where=runtime_where,
+        runtime_field="provisioner_runtime",
         ray_python=check_python(
             common.get("provisioner_ray_python"), top, "provisioner_ray_python"
         ),

@@ -229,7 +229,7 @@ _RUNTIME_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
 def check_runtime(value: Any, where: Where, field: str) -> tuple[str, str]:
-    """A runtime's name, as data, and where the inventory writes it (`FILE:LINE (FIELD)`):
+    """A runtime's name, as data, and where the inventory writes it (`FILE:LINE`):
     the inventory checks its form; provisioner.runtime.registry refuses a name it does not
     know, naming that place, before any verb runs."""
     if not isinstance(value, str) or not _RUNTIME_NAME.match(value):
@@ -239,7 +239,7 @@ def check_runtime(value: Any, where: Where, field: str) -> tuple[str, str]:
             "name how Ray runs on the nodes, e.g. docker (the pinned image) or host "
             "(each node's own Python)",
         )
-    return value, f"{where} ({field})"
+    return value, str(where)
 
 
 def check_python(value: Any, where: Where, field: str) -> str | None:

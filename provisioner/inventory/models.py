@@ -201,7 +201,8 @@ class Inventory:
     slurm: Slurm | None = None
     login: Node | None = None
     allocated: bool = True
-    runtime_where: str = ""  # where the inventory names its runtime: FILE:LINE (FIELD)
+    runtime_where: str = ""  # where the inventory names its runtime (FILE:LINE)
+    runtime_field: str = "runtime"  # and by what name (Ansible: provisioner_runtime)
 
     @property
     def nodes(self) -> tuple[Node, ...]:

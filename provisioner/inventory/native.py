@@ -199,6 +199,7 @@ def parse_native(path: Path, document: Any) -> RawInventory:
         ),
         runtime=runtime,
         runtime_where=runtime_where,
+        runtime_field="runtime",
         ray_python=check_python(ray.get("python"), _line(ray, "python", ray_where), "ray.python"),
         tls=check_flag(ray.get("tls"), _line(ray, "tls", ray_where), "ray.tls", default=True),
         slurm=scheduler.slurm if scheduler else None,

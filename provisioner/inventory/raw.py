@@ -51,6 +51,7 @@ class RawInventory:
     object_store_memory: int | None = None
     runtime: str = DEFAULT_RUNTIME
     runtime_where: str = ""
+    runtime_field: str = "runtime"
     ray_python: str | None = None
     tls: bool = True  # TLS on Ray's channels (node.tls)
     # SLURM (`scheduler:`): the login node (also `head` until the allocation is known)

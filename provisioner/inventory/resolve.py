@@ -257,6 +257,7 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
             object_store_memory=raw.object_store_memory,
             runtime=raw.runtime,
             runtime_where=raw.runtime_where,
+            runtime_field=raw.runtime_field,
             ray_python=raw.ray_python,
             tls=raw.tls,
             slurm=raw.slurm,
@@ -277,6 +278,7 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
         object_store_memory=raw.object_store_memory,
         runtime=raw.runtime,
         runtime_where=raw.runtime_where,
+        runtime_field=raw.runtime_field,
         ray_python=raw.ray_python,
         tls=raw.tls,
     )

@@ -42,13 +42,10 @@ def entry(inventory: Inventory) -> Entry:
     error, at the place it is written."""
     found = RUNTIMES.get(inventory.runtime)
     if found is None:
-        place = inventory.runtime_where or str(inventory.path)
-        where, _, field = place.partition(" (")
         raise InventoryError(
-            f"{field.rstrip(')') or 'runtime'}: expected {' | '.join(names())}, "
-            f"got {inventory.runtime!r}",
+            f"{inventory.runtime_field}: expected {' | '.join(names())}, got {inventory.runtime!r}",
             "; ".join(f"{name}: {e.about}" for name, e in sorted(RUNTIMES.items())),
-            where=where,
+            where=inventory.runtime_where or str(inventory.path),
         )
     return found
 
