@@ -32,8 +32,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import layout
 from provisioner.inventory import Inventory, load_inventory
+from provisioner.node import layout
 from provisioner.remote import Pool
 
 PROVISIONER = [sys.executable, "-m", "provisioner"]

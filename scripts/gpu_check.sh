@@ -44,11 +44,12 @@ nvidia-smi -L | tee "$OUT/nvidia-smi-L.txt"
 bash provisioner/doctor/facts.sh 127.0.0.1 127.0.0.1 "" "" 0 <provisioner/doctor/facts.sh >"$OUT/facts.txt" 2>"$OUT/facts.err"
 "$PY" - "$OUT" "$CUDA_PIN" <<'EOF' && verdict facts PASS "$(cat "$OUT/facts-line.txt")" || verdict facts FAIL "$(cat "$OUT/facts-line.txt" 2>/dev/null)"
 import json, sys, pathlib, subprocess
-from provisioner.doctor.facts import parse_facts
-from provisioner.doctor.gpu_checks import check_gpus
-from provisioner.doctor.plan import PinFacts, Plan
+from provisioner.checks.facts import parse_facts
+from provisioner.checks.gpu_checks import check_gpus
+from provisioner.checks.plan import PinFacts, Plan
 from provisioner.gpu.plan import plan_gpus, docker_gpu_options
 from provisioner.inventory import Node, RayPorts, SSHSettings
+from provisioner.runtime.docker import CAPS, DockerRuntime
 out, pin_path = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 facts = parse_facts("this-node", (out / "facts.txt").read_text())
 g = facts.gpu
@@ -58,11 +59,11 @@ pin = None
 if pin_path.exists():
     data = json.loads(pin_path.read_text())
     pin = PinFacts(data["image_id"], data["versions"]["python"], data["versions"]["ray"], cuda=str(data.get("extra", {}).get("cuda") or ""))
-findings = check_gpus(node, facts, Plan(ports=RayPorts(), head="this-node", pin=pin))
+findings = check_gpus(node, facts, Plan(ports=RayPorts(), head="this-node", pin=pin, caps=CAPS))
 (out / "findings.json").write_text(json.dumps([f.to_dict() for f in findings], indent=1))
 for f in findings:
     print(f"  {f.severity:7} {f.check:13} {f.message}" + (f"\n          fix: {f.fix}" if f.fix else ""))
-plan = plan_gpus(node, g, "docker")
+plan = plan_gpus(node, g, DockerRuntime.gpu_methods)
 (out / "plan.json").write_text(json.dumps({"options": docker_gpu_options(plan) if plan else [], "count": plan.count if plan else 0, "accelerator_type": plan.accelerator_type if plan else None}))
 listed = len([ln for ln in smi.splitlines() if ln.startswith("GPU ")])
 line = f"{len(g.gpus)} GPU(s) parsed (nvidia-smi -L lists {listed}), driver {g.driver_version}, toolkit {g.toolkit_version or '?'}, ways in: {', '.join(g.methods()) or 'none'}"

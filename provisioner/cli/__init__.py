@@ -15,6 +15,7 @@ import typer
 from rich.markup import escape
 from typer.exceptions import TyperException
 
+from provisioner.cli import cluster, doctor, image, jobs, jobs_group
 from provisioner.cli import lab as lab_cli
 from provisioner.cli.common import state
 from provisioner.errors import ProvisionerError
@@ -27,23 +28,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(lab_cli.app, name="lab")
-
-
-def _register_optional() -> None:
-    """Command groups that land with later features register themselves here."""
-    import importlib
-
-    for module in ("doctor", "image", "cluster", "jobs"):
-        try:
-            mod = importlib.import_module(f"provisioner.cli.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"provisioner.cli.{module}":
-                raise
-            continue
-        mod.register(app)
-
-
-_register_optional()
+# Each command group adds its commands, in the order `--help` lists them.
+for group in (doctor, image, cluster, jobs, jobs_group):
+    group.register(app)
 
 
 def _report_bug(exc: BaseException) -> Path:

@@ -17,7 +17,7 @@ from rich.text import Text
 from provisioner.cli.common import InventoryOption, JsonOption, output
 from provisioner.cli.doctor import render as render_findings
 from provisioner.cluster import down as down_mod
-from provisioner.cluster import membership, token
+from provisioner.cluster import membership
 from provisioner.cluster import render as render_mod
 from provisioner.cluster import status as status_mod
 from provisioner.cluster import up as up_mod
@@ -30,6 +30,7 @@ from provisioner.image.lock import Pin, read_pin
 from provisioner.inventory import Inventory, load_cluster, load_inventory
 from provisioner.inventory.loader import require_nodes
 from provisioner.jobs.manage import JobsRunning, Stopped, stop_for_down
+from provisioner.node import token
 from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
 from provisioner.runtime.base import PUSH_MODES, Runtime
@@ -215,29 +216,20 @@ def up(
             f"remove {token.local_token_path(inv)}, then `provisioner up`",
             where=str(inv.path),
         )
-    slurm_job = None
-    if inv.slurm is not None:
-        from provisioner.slurm.allocate import allocate
-
-        with Pool(inv) as pool:
-            got = allocate(inv, pool, out.progress, queue_timeout=queue_timeout)
-        inv, slurm_job = got.inventory, got.job_id
-    inv = require_nodes(inv)
-    out.watch_nodes(n.name for n in inv.nodes)
     pin = _pin(inv) if inv.image_lock is not None else None
     try:
-        with Pool(inv) as pool:
-            result = up_mod.up(
-                inv,
-                pool,
-                out.progress,
-                pin=pin,
-                force=force,
-                doctor=not no_doctor,
-                join_timeout=join_timeout,
-                push=push,
-                rotate_token=rotate_token,
-            )
+        result, slurm_job = up_mod.up_cluster(
+            inv,
+            out.progress,
+            pin=pin,
+            queue_timeout=queue_timeout,
+            on_nodes=lambda held: out.watch_nodes(n.name for n in held.nodes),
+            force=force,
+            doctor=not no_doctor,
+            join_timeout=join_timeout,
+            push=push,
+            rotate_token=rotate_token,
+        )
     except DoctorStopped as stopped:
         if json_:
             out.emit({"stopped_by": "doctor", "doctor": stopped.preflight.to_json()})
@@ -309,12 +301,12 @@ def _ray_cell(n: status_mod.NodeStatus) -> str:
 def status_table(st: status_mod.ClusterStatus) -> Table:
     """Pure: the human status table; readable at 80 columns (names and addresses wrap,
     never cut), each unhealthy node with its reason."""
-    docker = st.runtime == "docker"
+    image = st.caps.needs_image  # the node runs the pinned image: is it the pinned one
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
     table.add_column("node / address", overflow="fold", min_width=13)
     table.add_column("role", no_wrap=True)
     table.add_column("ray", no_wrap=True)
-    table.add_column("image" if docker else "current", no_wrap=True)
+    table.add_column("image" if image else "current", no_wrap=True)
     table.add_column("CPUs", justify="right", no_wrap=True)
     table.add_column("problem", overflow="fold", ratio=1, min_width=20)
     for n in st.nodes:
@@ -434,18 +426,8 @@ def down(
     out.watch_nodes(n.name for n in inv.nodes)
     stopped = _stop_jobs(inv, results, yes, out)
     target = None if no_logs else (logs_dir or _default_logs_dir(inv))
-    slurm: dict[str, object] = {}
-    with Pool(inv) as pool:
-        result = down_mod.bring_down(
-            inv, pool, out.progress, logs_dir=target, runtime=_runtime(inv)
-        )
-        if inv.slurm is not None:  # Ray stopped on the nodes first: then give them back
-            from provisioner.slurm.allocate import release
-
-            job_id, gone = release(inv, pool, out.progress)
-            slurm = {"job_id": job_id, "left_queue": gone}
-            if not gone:
-                result.errors["slurm"] = f"SLURM job {job_id} is still in the queue"
+    result = down_mod.down_cluster(inv, out.progress, logs_dir=target, runtime=_runtime(inv))
+    slurm = result.slurm.to_json() if result.slurm is not None else {}
     _warn(out, result.warnings)
     if json_:
         out.emit(
@@ -473,12 +455,11 @@ def down(
 
 def _down_slurm_queued(inv: Inventory, out: Output, json_: bool) -> None:
     """down before the allocation ran: cancel the recorded job, if any."""
-    from provisioner.slurm.allocate import release
-
-    with Pool(inv) as pool:
-        job_id, gone = release(inv, pool, out.progress)
+    result = down_mod.down_cluster(inv, out.progress, logs_dir=None)
+    assert result.slurm is not None
+    job_id, gone = result.slurm.job_id, result.slurm.left_queue
     if json_:
-        out.emit({"removed": [], "slurm": {"job_id": job_id, "left_queue": gone}})
+        out.emit({"removed": [], "slurm": result.slurm.to_json()})
     else:
         out.say(f"SLURM job {job_id} cancelled" if job_id else "no SLURM job recorded")
     if not gone:

@@ -121,7 +121,7 @@ def build_cmd(
     out = output(json_)
     images, wheels_dir = _dirs(images_dir, wheelhouse)
     if base is None:
-        from provisioner.lab.images import ensure_base_image
+        from provisioner.image.base import ensure_base_image
 
         base = ensure_base_image(out.progress)
     opts = BuildOptions(

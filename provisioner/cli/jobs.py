@@ -51,8 +51,8 @@ ResultsOption = Annotated[
 
 def _target(inventory: Path | None, address: str | None, token_file: Path | None) -> Target:
     """Where the cluster is: the inventory (tunnel, token, SSH to the head), or an address."""
-    from provisioner.cluster import token
     from provisioner.inventory import load_cluster
+    from provisioner.node import token
 
     inv = load_cluster(inventory) if inventory is not None else None
     if address is not None:
@@ -176,17 +176,16 @@ def _with_retries(
         import time
 
         from provisioner.cli.cluster import _pin
-        from provisioner.cluster.up import up
+        from provisioner.cluster.up import up_cluster
         from provisioner.errors import OperationError
-        from provisioner.remote import Pool
 
         # a node cut off or powered off for a while comes back: `up` is tried again
-        # (REPAIR_TRIES in all, REPAIR_WAIT_S apart) before the run gives up
+        # (REPAIR_TRIES in all, REPAIR_WAIT_S apart) before the run gives up. It is the
+        # CLI's `up`: a scheduler's nodes are held first (the recorded job while alive).
         for left in range(REPAIR_TRIES - 1, -1, -1):
             try:
-                with Pool(inv) as pool:
-                    pin = _pin(inv) if inv.image_lock is not None else None
-                    up(inv, pool, handlers.report, pin=pin, doctor=False)
+                pin = _pin(inv) if inv.image_lock is not None else None
+                up_cluster(inv, handlers.report, pin=pin, doctor=False)
                 return
             except OperationError as exc:
                 if left == 0:
@@ -456,7 +455,5 @@ def _cell(value: float, whole: bool) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    from provisioner.cli import jobs_group
-
+    """`provisioner submit` (the `jobs` group is cli/jobs_group.py's, built on these helpers)."""
     app.command("submit")(submit_cmd)
-    app.add_typer(jobs_group.app, name="jobs")

@@ -36,6 +36,11 @@ app = typer.Typer(
     help="Jobs on the cluster: list, logs [--follow], stop, results.", no_args_is_help=True
 )
 
+
+def register(parent: typer.Typer) -> None:
+    parent.add_typer(app, name="jobs")
+
+
 JobArgument = Annotated[str, typer.Argument(help="The job id (`submit` printed it).")]
 
 

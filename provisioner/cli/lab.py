@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from provisioner.cli.common import JsonOption, output
+from provisioner.inventory.models import DEFAULT_RUNTIME
 from provisioner.lab.config import LabConfig
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def up(
             "and torch in a virtualenv (from images/requirements.lock and the wheelhouse) on "
             "the login shell's PATH only.",
         ),
-    ] = "docker",
+    ] = DEFAULT_RUNTIME,
     images_dir: Annotated[
         Path,
         typer.Option("--images", help="host: the images directory (lock and wheelhouse)."),

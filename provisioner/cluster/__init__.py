@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from provisioner.cluster.token import local_token_path, read_token
 from provisioner.cluster.tunnel import tunnel
+from provisioner.node.token import local_token_path, read_token
 
 __all__ = ["local_token_path", "read_token", "tunnel"]

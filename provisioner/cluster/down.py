@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import commands, logs, membership, rotation, token
+from provisioner.cluster import allocation, logs, membership, rotation
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
 from provisioner.inventory import Inventory, Node
+from provisioner.node import commands, token
 from provisioner.remote import Pool, fan_out
 from provisioner.runtime import runtime_for
 from provisioner.runtime.base import Runtime
@@ -27,6 +28,7 @@ class DownResult:
     # departed nodes that could not be reached and still hold the token: warned about only
     # (the cluster is down; the next `up` starts a fresh head and so rotates the token)
     exposed: list[rotation.Exposed] = field(default_factory=list)
+    slurm: allocation.Released | None = None  # the scheduler's job given back
 
     @property
     def warnings(self) -> list[str]:
@@ -113,4 +115,24 @@ def bring_down(
             if busy:
                 result.ports_busy[name] = busy
         result.errors.update({k: str(v) for k, v in group.errors.items()})
+    return result
+
+
+def down_cluster(
+    inventory: Inventory,
+    report: Reporter = quiet,
+    *,
+    logs_dir: Path | None,
+    runtime: Runtime | None = None,
+) -> DownResult:
+    """`down`, and the scheduler's job given back once Ray stopped on its nodes (before the
+    allocation ever ran: the job only, nothing on any node). A job still queued is an error."""
+    with Pool(inventory) as pool:
+        if inventory.slurm is not None and not inventory.allocated:
+            result = DownResult()
+        else:
+            result = bring_down(inventory, pool, report, logs_dir=logs_dir, runtime=runtime)
+        result.slurm = allocation.give_back(inventory, pool, report)
+    if result.slurm is not None and not result.slurm.left_queue:
+        result.errors["slurm"] = f"SLURM job {result.slurm.job_id} is still in the queue"
     return result

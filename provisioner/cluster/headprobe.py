@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from provisioner.cluster import commands
 from provisioner.cluster.probe import MARK
 from provisioner.errors import OperationError
+from provisioner.node import commands
 from provisioner.remote import Session
 from provisioner.runtime.base import Runtime
 

@@ -12,11 +12,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import layout
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ReceiveError
 from provisioner.inventory import Inventory, Node
 from provisioner.local import private_dir
+from provisioner.node import layout
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.receive import Limits, check_name, receive_tar
 from provisioner.runtime import runtime_for
@@ -180,12 +180,9 @@ def _ray_logs_dir(inventory: Inventory) -> str:
     )
 
 
-# The runtime's own log, by runtime: the file name it gets in DIR/NODE/.
-RUNTIME_LOG = {"docker": "container.log"}
-
-
 def runtime_log_name(runtime: Runtime) -> str:
-    return RUNTIME_LOG.get(runtime.name, f"{runtime.name}.log")
+    """The file name the runtime's own log gets in DIR/NODE/ (the runtime says)."""
+    return runtime.log_file
 
 
 def collect_command(runtime: Runtime) -> str:

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import layout
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.console import Reporter
 from provisioner.inventory import Hop, Inventory, Node, Role, SSHSettings
+from provisioner.node import layout
 from provisioner.remote import Pool, fan_out
 from provisioner.runtime.base import Runtime
 

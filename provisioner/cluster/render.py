@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from provisioner.cluster import commands, layout
 from provisioner.errors import InputError
 from provisioner.inventory import Inventory, Node
+from provisioner.node import commands, layout
 from provisioner.runtime.base import Runtime
 
 HEADER = """\

@@ -6,14 +6,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from provisioner.cluster import commands, headprobe
+from provisioner.cluster import headprobe
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
 from provisioner.inventory import Inventory, Node
+from provisioner.node import commands
 from provisioner.remote import Pool, fan_out
 from provisioner.runtime import runtime_for
-from provisioner.runtime.base import RayState, Runtime
+from provisioner.runtime.base import Capabilities, RayState, Runtime
 
 
 @dataclass
@@ -48,7 +49,8 @@ class ClusterStatus:
     expected_nodes: int
     alive_nodes: int
     address: str
-    runtime: str = "docker"
+    runtime: str  # the runtime's name
+    caps: Capabilities  # what it does (the table's columns, the reasons' words)
     gcs_error: str | None = None
     states: dict[str, RayState] = field(default_factory=dict, repr=False)
     gcs: list[GcsNode] = field(default_factory=list, repr=False)  # the GCS's node list
@@ -180,6 +182,7 @@ def assemble(
         alive_nodes=sum(1 for n in nodes if n.ray_alive),
         address=commands.head_address(inventory),
         runtime=runtime.name,
+        caps=runtime.caps,
         gcs_error=gcs_error,
         states=dict(states),
         gcs=list(gcs),
@@ -196,7 +199,7 @@ def reason(
     gcs_error: str | None,
 ) -> str | None:
     """Pure: why a node is not healthy, in words for the status table (None: healthy)."""
-    what = "its container" if runtime.name == "docker" else "its Ray"
+    what = "its container" if runtime.caps.containers else "its Ray"
     if error is not None:
         return f"no SSH: {error.message}"
     if state is None:

@@ -10,35 +10,33 @@ rotation (`provisioner.cluster.rotation`) restarts the head, and so every node.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provisioner.checks.facts import NodeFacts
+from provisioner.checks.neighbours import port_owner
 from provisioner.cluster import (
-    commands,
+    allocation,
     headprobe,
-    layout,
     logs,
     membership,
     preflight,
     rotation,
     status,
-    tls,
-    token,
 )
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.cluster.status import ClusterStatus
 from provisioner.console import Reporter, quiet
 from provisioner.doctor import DoctorReport
-from provisioner.doctor.facts import NodeFacts
 from provisioner.doctor.gather import gather_facts
-from provisioner.doctor.neighbours import port_owner
 from provisioner.errors import OperationError, ProvisionerError
 from provisioner.gpu.plan import GpuPlan, plans_for, signature
 from provisioner.image.lock import Pin
 from provisioner.image.push import PushReport
 from provisioner.inventory import Inventory, Node
+from provisioner.node import commands, layout, tls, token
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.runtime import runtime_for
 from provisioner.runtime.base import RayState, Runtime
@@ -55,7 +53,7 @@ class UpResult:
     doctor: preflight.Preflight | None = None
     push: PushReport | None = None
     timings: dict[str, float] = field(default_factory=dict)
-    runtime: str = "docker"
+    runtime: str = ""  # the runtime's name ("": not known)
     gpus: dict[str, GpuPlan] = field(default_factory=dict)  # node name -> its GPUs for Ray
     departed: membership.Removal | None = None  # nodes that left the inventory
     token: rotation.TokenPlan = field(default_factory=rotation.TokenPlan)
@@ -227,7 +225,7 @@ def gpu_plans(
     them (`up --no-doctor`) from one facts round of their own."""
     if facts is None or set(facts) != {n.name for n in inventory.nodes}:
         facts = gather_facts(pool, inventory, "", reachability=False, parallelism=32).results
-    return plans_for(inventory.nodes, {n: f.gpu for n, f in facts.items()}, runtime.name)
+    return plans_for(inventory.nodes, {n: f.gpu for n, f in facts.items()}, runtime.gpu_methods)
 
 
 def _refuse_foreign_gcs(
@@ -251,6 +249,41 @@ def _refuse_foreign_gcs(
         "`provisioner doctor` suggests a free one), or free the port",
         where=inventory.head.name,
     )
+
+
+def up_cluster(
+    inventory: Inventory,
+    report: Reporter = quiet,
+    *,
+    pin: Pin | None = None,
+    queue_timeout: float | None = None,
+    on_nodes: Callable[[Inventory], None] | None = None,
+    force: bool = False,
+    doctor: bool = True,
+    join_timeout: float = 120,
+    push: str = "auto",
+    rotate_token: bool = False,
+) -> tuple[UpResult, int | None]:
+    """`up` on the inventory's nodes, held first when a scheduler gives them: the one path
+    of the CLI's `up` and of `jobs submit --retries`' repair. Returns the result and the
+    scheduler's job that holds the nodes (None: no scheduler). `on_nodes`: told the nodes
+    once they are known (the CLI watches them)."""
+    held, job_id = allocation.hold(inventory, report, queue_timeout=queue_timeout)
+    if on_nodes is not None:
+        on_nodes(held)
+    with Pool(held) as pool:
+        result = up(
+            held,
+            pool,
+            report,
+            pin=pin,
+            force=force,
+            doctor=doctor,
+            join_timeout=join_timeout,
+            push=push,
+            rotate_token=rotate_token,
+        )
+    return result, job_id
 
 
 def up(

@@ -8,27 +8,27 @@ from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from provisioner.checks.cluster_checks import check_clock
+from provisioner.checks.facts import NodeFacts
+from provisioner.checks.findings import CATALOGUE, Finding, error, ordered, warning
+from provisioner.checks.gpu_checks import check_gpus, check_inside, check_models, parse_inside
+from provisioner.checks.neighbours import free_base
+from provisioner.checks.node_checks import (
+    check_address,
+    check_resources,
+    check_sudo,
+    check_tools,
+)
+from provisioner.checks.plan import PinFacts, Plan, plan_for
+from provisioner.checks.port_checks import check_neighbours, check_ports, check_stale_ray
+from provisioner.checks.ports import judge_probes, probe_plan
 from provisioner.console import Reporter, quiet
-from provisioner.doctor.cluster_checks import check_clock
-from provisioner.doctor.facts import NodeFacts
-from provisioner.doctor.findings import CATALOGUE, Finding, error, ordered, warning
 from provisioner.doctor.gather import (
     gather_facts,
     run_gpu_probes,
     run_probes,
     stop_listeners,
 )
-from provisioner.doctor.gpu_checks import check_gpus, check_inside, check_models, parse_inside
-from provisioner.doctor.neighbours import free_base
-from provisioner.doctor.node_checks import (
-    check_address,
-    check_resources,
-    check_sudo,
-    check_tools,
-)
-from provisioner.doctor.plan import PinFacts, Plan, plan_for
-from provisioner.doctor.port_checks import check_neighbours, check_ports, check_stale_ray
-from provisioner.doctor.ports import judge_probes, probe_plan
 from provisioner.errors import InputError, ProvisionerError
 from provisioner.gpu.plan import plans_for
 from provisioner.inventory import Inventory, Node
@@ -105,7 +105,7 @@ OWN_RAY_CHECKS = frozenset({"ray.stale", "ports.free", "ports.worker_range"})
 
 
 def explained_by_own_ray(
-    findings: list[Finding], facts: NodeFacts, cluster: str, runtime: str = "docker"
+    findings: list[Finding], facts: NodeFacts, cluster: str, runtime: str
 ) -> list[Finding]:
     """Pure: on a node running this cluster's Ray, busy Ray ports are that Ray, not a fault.
 
@@ -197,23 +197,25 @@ def deep_gpu_check(
     pin: PinFacts | None,
     report: Reporter,
     parallelism: int,
+    runtime: Runtime,
 ) -> list[Finding]:
-    """gpu.container on every node whose GPUs go to Ray (docker runtime, pinned image)."""
-    if inventory.runtime != "docker" or pin is None:
+    """gpu.container on every node whose GPUs go to Ray (a runtime that runs Ray in a
+    container of the pinned image)."""
+    if not (runtime.caps.containers and runtime.caps.needs_image) or pin is None:
         return [
             warning(
                 "gpu.container",
                 "local",
-                "--gpu-deep needs the docker runtime and an image pin (image.lock)",
+                "--gpu-deep needs a runtime that runs Ray in the pinned image's container "
+                f"(this inventory's: {runtime.name}) and an image pin (image.lock)",
                 "",
                 "set image.lock in the inventory (provisioner image build writes the pin)",
             )
         ]
-    plans = plans_for(inventory.nodes, {n: f.gpu for n, f in facts.items()}, "docker")
+    plans = plans_for(inventory.nodes, {n: f.gpu for n, f in facts.items()}, runtime.gpu_methods)
     if not plans:
         return []
     report(f"--gpu-deep: a container of the pinned image on {len(plans)} GPU node(s)")
-    runtime = runtime_for(inventory)
     commands = {
         name: command
         for name, plan in plans.items()
@@ -249,8 +251,9 @@ def run_doctor(
     `gpu_deep`: one more round on the nodes whose GPUs go to Ray: a container of the pinned
     image, with the GPU options `up` would use, must see them (gpu.container)."""
     started = time.monotonic()
+    runtime = runtime_for(inventory)  # an unknown runtime is refused before any round
     pin, findings = read_pin_facts(inventory)
-    plan = plan_for(inventory, pin, ray_up=ray_up, control_ray=control_ray_version())
+    plan = plan_for(inventory, pin, runtime.caps, ray_up=ray_up, control_ray=control_ray_version())
     timings: dict[str, float] = {}
     with ExitStack() as stack:
         pool = pool if pool is not None else stack.enter_context(Pool(inventory))
@@ -261,7 +264,7 @@ def run_doctor(
             pin.image_id if pin else "",
             reachability=reachability,
             parallelism=parallelism,
-            ray_state=runtime_for(inventory).state_command() if ray_state else "",
+            ray_state=runtime.state_command() if ray_state else "",
         )
         timings["facts"] = time.monotonic() - started
         rounds = 1
@@ -312,7 +315,9 @@ def run_doctor(
             rounds = 3
         if gpu_deep:
             t0 = time.monotonic()
-            findings += deep_gpu_check(pool, inventory, group.results, pin, report, parallelism)
+            findings += deep_gpu_check(
+                pool, inventory, group.results, pin, report, parallelism, runtime
+            )
             timings["gpu_deep"] = time.monotonic() - t0
             rounds += 1
     hosts = ["local", *(n.name for n in inventory.nodes), "cluster"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from importlib import resources
 
-from provisioner.doctor.facts import NodeFacts, parse_facts
-from provisioner.doctor.gpu_checks import PROBE
-from provisioner.doctor.ports import Probe, listen_ports, parse_probe_output
+from provisioner.checks.facts import NodeFacts, parse_facts
+from provisioner.checks.gpu_checks import PROBE
+from provisioner.checks.ports import Probe, listen_ports, parse_probe_output
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import GroupResult, Pool, fan_out
 from provisioner.remote.commands import command, script

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from provisioner.gpu.facts import GPU_KIND, GpuFacts, select
@@ -53,21 +53,23 @@ def accelerator_type(name: str) -> str | None:
     return str(found) if found else None
 
 
-def plan_gpus(node: Node, facts: GpuFacts, runtime: str) -> GpuPlan | None:
-    """Pure but for Ray's name rule: the GPUs Ray gets on `node` and the way in.
+# The runtime's ways of handing a node's GPUs to Ray, preferred first (`Runtime.gpu_methods`).
+Methods = Callable[[GpuFacts], tuple[str, ...]]
 
-    None: no GPU for Ray here (none there, none asked for, or no way into a container,
-    which the doctor reports as gpu.toolkit)."""
+
+def plan_gpus(node: Node, facts: GpuFacts, methods: Methods) -> GpuPlan | None:
+    """Pure but for Ray's name rule: the GPUs Ray gets on `node` and the way in, the
+    first of the runtime's `methods` for these facts.
+
+    None: no GPU for Ray here (none there, none asked for, or no way in, which the doctor
+    reports as gpu.toolkit)."""
     chosen = select(node, facts.gpus).chosen if facts.driver_ok else ()
     if not chosen:
         return None
-    if runtime == "host":
-        method = "host"
-    else:
-        methods = facts.methods()
-        if not methods:
-            return None
-        method = methods[0]
+    ways = methods(facts)
+    if not ways:
+        return None
+    method = ways[0]
     cdi = set(facts.cdi_gpus)
     names = tuple(g.uuid if g.uuid in cdi else str(g.index) for g in chosen)
     return GpuPlan(
@@ -80,13 +82,13 @@ def plan_gpus(node: Node, facts: GpuFacts, runtime: str) -> GpuPlan | None:
 
 
 def plans_for(
-    nodes: Sequence[Node], facts: Mapping[str, GpuFacts], runtime: str
+    nodes: Sequence[Node], facts: Mapping[str, GpuFacts], methods: Methods
 ) -> dict[str, GpuPlan]:
     """Every node's plan, for the nodes that get GPUs."""
     plans = {}
     for node in nodes:
         if node.name in facts:
-            plan = plan_gpus(node, facts[node.name], runtime)
+            plan = plan_gpus(node, facts[node.name], methods)
             if plan is not None:
                 plans[node.name] = plan
     return plans

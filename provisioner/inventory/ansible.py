@@ -37,7 +37,7 @@ from provisioner.inventory.fields import (
     check_user,
     closest,
 )
-from provisioner.inventory.models import HOST_KEY_POLICIES
+from provisioner.inventory.models import DEFAULT_RUNTIME, HOST_KEY_POLICIES
 from provisioner.inventory.raw import RawHost, RawInventory, RawSSH, relative_path
 
 INSTALL = "pip install 'provisioner[ansible]' (ansible-core 2.19)"
@@ -47,7 +47,7 @@ PROVISIONER_VARS = {
     "provisioner_host_key_policy": HOST_KEY_POLICIES_TEXT,
     "provisioner_jump": "jump host(s): [user@]host[:port][,...]",
     "provisioner_image_lock": "image lock file",
-    "provisioner_runtime": "docker | host",
+    "provisioner_runtime": "how Ray runs on the nodes: a runtime's name (default docker)",
     "provisioner_ray_python": "host runtime: the interpreter Ray runs with",
     "provisioner_ray_port_base": "first port of the cluster's block of Ray ports",
     "provisioner_ray_tls": "TLS on Ray's channels with the cluster's own CA (true | false)",
@@ -259,6 +259,9 @@ def to_raw(path: Path, document: dict[str, Any]) -> RawInventory:
         )
     known = common.get("provisioner_known_hosts")
     lock = common.get("provisioner_image_lock")
+    runtime, runtime_where = check_runtime(
+        str(common.get("provisioner_runtime", DEFAULT_RUNTIME)), top, "provisioner_runtime"
+    )
     return RawInventory(
         path=path,
         cluster=check_cluster(
@@ -271,9 +274,9 @@ def to_raw(path: Path, document: dict[str, Any]) -> RawInventory:
         known_hosts=(relative_path(path, str(known)),) if known else (),
         host_key_policy=policy,
         image_lock=relative_path(path, str(lock)) if lock else None,
-        runtime=check_runtime(
-            str(common.get("provisioner_runtime", "docker")), top, "provisioner_runtime"
-        ),
+        runtime=runtime,
+        runtime_where=runtime_where,
+        runtime_field="provisioner_runtime",
         ray_python=check_python(
             common.get("provisioner_ray_python"), top, "provisioner_ray_python"
         ),

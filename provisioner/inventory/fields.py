@@ -41,7 +41,7 @@ TOP_FIELDS = {
     "workers": "a list of worker nodes: addresses or {name, address, ...}",
     "image": "the image pin: {lock: PATH}",
     "ray": "Ray settings: {port_base, ports, shm_size, object_store_memory, python, tls}",
-    "runtime": "how Ray runs on the nodes: docker (the pinned image) | host (the node's Python)",
+    "runtime": "how Ray runs on the nodes: a runtime's name (default docker: the pinned image)",
     "scheduler": "instead of head and workers: {type: slurm, login, partition, nodes, time, ...}",
 }
 SSH_FIELDS = {
@@ -225,17 +225,21 @@ def check_jump(value: Any, where: Where, field: str) -> str | None:
     return text
 
 
-def check_runtime(value: Any, where: Where, field: str) -> str:
-    from provisioner.runtime import names
+_RUNTIME_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
-    known = names()
-    if value not in known:
+
+def check_runtime(value: Any, where: Where, field: str) -> tuple[str, str]:
+    """A runtime's name, as data, and where the inventory writes it (`FILE:LINE`):
+    the inventory checks its form; provisioner.runtime.registry refuses a name it does not
+    know, naming that place, before any verb runs."""
+    if not isinstance(value, str) or not _RUNTIME_NAME.match(value):
         raise where.error(
             field,
-            f"expected {' | '.join(known)}, got {value!r}",
-            "docker: Ray in the pinned image; host: Ray from each node's own Python",
+            f"expected a runtime's name, got {value!r}",
+            "name how Ray runs on the nodes, e.g. docker (the pinned image) or host "
+            "(each node's own Python)",
         )
-    return str(value)
+    return value, str(where)
 
 
 def check_python(value: Any, where: Where, field: str) -> str | None:

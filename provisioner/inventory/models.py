@@ -13,6 +13,10 @@ Role = Literal["head", "worker", "login"]  # login: a SLURM login node, never a 
 HostKeyPolicy = Literal["strict", "accept-new"]
 HOST_KEY_POLICIES: tuple[str, ...] = ("strict", "accept-new")
 
+# The runtime an inventory that names none gets. The inventory knows runtime names only as
+# data: which names exist, and what each does, is provisioner.runtime.registry's.
+DEFAULT_RUNTIME = "docker"
+
 
 @dataclass(frozen=True)
 class Hop:
@@ -187,14 +191,18 @@ class Inventory:
     image_lock: Path | None = None
     shm_size: int | None = None  # bytes; None: about 30% of the node's memory
     object_store_memory: int | None = None  # bytes; None: Ray's default
-    runtime: str = "docker"  # how Ray runs on the nodes: a module of provisioner.runtime
+    # how Ray runs on the nodes: a runtime's name, data here (provisioner.runtime.registry
+    # knows the runtimes and refuses an unknown name, at `runtime_where`)
+    runtime: str = DEFAULT_RUNTIME
     ray_python: str | None = None  # host runtime: the interpreter (None: a login shell's `ray`)
-    tls: bool = True  # TLS on Ray's channels, with the cluster's own CA (cluster.tls)
+    tls: bool = True  # TLS on Ray's channels, with the cluster's own CA (node.tls)
     # SLURM: what to ask for, and the login node; the head and workers are the allocated
     # nodes once `up` has them (until then the head is the login node, and `allocated` False)
     slurm: Slurm | None = None
     login: Node | None = None
     allocated: bool = True
+    runtime_where: str = ""  # where the inventory names its runtime (FILE:LINE)
+    runtime_field: str = "runtime"  # and by what name (Ansible: provisioner_runtime)
 
     @property
     def nodes(self) -> tuple[Node, ...]:

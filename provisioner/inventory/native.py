@@ -32,7 +32,7 @@ from provisioner.inventory.fields import (
     check_user,
 )
 from provisioner.inventory.located import LocatedList, LocatedMap
-from provisioner.inventory.models import HOST_KEY_POLICIES, RayPorts
+from provisioner.inventory.models import DEFAULT_RUNTIME, HOST_KEY_POLICIES, RayPorts
 from provisioner.inventory.raw import RawHost, RawInventory, RawSSH, relative_path
 from provisioner.inventory.scheduler import parse_scheduler
 
@@ -167,6 +167,9 @@ def parse_native(path: Path, document: Any) -> RawInventory:
     ray_where = _line(document, "ray", top)
     ray = _mapping(document.get("ray"), ray_where, "ray", RAY_FIELDS)
     timeout = ssh.get("connect_timeout")
+    runtime, runtime_where = check_runtime(
+        document.get("runtime", DEFAULT_RUNTIME), _line(document, "runtime", top), "runtime"
+    )
     return RawInventory(
         path=path,
         cluster=cluster,
@@ -194,9 +197,9 @@ def parse_native(path: Path, document: Any) -> RawInventory:
             _line(ray, "object_store_memory", ray_where),
             "ray.object_store_memory",
         ),
-        runtime=check_runtime(
-            document.get("runtime", "docker"), _line(document, "runtime", top), "runtime"
-        ),
+        runtime=runtime,
+        runtime_where=runtime_where,
+        runtime_field="runtime",
         ray_python=check_python(ray.get("python"), _line(ray, "python", ray_where), "ray.python"),
         tls=check_flag(ray.get("tls"), _line(ray, "tls", ray_where), "ray.tls", default=True),
         slurm=scheduler.slurm if scheduler else None,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from provisioner.inventory.fields import Where
-from provisioner.inventory.models import RayPorts, Slurm
+from provisioner.inventory.models import DEFAULT_RUNTIME, RayPorts, Slurm
 
 
 @dataclass
@@ -49,9 +49,11 @@ class RawInventory:
     image_lock: Path | None = None
     shm_size: int | None = None
     object_store_memory: int | None = None
-    runtime: str = "docker"
+    runtime: str = DEFAULT_RUNTIME
+    runtime_where: str = ""
+    runtime_field: str = "runtime"
     ray_python: str | None = None
-    tls: bool = True  # TLS on Ray's channels (cluster.tls)
+    tls: bool = True  # TLS on Ray's channels (node.tls)
     # SLURM (`scheduler:`): the login node (also `head` until the allocation is known)
     slurm: Slurm | None = None
 

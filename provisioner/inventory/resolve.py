@@ -256,6 +256,8 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
             shm_size=raw.shm_size,
             object_store_memory=raw.object_store_memory,
             runtime=raw.runtime,
+            runtime_where=raw.runtime_where,
+            runtime_field=raw.runtime_field,
             ray_python=raw.ray_python,
             tls=raw.tls,
             slurm=raw.slurm,
@@ -275,6 +277,8 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
         shm_size=raw.shm_size,
         object_store_memory=raw.object_store_memory,
         runtime=raw.runtime,
+        runtime_where=raw.runtime_where,
+        runtime_field=raw.runtime_field,
         ray_python=raw.ray_python,
         tls=raw.tls,
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import pwd
 import re
-import shlex
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -400,7 +399,3 @@ def lookup(
     if use_openssh:
         return run_ssh_g(alias, args, config)
     return paramiko_lookup(alias, args, config, home)
-
-
-def quote_args(args: Sequence[str]) -> str:
-    return shlex.join(args)

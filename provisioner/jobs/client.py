@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster.token import read_token_file
 from provisioner.errors import OperationError
+from provisioner.node.token import read_token_file
 
 
 @contextmanager

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import layout
 from provisioner.console import Reporter
 from provisioner.errors import OperationError
 from provisioner.jobs import spec as specs
@@ -21,6 +20,7 @@ from provisioner.jobs.link import Link
 from provisioner.jobs.pull import enter_command
 from provisioner.jobs.results import STATUS_FILE, pull_all
 from provisioner.jobs.submit import wait_until_done
+from provisioner.node import layout
 
 PROGRESS_BYTES = 64 * 1024  # the most of one job's progress.json read by `jobs list`
 

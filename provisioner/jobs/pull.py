@@ -28,7 +28,6 @@ A job may be hostile, and in docker mode it runs as root over this directory, so
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import posixpath
@@ -38,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import layout
 from provisioner.errors import InputError, ReceiveError, RemoteError, TooLargeError
 from provisioner.jobs import landing
+from provisioner.node import layout
 from provisioner.remote.receive import Limits, MiB, Receiver
 from provisioner.remote.session import Session
 
@@ -291,11 +290,3 @@ def _fetch(
 
 def _chunks(session: Session, command: str) -> Iterator[bytes]:
     yield from session.stream(command, idle_timeout=READ_TIMEOUT)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -15,12 +15,12 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.cluster import layout
 from provisioner.errors import InputError
 from provisioner.jobs.link import Link
 from provisioner.jobs.pull import enter_command
 from provisioner.jobs.spec import JOB_ID, RESUME_DIR
 from provisioner.jobs.upload import sendable_files
+from provisioner.node import layout
 from provisioner.remote.session import Session
 
 CHECKPOINT = re.compile(r"^iter-(\d+)$")

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster.layout import RESULTS_ROOT_ENV
 from provisioner.errors import InputError
+from provisioner.node.layout import RESULTS_ROOT_ENV
 
 # Where a job writes: $PROVISIONER_RESULTS_ROOT/JOB, the node's results directory (on the
 # head's own disk, outside the container), one directory per job.

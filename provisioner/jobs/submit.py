@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import layout
 from provisioner.errors import InputError, OperationError
 from provisioner.jobs.client import JOB_LOG_CAP, job_log, refused
 from provisioner.jobs.link import Link, Target
@@ -23,6 +22,7 @@ from provisioner.jobs.spec import EXCLUDES, JobSpec
 from provisioner.jobs.stream import Followed, Handlers, follow
 from provisioner.jobs.upload import Upload, plan_upload
 from provisioner.local import state_root
+from provisioner.node import layout
 
 SUCCEEDED = "SUCCEEDED"
 STOPPED = "STOPPED"

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError
+from provisioner.image.base import LABEL as LABEL  # the lab labels its nodes with it too
 from provisioner.local import state_root
 
 LAB_USER = "lab"
-LABEL = "io.provisioner.lab"
 DEFAULT_NAME = "lab"
 DEFAULT_SUBNET = "10.250.0.0/24"
 FIRST_HOST = 10  # node i gets the subnet's address .10 + i

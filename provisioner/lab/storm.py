@@ -32,13 +32,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster.layout import container_name
 from provisioner.errors import LabError
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.layout import container_name
 
 KINDS = ("worker_kill", "head_kill", "worker_cut", "client_kill", "sshd_restart", "worker_off")
 # Faults that fail the running attempt (a node that hosts an env runner, or the head, is

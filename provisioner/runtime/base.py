@@ -13,13 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from provisioner.node.capabilities import Capabilities
+
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from provisioner.checks.facts import NodeFacts
+    from provisioner.checks.findings import Finding
+    from provisioner.checks.plan import Plan
     from provisioner.console import Reporter
-    from provisioner.doctor.facts import NodeFacts
-    from provisioner.doctor.findings import Finding
-    from provisioner.doctor.plan import Plan
+    from provisioner.gpu.facts import GpuFacts
     from provisioner.gpu.plan import GpuPlan
     from provisioner.image.push import PushReport
     from provisioner.inventory import Inventory, Node
@@ -76,7 +79,9 @@ or more nodes lack layers (it then sends less over this machine's link), else di
 class Runtime(Protocol):
     """How Ray runs on the nodes of one cluster."""
 
-    name: str
+    name: str  # its name in the registry (shown to users; never branched on outside runtime/)
+    caps: Capabilities  # what it does, for the callers that must know
+    log_file: str  # the file name its own log gets in `logs`' folder of a node
     inventory: Inventory
     push: str  # how `prepare` sends the image: one of PUSH_MODES
     starting: str  # progress line of a start, with {role}: "starting the {role} container"
@@ -124,6 +129,16 @@ class Runtime(Protocol):
         runtime has no such place to check)."""
         ...
 
+    @property
+    def judges(self) -> Judges:
+        """The doctor's judges of its nodes."""
+        ...
+
+    def gpu_methods(self, facts: GpuFacts) -> tuple[str, ...]:
+        """Pure: the ways this runtime can hand the node's GPUs to Ray, preferred first
+        (none: no way in, which the doctor reports)."""
+        ...
+
     def running_test(self) -> str:
         """A shell condition, true while this cluster's Ray runs on the node."""
         ...
@@ -140,3 +155,6 @@ class Runtime(Protocol):
     def render_section(self, token_path: Path) -> RenderSection:
         """How Ray runs, for Ray's own launcher (`ray up`); `token_path`: the local token."""
         ...
+
+
+__all__ = ["PUSH_MODES", "Capabilities", "Judges", "RayState", "RenderSection", "Runtime"]

@@ -3,7 +3,7 @@
 The container is named after the cluster and carries its labels; Ray's temp dir is the
 node directory `~/.provisioner/clusters/CLUSTER/ray`, mounted at /tmp/ray so that logs
 survive the container; the token is a read-only file mount named by RAY_AUTH_TOKEN_PATH,
-so it never appears on a command line; so is the node's TLS folder (`cluster.tls`). A
+so it never appears on a command line; so is the node's TLS folder (`node.tls`). A
 restart policy restarts a crashed Ray.
 """
 
@@ -15,19 +15,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provisioner.cluster import layout, tls
-from provisioner.cluster.commands import ray_start_args
-from provisioner.cluster.token import read_cluster_id
-from provisioner.doctor import cluster_checks, node_checks
-from provisioner.doctor.facts import NodeFacts
-from provisioner.doctor.findings import Finding
-from provisioner.doctor.plan import Plan
+from provisioner.checks import cluster_checks, node_checks
+from provisioner.checks.facts import NodeFacts
+from provisioner.checks.findings import Finding
+from provisioner.checks.plan import Plan
 from provisioner.errors import InputError
+from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan, accelerator_label_env, docker_gpu_options, signature
 from provisioner.image.lock import CLUSTER_TAG, Pin
 from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node
-from provisioner.runtime.base import Judges, RayState, RenderSection
+from provisioner.node import layout, tls
+from provisioner.node.commands import ray_start_args
+from provisioner.node.token import read_cluster_id
+from provisioner.runtime.base import Capabilities, Judges, RayState, RenderSection
 from provisioner.runtime.docker_gpu import check_toolkit
 
 if TYPE_CHECKING:
@@ -245,10 +246,16 @@ def gpu_probe_command(image: str, gpus: GpuPlan) -> str:
     return " ".join([*words, "python3", "-"])
 
 
+# Ray in a container of the pinned image on each node.
+CAPS = Capabilities(containers=True, needs_image=True)
+
+
 class DockerRuntime:
     """Ray in the pinned image, one container per node."""
 
     name = "docker"
+    caps = CAPS
+    log_file = "container.log"
     push = "auto"
     starting = "starting the {role} container"
     stopping = "removing the Ray container"
@@ -298,6 +305,14 @@ class DockerRuntime:
     def gpu_probe_command(self, image: str, gpus: GpuPlan) -> str | None:
         return gpu_probe_command(image, gpus)
 
+    @property
+    def judges(self) -> Judges:
+        return JUDGES
+
+    @staticmethod
+    def gpu_methods(facts: GpuFacts) -> tuple[str, ...]:
+        return facts.methods()  # the ways this node's Docker hands GPUs to a container
+
     def stop_command(self, node: Node) -> str:
         return remove_container_command(self.cluster, self.cluster_id)
 
@@ -341,5 +356,5 @@ def own_ray(facts: NodeFacts, cluster: str) -> bool:
     return facts.holds_cluster(cluster, running=True)
 
 
-RUNTIME = DockerRuntime
 JUDGES = Judges(node=node_judges, cluster=cluster_checks.check_versions, own_ray=own_ray)
+RUNTIME = DockerRuntime

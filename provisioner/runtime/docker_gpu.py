@@ -4,8 +4,8 @@ facts of the doctor's one round trip."""
 
 from __future__ import annotations
 
-from provisioner.doctor.findings import Finding, error, ok
-from provisioner.doctor.gpu_checks import concerned, evidence
+from provisioner.checks.findings import Finding, error, ok
+from provisioner.checks.gpu_checks import concerned, evidence
 from provisioner.gpu.facts import GpuFacts
 from provisioner.inventory import Node
 

@@ -23,17 +23,18 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provisioner.cluster import layout, tls
-from provisioner.cluster.commands import ray_start_args
-from provisioner.cluster.token import read_cluster_id
-from provisioner.doctor.facts import NodeFacts, Shell
-from provisioner.doctor.findings import Finding, error, ok, warning
-from provisioner.doctor.plan import Plan
+from provisioner.checks.facts import NodeFacts, Shell
+from provisioner.checks.findings import Finding, error, ok, warning
+from provisioner.checks.plan import Plan
+from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan, host_gpu_env
 from provisioner.image.lock import Pin
 from provisioner.inventory import Inventory, Node
+from provisioner.node import layout, tls
+from provisioner.node.commands import ray_start_args
+from provisioner.node.token import read_cluster_id
 from provisioner.remote.commands import login_shell
-from provisioner.runtime.base import Judges, RayState, RenderSection
+from provisioner.runtime.base import Capabilities, Judges, RayState, RenderSection
 
 if TYPE_CHECKING:
     from provisioner.console import Reporter
@@ -73,7 +74,7 @@ def _interpreter(python: str | None) -> str:
 def _env(cluster: str, use_tls: bool = True) -> str:
     """The token by path, no usage stats, where jobs write their results (the node's
     results directory, as the docker runtime mounts it), and with `use_tls` the node's TLS
-    files (`cluster.tls`)."""
+    files (`node.tls`)."""
     secure = "".join(
         f" {k}={v}" for k, v in tls.ray_env(layout.node_tls_dir(cluster)).items() if use_tls
     )
@@ -428,10 +429,16 @@ def check_host_shell(node: Node, facts: NodeFacts) -> list[Finding]:
     return []
 
 
+# Ray from the node's own Python: no container, no image to deliver.
+CAPS = Capabilities(containers=False, needs_image=False)
+
+
 class HostRuntime:
     """Ray from each node's own Python (a virtualenv, a conda env, the system's)."""
 
     name = "host"
+    caps = CAPS
+    log_file = "host.log"
     push = "auto"  # nothing to push: the nodes bring their own Ray
     starting = "starting the {role}'s Ray from the node's own Python"
     stopping = "stopping this cluster's Ray processes"
@@ -464,6 +471,14 @@ class HostRuntime:
 
     def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
         return start_command(self.inventory, node, self.python, gpus, self.cluster_id)
+
+    @property
+    def judges(self) -> Judges:
+        return JUDGES
+
+    @staticmethod
+    def gpu_methods(facts: GpuFacts) -> tuple[str, ...]:
+        return ("host",)  # Ray's own processes see the node's GPUs (CUDA_VISIBLE_DEVICES)
 
     def gpu_probe_command(self, image: str, gpus: GpuPlan) -> str | None:
         return None  # no image: the doctor's host judges read the node's own stack
@@ -512,5 +527,5 @@ def own_ray(facts: NodeFacts, cluster: str) -> bool:
     return any(mark in line for line in facts.ray_processes for mark in marks)
 
 
-RUNTIME = HostRuntime
 JUDGES = Judges(node=node_judges, cluster=check_host_versions, own_ray=own_ray)
+RUNTIME = HostRuntime

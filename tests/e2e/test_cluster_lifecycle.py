@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.checks.facts import NodeFacts, parse_facts
 from provisioner.cli import run
 from provisioner.cluster import read_token, tunnel
-from provisioner.doctor.facts import NodeFacts, parse_facts
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.nodes import LabInfo

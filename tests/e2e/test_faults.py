@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.cluster.token import read_token
 from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin, write_pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.engine import client
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.token import read_token
 from tests.e2e.faults.lab import (
     Run,
     cli,

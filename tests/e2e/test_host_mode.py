@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.cluster import layout
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import docker_cli, exec_rc
 from provisioner.lab.nodes import LabInfo
 from provisioner.local import state_root
+from provisioner.node import layout
 from tests.e2e.faults.lab import _SSHD_BACK as SSHD_BACK
 from tests.e2e.helpers import cli, cli_json, ssh
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from provisioner.cluster.token import local_token_path
 from provisioner.inventory import load_inventory
 from provisioner.jobs import make_spec, submit
 from provisioner.jobs.client import AuthRefused
 from provisioner.jobs.link import Target
 from provisioner.jobs.stream import Handlers
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.token import local_token_path
 from tests.e2e.helpers import cli
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"

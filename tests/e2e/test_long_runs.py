@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from provisioner.cluster.layout import container_name
 from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.layout import container_name
 from tests.e2e.faults.lab import edited_inventory
 from tests.e2e.helpers import ssh
 from tests.e2e.test_jobs import PLAYBOOKS, cli

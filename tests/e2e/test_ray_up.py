@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from provisioner.cluster import layout
 from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
+from provisioner.node import layout
 from tests.e2e.helpers import ssh
 from tests.e2e.test_cluster_lifecycle import cli, cli_json, inventory  # noqa: F401
 

@@ -23,9 +23,9 @@ import yaml
 
 from provisioner.cli import run
 from provisioner.cluster import render
-from provisioner.cluster.token import local_token_path, read_token
 from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.token import local_token_path, read_token
 from provisioner.remote import Pool
 from provisioner.runtime import docker
 from provisioner.runtime.docker import DockerRuntime

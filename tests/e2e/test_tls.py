@@ -1,4 +1,4 @@
-"""Ray's traffic between nodes runs TLS with the cluster's own CA (`provisioner.cluster.tls`).
+"""Ray's traffic between nodes runs TLS with the cluster's own CA (`provisioner.node.tls`).
 
 On the lab, after `up`: the head's GCS port answers a TLS handshake with a certificate of
 the cluster's CA for the head's address, and speaks gRPC (HTTP/2) only to a client that
@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.cluster import tls
 from provisioner.inventory import Inventory, load_inventory
 from provisioner.lab.config import LabNode
 from provisioner.lab.nodes import LabInfo
+from provisioner.node import tls
 from tests.e2e.faults.lab import on_node, probe
 from tests.e2e.faults.record import scenario
 from tests.e2e.helpers import cli, cli_json

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.cluster import commands, down, status, token, up
+from provisioner.cluster import down, status, up
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.errors import InputError
+from provisioner.node import commands, token
 from provisioner.runtime import docker
 from provisioner.runtime.base import RayState
 from tests.unit.inventories import make_inventory
@@ -236,7 +237,7 @@ def test_a_container_with_another_clusters_id_is_not_this_clusters_state() -> No
 def test_the_cluster_id_is_made_once_private_and_read_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from provisioner.cluster import token
+    from provisioner.node import token
 
     monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
     inv = make_inventory(tmp_path)

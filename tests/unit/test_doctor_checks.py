@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.checks.cluster_checks import check_clock, check_versions
+from provisioner.checks.facts import NodeFacts, parse_facts
+from provisioner.checks.findings import CATALOGUE, Finding, ordered
+from provisioner.checks.plan import PinFacts, Plan
 from provisioner.doctor.api import node_findings
-from provisioner.doctor.cluster_checks import check_clock, check_versions
-from provisioner.doctor.facts import NodeFacts, parse_facts
-from provisioner.doctor.findings import CATALOGUE, Finding, ordered
-from provisioner.doctor.plan import PinFacts, Plan
 from provisioner.inventory import Node, RayPorts, SSHSettings
+from provisioner.runtime.docker import CAPS as DOCKER_CAPS
+from provisioner.runtime.host import CAPS as HOST_CAPS
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
 SSH = SSHSettings(user="lab")
@@ -26,7 +28,7 @@ HEAD, WORKER1, WORKER2 = (
     Node(n["name"], n["address"], n["role"], SSH)
     for n in json.loads((GOLDEN / "nodes.json").read_text())["nodes"]
 )
-PLAN = Plan(ports=RayPorts(), head=HEAD.name)
+PLAN = Plan(ports=RayPorts(), head=HEAD.name, caps=DOCKER_CAPS)
 
 
 def facts(name: str, node: Node) -> NodeFacts:
@@ -84,7 +86,7 @@ def test_ray_login_only_is_a_warning_in_both_runtimes() -> None:
     (finding,) = [f for f in judged("ray_login_only", WORKER1) if f.check == "shell.env"]
     assert finding.severity == "warning" and "command not found" in finding.message
     assert "/opt/provisioner-fault-ray/bin" in finding.fix
-    host = Plan(ports=RayPorts(), head=HEAD.name, runtime="host")
+    host = Plan(ports=RayPorts(), head=HEAD.name, runtime="host", caps=HOST_CAPS)
     (finding,) = [f for f in judged("ray_login_only", WORKER1, host) if f.check == "shell.env"]
     assert finding.severity == "warning" and "through a login shell" in finding.message
 
@@ -121,14 +123,14 @@ def test_address_not_on_node() -> None:
 
 def test_pinned_image_missing_and_arch() -> None:
     pin = PinFacts("sha256:" + "1" * 64, "3.11.2", "2.60.0", arch="arm64")
-    plan = Plan(ports=RayPorts(), head=HEAD.name, pin=pin)
+    plan = Plan(ports=RayPorts(), head=HEAD.name, pin=pin, caps=DOCKER_CAPS)
     findings = judged("healthy_head", HEAD, plan)
     assert ("image.present", "warning") in problems(findings)
     assert ("image.arch", "error") in problems(findings)
 
 
 def test_shm_larger_than_memory_is_an_error() -> None:
-    plan = Plan(ports=RayPorts(), head=HEAD.name, shm_size=10**15)
+    plan = Plan(ports=RayPorts(), head=HEAD.name, shm_size=10**15, caps=DOCKER_CAPS)
     assert ("resources.shm", "error") in problems(judged("healthy_head", HEAD, plan))
 
 
@@ -153,7 +155,9 @@ def test_rsync_needed_only_for_ray_up() -> None:
     f.rsync = ""
     plain = node_findings(HEAD, f, PLAN)
     assert not [x for x in plain if x.check == "tools.rsync"]
-    ray_up = node_findings(HEAD, f, Plan(ports=RayPorts(), head=HEAD.name, ray_up=True))
+    ray_up = node_findings(
+        HEAD, f, Plan(ports=RayPorts(), head=HEAD.name, ray_up=True, caps=DOCKER_CAPS)
+    )
     assert ("tools.rsync", "error") in problems(ray_up)
 
 
@@ -192,8 +196,8 @@ def test_docker_socket_output_parses_like_the_docker_cli_fallback() -> None:
 def test_node_text_in_a_fix_is_quoted_for_pasting() -> None:
     import shlex
 
-    from provisioner.doctor.facts import Container
-    from provisioner.doctor.port_checks import check_stale_ray
+    from provisioner.checks.facts import Container
+    from provisioner.checks.port_checks import check_stale_ray
 
     f = facts("ray_login_only", WORKER1)
     hostile_dir = "/opt/x $(touch /tmp/pwned)"

@@ -12,12 +12,14 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from provisioner.checks.facts import NodeFacts, parse_facts
+from provisioner.checks.findings import CATALOGUE, Finding, error
+from provisioner.checks.plan import Plan
 from provisioner.doctor.api import explained_by_own_ray, node_findings
-from provisioner.doctor.facts import NodeFacts, parse_facts
-from provisioner.doctor.findings import CATALOGUE, Finding, error
-from provisioner.doctor.plan import Plan
 from provisioner.inventory import Node, RayPorts, SSHSettings
 from provisioner.runtime import host, judges
+from provisioner.runtime.docker import CAPS as DOCKER_CAPS
+from provisioner.runtime.host import CAPS as HOST_CAPS
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
 SSH = SSHSettings(user="lab")
@@ -25,7 +27,7 @@ HEAD = Node("provisioner-e2e12h-0", "10.250.113.10", "head", SSH)
 W1 = Node("provisioner-e2e12h-1", "10.250.113.11", "worker", SSH)
 W2 = Node("provisioner-e2e12h-2", "10.250.113.12", "worker", SSH)
 RUNNING_HEAD = Node("provisioner-lead-host-0", "10.250.131.10", "head", SSH)
-PLAN = Plan(ports=RayPorts(), head=HEAD.name, runtime="host", control_ray="2.60.0")
+PLAN = Plan(ports=RayPorts(), head=HEAD.name, runtime="host", control_ray="2.60.0", caps=HOST_CAPS)
 
 
 def facts(name: str, node: Node) -> NodeFacts:
@@ -65,7 +67,7 @@ def test_dockers_disk_does_not_matter_in_host_mode() -> None:
     low = replace(full, disks=disks)
     host_disk = [f for f in node_findings(HEAD, low, PLAN) if f.check == "resources.disk"]
     assert root not in " ".join(f.message for f in host_disk)
-    docker = replace(PLAN, runtime="docker")
+    docker = replace(PLAN, runtime="docker", caps=DOCKER_CAPS)
     (bad_disk,) = [
         f
         for f in node_findings(HEAD, low, docker)

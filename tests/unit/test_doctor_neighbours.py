@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.checks.facts import NodeFacts, parse_facts
+from provisioner.checks.findings import Finding
+from provisioner.checks.neighbours import free_base, port_owner, rays_on_node
+from provisioner.checks.plan import Plan
 from provisioner.cluster.up import _refuse_foreign_gcs
 from provisioner.doctor.api import DoctorReport, node_findings
-from provisioner.doctor.facts import NodeFacts, parse_facts
-from provisioner.doctor.findings import Finding
-from provisioner.doctor.neighbours import free_base, port_owner, rays_on_node
-from provisioner.doctor.plan import Plan
 from provisioner.errors import OperationError
 from provisioner.inventory import Inventory, Node, RayPorts, SSHSettings
 from provisioner.runtime.base import RayState
+from provisioner.runtime.docker import CAPS as DOCKER_CAPS
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
 SSH = SSHSettings(user="lab")
@@ -34,7 +35,7 @@ def facts(name: str, node: Node) -> NodeFacts:
 
 
 def plan_for(cluster: str, ports: RayPorts, free: int | None = None) -> Plan:
-    return Plan(ports=ports, head=HEAD.name, cluster=cluster, free_base=free)
+    return Plan(ports=ports, head=HEAD.name, cluster=cluster, free_base=free, caps=DOCKER_CAPS)
 
 
 def by_check(findings: list[Finding], check: str) -> list[Finding]:
@@ -139,7 +140,9 @@ def test_host_mode_rays_are_told_by_their_node_directory() -> None:
     assert set(range(22100, 23000)) <= b.ports
     idle = [p.pid for p in head.ray_owners if p.title == "ray::IDLE"]
     assert idle and all(any(pid in r.pids for r in rays.values()) for pid in idle)
-    plan = Plan(ports=RayPorts.from_base(22500), head=node.name, cluster="i15-host-c")
+    plan = Plan(
+        ports=RayPorts.from_base(22500), head=node.name, cluster="i15-host-c", caps=DOCKER_CAPS
+    )
     (error,) = [
         f
         for f in node_findings(node, head, plan)

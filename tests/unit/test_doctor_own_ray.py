@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from provisioner.checks.facts import Container, NodeFacts
+from provisioner.checks.findings import Finding, error
 from provisioner.doctor.api import explained_by_own_ray
-from provisioner.doctor.facts import Container, NodeFacts
-from provisioner.doctor.findings import Finding, error
 
 BUSY = [
     error("ports.free", "n0", "port 6379 (gcs) is in use by gcs_server", "", "stop it"),
@@ -21,7 +21,7 @@ def facts(*containers: Container) -> NodeFacts:
 
 def test_own_running_ray_turns_its_port_findings_into_warnings() -> None:
     out = explained_by_own_ray(
-        BUSY, facts(Container("ray-demo", "sha256:x", "running", "demo")), "demo"
+        BUSY, facts(Container("ray-demo", "sha256:x", "running", "demo")), "demo", "docker"
     )
     assert [(f.check, f.severity) for f in out] == [
         ("ports.free", "warning"),
@@ -61,5 +61,5 @@ def test_other_clusters_or_stopped_containers_stay_errors() -> None:
         Container("ray-other", "x", "running", "other"),
         Container("ray-demo", "x", "exited", "demo"),
     ):
-        out: list[Finding] = explained_by_own_ray(BUSY, facts(c), "demo")
+        out: list[Finding] = explained_by_own_ray(BUSY, facts(c), "demo", "docker")
         assert [f.severity for f in out] == ["error"] * 3

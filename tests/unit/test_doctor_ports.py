@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from provisioner.doctor.ports import (
+from provisioner.checks.ports import (
     judge_probes,
     listen_ports,
     needed_ports,

@@ -16,23 +16,25 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.cluster import commands
+from provisioner.checks.facts import NodeFacts, parse_facts
+from provisioner.checks.findings import CATALOGUE, Finding
+from provisioner.checks.gpu_checks import check_gpus, check_inside, check_models, parse_inside
+from provisioner.checks.plan import PinFacts, Plan
 from provisioner.doctor.api import node_findings
-from provisioner.doctor.facts import NodeFacts, parse_facts
-from provisioner.doctor.findings import CATALOGUE, Finding
-from provisioner.doctor.gpu_checks import check_gpus, check_inside, check_models, parse_inside
-from provisioner.doctor.plan import PinFacts, Plan
 from provisioner.errors import InventoryError
 from provisioner.gpu.facts import GpuFacts, parse_cdi_spec, parse_gpu_facts
 from provisioner.gpu.plan import GpuPlan, docker_gpu_options, plan_gpus
 from provisioner.inventory import Node, RayPorts, SSHSettings, load_inventory
+from provisioner.node import commands
 from provisioner.runtime import docker, host
+from provisioner.runtime.docker import CAPS as DOCKER_CAPS
 from provisioner.runtime.docker_gpu import check_toolkit
+from provisioner.runtime.host import CAPS as HOST_CAPS
 from tests.unit.inventories import make_inventory
 
 GOLDEN = Path(__file__).parent / "golden"
 SSH = SSHSettings(user="lab")
-PLAN = Plan(ports=RayPorts(), head="head-0")
+PLAN = Plan(ports=RayPorts(), head="head-0", caps=DOCKER_CAPS)
 PIN_CPU = PinFacts("sha256:" + "a" * 64, "3.11.2", "2.60.0", "amd64", cuda="")
 PIN_CUDA = dataclasses.replace(PIN_CPU, cuda="12.8")
 
@@ -52,7 +54,7 @@ def node(**kw: object) -> Node:
 def judged(g: GpuFacts, n: Node | None = None, plan: Plan = PLAN) -> dict[str, Finding]:
     """The GPU checks, and in Docker mode the docker runtime's own (the container toolkit)."""
     findings = check_gpus(n or node(), NodeFacts("n", gpu=g), plan)
-    if not plan.host_mode:
+    if plan.caps.containers:
         findings += check_toolkit(n or node(), g)
     assert all(f.check in CATALOGUE for f in findings)
     return {f.check: f for f in findings}
@@ -198,7 +200,7 @@ def test_gpus_under_a_cpu_image_are_a_warning() -> None:
 
 
 def test_host_mode_needs_no_container_toolkit() -> None:
-    plan = dataclasses.replace(PLAN, runtime="host")
+    plan = dataclasses.replace(PLAN, runtime="host", caps=HOST_CAPS)
     f = NodeFacts("n", gpu=gpu_facts("no_toolkit_t4"))
     checks = {x.check for x in node_findings(node(), f, plan)}
     assert "gpu.driver" in checks and "gpu.toolkit" not in checks
@@ -261,8 +263,12 @@ def test_deep_check_container_that_did_not_run() -> None:
 # --- up: the GPU options of the container and of `ray start` -----------------------------------
 
 
+# Each runtime's ways of handing GPUs over (`Runtime.gpu_methods`), by the test's name.
+WAYS = {"docker": docker.DockerRuntime.gpu_methods, "host": host.HostRuntime.gpu_methods}
+
+
 def plan_for(name: str, n: Node | None = None, runtime: str = "docker") -> GpuPlan:
-    plan = plan_gpus(n or node(), gpu_facts(name), runtime)
+    plan = plan_gpus(n or node(), gpu_facts(name), WAYS[runtime])
     assert plan is not None
     return plan
 
@@ -309,10 +315,10 @@ def test_cdi_names_by_uuid_where_the_spec_lists_it() -> None:
 
 
 def test_no_plan_without_a_way_into_the_container_or_without_a_driver() -> None:
-    assert plan_gpus(node(), gpu_facts("no_toolkit_t4"), "docker") is None
-    assert plan_gpus(node(), gpu_facts("no_driver"), "docker") is None
-    assert plan_gpus(node(gpus=()), gpu_facts("cdi_only"), "docker") is None
-    assert plan_gpus(node(), gpu_facts("no_toolkit_t4"), "host") is not None
+    assert plan_gpus(node(), gpu_facts("no_toolkit_t4"), WAYS["docker"]) is None
+    assert plan_gpus(node(), gpu_facts("no_driver"), WAYS["docker"]) is None
+    assert plan_gpus(node(gpus=()), gpu_facts("cdi_only"), WAYS["docker"]) is None
+    assert plan_gpus(node(), gpu_facts("no_toolkit_t4"), WAYS["host"]) is not None
 
 
 def test_docker_run_of_a_gpu_node(tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.cluster.token import read_token_file
 from provisioner.errors import InputError
 from provisioner.jobs.client import auth_headers
 from provisioner.jobs.results import tail
@@ -28,6 +27,7 @@ from provisioner.jobs.spec import (
     make_spec,
 )
 from provisioner.jobs.stream import LineSplitter, progress_of, visible
+from provisioner.node.token import read_token_file
 
 
 def _playbook(tmp_path: Path, name: str = "train me.py") -> Path:

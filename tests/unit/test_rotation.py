@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.cluster import membership, rotation, token
+from provisioner.cluster import membership, rotation
 from provisioner.cluster.rotation import Exposed
+from provisioner.node import token
 from tests.unit.inventories import make_inventory
 
 SLURM_INV = """\

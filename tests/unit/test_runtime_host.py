@@ -10,7 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from provisioner.cluster import layout, render
+from provisioner.cluster import render
+from provisioner.node import layout
 from provisioner.runtime import host, names, runtime_for
 from provisioner.runtime.base import RayState
 from tests.unit.inventories import make_inventory

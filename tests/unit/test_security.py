@@ -18,9 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from provisioner.cluster import render, token
+from provisioner.cluster import render
 from provisioner.errors import InputError
 from provisioner.inventory import Inventory, Node, RayPorts, SSHSettings
+from provisioner.node import token
 from provisioner.remote.commands import masked
 from provisioner.runtime import docker
 from tests.unit.inventories import docker_runtime

@@ -309,8 +309,8 @@ def test_inventory_with_allocation_reaches_nodes_through_the_login_node(
 def test_another_jobs_ray_on_a_shared_node_is_a_warning_only() -> None:
     from dataclasses import replace
 
-    from provisioner.doctor.facts import NodeFacts
-    from provisioner.doctor.port_checks import check_stale_ray
+    from provisioner.checks.facts import NodeFacts
+    from provisioner.checks.port_checks import check_stale_ray
     from provisioner.inventory import Node, SSHSettings
 
     node = Node("n-1", "10.1.0.21", "head", SSHSettings(user="alice"))

@@ -1,4 +1,4 @@
-"""The cluster's CA and the nodes' certificates (provisioner.cluster.tls), and how the
+"""The cluster's CA and the nodes' certificates (provisioner.node.tls), and how the
 runtimes hand them to Ray."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from provisioner.cluster import tls
 from provisioner.errors import InputError
+from provisioner.node import tls
 from provisioner.runtime import docker, host
 from tests.unit.inventories import make_inventory
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from provisioner.checks.facts import parse_facts
 from provisioner.doctor.api import DoctorReport
-from provisioner.doctor.facts import parse_facts
 from provisioner.image.push import push_image
 from tests.unit.inventories import make_inventory
 from tests.unit.test_image_lock import make_pin

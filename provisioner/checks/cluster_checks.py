@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from provisioner.doctor.facts import NodeFacts
-from provisioner.doctor.findings import Finding, ok, warning
-from provisioner.doctor.plan import CLOCK_WARN_S, Plan
+from provisioner.checks.facts import NodeFacts
+from provisioner.checks.findings import Finding, ok, warning
+from provisioner.checks.plan import CLOCK_WARN_S, Plan
 
 
 def _versions(

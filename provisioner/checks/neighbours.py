@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from provisioner.doctor.facts import Container, NodeFacts, RayProcess
+from provisioner.checks.facts import Container, NodeFacts, RayProcess
 from provisioner.inventory import PORT_BLOCK, RayPorts
 
 # The --flags of raylet and gcs_server that name a port this node listens on, by the name

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import shlex
 
-from provisioner.cluster import layout
-from provisioner.doctor.facts import Listener, NodeFacts
-from provisioner.doctor.findings import Finding, error, ok, warning
-from provisioner.doctor.neighbours import RayOnNode, port_owner, rays_on_node
-from provisioner.doctor.plan import Plan
-from provisioner.doctor.ports import needed_ports
+from provisioner.checks.facts import Listener, NodeFacts
+from provisioner.checks.findings import Finding, error, ok, warning
+from provisioner.checks.neighbours import RayOnNode, port_owner, rays_on_node
+from provisioner.checks.plan import Plan
+from provisioner.checks.ports import needed_ports
 from provisioner.inventory import Node
+from provisioner.node import layout
 
 RAY_PROCESSES = ("raylet", "gcs_server", "ray::")
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from provisioner.inventory import Inventory, RayPorts
+from provisioner.inventory.models import DEFAULT_RUNTIME
+from provisioner.node.capabilities import Capabilities
 
 CLOCK_WARN_S = 1.0
 DISK_ERROR_GIB = 5.0  # the Ray image alone unpacks to about 2.5 GiB
@@ -33,7 +35,7 @@ class Plan:
     shm_size: int | None = None
     object_store_memory: int | None = None
     ray_up: bool = False  # the user will run Ray's own `ray up` with the rendered file
-    runtime: str = "docker"  # how Ray runs on the nodes (the inventory's `runtime:`)
+    runtime: str = DEFAULT_RUNTIME  # the runtime's name: which judges the doctor applies
     ray_python: str | None = None  # host mode: the interpreter the inventory names
     control_ray: str = ""  # the Ray version on this machine, which submits the jobs
     # the nodes may be shared (a SLURM allocation with its own port block): another Ray
@@ -41,15 +43,16 @@ class Plan:
     shared_nodes: bool = False
     cluster: str = ""  # this cluster's name (another cluster's Ray is told apart from it)
     free_base: int | None = None  # a `port_base` free on every node, once the facts are in
-
-    @property
-    def host_mode(self) -> bool:
-        """Ray comes from the nodes' own Python."""
-        return self.runtime == "host"
+    caps: Capabilities = field(kw_only=True)  # what the runtime does (`Runtime.caps`)
 
 
 def plan_for(
-    inventory: Inventory, pin: PinFacts | None, *, ray_up: bool = False, control_ray: str = ""
+    inventory: Inventory,
+    pin: PinFacts | None,
+    caps: Capabilities,
+    *,
+    ray_up: bool = False,
+    control_ray: str = "",
 ) -> Plan:
     return Plan(
         ports=inventory.ports,
@@ -63,4 +66,5 @@ def plan_for(
         control_ray=control_ray,
         shared_nodes=inventory.slurm is not None,
         cluster=inventory.cluster,
+        caps=caps,
     )

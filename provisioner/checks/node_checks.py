@@ -5,9 +5,9 @@ from __future__ import annotations
 import ipaddress
 import shlex
 
-from provisioner.doctor.facts import NodeFacts
-from provisioner.doctor.findings import Finding, error, ok, warning
-from provisioner.doctor.plan import (
+from provisioner.checks.facts import NodeFacts
+from provisioner.checks.findings import Finding, error, ok, warning
+from provisioner.checks.plan import (
     DISK_ERROR_GIB,
     DISK_WARN_GIB,
     MEMORY_WARN_GIB,
@@ -245,7 +245,7 @@ def check_resources(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
                 "lower ray.shm_size / ray.object_store_memory in the inventory",
             )
         )
-    elif f.shm_kb is not None and f.shm_kb * 1024 < store and plan.host_mode:
+    elif f.shm_kb is not None and f.shm_kb * 1024 < store and not plan.caps.containers:
         findings.append(
             warning(
                 "resources.shm",
@@ -298,8 +298,8 @@ def check_resources(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
     for disk in f.disks:
         free = disk.free_kb / GIB_KB
         is_docker = disk.path == (f.docker_root or "/var/lib/docker")
-        if is_docker and plan.host_mode:
-            continue  # host mode uses no Docker: its disk is not Ray's
+        if is_docker and not plan.caps.needs_image:
+            continue  # a runtime without an image uses no Docker: its disk is not Ray's
         low, warn = (DISK_ERROR_GIB, DISK_WARN_GIB) if is_docker else (1.0, TMP_WARN_GIB)
         what = (
             "Docker's data"

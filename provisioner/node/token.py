@@ -14,10 +14,10 @@ import secrets
 import stat
 from pathlib import Path
 
-from provisioner.cluster import layout
 from provisioner.errors import InputError
 from provisioner.inventory import Inventory
 from provisioner.local import private_dir
+from provisioner.node import layout
 
 TOKEN_FILE = "auth_token"
 CLUSTER_ID_FILE = "cluster_id"  # this state folder's cluster, told apart from namesakes

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from provisioner.doctor.findings import Finding, error
+from provisioner.checks.findings import Finding, error
 from provisioner.inventory import Node, RayPorts
 
 HEAD_ONLY = ("gcs", "dashboard", "client")

@@ -31,10 +31,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from provisioner.cluster import layout
 from provisioner.errors import InputError
 from provisioner.inventory import Inventory, Node
 from provisioner.local import private_dir
+from provisioner.node import layout
 
 CA_FILE = "tls_ca.pem"
 NEXT_CA_FILE = "tls_ca.next.pem"  # a rotation under way: the CA the nodes are being given

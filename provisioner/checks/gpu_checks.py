@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from provisioner.doctor.facts import NodeFacts
-from provisioner.doctor.findings import Finding, error, ok, warning
-from provisioner.doctor.plan import Plan
+from provisioner.checks.facts import NodeFacts
+from provisioner.checks.findings import Finding, error, ok, warning
+from provisioner.checks.plan import Plan
 from provisioner.gpu.facts import GpuFacts, select
 from provisioner.inventory import Node
 
@@ -131,7 +131,7 @@ def check_count(node: Node, g: GpuFacts) -> list[Finding]:
 
 def check_cuda(node: Node, g: GpuFacts, plan: Plan) -> list[Finding]:
     """The driver against the pinned image's CUDA (docker mode, when the pin is known)."""
-    if plan.pin is None or plan.host_mode or not g.driver_ok:
+    if plan.pin is None or not plan.caps.needs_image or not g.driver_ok:
         return []
     cuda = plan.pin.cuda
     if not cuda:

@@ -1,0 +1,196 @@
+"""The base image the cluster image is built FROM when `image build` is given none: Debian
+bookworm with Python 3.11, built locally with debootstrap (or FROM a registry image named
+in $PROVISIONER_BASE_IMAGE where a registry is reachable), reused until its recipe changes
+(the tag carries a hash of it). The lab builds its node images on it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from docker.errors import BuildError, ImageNotFound
+
+from provisioner.console import Reporter, quiet
+from provisioner.errors import OperationError, PrerequisiteError
+from provisioner.local import build_lock, need, state_root
+from provisioner.local import docker_client as client
+
+# The label on every local image this tool builds for its own use (the lab's cleanup and
+# `docker image ls --filter label=...` find them by it).
+LABEL = "io.provisioner.lab"
+
+SUITE = "bookworm"
+BASE_PACKAGES = (
+    "python3",
+    "python3-venv",
+    "openssh-client",
+    "rsync",
+    "ca-certificates",
+    "iproute2",
+    "procps",
+)
+
+
+def _digest(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()[:12]
+
+
+def base_tag(registry_base: str | None = None) -> str:
+    source = registry_base or f"debootstrap:{SUITE}"
+    return f"provisioner-base:{SUITE}-{_digest(source, *BASE_PACKAGES)}"
+
+
+def debian_mirror() -> str:
+    """The Debian mirror this machine already uses ($PROVISIONER_DEBIAN_MIRROR overrides)."""
+    env = os.environ.get("PROVISIONER_DEBIAN_MIRROR")
+    if env:
+        return env
+    candidates = sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))
+    for path in candidates:
+        for line in path.read_text().splitlines():
+            if line.startswith("URIs:") and "security" not in line:
+                return line.split()[1]
+    legacy = Path("/etc/apt/sources.list")
+    if legacy.exists():
+        for line in legacy.read_text().splitlines():
+            m = re.match(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+" + SUITE + r"\s", line)
+            if m:
+                return m.group(1)
+    raise PrerequisiteError(
+        "cannot find a Debian mirror in /etc/apt/sources.list(.d)",
+        "set PROVISIONER_DEBIAN_MIRROR to your Debian mirror's URL",
+    )
+
+
+def ensure_base_image(report: Reporter = quiet) -> str:
+    """The tag of the local base image, building it once (debootstrap, about a minute)."""
+    with build_lock(report):
+        return _ensure_base_image(report)
+
+
+def _ensure_base_image(report: Reporter = quiet) -> str:
+    registry_base = os.environ.get("PROVISIONER_BASE_IMAGE")
+    tag = base_tag(registry_base)
+    if _exists(tag):
+        return tag
+    if registry_base:
+        _build_from_registry(registry_base, tag, report)
+    else:
+        _build_with_debootstrap(tag, report)
+    return tag
+
+
+def _build_from_registry(registry_base: str, tag: str, report: Reporter) -> None:
+    dockerfile = (
+        f"FROM {registry_base}\n"
+        "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "
+        f"--no-install-recommends {' '.join(BASE_PACKAGES)} && rm -rf /var/lib/apt/lists/*\n"
+    )
+    with tempfile.TemporaryDirectory() as ctx:
+        Path(ctx, "Dockerfile").write_text(dockerfile)
+        _build(Path(ctx), tag, report)
+
+
+def _build_with_debootstrap(tag: str, report: Reporter) -> None:
+    debootstrap = need("debootstrap", "debootstrap")
+    mirror = debian_mirror()
+    cache = state_root() / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    rootfs = Path(tempfile.mkdtemp(prefix="rootfs-", dir=cache))
+    try:
+        report(f"building the base image {tag} with debootstrap from {mirror} (about a minute)")
+        cmd = [
+            debootstrap,
+            "--variant=minbase",
+            f"--include={','.join(BASE_PACKAGES)}",
+            SUITE,
+            str(rootfs),
+            mirror,
+        ]
+        _run_reporting(cmd, report, "debootstrap")
+        (rootfs / "etc" / "resolv.conf").write_text("")  # docker provides its own at run time
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for item in (rootfs / junk).glob("*"):
+                if item.is_file():
+                    item.unlink()
+        report("importing the root filesystem into docker")
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        imp = subprocess.run(
+            [
+                need("docker", "docker.io"),
+                "import",
+                "-c",
+                'CMD ["/bin/bash"]',
+                "-c",
+                f"LABEL {LABEL}=base",
+                "-",
+                tag,
+            ],
+            stdin=tar.stdout,
+            capture_output=True,
+            check=False,
+        )
+        tar.wait()
+        if imp.returncode != 0 or tar.returncode != 0:
+            tail = imp.stderr.decode()[-400:]
+            raise OperationError(f"docker import of the base image failed: {tail}")
+    finally:
+        shutil.rmtree(rootfs, ignore_errors=True)
+
+
+def _run_reporting(cmd: list[str], report: Reporter, what: str) -> None:
+    """Run a slow command, reporting a line of its output every few seconds."""
+    last = 0.0
+    tail: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail = [*tail[-9:], line.rstrip()]
+            now = time.monotonic()
+            if now - last > 5:
+                report(f"{what}: {line.strip()[:100]}")
+                last = now
+    if proc.returncode != 0:
+        raise OperationError(f"{what} failed (exit {proc.returncode}): " + " | ".join(tail[-3:]))
+
+
+def _exists(tag: str) -> bool:
+    try:
+        client().images.get(tag)
+    except ImageNotFound:
+        return False
+    return True
+
+
+def _build(context: Path, tag: str, report: Reporter) -> None:
+    last = 0.0
+    try:
+        for chunk in client().api.build(
+            path=str(context),
+            dockerfile="Dockerfile",
+            tag=tag,
+            labels={LABEL: "image"},
+            rm=True,
+            decode=True,
+            network_mode="bridge",
+        ):
+            if "error" in chunk:
+                raise OperationError(f"building {tag} failed: {chunk['error'].strip()}")
+            line = str(chunk.get("stream", "")).strip()
+            now = time.monotonic()
+            if line and (line.startswith("Step") or now - last > 5):
+                report(f"build {tag}: {line[:100]}")
+                last = now
+    except BuildError as exc:
+        raise OperationError(f"building {tag} failed: {exc}") from exc
