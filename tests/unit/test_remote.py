@@ -87,9 +87,9 @@ def test_fan_out_runs_nodes_at_once_up_to_the_bound() -> None:
     assert peak[0] == 4
 
 
-def tr(exc: BaseException, port: int = 22, key: Path | None = None) -> ConnectError:
+def tr(exc: BaseException, port: int = 22, keys: tuple[Path, ...] = ()) -> ConnectError:
     error = translate(
-        exc, host="n", address="10.0.0.1", port=port, user="u", key=key, known_hosts=(), timeout=3
+        exc, host="n", address="10.0.0.1", port=port, user="u", keys=keys, known_hosts=(), timeout=3
     )
     assert isinstance(error, ConnectError)
     return error
@@ -104,7 +104,7 @@ def test_translate_kinds() -> None:
     assert tr(TimeoutError()).kind == "timeout"
     assert tr(OSError(errno.EHOSTUNREACH, "no route")).kind == "unreachable"
     assert tr(paramiko.SSHException("Error reading SSH protocol banner")).kind == "banner-timeout"
-    auth = tr(paramiko.AuthenticationException("x"), key=Path("/k/id"))
+    auth = tr(paramiko.AuthenticationException("x"), keys=(Path("/k/id"),))
     assert auth.kind == "auth" and "/k/id" in (auth.fix or "")
 
 
@@ -121,7 +121,7 @@ def test_translate_changed_host_key_gives_exact_fix(
         address="10.0.0.1",
         port=2222,
         user="u",
-        key=None,
+        keys=(),
         known_hosts=(known,),
         timeout=3,
     )

@@ -13,6 +13,9 @@ ProxyCommand. `ssh -G` connects nowhere.
 
 from __future__ import annotations
 
+import functools
+import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,7 @@ import pytest
 from provisioner.errors import InventoryError
 from provisioner.inventory import Inventory, load_inventory
 from provisioner.inventory.models import Node
-from provisioner.inventory.sshconfig import login_home, parse_ssh_g
+from provisioner.inventory.sshconfig import parse_ssh_g
 
 
 @dataclass
@@ -112,15 +115,31 @@ C = [
         "Host pct\n  HostName 10.5.0.1\n  IdentityFile {d}/key%%1\n",
         "pct",
         files=(("key%1", "k"),),
-        refuse="% tokens",
     ),
     Case(
         "token-identity",
         "Host tok\n  User tokusr\n  IdentityFile {d}/id_%r\n",
         "tok",
         files=(("id_tokusr", "k"),),
-        refuse="% tokens",
     ),
+    Case(
+        "token-identity-host-port",
+        "Host tok2\n  HostName Tok2.Example.com\n  Port 2298\n  IdentityFile {d}/id_%h_%p_%n\n",
+        "tok2",
+        files=(("id_tok2.example.com_2298_tok2", "k"),),
+    ),
+    Case(
+        "token-identity-unknown",
+        "Host tok3\n  IdentityFile {d}/id_%f\n",
+        "tok3",
+        refuse="%f is not a token IdentityFile takes",
+    ),
+    Case(
+        "identity-named-default",
+        "Host nd\n  IdentityFile ~/.ssh/id_rsa\n",
+        "nd",
+    ),
+    Case("identity-none", "Host inone\n  IdentityFile none\n", "inone"),
     Case("tilde-identity", "Host tl\n  IdentityFile ~/.ssh/id_nowhere_14\n", "tl"),
     Case("trailing-comment", "Host tc\n  HostName 10.6.0.1 # the rack\n  Port 2210 # ssh\n", "tc"),
     Case("quoted-values", 'Host qv\n  HostName "10.6.0.2"\n  User "quoted"\n', "qv"),
@@ -221,16 +240,38 @@ def ssh_g(config: Path, host: str, user: str | None, port: int | None) -> dict[s
     return parse_ssh_g(done.stdout)
 
 
-def expected_key(files: list[str]) -> Path | None:
-    home = login_home()
-    paths = [Path(str(home) + f[1:] if f.startswith("~/") else f).absolute() for f in files]
-    defaults = {
-        home / ".ssh" / n
-        for n in ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk", "id_xmss")
-    }
-    if all(p in defaults for p in paths):
-        return None
-    return next((p for p in paths if p.is_file()), None)
+@functools.cache
+def openssh_defaults() -> tuple[str, ...]:
+    """The identity files this `ssh` adds when none is named: `ssh -G` of an empty config."""
+    return tuple(ssh_g(Path(os.devnull), "defaults.invalid", None, None)["identityfile"])
+
+
+def ssh_loads(config: Path, host: str, user: str | None, port: int | None) -> list[str]:
+    """The identity files `ssh -v` loads for `host`, in its order, every token, ${VAR} and ~
+    expanded by OpenSSH itself ("identity file X type N", each followed by its X-cert). It
+    connects nowhere: a ProxyCommand that exits stands in for the connection."""
+    args = ["ssh", "-v", "-F", str(config), "-o", "BatchMode=yes", "-o", "ProxyCommand=exec true"]
+    args += ["-l", user] if user else []
+    args += ["-p", str(port)] if port else []
+    done = subprocess.run(
+        [*args, "--", host, "true"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=30,
+        check=False,
+    )
+    files = re.findall(r"^debug1: identity file (.*) type -?\d+$", done.stderr, re.MULTILINE)
+    return [f for i, f in enumerate(files) if not (i and f == files[i - 1] + "-cert")]
+
+
+def expected_keys(listed: list[str], loaded: list[str]) -> tuple[Path | None, tuple[Path, ...]]:
+    """(the key named, the key files offered) as OpenSSH has them: `listed` by `ssh -G`,
+    `loaded` (expanded) by `ssh -v`. Named: the first that exists, None when only the
+    defaults are listed; offered: every loaded file that exists."""
+    existing = tuple(Path(f) for f in loaded if Path(f).is_file())
+    named = tuple(listed) != openssh_defaults()
+    return (existing[0] if named and existing else None), existing
 
 
 def _hop_spec(spec: str) -> tuple[str | None, str, int | None]:
@@ -244,14 +285,24 @@ def _hop_spec(spec: str) -> tuple[str | None, str, int | None]:
     return user or None, host, int(port) if port else None
 
 
-def connection_pair(node: Node, want: dict[str, list[str]]) -> tuple[tuple[object, ...], ...]:
-    """(ours, what `ssh -G` says): address, user, port, key and jump of one node."""
-    got = (node.address, node.ssh.user, node.ssh.port, node.ssh.key, node.ssh.jump)
+def connection_pair(
+    node: Node, want: dict[str, list[str]], loaded: list[str]
+) -> tuple[tuple[object, ...], ...]:
+    """(ours, what `ssh -G` and `ssh -v` say): address, user, port, the key named, the key
+    files offered and the jump of one node."""
+    got = (
+        node.address,
+        node.ssh.user,
+        node.ssh.port,
+        node.ssh.key,
+        node.ssh.identity_files,
+        node.ssh.jump,
+    )
     expected = (
         want["hostname"][0],
         want["user"][0],
         int(want["port"][0]),
-        expected_key(want.get("identityfile", [])),
+        *expected_keys(want.get("identityfile", []), loaded),
         want.get("proxyjump", [None])[0],
     )
     return got, expected
@@ -260,7 +311,7 @@ def connection_pair(node: Node, want: dict[str, list[str]]) -> tuple[tuple[objec
 def check_against_ssh_g(case: Case, inventory: Inventory, config: Path) -> None:
     want = ssh_g(config, case.host, case.user, case.port)
     node = inventory.head
-    got, expected = connection_pair(node, want)
+    got, expected = connection_pair(node, want, ssh_loads(config, case.host, case.user, case.port))
     assert got == expected, f"{case.name}: ssh -G {expected}, provisioner {got}"
     assert (node.ssh.proxy_command is not None) == ("proxycommand" in want)
     jump = want.get("proxyjump", [""])[0]
