@@ -246,15 +246,15 @@ def openssh_defaults() -> tuple[str, ...]:
     return tuple(ssh_g(Path(os.devnull), "defaults.invalid", None, None)["identityfile"])
 
 
-def ssh_loads(config: Path, host: str, user: str | None, port: int | None) -> list[str]:
-    """The identity files `ssh -v` loads for `host`, in its order, every token, ${VAR} and ~
-    expanded by OpenSSH itself ("identity file X type N", each followed by its X-cert). It
-    connects nowhere: a ProxyCommand that exits stands in for the connection."""
+def ssh_loads(config: Path, argv: list[str]) -> list[str]:
+    """The identity files `ssh -v ... ARGV true` loads (ARGV ends with the host), in its
+    order, every token, ${VAR} and ~ expanded by OpenSSH itself ("identity file X type N",
+    each followed by its X-cert). It connects nowhere: a ProxyCommand that exits stands in
+    for the connection, and no control socket is made."""
     args = ["ssh", "-v", "-F", str(config), "-o", "BatchMode=yes", "-o", "ProxyCommand=exec true"]
-    args += ["-l", user] if user else []
-    args += ["-p", str(port)] if port else []
+    args += ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
     done = subprocess.run(
-        [*args, "--", host, "true"],
+        [*args, *argv, "true"],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
@@ -263,6 +263,11 @@ def ssh_loads(config: Path, host: str, user: str | None, port: int | None) -> li
     )
     files = re.findall(r"^debug1: identity file (.*) type -?\d+$", done.stderr, re.MULTILINE)
     return [f for i, f in enumerate(files) if not (i and f == files[i - 1] + "-cert")]
+
+
+def host_argv(host: str, user: str | None, port: int | None) -> list[str]:
+    """`ssh [-l USER] [-p PORT] -- HOST`, as a case names the host."""
+    return [*(["-l", user] if user else []), *(["-p", str(port)] if port else []), "--", host]
 
 
 def expected_keys(listed: list[str], loaded: list[str]) -> tuple[Path | None, tuple[Path, ...]]:
@@ -311,7 +316,9 @@ def connection_pair(
 def check_against_ssh_g(case: Case, inventory: Inventory, config: Path) -> None:
     want = ssh_g(config, case.host, case.user, case.port)
     node = inventory.head
-    got, expected = connection_pair(node, want, ssh_loads(config, case.host, case.user, case.port))
+    got, expected = connection_pair(
+        node, want, ssh_loads(config, host_argv(case.host, case.user, case.port))
+    )
     assert got == expected, f"{case.name}: ssh -G {expected}, provisioner {got}"
     assert (node.ssh.proxy_command is not None) == ("proxycommand" in want)
     jump = want.get("proxyjump", [""])[0]
