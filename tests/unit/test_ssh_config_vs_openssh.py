@@ -25,7 +25,7 @@ import pytest
 from provisioner.errors import InventoryError
 from provisioner.inventory import Inventory, load_inventory
 from provisioner.inventory.models import Node
-from provisioner.inventory.sshconfig import parse_ssh_g
+from provisioner.inventory.sshconfig import names_defaults, openssh_default_keys, parse_ssh_g
 
 
 @dataclass
@@ -378,3 +378,73 @@ def test_fallback_without_openssh_agrees_or_refuses(name: str, tmp_path: Path) -
         return
     assert not case.refuse, f"{name}: the fallback accepted what OpenSSH's reading refuses"
     check_against_ssh_g(case, inventory, config)
+
+
+# --- IdentityFile's tokens, ${VAR} and ~, as `ssh -v` expands them --------------------------
+
+TOKEN_CONFIG = (
+    "Host tokalias\n  HostName Tok.Example.org\n  User tokuser\n  Port 2297\n"
+    "  IdentityFile {d}/k/{value}/id\n"
+)
+EXPANSIONS = [
+    "%d", "%u", "%h", "%r", "%n", "%p", "%i", "%L", "%l", "%C", "%%", "%k",
+    "${HOME}", "%h-%p%%%r_%C",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", EXPANSIONS)
+def test_identity_file_expanded_as_ssh_expands_it(value: str, tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    raw = f"{tmp_path}/k/{value}/id"
+    config.write_text(TOKEN_CONFIG.format(d=tmp_path, value=value))
+    loaded = ssh_loads(config, ["--", "tokalias"])
+    assert len(loaded) == 1 and loaded[0] != raw, loaded  # ssh expanded something
+    key = Path(loaded[0])
+    key.parent.mkdir(parents=True, exist_ok=True)
+    key.write_text("k")
+    key.chmod(0o600)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text('cluster: c\nhead: {"name": "head", "address": "tokalias"}\n')
+    node = load_inventory(inventory, ssh_config=config, openssh=True).head
+    assert (node.ssh.key, node.ssh.identity_files) == (key, (key,))
+
+
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        ("id_%f", "%f is not a token"),
+        ("id_${PROVISIONER_NOT_SET_29}", "not a set environment variable"),
+        ("id_%", "% is not a token"),
+    ],
+)
+def test_identity_file_ssh_cannot_expand_is_refused(value: str, said: str, tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host bad\n  IdentityFile {tmp_path}/{value}\n")
+    done = subprocess.run(
+        ["ssh", "-v", "-F", str(config), "-o", "ProxyCommand=exec true", "bad", "true"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 255 and "identity file" not in done.stderr  # ssh gives up
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text('cluster: c\nhead: {"name": "head", "address": "bad"}\n')
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(inventory, ssh_config=config, openssh=True)
+    assert said in caught.value.message and caught.value.fix and caught.value.exit_code == 2
+
+
+def test_defaults_are_what_this_openssh_lists() -> None:
+    """Whatever a version lists (9.2 adds id_dsa, 9.8 and later drop it), its own list is
+    taken as the defaults, and a list naming fewer, more or other files is a named list."""
+    listed_92 = [f"~/.ssh/{n}" for n in ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519")]
+    listed_92 += [f"~/.ssh/{n}" for n in ("id_ed25519_sk", "id_xmss", "id_dsa")]
+    listed_98 = listed_92[:-1]
+    for listed in (listed_92, listed_98):
+        assert names_defaults(listed, listed) and names_defaults([], listed)
+        assert not names_defaults(listed[:1], listed)
+        assert not names_defaults([*listed, "/k"], listed)
+    assert not names_defaults(listed_92, listed_98) and not names_defaults(listed_98, listed_92)
+    assert list(openssh_default_keys()) == list(openssh_defaults())  # this machine's own
