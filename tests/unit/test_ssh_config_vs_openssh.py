@@ -13,19 +13,28 @@ ProxyCommand. `ssh -G` connects nowhere.
 
 from __future__ import annotations
 
+import base64
 import functools
+import json
 import os
 import re
+import socket
 import subprocess
+import sys
+import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import paramiko
 import pytest
 
 from provisioner.errors import InventoryError
 from provisioner.inventory import Inventory, load_inventory
 from provisioner.inventory.models import Node
 from provisioner.inventory.sshconfig import names_defaults, openssh_default_keys, parse_ssh_g
+from tests.account_home import home_env, in_account_home
 
 
 @dataclass
@@ -448,3 +457,204 @@ def test_defaults_are_what_this_openssh_lists() -> None:
         assert not names_defaults([*listed, "/k"], listed)
     assert not names_defaults(listed_92, listed_98) and not names_defaults(listed_98, listed_92)
     assert list(openssh_default_keys()) == list(openssh_defaults())  # this machine's own
+
+
+# --- a home of default keys: what `ssh` offers and gets in with, against provisioner ---------
+#
+# The account's home (not $HOME: OpenSSH reads the passwd entry) is a temporary directory
+# holding some of OpenSSH's default keys, with no agent and no config naming a key. The
+# server is an in-process SSH server on loopback that records each public key offered and
+# takes only the authorized one. `ssh -v` and provisioner connect to it in turn from the
+# same home; they must offer the same keys in the same order and get in (or not) alike.
+
+PROBE = """
+import json, sys
+from pathlib import Path
+from provisioner.errors import ProvisionerError
+from provisioner.inventory import load_inventory
+from provisioner.remote.session import Session
+node = load_inventory(Path(sys.argv[1])).head
+out = {"key": str(node.ssh.key or ""), "offered": [str(p) for p in node.ssh.identity_files or ()]}
+try:
+    Session.connect(node).close()
+    out["ok"] = True
+except ProvisionerError as exc:
+    out.update(ok=False, message=exc.message, fix=exc.fix)
+print(json.dumps(out))
+"""
+
+
+class RecordingServer(paramiko.ServerInterface):
+    """Public-key authentication only; every key offered is recorded, one is taken."""
+
+    def __init__(self, authorized: bytes | None) -> None:
+        self.authorized = authorized
+        self.offered: list[str] = []
+        self.ran = threading.Event()
+
+    def get_allowed_auths(self, username: str) -> str:
+        return "publickey"
+
+    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
+        if not self.offered or self.offered[-1] != key.fingerprint:
+            self.offered.append(key.fingerprint)
+        ok = self.authorized is not None and key.asbytes() == self.authorized
+        return paramiko.AUTH_SUCCESSFUL if ok else paramiko.AUTH_FAILED
+
+    def check_channel_request(self, kind: str, chanid: int) -> int:
+        return paramiko.OPEN_SUCCEEDED
+
+    def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
+        self.ran.set()
+        return True
+
+
+def serve_one(listener: socket.socket, host_key: paramiko.PKey, server: RecordingServer) -> None:
+    conn, _ = listener.accept()
+    transport = paramiko.Transport(conn)
+    transport.add_server_key(host_key)
+    try:
+        transport.start_server(server=server)
+        while transport.is_active():
+            channel = transport.accept(0.2)
+            if channel is not None and server.ran.wait(10):
+                channel.send_exit_status(0)
+                channel.close()
+    except (paramiko.SSHException, EOFError, OSError):
+        pass
+    finally:
+        transport.close()
+
+
+@functools.cache
+def default_keypairs() -> dict[str, tuple[str, str]]:
+    """name -> (private, public) text of one key of each type a default name holds."""
+    kinds = {"id_rsa": "rsa", "id_ecdsa": "ecdsa", "id_ed25519": "ed25519", "id_dsa": "dsa"}
+    made = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, kind in kinds.items():
+            path = Path(tmp) / name
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", name, "-f", str(path)],
+                check=True,
+            )
+            made[name] = (path.read_text(), path.with_suffix(".pub").read_text())
+    return made
+
+
+def fingerprint(public: str) -> str:
+    kind, blob = public.split()[:2]
+    return paramiko.PKey.from_type_string(kind, base64.b64decode(blob)).fingerprint
+
+
+@dataclass
+class Tried:
+    ok: bool
+    offered: list[str]  # fingerprints, as the server saw them
+    said: dict[str, Any]
+
+
+def connect_from_home(
+    tmp_path: Path, keys: tuple[str, ...], authorized: str | None
+) -> tuple[Tried, Tried, list[str]]:
+    """(ssh, provisioner, the files ssh loaded) from a home holding `keys`."""
+    home = tmp_path / "account"
+    (home / ".ssh").mkdir(parents=True)
+    pairs = default_keypairs()
+    for name in keys:
+        (home / ".ssh" / name).write_text(pairs[name][0])
+        (home / ".ssh" / name).chmod(0o600)
+        (home / ".ssh" / f"{name}.pub").write_text(pairs[name][1])
+    public = pairs[authorized][1].split()[1] if authorized else None
+    host_key = paramiko.ECDSAKey.generate()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{port} {host_key.get_name()} {host_key.get_base64()}\n")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        f"cluster: c\nssh: {{user: tester, known_hosts: {known}, connect_timeout: 10}}\n"
+        f"head: {{name: head, address: 127.0.0.1, port: {port}}}\n"
+    )
+    ssh = [
+        "ssh",
+        "-v",
+        "-F",
+        os.devnull,
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"UserKnownHostsFile={known}",
+    ]
+    ssh += ["-o", "GlobalKnownHostsFile=/dev/null", "-p", str(port), "tester@127.0.0.1", "true"]
+    runs = {"ssh": ssh, "provisioner": [sys.executable, "-c", PROBE, str(inventory)]}
+    tried: dict[str, Tried] = {}
+    loaded: list[str] = []
+    try:
+        for who, argv in runs.items():
+            server = RecordingServer(base64.b64decode(public) if public else None)
+            thread = threading.Thread(target=serve_one, args=(listener, host_key, server))
+            thread.start()
+            done = subprocess.run(
+                in_account_home(home, tmp_path, argv),
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                env=home_env(home),
+                timeout=60,
+                check=False,
+            )
+            thread.join(30)
+            if who == "ssh":
+                ok = "Authenticated to 127.0.0.1" in done.stderr
+                said = {"stderr": done.stderr[-3000:]}
+                loaded = ssh_loads_from(done.stderr)
+            else:
+                assert done.returncode == 0, done.stderr
+                said = json.loads(done.stdout)
+                ok = said["ok"]
+            tried[who] = Tried(ok, server.offered, said)
+    finally:
+        listener.close()
+    return tried["ssh"], tried["provisioner"], loaded
+
+
+def ssh_loads_from(stderr: str) -> list[str]:
+    files = re.findall(r"^debug1: identity file (.*) type -?\d+$", stderr, re.MULTILINE)
+    return [f for i, f in enumerate(files) if not (i and f == files[i - 1] + "-cert")]
+
+
+HOMES = {
+    "no-key": ((), None),
+    "one-key": (("id_ed25519",), "id_ed25519"),
+    "several-authorized-first": (("id_rsa", "id_ecdsa", "id_ed25519"), "id_rsa"),
+    "several-authorized-not-first": (("id_rsa", "id_ecdsa", "id_ed25519"), "id_ed25519"),
+    "several-none-authorized": (("id_rsa", "id_ecdsa", "id_ed25519"), None),
+    "rsa-and-ed25519-authorized-second": (("id_rsa", "id_ed25519"), "id_ed25519"),
+    "dsa-listed-by-openssh-9.2": (("id_dsa", "id_ed25519"), "id_ed25519"),
+    "dsa-only": (("id_dsa",), None),
+}
+
+
+@pytest.mark.parametrize("name", list(HOMES))
+def test_a_home_of_default_keys_as_ssh_has_it(name: str, tmp_path: Path) -> None:
+    keys, authorized = HOMES[name]
+    ssh, ours, loaded = connect_from_home(tmp_path, keys, authorized)
+    home = tmp_path / "account" / ".ssh"
+    # the key files offered: the defaults that exist, in the order ssh loads them
+    existing = [f for f in loaded if Path(f).is_file()]
+    assert ours.said["offered"] == existing and ours.said["key"] == ""
+    assert sorted(Path(f).name for f in existing) == sorted(keys)
+    assert all(Path(f).parent == home for f in existing)
+    # the same keys offered in the same order, and the same outcome
+    assert ours.offered == ssh.offered, (ours, ssh)
+    assert ours.ok == ssh.ok == (authorized is not None), (ours, ssh)
+    if authorized:
+        pairs = default_keypairs()
+        assert ssh.offered[-1] == fingerprint(pairs[authorized][1])
+    else:  # the refusal names every key offered, and a fix that is not "run ssh -v"
+        message, fix = ours.said["message"], ours.said["fix"]
+        assert all(str(home / k) in message for k in keys), message
+        assert "ssh-copy-id" in fix and "ssh -v" not in fix, fix
+        if not keys:
+            assert "no key to offer" in message
