@@ -34,6 +34,7 @@ from provisioner.errors import InventoryError
 from provisioner.inventory import Inventory, load_inventory
 from provisioner.inventory.models import Node
 from provisioner.inventory.sshconfig import names_defaults, openssh_default_keys, parse_ssh_g
+from provisioner.remote.auth import SetAside, load_key
 from tests.account_home import home_env, in_account_home
 
 
@@ -555,15 +556,16 @@ class Tried:
 
 
 def connect_from_home(
-    tmp_path: Path, keys: tuple[str, ...], authorized: str | None
+    tmp_path: Path, keys: tuple[str, ...], authorized: str | None, open_keys: tuple[str, ...] = ()
 ) -> tuple[Tried, Tried, list[str]]:
-    """(ssh, provisioner, the files ssh loaded) from a home holding `keys`."""
+    """(ssh, provisioner, the files ssh loaded) from a home holding `keys` (those in
+    `open_keys` readable by all)."""
     home = tmp_path / "account"
     (home / ".ssh").mkdir(parents=True)
     pairs = default_keypairs()
     for name in keys:
         (home / ".ssh" / name).write_text(pairs[name][0])
-        (home / ".ssh" / name).chmod(0o600)
+        (home / ".ssh" / name).chmod(0o644 if name in open_keys else 0o600)
         (home / ".ssh" / f"{name}.pub").write_text(pairs[name][1])
     public = pairs[authorized][1].split()[1] if authorized else None
     host_key = paramiko.ECDSAKey.generate()
@@ -607,7 +609,7 @@ def connect_from_home(
             thread.join(30)
             if who == "ssh":
                 ok = "Authenticated to 127.0.0.1" in done.stderr
-                said = {"stderr": done.stderr[-3000:]}
+                said = {"stderr": done.stderr}
                 loaded = ssh_loads_from(done.stderr)
             else:
                 assert done.returncode == 0, done.stderr
@@ -658,3 +660,31 @@ def test_a_home_of_default_keys_as_ssh_has_it(name: str, tmp_path: Path) -> None
         assert "ssh-copy-id" in fix and "ssh -v" not in fix, fix
         if not keys:
             assert "no key to offer" in message
+
+
+@pytest.mark.parametrize("authorized", ["id_ed25519", "id_rsa"])
+def test_a_key_open_to_others_is_unusable_as_for_ssh(authorized: str, tmp_path: Path) -> None:
+    """ssh offers the public half of a private key open to others (from its .pub), but will
+    not sign with it when the server would take it ("UNPROTECTED PRIVATE KEY FILE");
+    provisioner does not offer it; both get in, or not, alike."""
+    keys = ("id_rsa", "id_ed25519")
+    ssh, ours, _ = connect_from_home(tmp_path, keys, authorized, open_keys=("id_rsa",))
+    if authorized == "id_rsa":  # the server would take it: ssh will not sign with it
+        assert "UNPROTECTED PRIVATE KEY FILE" in ssh.said["stderr"]
+    assert ours.offered == [fingerprint(default_keypairs()["id_ed25519"][1])]
+    assert ours.ok == ssh.ok == (authorized == "id_ed25519"), (ours, ssh)
+    if not ours.ok:
+        rsa = tmp_path / "account" / ".ssh" / "id_rsa"
+        assert f"{rsa} is open to others (0644)" in ours.said["message"]
+        assert f"chmod 600 {rsa}" in ours.said["fix"]
+
+
+def test_a_key_with_a_passphrase_is_set_aside_for_the_agent(tmp_path: Path) -> None:
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "pw", "-f", str(key)], check=True)
+    aside = load_key(key)
+    assert isinstance(aside, SetAside) and aside.why == "needs its passphrase"
+    assert aside.fix == f"add it to your agent: ssh-add {key}"
+    plain = tmp_path / "plain"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(plain)], check=True)
+    assert isinstance(load_key(plain), paramiko.PKey)  # the positive control
