@@ -23,6 +23,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -556,10 +559,14 @@ class Tried:
 
 
 def connect_from_home(
-    tmp_path: Path, keys: tuple[str, ...], authorized: str | None, open_keys: tuple[str, ...] = ()
+    tmp_path: Path,
+    keys: tuple[str, ...],
+    authorized: str | None,
+    open_keys: tuple[str, ...] = (),
+    agent: str | None = None,
 ) -> tuple[Tried, Tried, list[str]]:
     """(ssh, provisioner, the files ssh loaded) from a home holding `keys` (those in
-    `open_keys` readable by all)."""
+    `open_keys` readable by all), with `agent`: an ssh-agent's socket, or none."""
     home = tmp_path / "account"
     (home / ".ssh").mkdir(parents=True)
     pairs = default_keypairs()
@@ -602,7 +609,7 @@ def connect_from_home(
                 capture_output=True,
                 text=True,
                 stdin=subprocess.DEVNULL,
-                env=home_env(home),
+                env={**home_env(home), **({"SSH_AUTH_SOCK": agent} if agent else {})},
                 timeout=60,
                 check=False,
             )
@@ -688,3 +695,50 @@ def test_a_key_with_a_passphrase_is_set_aside_for_the_agent(tmp_path: Path) -> N
     plain = tmp_path / "plain"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(plain)], check=True)
     assert isinstance(load_key(plain), paramiko.PKey)  # the positive control
+
+
+@contextmanager
+def agent_holding(tmp_path: Path, names: tuple[str, ...]) -> Iterator[str]:
+    """A real ssh-agent holding the default key pairs `names` (from files outside the home);
+    its socket. Stopped (by its pid) at the end."""
+    sock = tmp_path / "agent.sock"
+    proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        held = tmp_path / "held"
+        held.mkdir()
+        for name in names:
+            (held / name).write_text(default_keypairs()[name][0])
+            (held / name).chmod(0o600)
+            env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
+            subprocess.run(["ssh-add", "-q", str(held / name)], env=env, check=True)
+        yield str(sock)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize(
+    "keys, held, authorized",
+    [
+        (("id_rsa",), ("id_ed25519",), "id_ed25519"),  # the agent's key gets in
+        (("id_rsa", "id_ed25519"), ("id_rsa",), "id_ed25519"),  # a file the agent holds: once
+        (("id_rsa",), ("id_ecdsa",), None),
+    ],
+)
+def test_the_agent_first_then_the_files_as_ssh(
+    keys: tuple[str, ...], held: tuple[str, ...], authorized: str | None, tmp_path: Path
+) -> None:
+    with agent_holding(tmp_path, held) as sock:
+        ssh, ours, _ = connect_from_home(tmp_path, keys, authorized, agent=sock)
+    assert ours.offered == ssh.offered, (ours, ssh)
+    assert ssh.offered[0] == fingerprint(default_keypairs()[held[0]][1])
+    assert ours.ok == ssh.ok == (authorized is not None), (ours, ssh)
+    if authorized:
+        assert ssh.offered[-1] == fingerprint(default_keypairs()[authorized][1])
+    else:  # every key once, the agent's named in the refusal
+        assert len(ssh.offered) == len(set(keys) | set(held))
+        assert "the agent's ecdsa-sha2-nistp256 key SHA256:" in ours.said["message"], ours.said
