@@ -431,7 +431,16 @@ def _fallback_refusal(text: str) -> tuple[int, str] | None:
             return number, "a trailing comment needs OpenSSH's ssh -G"
         if "%" in line and keyword not in ("hostname", "proxycommand"):
             return number, "% tokens here need OpenSSH's ssh -G"
+        if keyword == "identityfile" and "~" in line and not _tilde_as_openssh(line):
+            return number, "~ here needs OpenSSH's ssh -G (paramiko expands it with $HOME)"
     return None
+
+
+def _tilde_as_openssh(line: str) -> bool:
+    """True when paramiko's ~ (every ~, with $HOME) is OpenSSH's (a leading ~/, with the
+    account's home) for this IdentityFile line."""
+    value = re.split(r"[\s=]+", line, maxsplit=1)[-1].strip().strip('"')
+    return value.startswith("~/") and "~" not in value[1:] and Path.home() == login_home()
 
 
 def _fallback_overrides(args: Sequence[str]) -> dict[str, str]:

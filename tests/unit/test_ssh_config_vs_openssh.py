@@ -267,15 +267,34 @@ def ssh_loads(config: Path, argv: list[str]) -> list[str]:
     args = ["ssh", "-v", "-F", str(config), "-o", "BatchMode=yes", "-o", "ProxyCommand=exec true"]
     args += ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
     done = subprocess.run(
-        [*args, *argv, "true"],
+        [*args, *without_jumps(argv), "true"],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
         timeout=30,
         check=False,
     )
-    files = re.findall(r"^debug1: identity file (.*) type -?\d+$", done.stderr, re.MULTILINE)
-    return [f for i, f in enumerate(files) if not (i and f == files[i - 1] + "-cert")]
+    past = r"Local version string|kex_exchange_identification|banner exchange"
+    assert re.search(past, done.stderr), done.stderr  # ssh got past loading them
+    return ssh_loads_from(done.stderr)
+
+
+def without_jumps(argv: list[str]) -> list[str]:
+    """`argv` without -J and -o ProxyJump (ssh will not take them with a ProxyCommand)."""
+    kept: list[str] = []
+    items = iter(argv)
+    for arg in items:
+        if arg == "-J":
+            next(items, None)
+        elif arg.startswith("-J"):
+            continue
+        elif arg == "-o":
+            value = next(items, "")
+            if not value.lower().startswith("proxyjump"):
+                kept += [arg, value]
+        elif not arg.lower().startswith("-oproxyjump"):
+            kept.append(arg)
+    return kept
 
 
 def host_argv(host: str, user: str | None, port: int | None) -> list[str]:
@@ -742,3 +761,29 @@ def test_the_agent_first_then_the_files_as_ssh(
     else:  # every key once, the agent's named in the refusal
         assert len(ssh.offered) == len(set(keys) | set(held))
         assert "the agent's ecdsa-sha2-nistp256 key SHA256:" in ours.said["message"], ours.said
+
+
+def test_the_corpus_agrees_in_a_home_of_default_keys(tmp_path: Path) -> None:
+    """The whole corpus again, from an account whose home holds id_rsa, id_ecdsa, id_ed25519
+    and id_dsa (where the key named and the keys offered matter most): every look-up must
+    agree with `ssh -G` and `ssh -v`."""
+    home = tmp_path / "account"
+    (home / ".ssh").mkdir(parents=True)
+    for name, (private, public) in default_keypairs().items():
+        (home / ".ssh" / name).write_text(private)
+        (home / ".ssh" / name).chmod(0o600)
+        (home / ".ssh" / f"{name}.pub").write_text(public)
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    argv += ["-k", "agrees_with_ssh_g", f"--basetemp={tmp_path / 'inner'}"]
+    done = subprocess.run(
+        in_account_home(home, tmp_path, argv),
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=home_env(home),
+        timeout=600,
+        check=False,
+    )
+    passed = re.search(r"(\d+) passed", done.stdout)
+    assert done.returncode == 0 and passed, done.stdout[-4000:]
+    assert int(passed.group(1)) == len(C)
