@@ -223,3 +223,12 @@ def test_a_key_learned_through_a_jump_host_is_not_trusted_directly(
     load_known_hosts(via, (record,), alias=(jumped, "[10.0.0.5]:2222"))
     found = via.get_host_keys().lookup(jumped)
     assert found is not None and found["ssh-ed25519"].get_base64() == pinned.get_base64()
+
+
+def test_passwd_with_home_changes_only_that_entry() -> None:
+    from tests.account_home import passwd_with_home
+
+    text = "root:x:0:0:root:/root:/bin/bash\nlab:x:1000:1000::/home/lab:/bin/sh\n"
+    changed = passwd_with_home(text, 0, Path("/tmp/h"))
+    assert changed == "root:x:0:0:root:/tmp/h:/bin/bash\nlab:x:1000:1000::/home/lab:/bin/sh\n"
+    assert passwd_with_home(text, 1000, Path("/x")).splitlines()[0] == text.splitlines()[0]
