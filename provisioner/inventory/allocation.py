@@ -165,7 +165,7 @@ def forget_allocation(inventory: Inventory) -> None:
 def behind_login(login: Node, name: str, address: str, role: Role) -> Node:
     """An allocated node, reached through the login node (one more ProxyJump hop)."""
     ssh = login.ssh
-    hop = Hop(login.name, login.address, ssh.user, ssh.port, ssh.key)
+    hop = Hop(login.name, login.address, ssh.user, ssh.port, ssh.key, ssh.identity_files)
     jump = f"{ssh.user}@{login.address}:{ssh.port}"
     return Node(
         name,

@@ -27,6 +27,7 @@ class Hop:
     user: str
     port: int = 22
     key: Path | None = None
+    identity_files: tuple[Path, ...] | None = None  # as SSHSettings.identity_files
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,12 @@ class SSHSettings:
 
     user: str
     port: int = 22
-    key: Path | None = None
+    key: Path | None = None  # the key the inventory or ssh_config names (the first that exists)
+    # The key files offered, in OpenSSH's order, after the agent's keys: those named
+    # (ssh.key, then ssh_config's IdentityFile, tokens expanded) that exist or, when none is
+    # named, OpenSSH's default keys (~/.ssh/id_*) that exist. None: not resolved through
+    # ssh_config; `key` then, or without one the default keys found when connecting.
+    identity_files: tuple[Path, ...] | None = None
     # Project known_hosts files, checked in addition to ~/.ssh/known_hosts; the first
     # one records keys accepted under host_key_policy "accept-new".
     known_hosts: tuple[Path, ...] = ()

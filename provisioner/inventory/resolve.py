@@ -8,6 +8,7 @@ import os
 import stat
 from pathlib import Path
 
+from provisioner.errors import InventoryError
 from provisioner.inventory.fields import Where, check_address, check_port, check_user
 from provisioner.inventory.models import (
     Hop,
@@ -24,6 +25,7 @@ from provisioner.inventory.sshconfig import (
     check_ssh_args,
     explicit_keys,
     homes,
+    identity_paths,
     lookup,
 )
 from provisioner.local import state_root
@@ -84,16 +86,19 @@ class _Resolver:
             )
         return resolved
 
-    def key(self, resolved: Resolved, where: Where, field: str) -> Path | None:
-        tokens = [f for f in resolved.identity_files if "%" in f]
-        if tokens:
-            raise where.error(
-                field,
-                f"IdentityFile {tokens[0]} uses % tokens, which provisioner does not expand",
-                "write the key's path without tokens for this host",
-            )
-        existing = [k for k in explicit_keys(resolved, self.home) if k.is_file()]
-        return existing[0].absolute() if existing else None
+    def keys(
+        self, resolved: Resolved, where: Where, field: str, alias: str
+    ) -> tuple[Path | None, tuple[Path, ...]]:
+        """The first named key that exists (None when only OpenSSH's defaults are listed), and
+        every key file offered, as OpenSSH offers them: the named ones that exist, or else
+        the default keys that exist; `alias` is the host as given (%n)."""
+        try:
+            named = explicit_keys(resolved, alias)
+            offered = named or identity_paths(resolved, alias)
+        except InventoryError as exc:
+            raise where.error(field, exc.message, exc.fix or "fix the path") from None
+        existing = tuple(k for k in offered if k.is_file())
+        return (existing[0] if named and existing else None), existing
 
 
 def _explicit_args(raw: RawInventory, host: RawHost) -> list[str]:
@@ -120,8 +125,9 @@ def _hops(
     """The chain of ProxyJump `jump`, first hop first, each resolved through ssh_config as
     OpenSSH does (the last hop is reached through the ones before it, `-J rest`); and a
     ProxyCommand that opens the first hop's connection, if its config has one. A hop with
-    no IdentityFile of its own logs in with the node's key (OpenSSH would use only the
-    agent and default keys there; provisioner's `ssh.key` has always covered jump hosts)."""
+    no IdentityFile of its own is offered the node's key, then OpenSSH's default keys
+    (OpenSSH would offer only the defaults there; provisioner's `ssh.key` has always
+    covered jump hosts)."""
     hops: list[Hop] = []
     proxy_command = None
     pending: str | None = jump
@@ -140,12 +146,16 @@ def _hops(
         args += ["-p", str(check_port(hop_port, where, field))] if hop_port else []
         args += ["-J", rest] if rest else []
         found = resolve(hop_host, args, where, field)
+        key, offered = resolve.keys(found, where, field, hop_host)
+        if key is None and node_key is not None:  # the node's key first, then the defaults
+            offered = (node_key, *(k for k in offered if k != node_key))
         hop = Hop(
             name=hop_host,
             address=check_address(found.hostname, where, f"{field} HostName"),
             user=check_user(found.user or getpass.getuser(), where, f"{field} User"),
             port=check_port(found.port, where, f"{field} Port"),
-            key=resolve.key(found, where, field) or node_key,
+            key=key or node_key,
+            identity_files=offered,
         )
         hops.insert(0, hop)
         # with `-J rest` the hop's ProxyJump is `rest`; the first hop keeps its own config's
@@ -162,7 +172,8 @@ def _settings(raw: RawInventory, host: RawHost, resolve: _Resolver) -> tuple[str
     address = host.address
     if found.hostname != host.address:
         address = check_address(found.hostname, host.where, f"{host.name} (HostName in ssh_config)")
-    key = host.ssh.key or raw.ssh.key or resolve.key(found, host.where, f"{host.name}.key")
+    named, offered = resolve.keys(found, host.where, f"{host.name}.key", host.address)
+    key = host.ssh.key or raw.ssh.key or named
     hops: tuple[Hop, ...] = ()
     proxy_command = None
     if found.proxy_jump:
@@ -176,6 +187,7 @@ def _settings(raw: RawInventory, host: RawHost, resolve: _Resolver) -> tuple[str
         user=check_user(found.user or getpass.getuser(), host.where, f"{host.name}.user"),
         port=check_port(found.port, host.where, f"{host.name}.port"),
         key=key,
+        identity_files=offered,
         known_hosts=known_hosts,
         host_key_policy=policy,
         jump=found.proxy_jump,

@@ -8,10 +8,13 @@ binary, paramiko's SSHConfig is the fallback; it refuses what it cannot read exa
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import pwd
 import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +35,20 @@ _REFUSED = {
     "hostkeyalias": "HostKeyAlias",
     "proxyusefdpass": "ProxyUseFdpass",
 }
-_DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk", "id_xmss")
+# OpenSSH 9.2's default identity files, used only where no `ssh` can be asked (the fallback);
+# with an OpenSSH client the defaults are whatever its `ssh -G` lists for an empty config.
+_DEFAULT_KEYS = (
+    "~/.ssh/id_rsa",
+    "~/.ssh/id_ecdsa",
+    "~/.ssh/id_ecdsa_sk",
+    "~/.ssh/id_ed25519",
+    "~/.ssh/id_ed25519_sk",
+    "~/.ssh/id_xmss",
+    "~/.ssh/id_dsa",
+)
+# IdentityFile's expansions, in one pass as OpenSSH makes them: ${VAR} and %x
+_EXPANSION = re.compile(r"\$\{(?P<var>[^}]*)(?P<closed>\}?)|%(?P<token>.?)", re.DOTALL)
+IDENTITY_TOKENS = "%CLdhiklnpru"  # what ssh_config(5) TOKENS lets IdentityFile use
 _CONFIG_ERROR = re.compile(r"^(?P<path>.+?) line (?P<line>\d+): (?P<message>.+)$", re.MULTILINE)
 OPENSSH_INSTALL = "apt-get install -y openssh-client (or your system's OpenSSH client package)"
 
@@ -114,16 +130,122 @@ def homes(home: Path) -> tuple[Path, ...]:
     return (login_home(), home)
 
 
-def explicit_keys(resolved: Resolved, home: Path) -> list[Path]:
-    """The identity files the configuration names, ~ expanded (as OpenSSH does, with the
-    account's home); [] when only OpenSSH's defaults are listed (then paramiko looks for the
-    same default keys and asks the agent)."""
-    files = [
-        Path(str(login_home()) + f[1:] if f.startswith("~/") else f).absolute()
-        for f in resolved.identity_files
+@functools.cache
+def openssh_default_keys() -> tuple[str, ...]:
+    """The identity files this machine's OpenSSH tries when nothing names one, as written
+    (~/.ssh/id_...): what `ssh -G` lists for an empty config, whatever its version (9.2 lists
+    id_dsa, later ones do not). Without an OpenSSH client, OpenSSH 9.2's list."""
+    if not have_openssh():
+        return _DEFAULT_KEYS
+    try:
+        done = subprocess.run(
+            ssh_g_command("provisioner-defaults.invalid", (), Path(os.devnull)),
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return _DEFAULT_KEYS
+    listed = tuple(parse_ssh_g(done.stdout).get("identityfile", ()))
+    return listed if done.returncode == 0 and listed else _DEFAULT_KEYS
+
+
+def names_defaults(files: Sequence[str], defaults: Sequence[str]) -> bool:
+    """True when `files` (as `ssh -G` lists them) are OpenSSH's defaults: nothing named
+    (OpenSSH adds its defaults only then), or exactly its default list, which it tries the
+    same way."""
+    return not files or tuple(files) == tuple(defaults)
+
+
+def expand_tilde(value: str) -> str:
+    """~ and ~user as OpenSSH expands them: with the account's home (not $HOME)."""
+    if not value.startswith("~"):
+        return value
+    name, _, rest = value[1:].partition("/")
+    if name:
+        try:
+            home = pwd.getpwnam(name).pw_dir
+        except KeyError:
+            raise InventoryError(
+                f"IdentityFile {value}: no such user {name!r}", "fix the path"
+            ) from None
+    else:
+        home = str(login_home())
+    return home.rstrip("/") + "/" + rest.lstrip("/")
+
+
+def identity_tokens(resolved: Resolved, alias: str) -> dict[str, str]:
+    """The values of IdentityFile's % tokens for one connection (ssh_config(5) TOKENS). %C is
+    OpenSSH's connection hash, the SHA-1 in hex of %l%h%p%r; %k is HostKeyAlias (refused by
+    provisioner) or else %n, the host as given."""
+    long_name = socket.gethostname()
+    port = str(resolved.port)
+    try:
+        account = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        account = os.environ.get("USER", "")
+    connection = long_name + resolved.hostname + port + resolved.user
+    return {
+        "%": "%",
+        "C": hashlib.sha1(connection.encode()).hexdigest(),
+        "L": long_name.split(".")[0],
+        "d": str(login_home()),
+        "h": resolved.hostname,
+        "i": str(os.getuid()),
+        "k": alias,
+        "l": long_name,
+        "n": alias,
+        "p": port,
+        "r": resolved.user,
+        "u": account,
+    }
+
+
+def expand_identity(value: str, resolved: Resolved, alias: str) -> str:
+    """One IdentityFile as OpenSSH opens it: ~ first, then ${VAR} and % tokens in one pass
+    (what they give is not expanded again). A token IdentityFile does not take, or a
+    variable that is not set, is an error, as in OpenSSH."""
+    values = identity_tokens(resolved, alias)
+
+    def one(match: re.Match[str]) -> str:
+        var, token = match.group("var"), match.group("token")
+        if token is None:
+            if not match.group("closed") or not var or var not in os.environ:
+                raise InventoryError(
+                    f"IdentityFile {value}: ${{{var}}} is not a set environment variable",
+                    "set it, or write the path without it",
+                )
+            return os.environ[var]
+        if token not in values:
+            raise InventoryError(
+                f"IdentityFile {value}: %{token} is not a token IdentityFile takes",
+                f"use one of {', '.join('%' + t for t in IDENTITY_TOKENS)}"
+                " (ssh_config(5) TOKENS), or %% for a literal %",
+            )
+        return values[token]
+
+    return _EXPANSION.sub(one, expand_tilde(value))
+
+
+def identity_paths(resolved: Resolved, alias: str) -> list[Path]:
+    """Every identity file the configuration names for `alias`, expanded as OpenSSH expands
+    it, in its order ("none" entries dropped, as OpenSSH drops them), or OpenSSH's default
+    keys when none is named."""
+    return [
+        Path(expand_identity(f, resolved, alias)).absolute()
+        for f in resolved.identity_files or openssh_default_keys()
+        if f.lower() != "none"
     ]
-    defaults = {h / ".ssh" / name for h in homes(home) for name in _DEFAULT_KEYS}
-    return [] if all(f in defaults for f in files) else files
+
+
+def explicit_keys(resolved: Resolved, alias: str) -> list[Path]:
+    """The identity files the configuration names, expanded as OpenSSH does; [] when it
+    names none (only OpenSSH's defaults are listed)."""
+    if names_defaults(resolved.identity_files, openssh_default_keys()):
+        return []
+    return identity_paths(resolved, alias)
 
 
 def default_config() -> Path | None:
@@ -308,7 +430,16 @@ def _fallback_refusal(text: str) -> tuple[int, str] | None:
             return number, "a trailing comment needs OpenSSH's ssh -G"
         if "%" in line and keyword not in ("hostname", "proxycommand"):
             return number, "% tokens here need OpenSSH's ssh -G"
+        if keyword == "identityfile" and "~" in line and not _tilde_as_openssh(line):
+            return number, "~ here needs OpenSSH's ssh -G (paramiko expands it with $HOME)"
     return None
+
+
+def _tilde_as_openssh(line: str) -> bool:
+    """True when paramiko's ~ (every ~, with $HOME) is OpenSSH's (a leading ~/, with the
+    account's home) for this IdentityFile line."""
+    value = re.split(r"[\s=]+", line, maxsplit=1)[-1].strip().strip('"')
+    return value.startswith("~/") and "~" not in value[1:] and Path.home() == login_home()
 
 
 def _fallback_overrides(args: Sequence[str]) -> dict[str, str]:

@@ -18,7 +18,10 @@ def hops_of(node: Node) -> tuple[Hop, ...]:
         return node.ssh.hops
     user, _, rest = node.ssh.jump.rpartition("@")
     host, _, port = rest.partition(":")
-    return (Hop(node.ssh.jump, host, user or node.ssh.user, int(port or 22), node.ssh.key),)
+    ssh = node.ssh
+    return (
+        Hop(node.ssh.jump, host, user or ssh.user, int(port or 22), ssh.key, ssh.identity_files),
+    )
 
 
 def hop_targets(node: Node) -> list[tuple[Hop, tuple[str, int]]]:

@@ -13,6 +13,7 @@ import paramiko
 
 from provisioner.errors import ProvisionerError, RemoteError
 from provisioner.inventory import Node
+from provisioner.remote.auth import KeyFiles, offered_files
 from provisioner.remote.forward import serve_forward
 from provisioner.remote.hostkeys import VerifyPolicy, host_key_name, jumped_name, load_known_hosts
 from provisioner.remote.results import Result
@@ -47,7 +48,7 @@ def _open(
     port: int,
     user: str,
     sock: paramiko.Channel | paramiko.ProxyCommand | None,
-    key: Path | None,
+    keys: tuple[Path, ...],
     via: str | None = None,
 ) -> paramiko.SSHClient:
     """Connect to address:port (over `sock` when given). Through jump host `via`, the host
@@ -64,9 +65,9 @@ def _open(
             hostname=name,
             port=port,
             username=user,
-            key_filename=str(key) if key else None,
-            look_for_keys=key is None,
-            allow_agent=True,
+            auth_strategy=KeyFiles(user, keys),
+            look_for_keys=False,
+            allow_agent=False,
             timeout=t,
             banner_timeout=t,
             auth_timeout=t,
@@ -84,7 +85,7 @@ def _open(
             address=address,
             port=port,
             user=user,
-            key=key,
+            keys=keys,
             known_hosts=settings.known_hosts,
             timeout=t,
         ) from None
@@ -116,7 +117,8 @@ class Session:
             route: list[str] = []  # the jump hops passed so far: keys learned behind them
             for hop, (address, port) in hop_targets(node):  # are recorded as such
                 via = ",".join(route) or None
-                client = _open(node, hop.address, hop.port, hop.user, sock, hop.key, via)
+                keys = offered_files(hop.key, hop.identity_files)
+                client = _open(node, hop.address, hop.port, hop.user, sock, keys, via)
                 hops.append(client)
                 route.append(f"{hop.user}@{hop.address}:{hop.port}")
                 sock = open_hop_channel(node, client, hop, address, port)
@@ -126,7 +128,7 @@ class Session:
                 node.ssh.port,
                 node.ssh.user,
                 sock,
-                node.ssh.key,
+                offered_files(node.ssh.key, node.ssh.identity_files),
                 ",".join(route) or None,
             )
         except ProvisionerError:

@@ -10,6 +10,7 @@ from pathlib import Path
 import paramiko
 
 from provisioner.errors import ConnectError, ProvisionerError, RemoteError
+from provisioner.remote.auth import KeysRefused, refusal
 from provisioner.remote.hostkeys import file_holding, host_key_name
 
 # Exceptions the connection step can raise, for `except` clauses.
@@ -20,9 +21,9 @@ def _target(address: str, port: int, user: str) -> str:
     return f"{user}@{address}:{port}"
 
 
-def _auth_fix(address: str, port: int, user: str, key: Path | None) -> str:
-    tried = f"the key {key}" if key else "ssh-agent and the default keys in ~/.ssh"
-    keyarg = f"-i {key} " if key else ""
+def _auth_fix(address: str, port: int, user: str, keys: tuple[Path, ...]) -> str:
+    tried = f"the agent's keys and {', '.join(map(str, keys))}" if keys else "the agent's keys"
+    keyarg = f"-i {keys[0]}.pub " if keys else ""
     return (
         f"tried {tried} for user {user}; check the user name, and that the public key is in "
         f"~{user}/.ssh/authorized_keys on {address}"
@@ -37,7 +38,7 @@ def translate(
     address: str,
     port: int,
     user: str,
-    key: Path | None,
+    keys: tuple[Path, ...],
     known_hosts: tuple[Path, ...],
     timeout: float,
 ) -> ProvisionerError:
@@ -57,11 +58,14 @@ def translate(
             f"ssh-keygen -f {shlex.quote(str(path))} -R {shlex.quote(name)} and connect again",
             kind="hostkey-changed",
         )
+    if isinstance(exc, KeysRefused):
+        said, fix = refusal(exc, address, port, user)
+        return ConnectError(host, f"authentication failed for {target}: {said}", fix, kind="auth")
     if isinstance(exc, paramiko.AuthenticationException):
         return ConnectError(
             host,
             f"authentication failed for {target}",
-            _auth_fix(address, port, user, key),
+            _auth_fix(address, port, user, keys),
             kind="auth",
         )
     if isinstance(exc, socket.gaierror):

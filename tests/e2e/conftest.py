@@ -39,6 +39,7 @@ MODULE_ORDER = (
     "test_image_forward",
     "test_cluster_lifecycle",
     "test_ssh_routes",
+    "test_ssh_as_installed",
     "test_ray_up",
     "test_jobs",
     "test_shared_nodes",

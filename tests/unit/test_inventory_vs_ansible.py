@@ -28,7 +28,7 @@ from provisioner.inventory.ansible import read_with_ansible_core, to_raw
 from provisioner.inventory.models import Inventory
 from provisioner.inventory.resolve import build
 from provisioner.inventory.sshconfig import parse_ssh_g
-from tests.unit.test_ssh_config_vs_openssh import connection_pair
+from tests.unit.test_ssh_config_vs_openssh import connection_pair, ssh_loads
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -399,7 +399,7 @@ def test_agrees_with_ansible_core(answers: dict[str, Any], name: str) -> None:
     for node in inventory.nodes:
         argv = reference["head" if node.is_head else "workers"][node.name]
         want = _ssh_g(argv, config)
-        got, expected = connection_pair(node, want)
+        got, expected = connection_pair(node, want, ssh_loads(config, argv))
         assert got == expected, f"{name} {node.name}: ansible+ssh -G {expected}, ours {got}"
         assert (node.ssh.proxy_command is None) == ("proxycommand" not in want)
 

@@ -87,9 +87,9 @@ def test_fan_out_runs_nodes_at_once_up_to_the_bound() -> None:
     assert peak[0] == 4
 
 
-def tr(exc: BaseException, port: int = 22, key: Path | None = None) -> ConnectError:
+def tr(exc: BaseException, port: int = 22, keys: tuple[Path, ...] = ()) -> ConnectError:
     error = translate(
-        exc, host="n", address="10.0.0.1", port=port, user="u", key=key, known_hosts=(), timeout=3
+        exc, host="n", address="10.0.0.1", port=port, user="u", keys=keys, known_hosts=(), timeout=3
     )
     assert isinstance(error, ConnectError)
     return error
@@ -104,7 +104,7 @@ def test_translate_kinds() -> None:
     assert tr(TimeoutError()).kind == "timeout"
     assert tr(OSError(errno.EHOSTUNREACH, "no route")).kind == "unreachable"
     assert tr(paramiko.SSHException("Error reading SSH protocol banner")).kind == "banner-timeout"
-    auth = tr(paramiko.AuthenticationException("x"), key=Path("/k/id"))
+    auth = tr(paramiko.AuthenticationException("x"), keys=(Path("/k/id"),))
     assert auth.kind == "auth" and "/k/id" in (auth.fix or "")
 
 
@@ -121,7 +121,7 @@ def test_translate_changed_host_key_gives_exact_fix(
         address="10.0.0.1",
         port=2222,
         user="u",
-        key=None,
+        keys=(),
         known_hosts=(known,),
         timeout=3,
     )
@@ -223,3 +223,12 @@ def test_a_key_learned_through_a_jump_host_is_not_trusted_directly(
     load_known_hosts(via, (record,), alias=(jumped, "[10.0.0.5]:2222"))
     found = via.get_host_keys().lookup(jumped)
     assert found is not None and found["ssh-ed25519"].get_base64() == pinned.get_base64()
+
+
+def test_passwd_with_home_changes_only_that_entry() -> None:
+    from tests.account_home import passwd_with_home
+
+    text = "root:x:0:0:root:/root:/bin/bash\nlab:x:1000:1000::/home/lab:/bin/sh\n"
+    changed = passwd_with_home(text, 0, Path("/tmp/h"))
+    assert changed == "root:x:0:0:root:/tmp/h:/bin/bash\nlab:x:1000:1000::/home/lab:/bin/sh\n"
+    assert passwd_with_home(text, 1000, Path("/x")).splitlines()[0] == text.splitlines()[0]
