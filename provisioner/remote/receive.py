@@ -148,6 +148,12 @@ class Receiver:
         kind = TooLargeError if size else ReceiveError
         return kind(f"refused {self.what}: {why}", fix, where=self.where)
 
+    def admit(self, name: str, size: int) -> None:
+        """Refuse `name` now (TooLargeError) when a file of `size` bytes could not be
+        received: over a limit, or more than the free space; nothing is counted."""
+        self._check_size(name, size, 0, declared=size)
+        self.check_space(name, size)
+
     def check_space(self, name: str, size: int) -> None:
         """Refuse `name` (declared `size` bytes) when writing it would leave less than
         `limits.reserve_bytes` free on the local disk."""
