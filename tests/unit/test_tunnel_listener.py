@@ -14,6 +14,7 @@ import pytest
 
 from provisioner.cluster.tunnel import (
     NotThisCluster,
+    check_listener,
     check_local_listener,
     listeners_command,
     parse_listeners,
@@ -21,7 +22,9 @@ from provisioner.cluster.tunnel import (
     refusal,
     tensorboard_port,
 )
+from provisioner.errors import OperationError
 from provisioner.inventory import RayPorts
+from provisioner.remote.results import Result
 
 # /proc/net/tcp and /proc/net/tcp6 of a head (golden/listeners/): root's dashboard on
 # 127.0.0.1:8265 (0x2049), uid 1000's listener on 0.0.0.0:22, uid 4242 on [::]:29001 (0x7149)
@@ -96,3 +99,33 @@ def test_tensorboard_is_inside_the_cluster_block() -> None:
     assert tensorboard_port(block) == 29009
     assert 29009 not in block.all_ports() and 29000 <= 29009 < 29000 + 1000
     assert tensorboard_port(RayPorts()) == 6006  # Ray's default layout: TensorBoard's own
+
+
+class HeadSaying:
+    """A head whose `listeners_command` answers `stdout` (the judging is what is tested)."""
+
+    host = "head"
+
+    def __init__(self, stdout: str) -> None:
+        self.stdout = stdout
+        self.commands: list[str] = []
+
+    def run(self, command: str, *, timeout: float) -> Result:
+        self.commands.append(command)
+        return Result("head", command, self.stdout, "", 0)
+
+
+def test_the_dashboard_must_listen_and_be_ours_tensorboard_need_not_listen() -> None:
+    head = HeadSaying("1000\n" + TCP + TCP6)
+    check_listener(head, 8265)  # type: ignore[arg-type]  # root's: fine
+    assert head.commands == [listeners_command()]
+    with pytest.raises(NotThisCluster, match="uid 4242"):
+        check_listener(head, 29001)  # type: ignore[arg-type]
+    with pytest.raises(NotThisCluster, match="uid 4242"):
+        check_listener(head, 29001, required=False)  # type: ignore[arg-type]
+    with pytest.raises(OperationError, match="nothing listens") as exc:
+        check_listener(head, 29009)  # type: ignore[arg-type]
+    assert not isinstance(exc.value, NotThisCluster)  # a transient state, not an attack
+    check_listener(head, 29009, required=False)  # type: ignore[arg-type]  # no TensorBoard yet
+    with pytest.raises(OperationError, match="cannot tell"):
+        check_listener(HeadSaying(""), 8265)  # type: ignore[arg-type]
