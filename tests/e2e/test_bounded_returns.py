@@ -4,7 +4,8 @@ no link it plants is followed, by a pull or by `down --yes`.
 The job (root in the Ray container, over the results bind mount in the SSH user's home)
 leaves a 4 TiB sparse file and links to the user's ~/.ssh, authorized_keys and /etc beside
 plain files. Positive controls on the head show each link works and points at a readable
-secret; the control machine's free space is measured before and after.
+secret; what the pull writes here is measured (the disk's free space, shared with other
+work, is recorded only).
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def test_a_hostile_results_directory_comes_home_bounded_and_without_its_links(
         "a job leaves a 4 TiB sparse file and links to ~/.ssh, authorized_keys and /etc "
         "in its results; `jobs results`, then `down --yes`",
         "the sparse file is refused by name (exit 1), the plain files come home, no link "
-        "is followed (no key, no authorized_keys, no /etc here), free space here is "
-        "unchanged; `down --yes` writes job-status.json without touching authorized_keys",
+        "is followed (no key, no authorized_keys, no /etc here), under 1 MiB written "
+        "here; `down --yes` writes job-status.json without touching authorized_keys",
         kind="security",
     ) as s:
         sub = cli("submit", "-i", inv, "--detach", "--json", str(book / "plant.py"), "--", home)
@@ -84,6 +85,9 @@ def test_a_hostile_results_directory_comes_home_bounded_and_without_its_links(
         before = free_bytes(tmp_path)
         got = cli("jobs", "results", "-i", inv, "--results", str(results), "--json", job)
         after = free_bytes(tmp_path)
+        # what the pull wrote here (staging folders included): the disk's free space is
+        # shared with other work on this machine, so it is measured, not asserted
+        written = sum(p.lstat().st_blocks * 512 for p in results.rglob("*"))
         assert got.code == 1, (got.stdout + got.stderr)[-3000:]
         transfer = json.loads(got.stdout)["transfer"]
         (refused,) = transfer["files_refused"]
@@ -94,7 +98,7 @@ def test_a_hostile_results_directory_comes_home_bounded_and_without_its_links(
         assert not any(("/" in c and c.split("/")[0] in ("ssh", "etc")) for c in came), came
         for path in (results / job).rglob("*"):
             assert (not path.is_symlink() and stat.S_ISREG(path.lstat().st_mode)) or path.is_dir()
-        assert abs(before - after) < 512 * 2**20, (before, after)
+        assert written < 2**20, written  # a few small files, nothing of the 4 TiB
 
         down = cli("down", "-i", inv, "--yes", "--no-logs", "--results", str(tmp_path / "d"))
         assert down.code == 0, (down.stdout + down.stderr)[-3000:]
@@ -105,9 +109,12 @@ def test_a_hostile_results_directory_comes_home_bounded_and_without_its_links(
         s.observed = (
             "jobs results exit 1, huge.bin refused by name with the PROVISIONER_PULL_MAX_BYTES "
             "fix; metrics.csv, summary.json, sub/plain.txt home; no link or its target came "
-            "(each link read its secret on the head); free space here within 512 MiB; "
+            "(each link read its secret on the head); under 1 MiB written here; "
             "down --yes exit 0: authorized_keys' sha256 unchanged, job-status.json a regular file"
         )
-        s.measured = f"free space here changed by {abs(before - after)} bytes"
+        s.measured = (
+            f"{written} bytes written here; this disk's free space changed by "
+            f"{before - after} bytes meanwhile (shared with other work)"
+        )
     again = cli("up", "-i", inv, "--json")
     assert again.code == 0, again.stderr[-3000:]

@@ -97,7 +97,7 @@ def test_a_stranger_listening_where_the_dashboard_should_gets_no_token(
         )
         assert ran.code == 0 and "the real dashboard ran this" in ran.text, ran.text[-3000:]
 
-        down = cli("down", "-i", inv, "--no-logs")
+        down = cli("down", "-i", inv, "--yes", "--no-logs", "--results", str(tmp_path / "d"))
         assert down.code == 0, down.text[-3000:]
         log = f"{DIR}/stranger.log"
         pid = start_recorder(head, port, STRANGER, log)
