@@ -23,7 +23,7 @@ from provisioner.cluster import status as status_mod
 from provisioner.cluster import up as up_mod
 from provisioner.cluster.logs import LogMatch, collect
 from provisioner.cluster.preflight import DoctorStopped
-from provisioner.cluster.tunnel import TENSORBOARD_PORT, tunnel
+from provisioner.cluster.tunnel import tensorboard_port, tunnel
 from provisioner.console import Output, clean
 from provisioner.errors import InputError, OperationError, ProvisionerError
 from provisioner.image.lock import Pin, read_pin
@@ -515,13 +515,16 @@ def ray_env_lines(url: str, token_path: Path) -> list[str]:
     ]
 
 
-def tunnel_doc(dash: str, board: str, token_path: Path, exports: list[str]) -> dict[str, object]:
-    """What `tunnel --json` prints: the local URLs and ports, and the export lines."""
+def tunnel_doc(
+    dash: str, board: str, token_path: Path, exports: list[str], board_head_port: int = 0
+) -> dict[str, object]:
+    """What `tunnel --json` prints: the local URLs and ports (TensorBoard's port on the head
+    too), and the export lines."""
     from urllib.parse import urlsplit
 
     return {
         "dashboard": {"url": dash, "port": urlsplit(dash).port},
-        "tensorboard": {"url": board, "port": urlsplit(board).port},
+        "tensorboard": {"url": board, "port": urlsplit(board).port, "head_port": board_head_port},
         "token_path": str(token_path.resolve()),
         "exports": exports,
     }
@@ -532,20 +535,25 @@ def tunnel_cmd(
     port: Annotated[int | None, typer.Option("--port", help="Local dashboard port.")] = None,
     json_: JsonOption = False,
 ) -> None:
-    """Forward the head's dashboard (8265) and TensorBoard (6006) here until Ctrl-C.
+    """Forward the head's dashboard and TensorBoard (the port after the metrics export port
+    in the cluster's block; 6006 with Ray's default ports) here until Ctrl-C.
     With --json: one JSON document ({"dashboard", "tensorboard", "token_path", "exports"})
     as soon as the tunnels are up; it keeps running until Ctrl-C."""
     out = output(json_)
     inv = load_cluster(inventory)
     with Pool(inv) as pool, ExitStack() as stack:
         dash = stack.enter_context(tunnel(inv, local_port=port, pool=pool))
-        board = stack.enter_context(tunnel(inv, remote_port=TENSORBOARD_PORT, pool=pool))
+        board_port = tensorboard_port(inv.ports)
+        board = stack.enter_context(tunnel(inv, remote_port=board_port, pool=pool))
         token_path = token.local_token_path(inv)
         exports = ray_env_lines(dash, token_path)
         if json_:
-            out.emit(tunnel_doc(dash, board, token_path, exports))
+            out.emit(tunnel_doc(dash, board, token_path, exports, board_port))
         else:
-            out.say(f"dashboard:   {dash}\ntensorboard: {board}\n(Ctrl-C to stop)")
+            out.say(
+                f"dashboard:   {dash}\ntensorboard: {board} (the head's port {board_port}: "
+                f"`tensorboard --logdir DIR --port {board_port}` there)\n(Ctrl-C to stop)"
+            )
             out.say(f"the dashboard asks for the token: {token_path}")
             out.say("for Ray's own CLI (`ray job list`, `ray job logs -f JOB`), in another shell:")
             for line in exports:

@@ -52,13 +52,14 @@ class Target:
 
     @contextmanager
     def link(self) -> Iterator[Link]:
-        from provisioner.cluster.tunnel import tunnel
+        from provisioner.cluster.tunnel import check_local_listener, tunnel
 
         with ExitStack() as stack:
             stack.enter_context(ray_client_quiet())
             pool = stack.enter_context(Pool(self.inventory)) if self.inventory else None
             if self.address is not None:
                 url = self.address
+                check_local_listener(url)  # the tunnel checks the head's listener itself
             else:
                 assert self.inventory is not None, "a Target needs an inventory or an address"
                 url = stack.enter_context(tunnel(self.inventory, pool=pool))

@@ -259,8 +259,16 @@ def _fetch(
     result: Pulled,
 ) -> None:
     """Hash on the head, fetch, verify, place: batch by batch."""
-    for start in range(0, len(todo), HASH_BATCH):
-        batch = todo[start : start + HASH_BATCH]
+    admitted = []
+    for f in todo:  # before anything is hashed: a 4 TiB sparse file is never read
+        try:
+            receiver.admit(f.path, f.size)
+        except TooLargeError as exc:
+            result.refused.append(f"{f.path}: {exc.message} (fix: {exc.fix})")
+        else:
+            admitted.append(f)
+    for start in range(0, len(admitted), HASH_BATCH):
+        batch = admitted[start : start + HASH_BATCH]
         hashed = session.run(hash_command(cluster, job_id, [f.path for f in batch]), timeout=600)
         digests = parse_hashes(hashed.stdout)  # a file removed meanwhile has none
         for f in batch:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provisioner.cluster.tunnel import NotThisCluster
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError, ProvisionerError
 from provisioner.jobs.client import AuthRefused
@@ -253,7 +254,7 @@ def follow(
                         errors,
                     )
                 why = "the log stream ended while the job runs"
-        except (JobNotFound, InputError, AuthRefused):
+        except (JobNotFound, InputError, AuthRefused, NotThisCluster):
             raise
         except (TimeoutError, ProvisionerError, RuntimeError, OSError, EOFError) as exc:
             why = f"{type(exc).__name__}: {exc}"

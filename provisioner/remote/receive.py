@@ -6,6 +6,9 @@ module, which holds these rules whatever the transport:
 
 - only regular files and directories: links, hard links, devices, FIFOs are refused;
 - names are relative, without `..`, control characters or undecodable bytes;
+- tar headers that describe the next member (pax, GNU long names) bounded in size, total
+  and depth before Python's tar reader parses them, tightly where that reader has
+  CVE-2024-6232 (quadratic-time parsing of pax headers before 3.11.10 / 3.12.6);
 - bounded: member count, bytes per file, total bytes, and compressed bytes read; a file
   whose sender declared its size is read to that size and no further (one that grows
   past it is refused), and refused before a byte is written when it is over a cap or
@@ -40,6 +43,7 @@ import hashlib
 import io
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 import zlib
@@ -147,6 +151,12 @@ class Receiver:
         fix = fix.format(where=self.where)
         kind = TooLargeError if size else ReceiveError
         return kind(f"refused {self.what}: {why}", fix, where=self.where)
+
+    def admit(self, name: str, size: int) -> None:
+        """Refuse `name` now (TooLargeError) when a file of `size` bytes could not be
+        received: over a limit, or more than the free space; nothing is counted."""
+        self._check_size(name, size, 0, declared=size)
+        self.check_space(name, size)
 
     def check_space(self, name: str, size: int) -> None:
         """Refuse `name` (declared `size` bytes) when writing it would leave less than
@@ -329,6 +339,63 @@ class _Bounded(io.RawIOBase):
         return len(data)
 
 
+# CVE-2024-6232: before 3.11.10 (3.12.6), Python's tar reader parses a pax header with
+# regular expressions that take time quadratic in its length (an 80 KB header of digits
+# took 20 s on 3.11.7; 512 KiB would take about half an hour). Headers are therefore
+# bounded before Python parses them: on such a Python to a size that parses in
+# milliseconds, with a total per archive; on any Python to a size no log needs (the whole
+# header is read into memory), and never more than a few in a row (each is a recursion).
+_PAX_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+_META_TYPES = (*_PAX_TYPES, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+_META_BYTES = 64 * 1024  # any Python: one pax or GNU long-name header
+_SLOW_PAX_BYTES = 1024  # a Python with the CVE: one pax header (a few ms at worst)
+_SLOW_PAX_TOTAL = 256 * 1024  # ... and all of one archive's (about a second at worst)
+_META_DEPTH = 4  # headers that describe the next one, in a row (each is a recursion)
+
+
+def pax_bounds(version: tuple[int, ...]) -> tuple[int, int]:
+    """Pure: the most bytes of one pax header, and of all of one archive's, that the tar
+    reader of Python `version` may parse: tight where CVE-2024-6232 makes parsing slow."""
+    slow = version < (3, 11, 10) or (3, 12) <= version < (3, 12, 6)
+    return (_SLOW_PAX_BYTES, _SLOW_PAX_TOTAL) if slow else (_META_BYTES, 1 << 62)
+
+
+class _HeaderRefused(Exception):
+    """A tar header refused before Python's tar reader parses it."""
+
+
+class _GuardedTarInfo(tarfile.TarInfo):
+    """Python's TarInfo, with the headers that describe the next member (pax, GNU long
+    names) checked by size, total and depth before they are parsed."""
+
+    def _proc_member(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type not in _META_TYPES:
+            return super()._proc_member(tar)  # type: ignore[misc, no-any-return]
+        state = tar.__dict__.setdefault("_provisioner_guard", {"depth": 0, "pax": 0})
+        one, total = pax_bounds(sys.version_info[:3])
+        if self.type in _PAX_TYPES:
+            state["pax"] += self.size
+            if self.size > one:
+                raise _HeaderRefused(
+                    f"a pax header of {self.size} bytes is over the {one} this Python "
+                    "parses safely (CVE-2024-6232)"
+                )
+            if state["pax"] > total:
+                raise _HeaderRefused(
+                    f"pax headers of {state['pax']} bytes in all are over the {total} this "
+                    "Python parses safely in one archive (CVE-2024-6232)"
+                )
+        elif self.size > _META_BYTES:
+            raise _HeaderRefused(f"a GNU long-name header of {self.size} bytes")
+        if state["depth"] >= _META_DEPTH:
+            raise _HeaderRefused(f"more than {_META_DEPTH} extended headers in a row")
+        state["depth"] += 1
+        try:
+            return super()._proc_member(tar)  # type: ignore[misc, no-any-return]
+        finally:
+            state["depth"] -= 1
+
+
 def _kind(member: tarfile.TarInfo) -> str:
     if member.issym():
         return f"a symbolic link (to {member.linkname!r})"
@@ -374,9 +441,11 @@ def receive_tar(
             )
         )
         try:
-            with tarfile.open(fileobj=stream, mode="r|") as tar:
+            with tarfile.open(fileobj=stream, mode="r|", tarinfo=_GuardedTarInfo) as tar:
                 for member in tar:
                     _receive_member(tar, member, receiver)
+        except _HeaderRefused as exc:
+            raise receiver.refuse(f"{exc}, refused before it was parsed") from None
         except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
             raise receiver.refuse(f"not a valid archive ({exc or type(exc).__name__})") from None
         return receiver.commit()

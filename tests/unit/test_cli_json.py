@@ -70,9 +70,13 @@ def test_render_json_to_stdout_carries_the_text(
 def test_tunnel_document(tmp_path: Path) -> None:
     token = tmp_path / "auth_token"
     exports = ray_env_lines("http://127.0.0.1:41234", token)
-    doc = tunnel_doc("http://127.0.0.1:41234", "http://127.0.0.1:41235", token, exports)
+    doc = tunnel_doc("http://127.0.0.1:41234", "http://127.0.0.1:41235", token, exports, 29009)
     assert doc["dashboard"] == {"url": "http://127.0.0.1:41234", "port": 41234}
-    assert doc["tensorboard"] == {"url": "http://127.0.0.1:41235", "port": 41235}
+    assert doc["tensorboard"] == {
+        "url": "http://127.0.0.1:41235",
+        "port": 41235,
+        "head_port": 29009,
+    }
     assert doc["token_path"] == str(token.resolve())
     assert doc["exports"][0] == "export RAY_ADDRESS=http://127.0.0.1:41234"
     json.dumps(doc)  # a JSON document as it stands

@@ -12,6 +12,7 @@ import gzip
 import io
 import os
 import stat
+import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 
 from provisioner.cluster.logs import receive_logs
 from provisioner.errors import ReceiveError
-from provisioner.remote.receive import Limits, Receiver, check_name, receive_tar
+from provisioner.remote.receive import Limits, Receiver, check_name, pax_bounds, receive_tar
 
 SMALL = Limits(members=50, file_bytes=1 << 20, total_bytes=2 << 20, compressed_bytes=1 << 20)
 
@@ -243,3 +244,61 @@ def test_plain_tar_is_accepted_when_asked(tmp_path: Path) -> None:
     receive_tar(data, tmp_path / "d", limits=SMALL, what="r", where="n", gzipped=False)
     assert (tmp_path / "d" / "a").read_bytes() == b"1"
     assert gzip.compress(data)[:2] == b"\x1f\x8b"
+
+
+def pax_tar(*members: tuple[str, dict[str, str]], kind: bytes = tarfile.XHDTYPE) -> bytes:
+    """A gzipped pax archive of one-byte files, each with the pax records given."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as t:
+        for name, records in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = 1, records
+            if kind == tarfile.XGLTYPE:  # a global header of its own before the member
+                t.fileobj.write(info.create_pax_global_header(records))
+                info.pax_headers = {}
+            t.addfile(info, io.BytesIO(b"x"))
+    return buffer.getvalue()
+
+
+def test_a_pax_header_that_triggers_cve_2024_6232_is_refused_before_it_is_parsed(
+    tmp_path: Path,
+) -> None:
+    # The slow path: Python < 3.11.10 searches the header for `\d+ hdrcharset=` with
+    # backtracking, quadratic in a run of digits (80 KB of them: 20 s on 3.11.7, unguarded).
+    data = pax_tar(("a", {"comment": "1" * 80_000}))
+    error = refused(tmp_path, data, "pax header of 80")
+    assert "CVE-2024-6232" in error.message and "before it was parsed" in error.message
+    # the same header, small: parsed, and the file lands (positive control)
+    receive_tar(pax_tar(("a", {"comment": "1" * 100})), tmp_path / "ok", limits=SMALL,
+                what="r", where="n")  # fmt: skip
+    assert (tmp_path / "ok" / "a").read_bytes() == b"x"
+
+
+def test_many_pax_headers_and_chains_of_them_are_bounded(tmp_path: Path) -> None:
+    one, total = pax_bounds(sys.version_info[:3])
+    if total < 1 << 40:  # a Python with the CVE: the archive's pax bytes in all are bounded
+        each = {"comment": "1" * (one - 100)}
+        data = pax_tar(*((f"f{i}", each) for i in range(total // (one - 100) + 2)))
+        many = Limits(members=10_000, file_bytes=1 << 20, total_bytes=4 << 20,
+                      compressed_bytes=1 << 20)  # fmt: skip
+        refused(tmp_path / "a", data, "pax headers of .* bytes in all", many)
+    # headers that describe the next one, in a row: each would be a recursion in tarfile
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as t:
+        for _ in range(3000):
+            t.fileobj.write(tarfile.TarInfo("g").create_pax_global_header({"c": "1"}))
+        info = tarfile.TarInfo("f")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"x"))
+    refused(tmp_path / "b", buffer.getvalue(), "extended headers in a row")
+    got = receive_tar(pax_tar(("f", {"c": "1"}), kind=tarfile.XGLTYPE), tmp_path / "c",
+                      limits=SMALL, what="r", where="n")  # fmt: skip
+    assert [p.name for p in got.files] == ["f"]  # one global header, then a file: fine
+
+
+def test_the_pax_bounds_follow_the_python_version() -> None:
+    slow = pax_bounds((3, 11, 7))
+    assert slow == pax_bounds((3, 11, 9)) == pax_bounds((3, 12, 5))
+    fixed = pax_bounds((3, 11, 10))
+    assert fixed == pax_bounds((3, 12, 6)) == pax_bounds((3, 13, 0))
+    assert slow[0] < fixed[0] and slow[1] < fixed[1]
