@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from provisioner.cluster.token import local_token_path, read_token_file
+
 from provisioner.inventory import load_inventory
 from provisioner.lab.config import LabNode
 from provisioner.lab.nodes import LabInfo
