@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from provisioner.cluster.token import local_token_path, read_token_file
-
 from provisioner.inventory import load_inventory
 from provisioner.lab.config import LabNode
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.token import local_token_path, read_token_file
 from tests.e2e.faults.lab import cli, on_node
 from tests.e2e.faults.record import scenario
 
