@@ -33,7 +33,7 @@ def _register_optional() -> None:
     """Command groups that land with later features register themselves here."""
     import importlib
 
-    for module in ("doctor", "image", "cluster", "jobs"):
+    for module in ("doctor", "image", "cluster", "jobs", "sagemaker"):
         try:
             mod = importlib.import_module(f"provisioner.cli.{module}")
         except ModuleNotFoundError as exc:

@@ -165,7 +165,8 @@ def sdk_environment(root: Path) -> Iterator[None]:
     """The SDK's telemetry off (its config file), nothing asked of AWS's metadata service."""
     config = root / "sagemaker-config.yaml"
     config.write_text(
-        "SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n"
+        "SchemaVersion: '1.0'\n"
+        "SageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n"
     )
     want = {
         "SAGEMAKER_USER_CONFIG_OVERRIDE": str(config),
@@ -268,8 +269,8 @@ def run_local(opts: RunOptions, report: Reporter = quiet) -> RunResult:
     failure: str | None = None
     try:
         with sdk_environment(root), open(home / LOG_FILE, "w") as log:
+            from sagemaker.core.training.configs import Compute, InputData
             from sagemaker.train import ModelTrainer
-            from sagemaker.train.configs import Compute, InputData
             from sagemaker.train.model_trainer import Mode
 
             trainer = ModelTrainer(

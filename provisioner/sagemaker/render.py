@@ -94,7 +94,7 @@ aws s3 sync --delete code/ {code_s3}
 def trainer_script(settings: dict[str, Any]) -> str:
     """A ModelTrainer script for the real job (pure; every value a Python literal)."""
     s = {k: repr(v) for k, v in settings.items()}
-    return f'''"""Rendered by `provisioner sagemaker render`: run the playbook as a SageMaker training job.
+    return f'''"""Rendered by `provisioner sagemaker render`: a SageMaker training job.
 
 Run `sh push.sh` first (the image to ECR, the code to S3), then `python train_job.py`
 with AWS credentials. Checkpoints sync to {settings["checkpoint_s3"]}: a job started again
@@ -102,7 +102,7 @@ with the same location continues from the latest one.
 """
 
 from sagemaker.train import ModelTrainer
-from sagemaker.train.configs import (
+from sagemaker.core.training.configs import (
     CheckpointConfig,
     Compute,
     InputData,
@@ -116,7 +116,9 @@ trainer = ModelTrainer(
     base_job_name={s["base_job_name"]},
     compute=Compute(instance_type={s["instance_type"]}, instance_count={s["instance_count"]}),
     hyperparameters={s["hyperparameters"]},
-    checkpoint_config=CheckpointConfig(s3_uri={s["checkpoint_s3"]}, local_path="/opt/ml/checkpoints"),
+    checkpoint_config=CheckpointConfig(
+        s3_uri={s["checkpoint_s3"]}, local_path="/opt/ml/checkpoints"
+    ),
     output_data_config=OutputDataConfig(s3_output_path={s["output_s3"]}),
     stopping_condition=StoppingCondition(max_runtime_in_seconds={s["max_run_s"]}),
 )
@@ -129,14 +131,14 @@ def request_of(settings: dict[str, Any]) -> dict[str, Any]:
     from provisioner.sagemaker.local import check_sdk, sdk_environment
 
     check_sdk()
-    from sagemaker.train import ModelTrainer
-    from sagemaker.train.configs import (
+    from sagemaker.core.training.configs import (
         CheckpointConfig,
         Compute,
         InputData,
         OutputDataConfig,
         StoppingCondition,
     )
+    from sagemaker.train import ModelTrainer
     from sagemaker.train.model_trainer import Mode
 
     with tempfile.TemporaryDirectory() as tmp, sdk_environment(Path(tmp)):
@@ -203,4 +205,3 @@ def render(opts: RenderOptions) -> Rendered:
     files = ["push.sh", "train_job.py", "create-training-job.json", "hyperparameters.json"]
     files += sorted(f"code/{p.relative_to(code)}" for p in code.rglob("*") if p.is_file())
     return Rendered(out, files, tag, settings["image"], settings["checkpoint_s3"], request)
-

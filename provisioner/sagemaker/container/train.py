@@ -235,7 +235,10 @@ def worker(res: contract.Resources, env: Mapping[str, str], stop: Stop) -> int:
     lost = 0
     try:
         while lost < HEAD_LOST_CHECKS:
-            if stop.requested_at is not None and time.monotonic() - stop.requested_at > STOP_GRACE_S:
+            if (
+                stop.requested_at is not None
+                and time.monotonic() - stop.requested_at > STOP_GRACE_S
+            ):
                 log("the head is still up after the grace period; leaving")
                 break
             lost = 0 if reachable(res.head, RAY_PORT) else lost + 1
