@@ -150,6 +150,13 @@ def default_env_runners() -> int:
     return max(1, cpus - 1)
 
 
+def cluster_nodes() -> int:
+    """The nodes alive in the cluster."""
+    import ray
+
+    return sum(1 for n in ray.nodes() if n.get("Alive"))  # type: ignore[no-untyped-call,misc]
+
+
 def cluster_gpus() -> float:
     """The GPUs Ray lists in the cluster."""
     import ray
@@ -725,6 +732,10 @@ def train(
             "learners": len(learners),
             "trained_on": sorted({describe_device(d) for d in learners}),
             "checkpoint": os.path.relpath(saved, results) if saved else None,
+            # what the run occupied, for cost: every node of the cluster over this run's
+            # training time (a resumed run counts its own time only)
+            "cluster_nodes": cluster_nodes(),
+            "node_hours": round(cluster_nodes() * (last.time_s - clock.time_before) / 3600, 5),
         }
         write_atomic(results / "summary.json", json.dumps(summary, indent=1))
         return summary

@@ -213,7 +213,8 @@ def seed_resume(value: str, results_root: Path, home: Path) -> str:
 
 def _iter_name(checkpoint: Path) -> str:
     """A checkpoint's folder name as rlrun writes them (iter-NNNNNN); a checkpoint folder of
-    another name gets its iteration from RLlib's state, else iter-000000."""
+    another name goes in as iter-000000 (the entry point continues from the latest one;
+    RLlib's restored state carries the iteration)."""
     if checkpoint.name.startswith("iter-"):
         return checkpoint.name
     return "iter-000000"
