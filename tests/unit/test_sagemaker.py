@@ -4,7 +4,10 @@ the rendered job (the CreateTrainingJob request built by the SDK's ModelTrainer)
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,8 +80,6 @@ def test_the_playbooks_arguments_survive_the_sdks_round_trip(tmp_path: Path) -> 
         "--max-iterations", "5", "--obs-filter", "--lr", "0.001", "--env-runners", "3",
     )  # fmt: skip
     # and the playbook's own parser reads them as it reads the originals
-    import sys
-
     sys.path.insert(0, str(PLAYBOOK.parent))
     try:
         import rlrun
@@ -219,12 +220,26 @@ def test_render_writes_the_sdks_request_for_four_c5_2xlarge(tmp_path: Path) -> N
         pin_path,
     )
     out = tmp_path / "job"
+    opened: list[str] = []
+
+    def audit(event: str, args: tuple[object, ...]) -> None:
+        if event == "socket.connect" and watching:
+            opened.append(str(args[1]))
+
+    watching = True
+    sys.addaudithook(audit)  # stays for the process: it only records while `watching`
+    with socket.socket(socket.AF_UNIX) as probe, contextlib.suppress(OSError):
+        probe.connect(str(tmp_path / "no-such-socket"))
+    assert opened == [str(tmp_path / "no-such-socket")]  # the positive control: it records
+    opened.clear()
     done = render(
         RenderOptions(
             PLAYBOOK, tuple(ARGS), "ml.c5.2xlarge", 4, out, pin_path,
             account="123456789012", region="eu-west-1", bucket="s3://my-bucket/rl",
         )
     )  # fmt: skip
+    watching = False
+    assert opened == [], f"render reached out: {opened}"  # no AWS, no telemetry
     request = json.loads((out / "create-training-job.json").read_text())
     assert request["ResourceConfig"]["InstanceType"] == "ml.c5.2xlarge"
     assert request["ResourceConfig"]["InstanceCount"] == 4
