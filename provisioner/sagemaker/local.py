@@ -101,8 +101,27 @@ class RunResult:
         }
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m|\r")
+_SERVICE = re.compile(r"^(algo-\d+)(?:_\d+)?\s+\|\s?(.*)$")
+_SHOWN = re.compile(
+    r"^\[train\]|^iter\s+\d+\s|^summary: |^env runners: |^learners: |^resumed from |^SIGTERM"
+    r"|Error|Traceback|error:"
+)
+
+
+def shown(line: str) -> str | None:
+    """A line of compose's output as progress (`algo-1: [train] ...`), or None for the
+    rest (Ray's own logs, compose's): those stay in sagemaker.log only."""
+    line = _ANSI.sub("", line).rstrip()
+    m = _SERVICE.match(line)
+    if m is None:
+        return line if line.startswith(("Aborting", "ERROR")) else None
+    host, text = m.groups()
+    return f"{host}: {text}" if _SHOWN.search(text) else None
+
+
 class _Lines(io.TextIOBase):
-    """A stdout for the SDK: each line to the log file and to the reporter."""
+    """A stdout for the SDK: every line to the log file, the telling ones to the reporter."""
 
     def __init__(self, log: io.TextIOBase | Any, report: Reporter) -> None:
         self.log = log
@@ -123,8 +142,9 @@ class _Lines(io.TextIOBase):
         self.busy = True
         try:
             for line in lines:
-                if line.strip():
-                    self.report(line.rstrip())
+                show = shown(line)
+                if show:
+                    self.report(show)
         finally:
             self.busy = False
         return len(s)

@@ -260,3 +260,17 @@ def test_render_writes_the_sdks_request_for_four_c5_2xlarge(tmp_path: Path) -> N
     script = (out / "train_job.py").read_text()
     compile(script, "train_job.py", "exec")
     assert "instance_count=4" in script and done.image_uri in script
+
+
+def test_progress_shows_the_entry_points_and_the_loops_lines_only() -> None:
+    from provisioner.sagemaker.local import shown
+
+    assert shown("\x1b[36malgo-1_1  |\x1b[0m [train] algo-1 of ['algo-1']") == (
+        "algo-1: [train] algo-1 of ['algo-1']"
+    )
+    assert shown("algo-2_1  | iter    3  steps  1200  return 20.1") == (
+        "algo-2: iter    3  steps  1200  return 20.1"
+    )
+    assert shown("algo-1_1  | 2026-12-02 INFO scripts.py:1088 -- Next steps") is None
+    assert shown("Creating sm-x_algo-1_1 ... done\r") is None
+    assert shown("algo-1_1  | ValueError: bad") == "algo-1: ValueError: bad"
