@@ -202,6 +202,9 @@ def head(res: contract.Resources, env: Mapping[str, str], stop: Stop) -> int:
             log("stopped before training began")
             return 0
         rc, tail = run_playbook(job, code, results, stop)
+        if rc != 0 and stop.requested_at is not None and not (results / "summary.json").is_file():
+            log(f"stopped before the playbook could checkpoint (status {rc})")
+            return 0
         if rc != 0:
             raise RuntimeError(f"playbook {job.playbook} exited with status {rc}:\n{tail}")
         export_model(results, Path(contract.model_dir(env)))
