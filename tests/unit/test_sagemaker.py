@@ -274,3 +274,22 @@ def test_progress_shows_the_entry_points_and_the_loops_lines_only() -> None:
     assert shown("algo-1_1  | 2026-12-02 INFO scripts.py:1088 -- Next steps") is None
     assert shown("Creating sm-x_algo-1_1 ... done\r") is None
     assert shown("algo-1_1  | ValueError: bad") == "algo-1: ValueError: bad"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--instance-type", "ml.c5.2xlarge", "--instance-count", "2"], "sagemaker render"),
+        (["--instance-count", "0"], "instance-count"),
+        (["--", "positional"], "not an option"),
+        (["--instance-type", "bogus"], "not an instance type"),
+    ],
+)
+def test_bad_input_to_run_is_exit_2_with_one_clear_line(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from provisioner.cli import run
+
+    code = run(["sagemaker", "run", str(PLAYBOOK), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and "Traceback" not in err, err
