@@ -42,6 +42,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -57,6 +58,9 @@ if TYPE_CHECKING:
 RESULTS_ENV = "PROVISIONER_RESULTS_DIR"
 RESUME_ENV = "PROVISIONER_RESUME_FROM"
 RETRIES_ENV = "PROVISIONER_RETRIES"
+# set by the SageMaker entry point: SIGTERM (a stopped job) ends the run after the current
+# iteration with a checkpoint, instead of killing it
+SIGTERM_ENV = "PROVISIONER_CHECKPOINT_ON_SIGTERM"
 PROGRESS_MARK = "PROVISIONER-PROGRESS"
 CHECKPOINTS = "checkpoints"
 
@@ -148,6 +152,13 @@ def default_env_runners() -> int:
 
     cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
     return max(1, cpus - 1)
+
+
+def cluster_nodes() -> int:
+    """The nodes alive in the cluster."""
+    import ray
+
+    return sum(1 for n in ray.nodes() if n.get("Alive"))  # type: ignore[no-untyped-call,misc]
 
 
 def cluster_gpus() -> float:
@@ -338,6 +349,20 @@ def save_checkpoint(algo: Algorithm, results: Path, iteration: int, keep: int) -
     for old in sorted(p for p in folder.glob("iter-*") if p.is_dir())[: -max(1, keep)]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+@dataclass
+class Terminate:
+    """Whether SIGTERM came (see SIGTERM_ENV)."""
+
+    requested: bool = False
+
+    def handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        print("SIGTERM: checkpointing after this iteration, then stopping", flush=True)
+
+
+TERMINATE = Terminate()
 
 
 def stop_reason(row: Row, budget: Budget) -> str | None:
@@ -731,7 +756,7 @@ def train(
                 f"return {row.episode_return_mean:8.2f}  {row.env_steps_per_s:8.1f} steps/s",
                 flush=True,
             )
-            reason = stop_reason(row, budget)
+            reason = stop_reason(row, budget) or ("sigterm" if TERMINATE.requested else None)
             if saving.every > 0 and row.iteration % saving.every == 0 and reason is None:
                 save_checkpoint(algo, results, row.iteration, saving.keep)
             progress = progress_of(row, budget)
@@ -755,6 +780,10 @@ def train(
             "learners": len(learners),
             "trained_on": sorted({describe_device(d) for d in learners}),
             "checkpoint": os.path.relpath(saved, results) if saved else None,
+            # what the run occupied, for cost: every node of the cluster over this run's
+            # training time (a resumed run counts its own time only)
+            "cluster_nodes": cluster_nodes(),
+            "node_hours": round(cluster_nodes() * (last.time_s - clock.time_before) / 3600, 5),
         }
         write_atomic(results / "summary.json", json.dumps(summary, indent=1))
         return summary
@@ -772,6 +801,8 @@ def run(args: argparse.Namespace, config_for: Any) -> dict[str, Any]:
     import ray
 
     ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+    if os.environ.get(SIGTERM_ENV):
+        signal.signal(signal.SIGTERM, TERMINATE.handle)
     budget = Budget(args.target_return, args.max_env_steps, args.max_iterations)
     summary = train(config_for(args), budget, args.results, saving_of(args))
     print("summary: " + json.dumps(summary), flush=True)

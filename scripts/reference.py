@@ -67,6 +67,26 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
         "this cluster's id, in every Ray process's environment (host mode tells its own "
         "processes from other users' by it)",
     ),
+    "PROVISIONER_CHECKPOINT_ON_SIGTERM": (
+        "your playbook",
+        "set by the SageMaker entry point: SIGTERM ends the run after its iteration with a "
+        "checkpoint",
+    ),
+    "PROVISIONER_SM_CHECKPOINT_DIR": (
+        "the SageMaker image",
+        "where checkpoints and results go (default `/opt/ml/checkpoints`; local mode: the "
+        "`checkpoints` channel)",
+    ),
+    "PROVISIONER_SM_JOIN_TIMEOUT_S": (
+        "the SageMaker image",
+        "how long the head waits for every host to join, and a worker for the head (300)",
+    ),
+    "PROVISIONER_SM_NUM_CPUS": ("the SageMaker image", "`ray start --num-cpus` on each host"),
+    "PROVISIONER_SM_NUM_GPUS": ("the SageMaker image", "`ray start --num-gpus` on each host"),
+    "PROVISIONER_SM_OBJECT_STORE_BYTES": (
+        "the SageMaker image",
+        "`ray start --object-store-memory` on each host (local mode: 256 MiB)",
+    ),
 }
 # Names in the code that are not environment variables a person sets or reads.
 NOT_ENVIRONMENT = {

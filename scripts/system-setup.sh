@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What `make demo`, `make test` and .ci/run need from the system, in one place:
 # Debian packages (docker.io, debootstrap, iproute2, openssh-client, rsync, iptables, make,
-# python3-venv) and a Docker engine that answers. As root on Debian it installs and starts
+# python3-venv, docker-compose) and a Docker engine that answers. As root on Debian it installs and starts
 # what is missing; anywhere else it prints the exact commands to run and exits 1.
 set -euo pipefail
 
@@ -11,6 +11,9 @@ for pair in docker:docker.io dockerd:docker.io debootstrap:debootstrap ip:iprout
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+# SageMaker's local mode (`provisioner sagemaker run`) runs compose: v2 if there, else v1
+docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1 \
+  || need+=(docker-compose)
 mapfile -t need < <(printf '%s\n' "${need[@]}" | sed '/^$/d' | sort -u)
 
 can_install=0

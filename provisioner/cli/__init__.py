@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 from typer.exceptions import TyperException
 
-from provisioner.cli import cluster, doctor, image, jobs, jobs_group
+from provisioner.cli import cluster, doctor, image, jobs, jobs_group, sagemaker
 from provisioner.cli import lab as lab_cli
 from provisioner.cli.common import state
 from provisioner.errors import ProvisionerError
@@ -29,7 +29,7 @@ app = typer.Typer(
 )
 app.add_typer(lab_cli.app, name="lab")
 # Each command group adds its commands, in the order `--help` lists them.
-for group in (doctor, image, cluster, jobs, jobs_group):
+for group in (doctor, image, cluster, jobs, jobs_group, sagemaker):
     group.register(app)
 
 

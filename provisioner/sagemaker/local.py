@@ -1,0 +1,376 @@
+"""`sagemaker run --instance-type local|local_gpu`: the playbook under the SageMaker SDK's
+own local mode (`ModelTrainer`, `Mode.LOCAL_CONTAINER`), on this machine's Docker.
+
+The SDK writes the contract's files (hyperparameters.json, resourceconfig.json per host
+`algo-1`..`algo-N`), a docker-compose.yaml with one service per host, and runs
+`docker compose up` (v2) or `docker-compose up` (v1, Debian's package) in the foreground;
+when the head's container exits, compose stops the others. Offline by construction:
+
+- the image is the local variant of the pin (not an ECR URI, so the SDK pulls nothing and
+  never logs in to ECR);
+- the channels are local folders (FileSystemDataSource: no S3, so no boto session is made
+  for data; `code` holds the playbook's directory, `checkpoints` is RESULTS/JOB itself, so
+  checkpoints and metrics land here while the job runs, and a checkpoint put there first is
+  continued from, as SageMaker's checkpoint location is);
+- telemetry is off through the SDK's own config file (TelemetryOptOut), given with
+  SAGEMAKER_USER_CONFIG_OVERRIDE; no AWS credentials are read or passed (the SDK only asks
+  boto for them when a channel is in S3 or the image in ECR), and the EC2 metadata service
+  is not asked for any (AWS_EC2_METADATA_DISABLED).
+
+Local mode has no /opt/ml/checkpoints sync, hence the `checkpoints` channel
+(PROVISIONER_SM_CHECKPOINT_DIR). The SDK leaves the compose project's containers and its
+`sagemaker-local` network behind; this module takes the project down afterwards, whatever
+happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from provisioner.console import Reporter, quiet
+from provisioner.errors import InputError, OperationError, PrerequisiteError
+from provisioner.image.lock import read_pin
+from provisioner.jobs.plots import plot_results
+from provisioner.jobs.resume import SEEDS, find_source
+from provisioner.jobs.spec import job_id_for
+from provisioner.jobs.tables import read_json
+from provisioner.jobs.upload import sendable_files
+from provisioner.sagemaker import plan
+from provisioner.sagemaker.container import contract
+from provisioner.sagemaker.image import ensure_image
+
+COMPOSE_FILE = "docker-compose.yaml"
+CHECKPOINTS_CHANNEL = "checkpoints"
+LOG_FILE = "sagemaker.log"  # what the SDK and compose printed (every container's output)
+OBJECT_STORE_BYTES = 256 * 1024 * 1024  # per container; docker's /dev/shm is 64 MiB
+DOWN_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    playbook: Path
+    args: tuple[str, ...]
+    instance_type: str
+    instance_count: int
+    results_root: Path
+    state_dir: Path
+    pin_path: Path
+    resume: str | None = None
+    price_per_hour: float | None = None
+
+
+@dataclass
+class RunResult:
+    job_id: str
+    directory: Path
+    status: str  # completed | stopped | failed
+    seconds: float
+    image: str
+    failure: str | None = None
+    summary: dict[str, Any] | None = None
+    files: list[str] = field(default_factory=list)
+    resumed_from: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "job_id": self.job_id,
+            "status": self.status,
+            "results": str(self.directory),
+            "seconds": round(self.seconds, 1),
+            "image": self.image,
+            "failure": self.failure,
+            "resumed_from": self.resumed_from,
+            "summary": self.summary,
+            "files": self.files,
+        }
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m|\r")
+_SERVICE = re.compile(r"^(algo-\d+)(?:_\d+)?\s+\|\s?(.*)$")
+_SHOWN = re.compile(
+    r"^\[train\]|^iter\s+\d+\s|^summary: |^env runners: |^learners: |^resumed from |^SIGTERM"
+    r"|Error|Traceback|error:"
+)
+
+
+def shown(line: str) -> str | None:
+    """A line of compose's output as progress (`algo-1: [train] ...`), or None for the
+    rest (Ray's own logs, compose's): those stay in sagemaker.log only."""
+    line = _ANSI.sub("", line).rstrip()
+    m = _SERVICE.match(line)
+    if m is None:
+        return line if line.startswith(("Aborting", "ERROR")) else None
+    host, text = m.groups()
+    return f"{host}: {text}" if _SHOWN.search(text) else None
+
+
+class _Lines(io.TextIOBase):
+    """A stdout for the SDK: every line to the log file, the telling ones to the reporter."""
+
+    def __init__(self, log: io.TextIOBase | Any, report: Reporter) -> None:
+        self.log = log
+        self.report = report
+        self.buf = ""
+        self.busy = False  # a reporter that itself prints to stdout writes here too
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.log.write(s)
+        self.log.flush()
+        if self.busy:
+            return len(s)
+        self.buf += s
+        *lines, self.buf = self.buf.split("\n")
+        self.busy = True
+        try:
+            for line in lines:
+                show = shown(line)
+                if show:
+                    self.report(show)
+        finally:
+            self.busy = False
+        return len(s)
+
+
+def check_sdk() -> None:
+    try:
+        import sagemaker.train  # noqa: F401
+    except ImportError:
+        raise PrerequisiteError(
+            "the SageMaker Python SDK (sagemaker-train) is not installed",
+            "pip install 'provisioner[sagemaker]'",
+        ) from None
+
+
+def compose_command() -> list[str]:
+    """The compose the SDK will use: `docker compose` v2, else `docker-compose`."""
+    try:
+        out = subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, text=True, timeout=30
+        )
+        major = re.search(r"v(\d+)", out.stdout)
+        if out.returncode == 0 and major and int(major.group(1)) >= 2:
+            return ["docker", "compose"]
+    except OSError:
+        pass
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    raise PrerequisiteError(
+        "neither `docker compose` (v2) nor `docker-compose` is installed; SageMaker's local "
+        "mode runs its containers with one",
+        "apt-get install docker-compose (Debian), or install the compose v2 plugin",
+    )
+
+
+@contextlib.contextmanager
+def sdk_environment(root: Path) -> Iterator[None]:
+    """The SDK's telemetry off (its config file), nothing asked of AWS's metadata service."""
+    config = root / "sagemaker-config.yaml"
+    config.write_text(
+        "SchemaVersion: '1.0'\n"
+        "SageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n"
+    )
+    want = {
+        "SAGEMAKER_USER_CONFIG_OVERRIDE": str(config),
+        "SAGEMAKER_ADMIN_CONFIG_OVERRIDE": str(config),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    saved = {k: os.environ.get(k) for k in want}
+    os.environ.update(want)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def stage_code(playbook: Path, code: Path) -> None:
+    """The playbook's directory, less secrets and links, into the `code` channel."""
+    files, _ = sendable_files(playbook.parent)
+    for path in files:
+        rel = path.relative_to(playbook.parent)
+        if rel.parts[0] in ("results", ".venv", "__pycache__", ".git"):
+            continue
+        (code / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, code / rel)
+
+
+def seed_resume(value: str, results_root: Path, home: Path) -> str:
+    """Put the checkpoint to continue from (and its run's metrics) into RESULTS/JOB, the
+    checkpoint channel, where the entry point finds it."""
+    source = find_source(value, results_root)
+    shutil.copytree(source.checkpoint, home / "checkpoints" / _iter_name(source.checkpoint))
+    if source.results is not None:
+        for name in SEEDS:
+            src = source.results / name
+            if src.is_file():
+                shutil.copy2(src, home / name)
+            elif src.is_dir():
+                shutil.copytree(src, home / name)
+    return source.label
+
+
+def _iter_name(checkpoint: Path) -> str:
+    """A checkpoint's folder name as rlrun writes them (iter-NNNNNN); a checkpoint folder of
+    another name goes in as iter-000000 (the entry point continues from the latest one;
+    RLlib's restored state carries the iteration)."""
+    if checkpoint.name.startswith("iter-"):
+        return checkpoint.name
+    return "iter-000000"
+
+
+def compose_down(cmd: list[str], root: Path) -> None:
+    compose = root / COMPOSE_FILE
+    if not compose.is_file():
+        return
+    subprocess.run(
+        [*cmd, "-f", str(compose), "down", "--remove-orphans", "--timeout", "10"],
+        capture_output=True,
+        timeout=DOWN_TIMEOUT_S,
+    )
+
+
+def failures(root: Path, hosts: int) -> str | None:
+    """The failure reasons the containers wrote, head first."""
+    found = []
+    for i in range(1, hosts + 1):
+        for path in (root / f"algo-{i}" / "output" / contract.FAILURE_FILE,):
+            if path.is_file():
+                found.append(f"algo-{i}: {path.read_text(errors='replace').strip()}")
+    out = root / "artifacts" / "output" / contract.FAILURE_FILE
+    if not found and out.is_file():
+        found.append(out.read_text(errors="replace").strip())
+    return "\n".join(found) or None
+
+
+def run_local(opts: RunOptions, report: Reporter = quiet) -> RunResult:
+    """Run the playbook as a SageMaker training job in local mode; its results into
+    RESULTS/JOB/."""
+    plan.check_local(opts.instance_type, opts.instance_count)
+    hyper = plan.hyperparameters(opts.playbook, opts.args)
+    check_sdk()
+    compose = compose_command()
+    pin = read_pin(opts.pin_path)
+    image = ensure_image(pin, report)
+    job_id = job_id_for(opts.playbook.resolve())
+    home = opts.results_root / job_id
+    home.mkdir(parents=True, exist_ok=False)
+    root = opts.state_dir / "sagemaker" / f"sm-{job_id}"
+    root.mkdir(parents=True)
+    code = root / "code"
+    code.mkdir()
+    stage_code(opts.playbook.resolve(), code)
+    resumed = seed_resume(opts.resume, opts.results_root, home) if opts.resume else None
+    env = {
+        contract.CHECKPOINT_DIR_ENV: str(contract.DATA_DIR / CHECKPOINTS_CHANNEL),
+        "PROVISIONER_SM_OBJECT_STORE_BYTES": str(OBJECT_STORE_BYTES),
+    }
+    started = time.monotonic()
+    failure: str | None = None
+    try:
+        with sdk_environment(root), open(home / LOG_FILE, "w") as log:
+            from sagemaker.core.training.configs import Compute, InputData
+            from sagemaker.train import ModelTrainer
+            from sagemaker.train.model_trainer import Mode
+
+            trainer = ModelTrainer(
+                training_image=image.tag,
+                training_mode=Mode.LOCAL_CONTAINER,
+                base_job_name=plan.base_job_name(opts.playbook),
+                compute=Compute(
+                    instance_type=opts.instance_type, instance_count=opts.instance_count
+                ),
+                hyperparameters=hyper,
+                environment=env,
+                local_container_root=str(root),
+            )
+            report(f"job {job_id}: {opts.instance_count} x {opts.instance_type}, image {image.tag}")
+            with contextlib.redirect_stdout(_Lines(log, report)):
+                try:
+                    trainer.train(
+                        input_data_config=[
+                            InputData(channel_name=contract.CODE_CHANNEL, data_source=str(code)),
+                            InputData(channel_name=CHECKPOINTS_CHANNEL, data_source=str(home)),
+                        ],
+                        wait=True,
+                        logs=True,
+                    )
+                except RuntimeError as e:  # compose exited non-zero: a container failed
+                    failure = failures(root, opts.instance_count) or str(e)
+    finally:
+        compose_down(compose, root)
+    seconds = time.monotonic() - started
+    model = root / "artifacts" / "model"
+    if model.is_dir() and any(model.iterdir()):
+        shutil.copytree(model, home / "model", dirs_exist_ok=True)
+    if failure is not None:
+        (home / contract.FAILURE_FILE).write_text(failure + "\n")
+    shutil.rmtree(root, ignore_errors=True)
+    return _finish(opts, job_id, home, image.tag, seconds, failure, resumed)
+
+
+def _finish(
+    opts: RunOptions,
+    job_id: str,
+    home: Path,
+    image: str,
+    seconds: float,
+    failure: str | None,
+    resumed: str | None,
+) -> RunResult:
+    summary = read_json(home / "summary.json") if (home / "summary.json").is_file() else None
+    if failure is None and not isinstance(summary, dict):
+        failure = "the job ended without a summary.json; see sagemaker.log"
+    status = "failed" if failure else "completed"
+    if isinstance(summary, dict):
+        if summary.get("stopped_by") == "sigterm":
+            status = "stopped"
+        summary["sagemaker"] = plan.cost(
+            opts.instance_type, opts.instance_count, seconds, opts.price_per_hour
+        )
+        (home / "summary.json").write_text(json.dumps(summary, indent=1))
+    with contextlib.suppress(Exception):
+        plot_results(home)
+    files = sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file())
+    return RunResult(
+        job_id=job_id,
+        directory=home,
+        status=status,
+        seconds=seconds,
+        image=image,
+        failure=failure,
+        summary=summary if isinstance(summary, dict) else None,
+        files=files,
+        resumed_from=resumed,
+    )
+
+
+def require_ok(result: RunResult) -> None:
+    if result.status == "failed":
+        raise OperationError(
+            f"SageMaker job {result.job_id} failed: {result.failure}",
+            f"read {result.directory / LOG_FILE} (every container's output)",
+        )
+    if result.status not in ("completed", "stopped"):
+        raise InputError(f"unknown status {result.status}")
