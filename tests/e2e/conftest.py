@@ -64,9 +64,14 @@ MODULE_ORDER = (
 # is nearer the longer of the two than their sum. Image builds take a lock
 # (`provisioner.local.build_lock`), so the two never build the same image at once.
 APART_FIXTURES = {"host_lab", "slurm_lab"}
+# Modules that need none of the `e2e` lab (SageMaker's local mode runs on this machine's
+# own Docker; its one cluster test resumes on the host-mode lab) run there too.
+APART_MODULES = {"test_sagemaker_local"}
 
 
 def _apart(item: pytest.Item) -> bool:
+    if Path(str(item.fspath)).stem in APART_MODULES:
+        return True
     return bool(APART_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 

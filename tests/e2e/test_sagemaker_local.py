@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from provisioner.lab.nodes import LabInfo
+
 PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "ppo_cartpole.py"
 FAST = ["--train-batch", "400", "--checkpoint-every", "1", "--target-return", "1e9"]
 
@@ -164,15 +166,16 @@ def test_the_stopped_run_continues_under_sagemaker(
 
 
 def test_the_stopped_run_continues_on_the_lab_cluster(
-    stopped: Stopped, cluster_inventory: Path, tmp_path: Path
+    stopped: Stopped, host_lab: LabInfo, tmp_path: Path
 ) -> None:
     """`submit --resume PATH` with a SageMaker job's results directory: the same checkpoint
-    format and metrics, so the cluster run goes on from the SageMaker run's iteration."""
+    format and metrics, so the cluster run goes on from the SageMaker run's iteration (on
+    the host-mode lab, Ray from the nodes' own Python: the same Ray and RLlib as the image)."""
     from tests.e2e.helpers import cli
 
     assert stopped.doc["status"] == "stopped", stopped.err[-3000:]
     stopped_at = stopped.doc["summary"]["iterations"]
-    inventory = str(cluster_inventory)
+    inventory = str(host_lab.inventory)
     code, _, err = cli("up", "-i", inventory)
     assert code == 0, err[-3000:]
     more = ["--max-iterations", str(stopped_at + 2), "--env-runners", "2", *FAST]
