@@ -7,7 +7,7 @@ PROV := $(BIN)/provisioner
 LAB_INVENTORY = $$($(PROV) lab up --json | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["inventory"])')
 
 .PHONY: help install lint typecheck unit e2e test lab lab-down demo bench bench-doctor clean prereqs \
-	reliability-check reliability-table goldens soak
+	reliability-check reliability-table goldens soak reference
 
 help:
 	@echo "make install   virtualenv in $(VENV), editable install, torch pinned to the CPU build"
@@ -16,7 +16,8 @@ help:
 	@echo "make lab       start a 3-node lab (make lab-down removes it)"
 	@echo "make bench     benchmarks side by side (results in bench-results/)"
 	@echo "make soak      one long training run under a storm of faults (bench-results/soak.json)"
-	@echo "make reliability-table   README's Reliability table from the last e2e run's record"
+	@echo "make reliability-table   docs/reliability.md's table from the last e2e run's record"
+	@echo "make reference docs/reference.md from the CLI itself (make test fails when it is stale)"
 	@echo "make goldens   recapture the doctor's golden facts from a lab"
 
 $(BIN)/python:
@@ -47,7 +48,7 @@ unit: install
 	$(BIN)/pytest -q tests/unit
 
 # The e2e tests record what each fault and security scenario observed (build/reliability.json,
-# started afresh); README's Reliability table must be what that record renders.
+# started afresh); docs/reliability.md's table must be what that record renders.
 # Two pytest processes side by side: the tests on the `e2e` lab, and (marked `apart`, output
 # in build/e2e-apart.log, shown at the end) those on the host-mode and SLURM labs.
 e2e: install prereqs
@@ -64,6 +65,9 @@ e2e: install prereqs
 
 reliability-check: install
 	$(BIN)/python scripts/reliability_table.py --check
+
+reference: install
+	$(BIN)/python scripts/reference.py --write
 
 reliability-table: install
 	$(BIN)/python scripts/reliability_table.py --write

@@ -62,6 +62,10 @@ CHECKPOINTS = "checkpoints"
 
 
 RNG_FILE = "rng.json"
+# What RLlib's learner state leaves out: PPO's adaptive KL coefficient (per module) lives
+# beside the learner's weights and optimizer, and a restore would reset it to the
+# config's initial value, changing how far each update after the resume may move.
+LEARNER_FILE = "learner.json"
 
 
 @dataclass
@@ -329,6 +333,7 @@ def save_checkpoint(algo: Algorithm, results: Path, iteration: int, keep: int) -
     shutil.rmtree(tmp, ignore_errors=True)
     algo.save_to_path(str(tmp.resolve()))
     (tmp / RNG_FILE).write_text(json.dumps(rng_states(algo)))
+    (tmp / LEARNER_FILE).write_text(json.dumps(learner_extras(algo)))
     os.replace(tmp, final)
     for old in sorted(p for p in folder.glob("iter-*") if p.is_dir())[: -max(1, keep)]:
         shutil.rmtree(old, ignore_errors=True)
@@ -592,6 +597,47 @@ def rng_states(algo: Algorithm) -> dict[str, Any]:
     return {"driver": _rng_of_process(), "runners": {str(k): v for k, v in runners.items()}}
 
 
+def learner_extras(algo: Algorithm) -> dict[str, Any]:
+    """Each learner's state that RLlib's own checkpoint does not hold (PPO's current KL
+    coefficient per module), for `learner.json` beside a checkpoint."""
+    group = algo.learner_group
+    assert group is not None
+
+    def of(learner: Any, _: Any = None) -> dict[str, float]:
+        coeffs = getattr(learner, "curr_kl_coeffs_per_module", None) or {}
+        return {str(m): float(v) for m, v in dict(coeffs).items()}
+
+    found = [r.get() for r in group.foreach_learner(of)]  # type: ignore[no-untyped-call]
+    return {"kl_coeffs": found[0] if found else {}}
+
+
+def restore_learner_extras(algo: Algorithm, checkpoint: Path) -> dict[str, float]:
+    """Put back what `learner_extras` saved, on every learner, and read it back: the
+    coefficients each learner now holds (empty: nothing saved)."""
+    path = checkpoint / LEARNER_FILE
+    saved: dict[str, float] = json.loads(path.read_text())["kl_coeffs"] if path.is_file() else {}
+    group = algo.learner_group
+    assert group is not None
+    if not saved:
+        return {}
+
+    def put(learner: Any, _: Any = None) -> dict[str, float]:
+        import torch
+
+        coeffs = learner.curr_kl_coeffs_per_module
+        for module, value in saved.items():
+            with torch.no_grad():
+                coeffs[module].fill_(value)  # the tensor PPO's update scales in place
+        return {m: float(coeffs[m]) for m in saved}
+
+    results = group.foreach_learner(put)
+    held: list[dict[str, float]] = [r.get() for r in results]  # type: ignore[no-untyped-call]
+    for got in held:
+        if any(abs(got[m] - v) > 1e-9 * max(1.0, abs(v)) for m, v in saved.items()):
+            raise SystemExit(f"resume: a learner does not hold the restored KL coefficient {saved}")
+    return held[0]
+
+
 def restore_rng(algo: Algorithm, checkpoint: Path, seed: int) -> str:
     """Put back the random state saved with the checkpoint; runners it has none for (a
     checkpoint without rng.json, or more runners than before) are seeded anew from the
@@ -652,9 +698,11 @@ def train(
         algo.restore_from_path(str(resume))  # type: ignore[no-untyped-call]
         handed = hand_over(algo, resume)
         rng = restore_rng(algo, resume, seed=int(algo.config.seed or 0))  # type: ignore[union-attr]
+        kl = restore_learner_extras(algo, resume)
+        held = ", ".join(f"{v:.4g}" for v in kl.values()) or "not in the checkpoint"
         print(
             f"resumed from {resume} at iteration {algo.iteration}: the restored weights "
-            f"verified on {handed} env runner(s); random state {rng}",
+            f"verified on {handed} env runner(s); random state {rng}; KL coefficient {held}",
             flush=True,
         )
     recorder = Recorder(results, continue_after=algo.iteration if resume else None)

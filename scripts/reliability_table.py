@@ -1,13 +1,16 @@
-"""README's Reliability table, rendered from the suite's own record (build/reliability.json).
+"""The Reliability table of docs/reliability.md, rendered from the suite's own record
+(build/reliability.json).
 
     .venv/bin/python scripts/reliability_table.py           # print the table
-    .venv/bin/python scripts/reliability_table.py --write   # into README.md: make reliability-table
-    .venv/bin/python scripts/reliability_table.py --check   # exit 1 if README.md's table differs
+    .venv/bin/python scripts/reliability_table.py --write   # into the page: make reliability-table
+    .venv/bin/python scripts/reliability_table.py --check   # exit 1 if the page's table differs
+
+The page is docs/reliability.md (`--page` names another).
 
 Every row is one scenario a test recorded (tests/e2e/faults/record.py): what must happen,
 what the test asserted and found to hold, and what it measured in that run. The table
 lists exactly the rows the record holds, sorted (faults first, then by name), so a new
-recording test needs nothing here: re-render README with `make reliability-table`.
+recording test needs nothing here: re-render the page with `make reliability-table`.
 `--check` compares every column but the last: the measurements differ from run to run
 and are shown for what they are (the figures of the run that rendered the table).
 """
@@ -23,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "build" / "reliability.json"
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "reliability.md"
 BEGIN = (
     "<!-- reliability-table: rendered by `make reliability-table` from build/reliability.json -->"
 )
@@ -73,11 +76,11 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
 
 
-def readme_block(text: str) -> tuple[int, int]:
-    """The character span between the markers in README (exclusive of them)."""
+def page_block(text: str, name: str = "docs/reliability.md") -> tuple[int, int]:
+    """The character span between the markers in the page (exclusive of them)."""
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise SystemExit(f"README.md has no `{BEGIN}` ... `{END}` block")
+        raise SystemExit(f"{name} has no `{BEGIN}` ... `{END}` block")
     return start + len(BEGIN), end
 
 
@@ -89,10 +92,12 @@ def comparable(table_text: str) -> list[list[str]]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("record", nargs="?", type=Path, default=DEFAULT)
-    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument(
+        "--page", type=Path, default=PAGE, help="the page that holds the table's markers"
+    )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="render the table into the README")
-    mode.add_argument("--check", action="store_true", help="exit 1 if the README's table differs")
+    mode.add_argument("--write", action="store_true", help="render the table into the page")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the page's table differs")
     args = parser.parse_args(argv)
     if not args.record.exists():
         print(
@@ -105,16 +110,16 @@ def main(argv: list[str]) -> int:
     if not (args.write or args.check):
         sys.stdout.write(rendered)
         return 0
-    text = args.readme.read_text()
-    start, end = readme_block(text)
+    text = args.page.read_text()
+    start, end = page_block(text, str(args.page))
     if args.write:
-        args.readme.write_text(text[:start] + "\n" + rendered + text[end:])
-        print(f"{args.readme}: Reliability table rendered from {args.record} ({len(record)} rows)")
+        args.page.write_text(text[:start] + "\n" + rendered + text[end:])
+        print(f"{args.page}: Reliability table rendered from {args.record} ({len(record)} rows)")
         return 0
     failed = [str(r["scenario"]) for r in record.values() if not r.get("passed")]
     want, have = comparable(rendered), comparable(text[start:end])
     if want == have and not failed:
-        print(f"{args.readme}: the Reliability table matches {args.record} ({len(record)} rows)")
+        print(f"{args.page}: the Reliability table matches {args.record} ({len(record)} rows)")
         return 0
     if failed:
         print(f"scenarios that failed in the record: {', '.join(failed)}", file=sys.stderr)
@@ -122,13 +127,13 @@ def main(argv: list[str]) -> int:
         diff = difflib.unified_diff(
             [" | ".join(r) for r in have],
             [" | ".join(r) for r in want],
-            "README.md",
+            str(args.page),
             str(args.record),
             lineterm="",
         )
         print("\n".join(diff), file=sys.stderr)
         print(
-            "README's Reliability table differs from what the suite recorded: "
+            "the Reliability table in docs/reliability.md differs from what the suite recorded: "
             "re-render it with `make reliability-table` (and read the diff above)",
             file=sys.stderr,
         )

@@ -152,6 +152,7 @@ def _render_sbatch(inv: Inventory, slurm: bool, playbook: Path | None, args: lis
         payload=pack_playbook(playbook),
         python=inv.ray_python,
         source=inv.path.name,
+        tls=inv.tls,
     )
     return render_sbatch(job)
 

@@ -14,7 +14,12 @@ from provisioner.errors import InputError
 from provisioner.image.build import VARIANTS, BuildOptions, build_image, default_images_dir
 from provisioner.image.lock import BUILD_TAG, CLUSTER_TAG, pin_to_dict, read_pin
 from provisioner.image.push import PushOptions, push_image
-from provisioner.image.requirements import format_lock, resolve, resolve_without_download
+from provisioner.image.requirements import (
+    format_lock,
+    index_urls,
+    resolve,
+    resolve_without_download,
+)
 from provisioner.inventory import load_cluster
 
 app = typer.Typer(
@@ -84,7 +89,7 @@ def lock_cmd(
         else:
             wheels = resolve_without_download(source, out.progress)
     target = images / f"{stem}.lock"
-    target.write_text(format_lock(wheels, source.name))
+    target.write_text(format_lock(wheels, source.name, index_urls(source.read_text())))
     if json_:
         out.emit({"lock": str(target), "packages": {w.name: w.version for w in wheels}})
     else:

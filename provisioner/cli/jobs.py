@@ -143,7 +143,10 @@ def _show_upload(out: Output, upload: Upload, json_: bool) -> None:
     for name in upload.files:
         out.say(name)
     out.say(upload_line(upload))
-    out.say("(control it with .gitignore or .rayignore in that directory; see the README)")
+    out.say(
+        "(control it with .gitignore or .rayignore in that directory; "
+        "see docs/guide.md, 'What is sent')"
+    )
 
 
 REPAIR_TRIES = 5

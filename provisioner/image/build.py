@@ -7,6 +7,7 @@ The base image must already be on this machine: nothing here contacts a registry
 
 from __future__ import annotations
 
+import io
 import json
 import tarfile
 import tempfile
@@ -22,7 +23,7 @@ from docker.errors import APIError, ImageNotFound
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError
 from provisioner.image.lock import BUILD_TAG, Pin, Versions, layer_sizes_from_history, write_pin
-from provisioner.image.requirements import lock_sha256, parse_lock
+from provisioner.image.requirements import index_urls, lock_sha256, parse_lock, without_indexes
 from provisioner.image.wheelhouse import ensure_wheels
 from provisioner.local import build_lock
 from provisioner.local import docker_client as client
@@ -103,7 +104,15 @@ def write_context(
                 tar.addfile(info, f)
 
         for name in CONTEXT_FILES:
-            add(images_dir / (lock_name if name == "requirements.lock" else name), name)
+            if name == "requirements.lock":
+                # without its index lines: where a wheel came from does not change the image
+                data = without_indexes((images_dir / lock_name).read_text()).encode()
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(data), 0o644, 0
+                info.uname = info.gname = "root"
+                tar.addfile(info, io.BytesIO(data))
+                continue
+            add(images_dir / name, name)
         for wheel in wheels:
             add(wheel, f"wheels/{wheel.name}")
 
@@ -199,7 +208,13 @@ def _build_image(opts: BuildOptions, report: Reporter) -> BuildResult:
     lock_text = lock_file.read_text()
     locked = parse_lock(lock_text, str(lock_file))
     base_id = _base_id(opts.base)
-    wheels = ensure_wheels(locked, opts.wheelhouse, offline=opts.offline, report=report)
+    wheels = ensure_wheels(
+        locked,
+        opts.wheelhouse,
+        offline=opts.offline,
+        indexes=index_urls(lock_text),
+        report=report,
+    )
     requirements_sha = lock_sha256(lock_text)
     report(f"building {opts.tag} from {opts.base} with {len(wheels)} locked wheels")
     with tempfile.TemporaryFile(prefix="provisioner-context-") as ctx:

@@ -37,6 +37,9 @@ PLATFORMS = (
     "manylinux1_x86_64",
     "linux_x86_64",
 )
+# A requirements-file option naming a package index (pip's own syntax): the lock carries
+# it so that a machine whose pip knows no such index resolves the lock's wheels all the same.
+_INDEX = re.compile(r"^(?:--index-url|--extra-index-url|-i)(?:\s+|=)(?P<url>\S+)$")
 _LINE = re.compile(
     r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)\s+--hash=sha256:(?P<sha>[0-9a-f]{64})$"
 )
@@ -69,13 +72,37 @@ def lock_sha256(text: str) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def format_lock(wheels: Iterable[LockedWheel], source: str) -> str:
-    """The lock file's text, sorted by name, with a header naming its source."""
+def index_urls(text: str) -> list[str]:
+    """Pure: the package indexes a requirements file names (`--extra-index-url URL` lines,
+    `--index-url` and `-i` too), in order."""
+    urls: list[str] = []
+    for raw in text.replace("\\\n", " ").splitlines():
+        m = _INDEX.match(" ".join(raw.split("#", 1)[0].split()))
+        if m is not None and m["url"] not in urls:
+            urls.append(m["url"])
+    return urls
+
+
+def without_indexes(text: str) -> str:
+    """Pure: a requirements file's text without its index lines: what pip reads first (its
+    own configuration only), and the lock as the image's build context holds it."""
+    kept = [
+        line
+        for line in text.splitlines(keepends=True)
+        if _INDEX.match(" ".join(line.split("#", 1)[0].split())) is None
+    ]
+    return "".join(kept)
+
+
+def format_lock(wheels: Iterable[LockedWheel], source: str, indexes: Sequence[str] = ()) -> str:
+    """The lock file's text, sorted by name, with a header naming its source and the
+    package indexes its wheels may come from (besides pip's own configuration)."""
     out = [
         f"# The exact Python packages of the cluster image, made from {source} by",
         "# `provisioner image lock` (pip's resolver; linux x86_64, CPython 3.11).",
         "# Do not edit: change requirements.in and run the command again.",
     ]
+    out += [f"--extra-index-url {url}" for url in indexes]
     for w in sorted(wheels, key=lambda w: (canonicalize_name(w.name), w.version)):
         out.append(f"{w.name}=={w.version} \\\n    --hash=sha256:{w.sha256}")
     return "\n".join(out) + "\n"
@@ -87,7 +114,7 @@ def parse_lock(text: str, where: str) -> list[LockedWheel]:
     logical = text.replace("\\\n", " ")
     for number, raw in enumerate(logical.splitlines(), start=1):
         line = " ".join(raw.split("#", 1)[0].split())
-        if not line:
+        if not line or _INDEX.match(line):
             continue
         m = _LINE.match(line)
         if m is None:
@@ -142,6 +169,25 @@ def run_pip(args: Sequence[str], report: Reporter, what: str) -> None:
         )
 
 
+def run_pip_with_indexes(
+    args: Sequence[str], requirements: str, indexes: Sequence[str], report: Reporter, what: str
+) -> None:
+    """pip on `requirements` (text), first with pip's own configuration alone (a local
+    mirror or wheel folder serves everything there, and no other index is asked); when
+    that fails and the requirements name indexes, once more with them as extra indexes
+    (a stock machine: PyPI has no CPU build of torch, PyTorch's CPU index has it)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="requirements-") as req:
+        req.write(without_indexes(requirements))
+        req.flush()
+        try:
+            run_pip([*args, "-r", req.name], report, what)
+        except OperationError:
+            if not indexes:
+                raise
+            extra = [a for url in indexes for a in ("--extra-index-url", url)]
+            run_pip([*args, *extra, "-r", req.name], report, f"{what}, with {', '.join(indexes)}")
+
+
 def report_args(report_path: Path) -> list[str]:
     """pip's resolver for the image's platform, without downloading: `pip install --dry-run
     --report` names each wheel with its URL and the index's sha256."""
@@ -193,8 +239,11 @@ def resolve_without_download(requirements_in: Path, report: Reporter = quiet) ->
     _require_file(requirements_in)
     with tempfile.TemporaryDirectory(prefix="provisioner-lock-") as tmp:
         path = Path(tmp, "report.json")
-        run_pip(
-            [*report_args(path), "-r", str(requirements_in)],
+        text = requirements_in.read_text()
+        run_pip_with_indexes(
+            report_args(path),
+            text,
+            index_urls(text),
             report,
             f"resolving {requirements_in.name} with pip (no download)",
         )
@@ -206,8 +255,11 @@ def resolve(requirements_in: Path, wheelhouse: Path, report: Reporter = quiet) -
     wheelhouse (so the next build needs no download) and return them."""
     _require_file(requirements_in)
     with tempfile.TemporaryDirectory(prefix="provisioner-lock-") as tmp:
-        run_pip(
-            [*pip_download_args(Path(tmp)), "-r", str(requirements_in)],
+        text = requirements_in.read_text()
+        run_pip_with_indexes(
+            pip_download_args(Path(tmp)),
+            text,
+            index_urls(text),
             report,
             f"resolving {requirements_in.name} with pip",
         )

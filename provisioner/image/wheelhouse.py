@@ -8,13 +8,17 @@ offline, as an air-gapped machine must (then bring the directory on a disk).
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError
-from provisioner.image.requirements import LockedWheel, pip_download_args, run_pip, wheels_in
+from provisioner.image.requirements import (
+    LockedWheel,
+    pip_download_args,
+    run_pip_with_indexes,
+    wheels_in,
+)
 
 
 def match(
@@ -38,9 +42,11 @@ def ensure_wheels(
     wheelhouse: Path,
     *,
     offline: bool = False,
+    indexes: Sequence[str] = (),
     report: Reporter = quiet,
 ) -> list[Path]:
-    """The wheel file of every locked package, downloading the missing ones (unless offline)."""
+    """The wheel file of every locked package, downloading the missing ones (unless offline):
+    from pip's own configuration, then from the `indexes` the lock names."""
     wheelhouse.mkdir(parents=True, exist_ok=True)
     _, missing = match(locked, wheels_in(wheelhouse))
     if missing and offline:
@@ -53,14 +59,13 @@ def ensure_wheels(
             where=str(wheelhouse),
         )
     if missing:
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="missing-") as req:
-            req.write("\n".join(w.requirement() for w in missing) + "\n")
-            req.flush()
-            run_pip(
-                [*pip_download_args(wheelhouse), "--no-deps", "--require-hashes", "-r", req.name],
-                report,
-                f"downloading {len(missing)} wheel(s) into {wheelhouse}",
-            )
+        run_pip_with_indexes(
+            [*pip_download_args(wheelhouse), "--no-deps", "--require-hashes"],
+            "\n".join(w.requirement() for w in missing) + "\n",
+            indexes,
+            report,
+            f"downloading {len(missing)} wheel(s) into {wheelhouse}",
+        )
     present = wheels_in(wheelhouse)
     found, missing = match(locked, present)
     if missing:

@@ -90,7 +90,7 @@ def ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
 
 
 def _ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
-    from provisioner.image.requirements import parse_lock
+    from provisioner.image.requirements import index_urls, parse_lock, without_indexes
     from provisioner.image.wheelhouse import ensure_wheels
 
     node = ensure_node_image(report)
@@ -100,11 +100,17 @@ def _ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
             f"no requirements lock at {lock}: host-mode nodes get their virtualenv from it",
             "run from the repository root, or pass --images DIR",
         )
-    text = lock.read_text()
+    full = lock.read_text()
+    text = without_indexes(full)  # the packages: the index lines only say where they come from
     tag = host_node_tag(node, text)
     if _exists(tag):
         return tag
-    wheels = ensure_wheels(parse_lock(text, str(lock)), images_dir / ".wheelhouse", report=report)
+    wheels = ensure_wheels(
+        parse_lock(text, str(lock)),
+        images_dir / ".wheelhouse",
+        indexes=index_urls(full),
+        report=report,
+    )
     report(f"building the host-mode lab node image {tag} (a virtualenv with Ray; minutes)")
     with tempfile.TemporaryDirectory(prefix="lab-host-") as tmp:
         ctx = Path(tmp)
@@ -114,7 +120,7 @@ def _ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
                 os.link(wheel, ctx / "wheels" / wheel.name)
             except OSError:
                 shutil.copy2(wheel, ctx / "wheels" / wheel.name)
-        shutil.copy2(lock, ctx / "requirements.lock")
+        (ctx / "requirements.lock").write_text(text)
         shutil.copy2(_recipe_dir() / HOST_DOCKERFILE, ctx / "Dockerfile")
         _docker_build(ctx, "Dockerfile", tag, {"NODE_IMAGE": node}, report)
     return tag

@@ -56,6 +56,7 @@ class SbatchJob:
     payload: str  # base64 of a tar.gz of the playbook's folder (`pack_playbook`)
     python: str | None = None  # the interpreter; None: a login shell's `ray`
     source: str = ""  # the inventory it came from (a comment)
+    tls: bool = True  # Ray's channels under TLS, with a CA of the job's own (`ray: {tls}`)
 
 
 def pack_playbook(playbook: Path) -> str:
@@ -171,6 +172,7 @@ def private_dir_function(max_len: int = JOB_DIR_MAX) -> str:
 _NODE_TASK = r"""set -eu
 role=$1
 IFS= read -r token || { echo "ray: no token on stdin" >&2; exit 1; }
+IFS= read -r tls_files || tls_files=
 PRIVATE_DIR_FUNCTION
 d=$(private_dir)
 trap 'rm -rf "$d"' EXIT
@@ -185,6 +187,13 @@ umask 077
 printf '%s\n' "$token" >"$d/auth_token"
 unset token
 export RAY_AUTH_TOKEN_PATH=$d/auth_token
+if [ -n "$tls_files" ]; then  # the job's CA certificate, and its nodes' certificate and key
+  mkdir "$d/tls"
+  printf %s "$tls_files" | base64 -d | tar -xz -C "$d/tls"
+  export RAY_USE_TLS=1 RAY_TLS_SERVER_CERT=$d/tls/node.crt RAY_TLS_SERVER_KEY=$d/tls/node.key \
+    RAY_TLS_CA_CERT=$d/tls/ca.crt
+fi
+unset tls_files
 mkdir "$d/playbook"
 printf %s "$PLAYBOOK_TGZ" | base64 -d | tar -xz -C "$d/playbook"
 addr=$(node_addr "$SLURMD_NODENAME")
@@ -266,6 +275,50 @@ def comment_text(text: str) -> str:
     )
 
 
+def _tls_section(on: bool) -> str:
+    """Bash: what every node's task reads on stdin (`$JOB_DIR/node_input`: the token's
+    line, then the TLS files' line), and with TLS on, those files: a CA of this job's
+    own, made on the batch host in the job's private directory (its key removed once
+    it has signed), and one certificate for the job's nodes (each node's address,
+    127.0.0.1, localhost). Ray's servers then take only clients with a certificate of
+    this CA, and its clients check the server's against the address they dialled: the
+    token crosses the network inside TLS, and nobody outside the job holds the key."""
+    if not on:
+        return (
+            "# TLS off (`ray: {tls: false}` in the inventory): Ray's traffic is cleartext.\n"
+            '(umask 077 && { head -n 1 "$RAY_AUTH_TOKEN_PATH"; echo; } >"$JOB_DIR/node_input")'
+        )
+    return r"""# TLS: a CA of this job's own and one certificate for its nodes, made here (openssl).
+command -v openssl >/dev/null || {
+  echo "ray: openssl is needed for Ray's TLS on $(hostname) (or ray: {tls: false})" >&2
+  exit 1
+}
+SANS=IP:127.0.0.1,DNS:localhost
+for n in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+  a=$(node_addr "$n")
+  [ -n "$a" ] || { echo "ray: no address for node $n" >&2; exit 1; }
+  SANS=$SANS,IP:$a
+done
+(umask 077 && mkdir "$JOB_DIR/tls" && cd "$JOB_DIR/tls" &&
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 \
+    -subj "/CN=ray job $SLURM_JOB_ID CA" -keyout ca.key -out ca.crt 2>/dev/null &&
+  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+    -subj "/CN=ray job $SLURM_JOB_ID" -keyout node.key -out node.csr 2>/dev/null &&
+  printf 'subjectAltName=%s\nbasicConstraints=critical,CA:FALSE\n%s\n' "$SANS" \
+    extendedKeyUsage=serverAuth,clientAuth >node.ext &&
+  openssl x509 -req -in node.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 \
+    -extfile node.ext -out node.crt 2>/dev/null &&
+  rm -f ca.key ca.srl node.csr node.ext) || {
+  echo "ray: making the job's TLS files failed" >&2
+  exit 1
+}
+export RAY_USE_TLS=1 RAY_TLS_SERVER_CERT=$JOB_DIR/tls/node.crt \
+  RAY_TLS_SERVER_KEY=$JOB_DIR/tls/node.key RAY_TLS_CA_CERT=$JOB_DIR/tls/ca.crt
+(umask 077 && { head -n 1 "$RAY_AUTH_TOKEN_PATH"
+  tar -cz -C "$JOB_DIR/tls" ca.crt node.crt node.key | base64 -w0; echo
+} >"$JOB_DIR/node_input")"""
+
+
 def render_sbatch(job: SbatchJob) -> str:
     """The sbatch script (bash). Every value from the inventory or the command line is
     checked or quoted; the payload is base64 (no quote can occur in it)."""
@@ -318,6 +371,7 @@ node_addr() {{  # the address SLURM reaches a node by (NodeAddr), as an IPv4 add
   getent ahostsv4 "$a" | awk 'NR == 1 {{print $1}}'
 }}
 export -f node_addr
+{_tls_section(job.tls)}
 HEAD_NODE=$SLURMD_NODENAME
 HEAD_ADDR=$(node_addr "$HEAD_NODE")
 export HEAD_ADDR
@@ -345,7 +399,7 @@ trap stop_ray EXIT
 
 echo "ray: head on $HEAD_NODE ($RAY_ADDRESS), job dir $JOB_DIR, results $RESULTS_DIR"
 srun --overlap --nodes=1 --ntasks=1 -w "$HEAD_NODE" --input=all \\
-  bash -c "$NODE_TASK" node head <"$RAY_AUTH_TOKEN_PATH" &
+  bash -c "$NODE_TASK" node head <"$JOB_DIR/node_input" &
 STEPS+=($!)
 for i in $(seq 600); do
   timeout 1 bash -c "exec 3<>/dev/tcp/$HEAD_ADDR/$((BASE + {OFFSETS["gcs"]}))" 2>/dev/null && break
@@ -354,7 +408,7 @@ done
 if [ "$SLURM_JOB_NUM_NODES" -gt 1 ]; then
   WORKERS=$((SLURM_JOB_NUM_NODES - 1))
   srun --overlap --nodes=$WORKERS --ntasks=$WORKERS --ntasks-per-node=1 --input=all \\
-    --exclude="$HEAD_NODE" bash -c "$NODE_TASK" node worker <"$RAY_AUTH_TOKEN_PATH" &
+    --exclude="$HEAD_NODE" bash -c "$NODE_TASK" node worker <"$JOB_DIR/node_input" &
   STEPS+=($!)
 fi
 "$PY" -c {shlex.quote(_WAIT_NODES)} {JOIN_TIMEOUT_S}

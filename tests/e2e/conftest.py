@@ -52,6 +52,9 @@ MODULE_ORDER = (
     "test_gpu",
     "test_host_mode",
     "test_slurm",
+    "test_tls",
+    # from a venv of `pip install .` alone; it ends with `down` (later tests run `up`)
+    "test_light_install",
 )
 
 

@@ -287,8 +287,8 @@ def test_hostile_address_is_exit_2(tmp_path: Path, bad: str) -> None:
 
 
 def test_every_node_check_faulted_in_one_doctor_run(lab: LabInfo, tmp_path: Path) -> None:
-    """One fault per check of README's doctor table that the tests above do not fault,
-    spread over the nodes so that one doctor run (one round trip per node) judges them all.
+    """One fault per check of the doctor's table (docs/guide.md) that the tests above do not
+    fault, spread over the nodes so that one doctor run (one round trip per node) judges them all.
     The pin names an image no node holds, built for arm64."""
     head, one, two = lab.nodes
     lock = tmp_path / "arm64.lock.json"

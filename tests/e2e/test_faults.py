@@ -5,7 +5,7 @@ the `cluster_inventory` fixture pushed once): first the faults that need no runn
 (changed host key, hung sshd, full disk, Ctrl-C during a push), then those that do (Ctrl-C
 during `up`, a node dying during `up`, a worker cut off during a job, Ctrl-C during
 `down`). Every fault is undone in a `finally`. Each scenario records what it observed
-(tests/e2e/faults/record.py) for README's table (scripts/reliability_table.py).
+(tests/e2e/faults/record.py) for docs/reliability.md's table (scripts/reliability_table.py).
 """
 
 from __future__ import annotations

@@ -74,9 +74,15 @@ def test_rendered_sbatch_script_trains_to_the_end(slurm_lab: LabInfo, tmp_path: 
     out = on_login(slurm_lab, "sbatch --parsable train.sbatch")
     job_id = out.strip().split(";")[0]
     assert job_id.isdigit(), out
+    first = compute[0]  # the batch host: the first node of an idle partition
+    seen = gcs_handshakes(first, job_id, tmp_path, timeout=240)
     wait_gone(slurm_lab, job_id, timeout=300)
     state = on_login(slurm_lab, f"scontrol show job {job_id} 2>/dev/null || true")
-    first = compute[0]  # the batch host: the first node of an idle partition
+    # Ray's GCS spoke TLS with the job's own CA, and took only a client of that CA
+    ours = seen["job's certificate"]
+    assert ours.tls and ours.verified and ours.grpc, seen
+    assert f"ray job {job_id} CA" in ours.issuer, ours
+    assert seen["none"].tls and not seen["none"].grpc, seen  # refused at the handshake
     # the results are where the script says: $HOME/provisioner-results/NAME-JOBID there
     results = f"/home/lab/provisioner-results/{slurm_lab.name}-{job_id}"
     rc, summary = exec_rc(first.container, f"cat {results}/summary.json")
@@ -94,6 +100,36 @@ def test_rendered_sbatch_script_trains_to_the_end(slurm_lab: LabInfo, tmp_path: 
     # each node ran in a directory of its own (positive control for the two checks above)
     _, full = exec_rc(first.container, f"cat /home/lab/{slurm_lab.name}-{job_id}.out")
     assert full.count(f"in /tmp/rayjob-{job_id}.") == len(compute), full[-3000:]
+
+
+def gcs_handshakes(node: LabNode, job_id: str, tmp_path: Path, timeout: float) -> dict[str, Any]:
+    """While the job runs: TLS handshakes with its GCS on the batch host, trusting the
+    job's CA (read as root from the job's private directory there), with the job's
+    certificate and with none."""
+    from tests.e2e.test_tls import handshake
+
+    port = job_ports(int(job_id)).gcs
+    deadline = time.monotonic() + timeout
+    files: dict[str, Path] = {}
+    while time.monotonic() < deadline:
+        _, where = exec_rc(node.container, f"ls -d /tmp/rayjob-{job_id}.*/tls | head -n 1")
+        for name in ("ca.crt", "node.crt", "node.key"):
+            rc, text = exec_rc(node.container, f"cat {where.strip() or '/nonexistent'}/{name}")
+            if rc == 0 and text.rstrip().endswith("-----"):
+                (tmp_path / name).write_text(text.strip() + "\n")
+                files[name] = tmp_path / name
+        rc, _ = exec_rc(
+            node.container, f"timeout 1 bash -c 'exec 3<>/dev/tcp/{node.address}/{port}'"
+        )
+        if len(files) == 3 and rc == 0:
+            break
+        time.sleep(1)
+    assert len(files) == 3, f"the job's TLS files never appeared on {node.name}: {files}"
+    ca, cert, key = files["ca.crt"], files["node.crt"], files["node.key"]
+    return {
+        "job's certificate": handshake(node.address, port, ca, cert, key),
+        "none": handshake(node.address, port, ca),
+    }
 
 
 def cli_json(*args: str) -> tuple[int, Any, str]:

@@ -162,3 +162,67 @@ def test_a_missing_requirements_file_is_named_with_its_fix(tmp_path: Path) -> No
         with pytest.raises(InputError) as caught:
             call()
         assert caught.value.where == str(missing) and "--images-dir" in (caught.value.fix or "")
+
+
+def test_the_lock_names_its_indexes_and_they_do_not_change_what_it_pins() -> None:
+    from provisioner.image.requirements import index_urls, without_indexes
+
+    wheels = [LockedWheel("torch", "2.13.0+cpu", "1" * 64)]
+    cpu = "https://download.pytorch.org/whl/cpu"
+    text = format_lock(wheels, "requirements.in", [cpu])
+    assert index_urls(text) == [cpu]
+    assert parse_lock(text, "x") == wheels
+    assert lock_sha256(text) == lock_sha256(format_lock(wheels, "requirements.in"))
+    assert without_indexes(text) == format_lock(wheels, "requirements.in")
+    assert index_urls(f"-i {cpu}\n--index-url={cpu}/x\nray==1\n") == [cpu, f"{cpu}/x"]
+    # the committed files: PyTorch's CPU index is where torch 2.13.0+cpu comes from
+    root = Path(__file__).resolve().parents[2] / "images"
+    assert index_urls((root / "requirements.in").read_text()) == [cpu]
+    assert index_urls((root / "requirements.lock").read_text()) == [cpu]
+
+
+def _one_wheel_index(root: Path) -> tuple[LockedWheel, str]:
+    """A package index (PEP 503, on disk) serving one pure wheel that no other index has."""
+    import base64
+    import hashlib
+    import zipfile
+
+    name, version = "provisioner_only_here", "1.0+cpu"
+    wheel = root / "files" / f"{name}-{version}-py3-none-any.whl"
+    wheel.parent.mkdir(parents=True)
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": b"",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+    record = []
+    with zipfile.ZipFile(wheel, "w") as z:
+        for path, data in files.items():
+            z.writestr(path, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            record.append(f"{path},sha256={digest.decode()},{len(data)}")
+        z.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    page = root / "simple" / "provisioner-only-here" / "index.html"
+    page.parent.mkdir(parents=True)
+    page.write_text(f'<a href="../../files/{wheel.name}#sha256={sha}">{wheel.name}</a>\n')
+    return LockedWheel(name, version, sha), (root / "simple").as_uri()
+
+
+def test_a_wheel_pips_own_configuration_lacks_comes_from_the_index_the_lock_names(
+    tmp_path: Path,
+) -> None:
+    """Real pip: the wheelhouse asks pip's configuration first, then the lock's index
+    (a stock machine's PyPI lacks the CPU torch that PyTorch's index serves)."""
+    from provisioner.errors import OperationError
+    from provisioner.image.wheelhouse import ensure_wheels
+
+    locked, index = _one_wheel_index(tmp_path / "index")
+    # positive control: pip's own configuration alone does not have it
+    with pytest.raises(OperationError):
+        ensure_wheels([locked], tmp_path / "without")
+    got = ensure_wheels([locked], tmp_path / "with", indexes=[index])
+    assert [p.name for p in got] == [f"{locked.name}-{locked.version}-py3-none-any.whl"]
+    assert (tmp_path / "with" / got[0].name).is_file()

@@ -91,7 +91,8 @@ def trained(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return results
 
 
-def resume(trained: Path, into: Path) -> dict[int, float]:
+def resume(trained: Path, into: Path, *extra: str) -> dict[int, float]:
+    into.mkdir(exist_ok=True)
     for name in ("metrics.csv", "checkpoints"):
         src = trained / name
         dest = into / name
@@ -101,7 +102,7 @@ def resume(trained: Path, into: Path) -> dict[int, float]:
             shutil.copytree(src, dest)
         else:
             dest.write_bytes(src.read_bytes())
-    train(into, "--max-iterations", "8", "--resume-from", "checkpoints/iter-000006")
+    train(into, "--max-iterations", "8", "--resume-from", "checkpoints/iter-000006", *extra)
     return returns(into)
 
 
@@ -163,3 +164,71 @@ def test_the_random_state_of_a_process_goes_through_json_and_back() -> None:
     np.random.seed(2)
     rlrun._set_rng_of_process(saved)
     assert (random.random(), float(np.random.rand())) == first
+
+
+def test_the_cells_playbook_resumes_its_learning_too(
+    local_ray: None, tmp_path: Path, rllib_drops_its_restore_sync: None
+) -> None:
+    """ppo_cells.py (this project's own environment, with an observation filter) goes
+    through the same restore: after the resume its runners act with the trained policy."""
+    import ppo_cells
+    from cell_network import CellNetwork
+
+    def cells(results: Path, *extra: str) -> dict[int, float]:
+        p = rlrun.parser("test", target_return=1e9, max_env_steps=10**7)
+        p.set_defaults(lr=1e-3, gamma=0.5)
+        args = p.parse_args([*ARGS, "--obs-filter", "--results", str(results), *extra])
+        args.cells, args.users, args.horizon = 4, 4, 50
+        budget = rlrun.Budget(args.target_return, args.max_env_steps, args.max_iterations)
+        rlrun.train(ppo_cells.config(args), budget, results, rlrun.saving_of(args))
+        return returns(results)
+
+    assert CellNetwork is not None
+    first = tmp_path / "first"
+    before = cells(first, "--max-iterations", "6")
+    assert before[6] > before[1] + 0.2 * abs(before[1]), before  # it learned
+    again = tmp_path / "again"
+    again.mkdir()
+    import shutil
+
+    shutil.copytree(first / "checkpoints", again / "checkpoints")
+    (again / "metrics.csv").write_bytes((first / "metrics.csv").read_bytes())
+    got = cells(again, "--max-iterations", "7", "--resume-from", "checkpoints/iter-000006")
+    # nearer the trained policy's return than a fresh one's
+    assert abs(got[7] - before[6]) < abs(got[7] - before[1]), (before, got)
+
+
+def test_a_remote_learner_resumes_its_learning_too(
+    local_ray: None, tmp_path: Path, rllib_drops_its_restore_sync: None, capsys: Any
+) -> None:
+    """A learner in its own actor, as a GPU learner is (`--num-learners 1`, here on CPU:
+    the GPU's part is the device, not the path the weights take on a resume)."""
+    first = tmp_path / "first"
+    train(first, "--max-iterations", "6", "--num-learners", "1")
+    before = returns(first)
+    assert before[6] > 3 * before[1], before  # it learned
+    assert "the restored weights verified" not in capsys.readouterr().out
+    got = resume(first, tmp_path / "again", "--num-learners", "1")
+    assert got[7] > 0.5 * before[6] and got[7] > 3 * before[1], (before, got)
+    assert "the restored weights verified on 2 env runner(s)" in capsys.readouterr().out
+
+
+def test_a_resume_gives_the_learner_back_ppos_kl_coefficient(
+    local_ray: None, tmp_path: Path, rllib_drops_its_restore_sync: None, capsys: Any
+) -> None:
+    """PPO adapts its KL coefficient after each update whose KL leaves [0.5, 2] x its
+    target; RLlib's learner state leaves it out, so a plain restore starts again from the
+    config's value (0.2). A large learning rate moves it within a few iterations."""
+    first = tmp_path / "first"
+    train(first, "--max-iterations", "3", "--lr", "0.01", "--checkpoint-every", "3")
+    saved = json.loads((first / "checkpoints" / "iter-000003" / rlrun.LEARNER_FILE).read_text())
+    (coeff,) = saved["kl_coeffs"].values()
+    assert coeff != pytest.approx(0.2), saved  # it moved: the restore has something to do
+    capsys.readouterr()
+    p = rlrun.parser("test", target_return=1e9, max_env_steps=10**7)
+    again = ["--lr", "0.01", "--max-iterations", "4", "--resume-from", "checkpoints/iter-000003"]
+    args = p.parse_args([*ARGS, "--results", str(first), *again])
+    budget = rlrun.Budget(args.target_return, args.max_env_steps, args.max_iterations)
+    rlrun.train(rlrun.ppo_config(args, "CartPole-v1"), budget, first, rlrun.saving_of(args))
+    out = capsys.readouterr().out
+    assert f"KL coefficient {coeff:.4g}" in out, out[-2000:]

@@ -1,4 +1,4 @@
-"""README's Reliability table from the suite's record: rendering, writing, checking."""
+"""docs/reliability.md's Reliability table from the suite's record: rendering, writing, checking."""
 
 from __future__ import annotations
 
@@ -36,13 +36,13 @@ def entry(name: str, kind: str = "fault", **more: object) -> dict[str, object]:
 def files(tmp_path: Path, record: dict[str, dict[str, object]]) -> tuple[Path, Path]:
     rec = tmp_path / "reliability.json"
     rec.write_text(json.dumps(record))
-    readme = tmp_path / "README.md"
-    readme.write_text(
+    page = tmp_path / "reliability.md"
+    page.write_text(
         "# x\n\n## Reliability\ntext\n\n"
         "<!-- reliability-table: rendered by `make reliability-table` from "
         "build/reliability.json -->\n<!-- end of reliability-table -->\n\n## After\nmore\n"
     )
-    return rec, readme
+    return rec, page
 
 
 def run(rt: ModuleType, *args: object) -> int:
@@ -57,36 +57,36 @@ def test_rows_sorted_faults_first_and_pipes_escaped(rt: ModuleType) -> None:
 
 
 def test_written_table_passes_the_check_and_keeps_the_rest(rt: ModuleType, tmp_path: Path) -> None:
-    rec, readme = files(tmp_path, {"a": entry("a")})
-    assert run(rt, rec, "--readme", readme, "--check") == 1  # empty block: differs
-    assert run(rt, rec, "--readme", readme, "--write") == 0
-    text = readme.read_text()
+    rec, page = files(tmp_path, {"a": entry("a")})
+    assert run(rt, rec, "--page", page, "--check") == 1  # empty block: differs
+    assert run(rt, rec, "--page", page, "--write") == 0
+    text = page.read_text()
     assert "| fault | a | it \\| holds | a held | 1.0 s |" in text
     assert text.startswith("# x\n") and text.endswith("## After\nmore\n")
-    assert run(rt, rec, "--readme", readme, "--check") == 0
-    assert run(rt, rec, "--readme", readme, "--write") == 0  # idempotent
-    assert readme.read_text() == text
+    assert run(rt, rec, "--page", page, "--check") == 0
+    assert run(rt, rec, "--page", page, "--write") == 0  # idempotent
+    assert page.read_text() == text
 
 
 def test_only_the_measured_column_may_change(rt: ModuleType, tmp_path: Path) -> None:
-    rec, readme = files(tmp_path, {"a": entry("a")})
-    run(rt, rec, "--readme", readme, "--write")
+    rec, page = files(tmp_path, {"a": entry("a")})
+    run(rt, rec, "--page", page, "--write")
     rec.write_text(json.dumps({"a": entry("a", measured="9.9 s")}))
-    assert run(rt, rec, "--readme", readme, "--check") == 0
+    assert run(rt, rec, "--page", page, "--check") == 0
     rec.write_text(json.dumps({"a": entry("a", observed="something else")}))
-    assert run(rt, rec, "--readme", readme, "--check") == 1
+    assert run(rt, rec, "--page", page, "--check") == 1
 
 
 def test_a_new_row_or_a_failed_one_fails_the_check(rt: ModuleType, tmp_path: Path) -> None:
-    rec, readme = files(tmp_path, {"a": entry("a")})
-    run(rt, rec, "--readme", readme, "--write")
+    rec, page = files(tmp_path, {"a": entry("a")})
+    run(rt, rec, "--page", page, "--write")
     rec.write_text(json.dumps({"a": entry("a"), "b": entry("b", "security")}))
-    assert run(rt, rec, "--readme", readme, "--check") == 1
-    run(rt, rec, "--readme", readme, "--write")  # re-rendered: the new row is in
-    assert run(rt, rec, "--readme", readme, "--check") == 0
+    assert run(rt, rec, "--page", page, "--check") == 1
+    run(rt, rec, "--page", page, "--write")  # re-rendered: the new row is in
+    assert run(rt, rec, "--page", page, "--check") == 0
     failed = entry("a", passed=False, observed="FAILED: boom")
     rec.write_text(json.dumps({"a": failed, "b": entry("b", "security")}))
-    assert run(rt, rec, "--readme", readme, "--check") == 1
+    assert run(rt, rec, "--page", page, "--check") == 1
     assert "**FAILED**: boom" in rt.table(json.loads(rec.read_text()))
 
 
@@ -96,3 +96,13 @@ def test_no_record_is_exit_2(rt: ModuleType, tmp_path: Path) -> None:
 
 def test_cells_are_one_printable_line(rt: ModuleType) -> None:
     assert rt.cell("a\nb\x00\x18c | d") == "a bc \\| d"
+
+
+def test_the_default_page_holds_the_rendered_table(rt: ModuleType) -> None:
+    """`make reliability-check` reads docs/reliability.md: its markers and a rendered table."""
+    assert rt.PAGE.relative_to(SCRIPT.parents[1]).as_posix() == "docs/reliability.md"
+    text = rt.PAGE.read_text()
+    start, end = rt.page_block(text)
+    rows = rt.comparable(text[start:end])
+    assert rows[0] == [c.strip() for c in rt.HEADER[0].strip("|").split("|")][:-1]
+    assert len(rows) > 2  # the header, its rule, and at least one scenario

@@ -320,3 +320,61 @@ def test_another_jobs_ray_on_a_shared_node_is_a_warning_only() -> None:
     (shared,) = check_stale_ray(node, facts, shared=True)
     assert (alone.severity, shared.severity) == ("error", "warning")
     assert "rayjob-9" in shared.evidence
+
+
+def test_sbatch_script_with_tls_off_is_valid_bash_and_makes_no_ca(tmp_path: Path) -> None:
+    text = render_sbatch(job(tls=False))
+    script = tmp_path / "t.sbatch"
+    script.write_text(text)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    assert "openssl" not in text and "RAY_TLS_SERVER_CERT=$JOB_DIR" not in text
+    assert "node_input" in render_sbatch(job())  # the control: on by default
+
+
+def test_the_jobs_tls_files_chain_to_its_own_ca_and_name_every_node(tmp_path: Path) -> None:
+    """The script's TLS part, run here with this machine's openssl (scontrol and the
+    node addresses stood in): one CA per job, its key gone once it has signed; one node
+    certificate naming every node's address; what each node reads on stdin."""
+    import base64
+    import io
+    import ipaddress
+    import re
+    import tarfile
+
+    from cryptography import x509
+
+    from provisioner.slurm.sbatch import _tls_section
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir(mode=0o700)
+    (job_dir / "auth_token").write_text("t0ken\n")
+    script = "\n".join(
+        [
+            "set -euo pipefail",
+            'scontrol() { printf "c1\\nc2\\n"; }',
+            "node_addr() { case $1 in c1) echo 10.9.0.1 ;; c2) echo 10.9.0.2 ;; esac; }",
+            f"JOB_DIR={job_dir} SLURM_JOB_ID=77 SLURM_JOB_NODELIST=c[1-2]",
+            f"RAY_AUTH_TOKEN_PATH={job_dir}/auth_token",
+            _tls_section(True),
+            'echo "$RAY_USE_TLS $RAY_TLS_CA_CERT"',
+        ]
+    )
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"1 {job_dir}/tls/ca.crt"
+    assert sorted(p.name for p in (job_dir / "tls").iterdir()) == ["ca.crt", "node.crt", "node.key"]
+    assert (job_dir / "tls" / "node.key").stat().st_mode & 0o077 == 0
+    token, files = (job_dir / "node_input").read_text().splitlines()
+    assert token == "t0ken"
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(files))) as tar:
+        sent = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
+    assert sorted(sent) == ["ca.crt", "node.crt", "node.key"]
+    ca = x509.load_pem_x509_certificate(sent["ca.crt"])
+    node = x509.load_pem_x509_certificate(sent["node.crt"])
+    node.verify_directly_issued_by(ca)  # raises when it is not the job CA's
+    names = node.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    ips = {str(a) for a in names.get_values_for_type(x509.IPAddress)}
+    assert ips == {"127.0.0.1", "10.9.0.1", "10.9.0.2"}
+    assert ipaddress.ip_address("10.9.0.2") in names.get_values_for_type(x509.IPAddress)
+    assert re.search(r"ray job 77 CA", ca.subject.rfc4514_string())
+    assert not node.extensions.get_extension_for_class(x509.BasicConstraints).value.ca

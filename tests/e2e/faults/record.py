@@ -1,12 +1,12 @@
-"""Each fault or security scenario records what the suite observed, for README's table.
+"""Each fault or security scenario records what the suite observed, for docs/reliability.md's table.
 
 `with scenario("a node dies during up", "exit 1 naming it; others up") as s:` runs the
 checks; `s.observed = "..."` states what the checks asserted and found to hold, in words
-that do not change from run to run (no node names, no timings: README's table is compared
+that do not change from run to run (no node names, no timings: the table is compared
 with it every run), and `s.measured = "..."` what this run measured (seconds, counts).
 The record (scenario -> expected, observed, measured, passed, seconds, test) goes to
 build/reliability.json (or $PROVISIONER_RELIABILITY_JSON); `scripts/reliability_table.py`
-renders it into README. A scenario whose checks raise is recorded as failed, with the
+renders it into docs/reliability.md. A scenario whose checks raise is recorded as failed, with the
 first line of the error.
 """
 
