@@ -18,9 +18,12 @@ so a second cluster's push of the same pin compresses nothing.
 
 Whether to compress: `choose` compares the estimated times, from a measured link rate
 (a few MB sent to the node) and a measured compressor rate and ratio (a sample of the
-largest layer): plain takes S/link; compressed takes max(S_uncached/cpu, ratio*S/link),
-since a layer is sent while the next is compressed. Compression is chosen when it is
-at least MARGIN faster: on a link faster than the compressor, plain goes.
+largest layer): plain takes S/link; compressed takes
+max(S_uncached/cpu, S/decode, ratio*S/link), since a layer is sent while the next is
+compressed and the node decompresses as it applies
+(decode: an assumed rate of Docker's decompressor, DECODE_BPS). Compression is chosen
+when it is at least 1/MARGIN faster: on a link faster than the compressor (or than
+the node's decompressor, for cached layers), plain goes.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ ZLIB_CHUNK = 8 << 20  # zlib: each thread compresses this much into one gzip mem
 MARGIN = 0.9  # compressed must be estimated at least 10% faster than plain
 SAMPLE_BYTES = 16 << 20  # of the largest layer, to measure the compressor
 PROBE_BYTES = 4 << 20  # sent to the node to measure the link
+DECODE_BPS = {"gz": 100e6, "zst": 400e6}  # the node's docker load decompressing (assumed)
 ZSTD_SINCE = (23, 0)  # Docker 20.10 refuses a zstd layer ("invalid tar header", seen in the lab)
 GRAPH_DRIVERS = frozenset(
     {"overlay2", "overlay", "fuse-overlayfs", "btrfs", "zfs", "vfs", "aufs", "devicemapper"}
@@ -119,13 +123,15 @@ class Estimate:
     ratio: float
     send_bytes: int
     uncached_bytes: int
+    decode_bps: float = DECODE_BPS["gz"]
 
     def plain_s(self) -> float:
         return self.send_bytes / max(self.link_bps, 1.0)
 
     def compressed_s(self) -> float:
         cpu = self.uncached_bytes / max(self.cpu_bps, 1.0)
-        return max(cpu, self.ratio * self.send_bytes / max(self.link_bps, 1.0))
+        decode = self.send_bytes / max(self.decode_bps, 1.0)
+        return max(cpu, decode, self.ratio * self.send_bytes / max(self.link_bps, 1.0))
 
 
 def choose(mode: Mode, est: Estimate | None) -> tuple[bool, str]:
@@ -137,12 +143,11 @@ def choose(mode: Mode, est: Estimate | None) -> tuple[bool, str]:
         return True, "compression forced"
     if est is None:
         return False, "no estimate: plain"
-    if est.uncached_bytes == 0 and est.ratio < MARGIN:
-        return True, f"every layer cached compressed (ratio {est.ratio:.2f})"
     c, p = est.compressed_s(), est.plain_s()
     why = (
         f"link {est.link_bps / 1e6:.0f} MB/s, compressor {est.cpu_bps / 1e6:.0f} MB/s, "
-        f"ratio {est.ratio:.2f}: compressed ~{c:.0f}s vs plain ~{p:.0f}s"
+        f"ratio {est.ratio:.2f}, {est.uncached_bytes / 1e6:,.0f} MB to compress: "
+        f"compressed ~{c:.0f}s vs plain ~{p:.0f}s"
     )
     return c < p * MARGIN, why
 

@@ -23,6 +23,7 @@ from typing import IO, Any, Literal, TypeVar
 from provisioner.console import Reporter
 from provisioner.errors import OperationError, ProvisionerError, RemoteError
 from provisioner.image.compress import (
+    DECODE_BPS,
     MARGIN,
     PROBE_BYTES,
     CacheRecord,
@@ -311,7 +312,8 @@ def plan_codec(
         cpu, ratio = sample_rate(image, biggest, codec)
     if ratio >= MARGIN:  # not worth it whatever the link: no probe
         return None, f"the layers barely compress (ratio {ratio:.2f}): plain"
-    est = Estimate(probe_link(session), cpu, ratio, total, uncached)
+    decode = DECODE_BPS[codec.family]
+    est = Estimate(probe_link(session), cpu, ratio, total, uncached, decode)
     use, why = choose(opts.compress, est)
     return (codec if use else None), why
 
