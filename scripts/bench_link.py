@@ -86,15 +86,15 @@ def measure(
     """One repeat on `node` (its link as it is set now)."""
     single = one_node(inv, node)
     out: dict[str, Any] = {"node": node.name, "image_bytes": pin.size}
-    remove_pin(inv, [node], pin)
-    out["pipe_s"] = pipe_seconds(node, pin, gzip=False)
-    if gzip:
-        remove_pin(inv, [node], pin)
-        out["gzip_pipe_s"] = pipe_seconds(node, pin, gzip=True)
     shutil.rmtree(cache, ignore_errors=True)  # cold: no saved image, no compressed layer
     remove_pin(inv, [node], pin)
     out["cold"] = push_seconds(single, pin, cache, "auto")
     if warm:
         remove_pin(inv, [node], pin)
         out["warm"] = push_seconds(single, pin, cache, "auto")
+    remove_pin(inv, [node], pin)
+    out["pipe_s"] = pipe_seconds(node, pin, gzip=False)
+    if gzip:
+        remove_pin(inv, [node], pin)
+        out["gzip_pipe_s"] = pipe_seconds(node, pin, gzip=True)
     return out

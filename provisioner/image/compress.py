@@ -31,6 +31,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import shlex
 import shutil
 import subprocess
@@ -46,6 +47,7 @@ from typing import IO, Literal
 
 from provisioner.errors import OperationError
 from provisioner.image.savestream import CHUNK, SavedImage, omitted_members
+from provisioner.local import need
 
 Mode = Literal["auto", "always", "never"]
 CODECS = ("zstd", "pigz", "zlib")  # preference order on this machine; zlib is built in
@@ -55,6 +57,8 @@ ZLIB_CHUNK = 8 << 20  # zlib: each thread compresses this much into one gzip mem
 MARGIN = 0.9  # compressed must be estimated at least 10% faster than plain
 SAMPLE_BYTES = 16 << 20  # of the largest layer, to measure the compressor
 PROBE_BYTES = 4 << 20  # sent to the node to measure the link
+CALIBRATE_BYTES = 8 << 20  # compressed here once, to bound the compressor's rate
+MIN_AUTO_BYTES = 256 << 20  # auto leaves smaller sends plain: little to win, a probe to pay
 DECODE_BPS = {"gz": 100e6, "zst": 400e6}  # the node's docker load decompressing (assumed)
 ZSTD_SINCE = (23, 0)  # Docker 20.10 refuses a zstd layer ("invalid tar header", seen in the lab)
 GRAPH_DRIVERS = frozenset(
@@ -216,28 +220,43 @@ def compress_range(path: Path, offset: int, size: int, codec: Codec, sink: IO[by
     """`size` bytes of `path` from `offset`, compressed with `codec`, into `sink`."""
     with path.open("rb") as src:
         src.seek(offset)
-        if codec.name == "zlib":
-            _zlib_threads(src, size, codec.level, sink)
-            return
-        proc = subprocess.Popen(
-            compress_argv(codec), stdin=subprocess.PIPE, stdout=sink, stderr=subprocess.PIPE
-        )
-        assert proc.stdin is not None and proc.stderr is not None
-        left = size
-        try:
-            while left > 0 and (block := src.read(min(CHUNK, left))):
-                left -= len(block)
-                proc.stdin.write(block)
-        except BrokenPipeError:
-            pass
-        finally:
-            proc.stdin.close()
-        err = proc.stderr.read().decode(errors="replace")
-        if proc.wait() != 0 or left:
+        compress_file(src, size, codec, sink)
+
+
+def compress_file(src: IO[bytes], size: int, codec: Codec, sink: IO[bytes]) -> None:
+    """The next `size` bytes of `src`, compressed with `codec`, into `sink`."""
+    if codec.name == "zlib":
+        _zlib_threads(src, size, codec.level, sink)
+        return
+    try:
+        sink.fileno()
+    except (AttributeError, io.UnsupportedOperation):  # in memory (a sample): no pipe to it
+        done = subprocess.run(compress_argv(codec), input=src.read(size), capture_output=True)
+        if done.returncode != 0:
             raise OperationError(
-                f"compressing a layer with {codec.name} failed: {err.strip()[-300:]}",
-                "push with --compress never, or free disk under the state directory",
-            )
+                f"compressing with {codec.name} failed: {done.stderr.decode()[-300:]}"
+            ) from None
+        sink.write(done.stdout)
+        return
+    proc = subprocess.Popen(
+        compress_argv(codec), stdin=subprocess.PIPE, stdout=sink, stderr=subprocess.PIPE
+    )
+    assert proc.stdin is not None and proc.stderr is not None
+    left = size
+    try:
+        while left > 0 and (block := src.read(min(CHUNK, left))):
+            left -= len(block)
+            proc.stdin.write(block)
+    except BrokenPipeError:
+        pass
+    finally:
+        proc.stdin.close()
+    err = proc.stderr.read().decode(errors="replace")
+    if proc.wait() != 0 or left:
+        raise OperationError(
+            f"compressing a layer with {codec.name} failed: {err.strip()[-300:]}",
+            "push with --compress never, or free disk under the state directory",
+        )
 
 
 def _gzip_member(data: bytes, level: int) -> bytes:
@@ -288,6 +307,54 @@ def sample_rate(saved: SavedImage, member: tarfile.TarInfo, codec: Codec) -> tup
     compress_range(saved.path, member.offset_data, size, codec, sink)
     dt = max(time.monotonic() - t0, 1e-6)
     return size / dt, len(sink.getvalue()) / size
+
+
+_CALIBRATED: dict[Codec, float] = {}
+
+
+def calibrate(codec: Codec) -> float:
+    """The compressor's rate here, bytes per second, on CALIBRATE_BYTES of fixed
+    pseudo-random text (once per process): a cheap bound before any image is read."""
+    if codec not in _CALIBRATED:
+        data = random.Random(0).randbytes(CALIBRATE_BYTES)
+        data = data.translate(bytes(b"abcdefghijklmnop"[i % 16] for i in range(256)))
+        t0 = time.monotonic()
+        compress_file(io.BytesIO(data), len(data), codec, io.BytesIO())
+        _CALIBRATED[codec] = len(data) / max(time.monotonic() - t0, 1e-6)
+    return _CALIBRATED[codec]
+
+
+def sample_stream(image_id: str, codec: Codec) -> tuple[float, float]:
+    """(bytes per second, ratio) of the codec on SAMPLE_BYTES of the first layer file
+    of at least 1 MB in the local `docker save` stream (which then stops): a sample for
+    the rule before the image is saved to a file, which a plain send never needs."""
+    proc = subprocess.Popen(
+        [need("docker", "docker.io"), "save", image_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    data = b""
+    try:
+        with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+            for member in tar:
+                if member.isfile() and member.size >= 1 << 20:
+                    f = tar.extractfile(member)
+                    data = f.read(SAMPLE_BYTES) if f is not None else b""
+                    break
+    except (tarfile.TarError, OSError):
+        data = b""
+    finally:
+        proc.kill()
+        proc.stdout.close()
+        proc.wait()
+    if not data:
+        return 1.0, 1.0
+    sink = io.BytesIO()
+    t0 = time.monotonic()
+    compress_file(io.BytesIO(data), len(data), codec, sink)
+    dt = max(time.monotonic() - t0, 1e-6)
+    return len(data) / dt, len(sink.getvalue()) / len(data)
 
 
 def compressed_stream(

@@ -24,13 +24,14 @@ from provisioner.console import Reporter
 from provisioner.errors import OperationError, ProvisionerError, RemoteError
 from provisioner.image.compress import (
     DECODE_BPS,
-    MARGIN,
+    MIN_AUTO_BYTES,
     PROBE_BYTES,
     CacheRecord,
     Codec,
     Estimate,
     LayerCache,
     Mode,
+    calibrate,
     choose,
     compressed_stream,
     layer_ids,
@@ -38,6 +39,7 @@ from provisioner.image.compress import (
     node_reads,
     pick_codec,
     sample_rate,
+    sample_stream,
 )
 from provisioner.image.lock import CLUSTER_TAG, Pin
 from provisioner.image.plan import (
@@ -50,7 +52,6 @@ from provisioner.image.plan import (
 from provisioner.image.savestream import (
     CHUNK,
     SavedImage,
-    omitted_members,
     partial,
     passthrough,
     read_saved,
@@ -178,6 +179,13 @@ class SavedCache:
         self._lock = threading.Lock()
         self._saved: SavedImage | None = None
 
+    def on_disk(self) -> bool:
+        """Whether the pin is saved here already (a partial or compressed send reads it)."""
+        return self._saved is not None or self._path().exists()
+
+    def _path(self) -> Path:
+        return self.directory / f"{self.pin.image_id.removeprefix('sha256:')}.tar"
+
     def get(self, report: Reporter) -> SavedImage:
         with self._lock:
             if self._saved is None:
@@ -287,34 +295,51 @@ def plan_codec(
     report: Reporter,
     saved: SavedCache,
 ) -> tuple[Codec | None, str]:
-    """Whether to send the node's layers compressed, with which codec, and why."""
+    """Whether to send the node's layers compressed, with which codec, and why.
+
+    auto, cheapest first: a codec both sides read; a send big enough to matter; the link
+    probed; with every layer cached, the cache's own ratio; else the compressor's rate
+    on a fixed sample, and only when even a perfect ratio would beat plain, the ratio on
+    a sample of the image (its saved file, or else its `docker save` stream)."""
     if opts.compress == "never":
         return None, "compression off"
     codec = pick_codec(local_codecs(), node_reads(plan.engine))
     if codec is None:
         return None, f"the node's docker load ({plan.engine or 'unknown'}) reads no codec here"
-    image = saved.get(report)
     if opts.compress == "always":
+        saved.get(report)
         return codec, "compression forced"
-    ids = layer_ids(image, pin.layers)
-    omit = omitted_members(image, plan.first_missing)
-    send = [m for m in image.members if m.name in ids and m.name.removeprefix("./") not in omit]
-    if not send:
-        return None, "nothing to compress"
-    total = sum(m.size for m in send)
-    cached = [m for m in send if saved.layers.has(ids[m.name], codec)]
-    uncached = total - sum(m.size for m in cached)
-    if uncached == 0:
-        ratio = sum(saved.layers.path(ids[m.name], codec).stat().st_size for m in cached) / total
-        cpu = float("inf")
+    total = pin.bytes_for(plan.first_missing)
+    if total < MIN_AUTO_BYTES:
+        return None, f"{total / 1e6:,.0f} MB: too little to be worth compressing"
+    sizes = list(pin.layer_sizes or ())
+    known = len(sizes) == len(pin.layers)
+    send = list(zip(pin.layers, sizes if known else [0] * len(pin.layers), strict=True))
+    send = send[plan.first_missing :]
+    cached = [(d, n) for d, n in send if saved.layers.has(d, codec)]
+    if known:
+        uncached = total - sum(n for _, n in cached)
     else:
-        biggest = max((m for m in send if m not in cached), key=lambda m: m.size)
-        cpu, ratio = sample_rate(image, biggest, codec)
-    if ratio >= MARGIN:  # not worth it whatever the link: no probe
-        return None, f"the layers barely compress (ratio {ratio:.2f}): plain"
+        uncached = 0 if len(cached) == len(send) else total
+    link = probe_link(session)
     decode = DECODE_BPS[codec.family]
-    est = Estimate(probe_link(session), cpu, ratio, total, uncached, decode)
-    use, why = choose(opts.compress, est)
+    if uncached == 0:
+        got = sum(saved.layers.path(d, codec).stat().st_size for d, _ in cached)
+        est = Estimate(link, float("inf"), got / max(total, 1), total, 0, decode)
+        use, why = choose("auto", est)
+        return (codec if use else None), why
+    cpu = calibrate(codec)
+    best, why = choose("auto", Estimate(link, cpu, 0.0, total, uncached, decode))
+    if not best:
+        return None, f"plain even at any ratio: {why}"
+    if saved.on_disk():
+        image = saved.get(report)
+        ids = layer_ids(image, pin.layers)
+        biggest = max((m for m in image.members if m.name in ids), key=lambda m: m.size)
+        _, ratio = sample_rate(image, biggest, codec)
+    else:
+        _, ratio = sample_stream(pin.image_id, codec)
+    use, why = choose("auto", Estimate(link, cpu, ratio, total, uncached, decode))
     return (codec if use else None), why
 
 
