@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_doctor
+import bench_link
 import bench_push
 import bench_scale
 import bench_scaling
@@ -48,7 +49,7 @@ from provisioner.lab.config import LabConfig, LabNode
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUPS = ("bring-up", "fan-out", "latency", "push", "training", "tls", "scale")
+GROUPS = ("bring-up", "fan-out", "latency", "push", "link", "training", "tls", "scale")
 DEFAULT_GROUPS = GROUPS[:-1]  # scale makes labs of its own (minutes, GBs): `--rows all`
 SCRIPT = ".venv/bin/python scripts/bench.py"
 
@@ -674,6 +675,117 @@ def rows_push(ctx: Context) -> list[Row]:
     ]
 
 
+def rows_link(ctx: Context) -> list[Row]:
+    """The pin over a node's link limited to --link-mbit (the lab's delay proxy), and over
+    the lab's own link: ours (cold and warm cache) against the plain and the gzip pipe."""
+    assert ctx.lab is not None
+    inv = load_inventory(ctx.inventory)
+    pin = ctx.pin()
+    if ctx.args.small_image:
+        pin = bench_push.small_pin(pin, ctx.args.small_image)
+    node = (inv.workers or (inv.head,))[0]
+    cache = ctx.workdir / "link-cache"
+    mb = pin.size / 1e6
+    rows: list[Row] = []
+    for rate in [*ctx.args.link_mbit, 0.0]:  # 0: the lab's own link, unlimited
+        key = f"link/{rate:g}"
+        tried: list[dict[str, Any] | None] = []
+        for i in range(ctx.args.link_repeat):
+            log(f"link {rate or 'lab'} Mbit/s, {i + 1}/{ctx.args.link_repeat}: {mb:.0f} MB")
+
+            def once(rate: float = rate) -> dict[str, Any]:
+                if rate:
+                    faults.throttle(ctx.lab, ctx.lab.node(node.name), rate)
+                try:
+                    return bench_link.measure(inv, pin, node, cache, gzip=bool(rate))
+                finally:
+                    faults.undelay(ctx.lab, ctx.lab.node(node.name))
+
+            tried.append(ctx.rep.run(key, once))
+        runs = [r for r in tried if r is not None]
+
+        def fig(
+            label: str,
+            value: Callable[[dict[str, Any]], float],
+            key: str = key,
+            tried: list[dict[str, Any] | None] = tried,
+        ) -> Figure:
+            return ctx.fig(label, "s", key, [None if r is None else value(r) for r in tried])
+
+        pipe = fig("docker save | ssh | docker load", lambda r: r["pipe_s"])
+        cold = fig("push, cold cache", lambda r: r["cold"]["seconds"])
+        warm = fig("push, compressed layers cached", lambda r: r["warm"]["seconds"])
+        codecs = sorted({f"{r[k]['codec'] or 'plain'}" for r in runs for k in ("cold", "warm")})
+        why = [r[k]["why"] for r in runs for k in ("cold", "warm")]
+        extra = {"runs": runs, "codecs": codecs, "reasons": why}
+        where = f"the {mb / 1e3:.2f} GB pin to one lab node that holds none of it"
+        if not rate:
+            fast = ratio(pipe, cold)  # throughput ours / theirs = their seconds / ours
+            rows.append(
+                Row(
+                    "link",
+                    "push, lab link",
+                    cold,
+                    pipe,
+                    fast,
+                    "pipe seconds / push seconds",
+                    "≥ 1.0",
+                    meets(fast, lambda r: r >= 1.0),
+                    f"{where} over the lab's own link (no limit), cold cache: the rule "
+                    f"chose {', '.join(codecs)}; cached: {_num(warm.median)} s",
+                    extra,
+                    id="push-fast-vs-pipe",
+                )
+            )
+            continue
+        gz = fig("docker save | gzip -1 | ssh | gunzip | docker load", lambda r: r["gzip_pipe_s"])
+        tag = f"{rate:g}mbit"
+        vs_pipe, vs_gz = ratio(cold, pipe), ratio(cold, gz)
+        vs_gz_warm = ratio(warm, gz)
+        rows += [
+            Row(
+                "link",
+                f"push at {rate:g} Mbit/s vs pipe",
+                cold,
+                pipe,
+                vs_pipe,
+                "push seconds / pipe seconds",
+                "≤ 0.5",
+                meets(vs_pipe, lambda r: r <= 0.5),
+                f"{where} over a {rate:g} Mbit/s link (token bucket in the lab's SSH proxy), "
+                f"cold cache (docker save and compression paid); codec {', '.join(codecs)}",
+                extra,
+                id=f"push-{tag}-vs-pipe",
+            ),
+            Row(
+                "link",
+                f"push at {rate:g} Mbit/s vs gzip pipe",
+                cold,
+                gz,
+                vs_gz,
+                "push seconds / gzip-pipe seconds",
+                "≤ 0.8",
+                meets(vs_gz, lambda r: r <= 0.8),
+                "as above, against `gzip -1` and `gunzip` on the pipe",
+                id=f"push-{tag}-vs-gzip-pipe",
+            ),
+            Row(
+                "link",
+                f"push at {rate:g} Mbit/s, cached, vs gzip pipe",
+                warm,
+                gz,
+                vs_gz_warm,
+                "push seconds / gzip-pipe seconds",
+                "≤ 0.8",
+                meets(vs_gz_warm, lambda r: r <= 0.8),
+                "the same push again from this machine's cache of compressed layers (a second "
+                "cluster's push: nothing compressed)",
+                id=f"push-{tag}-cached-vs-gzip-pipe",
+            ),
+        ]
+    return rows
+
+
 def rows_training(ctx: Context) -> list[Row]:
     args = ctx.args
     subprocess.run(
@@ -960,6 +1072,7 @@ ROWS: dict[str, Callable[[Context], list[Row]]] = {
     "fan-out": rows_fan_out,
     "latency": rows_latency,
     "push": rows_push,
+    "link": rows_link,
     "training": rows_training,
     "tls": rows_tls,
     "scale": rows_scale,
@@ -984,6 +1097,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--retries", type=int, default=2, help="fresh attempts of a repeat that failed (recorded)"
     )
     p.add_argument("--push-repeat", type=int, default=1, help="repeats of the push figures")
+    p.add_argument("--link-repeat", type=int, default=3, help="repeats of the link rows")
+    p.add_argument(
+        "--link-mbit", default="50", help="link rows: limited rates in Mbit/s (and the lab's own)"
+    )
     p.add_argument("--up-repeat", type=int, default=1, help="repeats of `up` per added delay")
     p.add_argument("--endpoints", type=int, default=100)
     p.add_argument("--parallel", type=int, default=0, help="fan-out parallelism (0: endpoints)")
@@ -1020,6 +1137,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error(f"unknown rows {unknown}; choose from {', '.join(GROUPS)}")
     try:
         args.delays = [int(x) for x in args.delays.split(",")]
+        args.link_mbit = [float(x) for x in args.link_mbit.split(",") if x.strip()]
         args.scale_nodes = [int(x) for x in args.scale_nodes.split(",")]
         args.scale_only = [int(x) for x in args.scale_only.split(",") if x.strip()]
     except ValueError:

@@ -166,6 +166,14 @@ def push_cmd(
     full: Annotated[
         bool, typer.Option("--full", help="Send every layer, even those a node holds.")
     ] = False,
+    compress: Annotated[
+        str,
+        typer.Option(
+            "--compress",
+            help="auto: compress the layers when the measured link is slower than the "
+            "compressor (cached compressed layers are always sent); always; never.",
+        ),
+    ] = "auto",
     parallel: Annotated[int, typer.Option("--parallel", help="Nodes at once.", min=1)] = 4,
     retries: Annotated[
         int, typer.Option("--retries", help="Retries after a broken stream.", min=0)
@@ -190,8 +198,14 @@ def push_cmd(
             "--relay and --forward are two ways to relay the image; choose one",
             "--relay: the head sends to every worker; --forward: every node sends to the next",
         )
+    if compress not in ("auto", "always", "never"):
+        raise InputError(
+            f"--compress must be auto, always or never, not {compress!r}",
+            "auto chooses by the link; never sends the layers as `docker save` writes them",
+        )
     pin = read_pin(lock_path)
     opts = PushOptions(
+        compress=compress,  # type: ignore[arg-type]
         parallelism=parallel,
         retries=retries,
         relay=relay,

@@ -10,6 +10,7 @@ fresh connection (`retrying`).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -21,6 +22,25 @@ from typing import IO, Any, Literal, TypeVar
 
 from provisioner.console import Reporter
 from provisioner.errors import OperationError, ProvisionerError, RemoteError
+from provisioner.image.compress import (
+    DECODE_BPS,
+    MIN_AUTO_BYTES,
+    PROBE_BYTES,
+    CacheRecord,
+    Codec,
+    Estimate,
+    LayerCache,
+    Mode,
+    calibrate,
+    choose,
+    compressed_stream,
+    layer_ids,
+    local_codecs,
+    node_reads,
+    pick_codec,
+    sample_rate,
+    sample_stream,
+)
 from provisioner.image.lock import CLUSTER_TAG, Pin
 from provisioner.image.plan import (
     NodePlan,
@@ -29,10 +49,16 @@ from provisioner.image.plan import (
     parse_facts,
     verify_and_tag_command,
 )
-from provisioner.image.savestream import CHUNK, SavedImage, partial, passthrough, read_saved
+from provisioner.image.savestream import (
+    CHUNK,
+    SavedImage,
+    partial,
+    passthrough,
+    read_saved,
+)
 from provisioner.inventory import Node
 from provisioner.local import need, state_root
-from provisioner.remote import Pool, Session
+from provisioner.remote import Pool, Result, Session
 
 RETRYABLE = frozenset({"connection-lost", "load-failed", "command-timeout"})
 LOAD_COMMAND = "docker load"
@@ -50,6 +76,7 @@ class PushOptions:
     timeout: float = 1800.0  # per node
     tag: str = CLUSTER_TAG
     cache_dir: Path | None = None  # saved images for partial sends; default: the state dir
+    compress: Mode = "auto"  # auto: by the link (compress.choose); always; never
 
 
 @dataclass
@@ -66,6 +93,10 @@ class NodePush:
     attempts: int = 1
     via: str = "control"  # "control", or the node that sent it (relay, forwarding relay)
     bytes_forwarded: int = 0  # forwarding relay: bytes this node sent on to other nodes
+    codec: str = ""  # how the layers went from this machine: "" plain, "gz", "zst"
+    compress_reason: str = ""  # why (compress.choose's line)
+    cache_hits: int = 0  # layers taken compressed from this machine's cache
+    cache_misses: int = 0  # layers compressed for this push (and kept in the cache)
 
     def to_json(self) -> dict[str, Any]:
         rate = self.bytes_sent / self.seconds if self.seconds > 0 else 0.0
@@ -144,8 +175,16 @@ class SavedCache:
     def __init__(self, pin: Pin, directory: Path | None) -> None:
         self.pin = pin
         self.directory = directory or state_root() / "images"
+        self.layers = LayerCache(self.directory / "layers")
         self._lock = threading.Lock()
         self._saved: SavedImage | None = None
+
+    def on_disk(self) -> bool:
+        """Whether the pin is saved here already (a partial or compressed send reads it)."""
+        return self._saved is not None or self._path().exists()
+
+    def _path(self) -> Path:
+        return self.directory / f"{self.pin.image_id.removeprefix('sha256:')}.tar"
 
     def get(self, report: Reporter) -> SavedImage:
         with self._lock:
@@ -220,6 +259,95 @@ class _Progress:
             self.report(f"{self.host}: {total / 1e6:,.0f} MB sent, {rate / 1e6:.1f} MB/s")
 
 
+@dataclass
+class Sent:
+    """What one stream carried: bytes on the wire, bytes of held layers left out, and
+    the codec with its cache record (codec None: plain)."""
+
+    bytes_sent: int = 0
+    bytes_omitted: int = 0
+    codec: Codec | None = None
+    reason: str = ""
+    record: CacheRecord = field(default_factory=CacheRecord)
+
+    def into(self, out: NodePush) -> None:
+        out.bytes_sent, out.bytes_omitted = self.bytes_sent, self.bytes_omitted
+        out.codec = self.codec.family if self.codec else ""
+        out.compress_reason = self.reason
+        out.cache_hits, out.cache_misses = len(self.record.hits), len(self.record.misses)
+
+
+def probe_link(session: Session, nbytes: int = PROBE_BYTES) -> float:
+    """The node's link from here, in bytes per second: `nbytes` of random data into
+    `cat` over the node's SSH session (encryption included, as a push has it)."""
+    data = os.urandom(nbytes)
+    chunks = [data[i : i + CHUNK] for i in range(0, nbytes, CHUNK)]
+    t0 = time.monotonic()
+    session.run_streaming_stdin("cat > /dev/null", iter(chunks), timeout=60).check()
+    return nbytes / max(time.monotonic() - t0, 1e-6)
+
+
+def plan_codec(
+    session: Session,
+    pin: Pin,
+    plan: NodePlan,
+    opts: PushOptions,
+    report: Reporter,
+    saved: SavedCache,
+) -> tuple[Codec | None, str]:
+    """Whether to send the node's layers compressed, with which codec, and why.
+
+    auto, cheapest first: a codec both sides read; a send big enough to matter; the link
+    probed; with every layer cached, the cache's own ratio; else the compressor's rate
+    on a fixed sample, and only when even a perfect ratio would beat plain, the ratio on
+    a sample of the image (its saved file, or else its `docker save` stream)."""
+    if opts.compress == "never":
+        return None, "compression off"
+    codec = pick_codec(local_codecs(), node_reads(plan.engine))
+    if codec is None:
+        return None, f"the node's docker load ({plan.engine or 'unknown'}) reads no codec here"
+    if opts.compress == "always":
+        saved.get(report)
+        return codec, "compression forced"
+    total = pin.bytes_for(plan.first_missing)
+    if total < MIN_AUTO_BYTES:
+        return None, f"{total / 1e6:,.0f} MB: too little to be worth compressing"
+    sizes = list(pin.layer_sizes or ())
+    known = len(sizes) == len(pin.layers)
+    send = list(zip(pin.layers, sizes if known else [0] * len(pin.layers), strict=True))
+    send = send[plan.first_missing :]
+    cached = [(d, n) for d, n in send if saved.layers.has(d, codec)]
+    if known:
+        uncached = total - sum(n for _, n in cached)
+    else:
+        uncached = 0 if len(cached) == len(send) else total
+    link = probe_link(session)
+    decode = DECODE_BPS[codec.family]
+    if uncached == 0:
+        got = sum(saved.layers.path(d, codec).stat().st_size for d, _ in cached)
+        est = Estimate(link, float("inf"), got / max(total, 1), total, 0, decode)
+        use, why = choose("auto", est)
+        return (codec if use else None), why
+    cpu = calibrate(codec)
+    best, why = choose("auto", Estimate(link, cpu, 0.0, total, uncached, decode))
+    if not best:
+        return None, f"plain even at any ratio: {why}"
+    if saved.on_disk():
+        image = saved.get(report)
+        ids = layer_ids(image, pin.layers)
+        biggest = max((m for m in image.members if m.name in ids), key=lambda m: m.size)
+        _, ratio = sample_rate(image, biggest, codec)
+    else:
+        _, ratio = sample_stream(pin.image_id, codec)
+    use, why = choose("auto", Estimate(link, cpu, ratio, total, uncached, decode))
+    return (codec if use else None), why
+
+
+def check_codec_all(codec: Codec, plans: list[NodePlan]) -> bool:
+    """Whether every node (by its plan's engine) reads the codec inside a layer."""
+    return all(codec.family in node_reads(p.engine) for p in plans)
+
+
 def stream_layers(
     session: Session,
     pin: Pin,
@@ -227,16 +355,36 @@ def stream_layers(
     opts: PushOptions,
     report: Reporter,
     saved: SavedCache,
-) -> tuple[int, int]:
-    """Send the layers of `plan` into the node's `docker load`; (bytes sent, bytes omitted).
-    A whole image streams straight from `docker save`; a partial one from the saved file."""
-    omitted = [0]
+) -> Sent:
+    """Send the layers of `plan` into the node's `docker load`, compressed when
+    plan_codec says so. A whole plain image streams straight from `docker save`; a
+    partial or compressed one from the saved file."""
+    out = Sent()
+    out.codec, out.reason = plan_codec(session, pin, plan, opts, report, saved)
+    report(
+        f"{session.host}: {'compressed: ' + out.codec.name if out.codec else 'plain'} "
+        f"({out.reason})"
+    )
 
     def on_omitted(n: int) -> None:
-        omitted[0] += n
+        out.bytes_omitted += n
 
     progress = _Progress(session.host, report)
-    if plan.first_missing == 0:
+    if out.codec is not None:
+        chunks = compressed_stream(
+            saved.get(report),
+            pin.layers,
+            plan.first_missing,
+            out.codec,
+            saved.layers,
+            out.record,
+            on_omitted,
+        )
+        guarded = _Guarded(chunks)
+        result = session.run_streaming_stdin(
+            LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
+        )
+    elif plan.first_missing == 0:
         with save_stream(pin.image_id) as source:
             guarded = _Guarded(passthrough(source))
             result = session.run_streaming_stdin(
@@ -247,6 +395,13 @@ def stream_layers(
         result = session.run_streaming_stdin(
             LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
         )
+    check_load(session, pin, guarded, result)
+    out.bytes_sent = progress.sent
+    return out
+
+
+def check_load(session: Session, pin: Pin, guarded: _Guarded, result: Result) -> None:
+    """Raise what a stream into `docker load` ended with, unless it loaded the pin."""
     if guarded.error is not None:
         if isinstance(guarded.error, ProvisionerError):
             raise guarded.error
@@ -272,7 +427,6 @@ def stream_layers(
             "run the push again; it starts this node from the beginning",
             kind="load-failed",
         )
-    return progress.sent, omitted[0]
 
 
 def retrying(
@@ -298,7 +452,7 @@ def gather_plan(session: Session, pin: Pin, opts: PushOptions) -> NodePlan:
     result = session.run(facts_script(opts.tag), timeout=60).check()
     plan = decide(pin, parse_facts(result.stdout), session.host, opts.tag)
     if opts.full and plan.action == "send" and plan.first_missing:
-        plan = NodePlan("send", 0, pin.layers, plan.need_bytes)
+        plan = NodePlan("send", 0, pin.layers, plan.need_bytes, plan.engine)
     return plan
 
 
@@ -327,9 +481,7 @@ def push_node(
         if plan.action == "send":
             held = f", {plan.first_missing} held" if plan.first_missing else ""
             report(f"{node.name}: sending {len(plan.layers_to_send)} layer(s){held}")
-            outcome.bytes_sent, outcome.bytes_omitted = stream_layers(
-                session, pin, plan, opts, report, saved
-            )
+            stream_layers(session, pin, plan, opts, report, saved).into(outcome)
             outcome.layers_sent = len(plan.layers_to_send)
         if plan.action != "none":
             verify_and_tag(session, pin, opts.tag)
@@ -350,7 +502,8 @@ def _summary(n: NodePush) -> str:
     if n.action == "tag":
         return f"{n.host}: held the pinned image; tagged it"
     rate = n.bytes_sent / n.seconds / 1e6 if n.seconds else 0.0
+    how = f", layers {n.codec} ({n.cache_hits} cached)" if n.codec else ""
     return (
         f"{n.host}: loaded and verified; {n.bytes_sent / 1e6:,.0f} MB in {n.seconds:.0f}s "
-        f"({rate:.1f} MB/s), {n.bytes_omitted / 1e6:,.0f} MB held"
+        f"({rate:.1f} MB/s), {n.bytes_omitted / 1e6:,.0f} MB held{how}"
     )

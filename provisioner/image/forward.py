@@ -29,13 +29,17 @@ from dataclasses import dataclass
 
 from provisioner.console import Reporter
 from provisioner.errors import ConnectError, ProvisionerError, RemoteError
+from provisioner.image.compress import compressed_stream
 from provisioner.image.direct import (
     NodePush,
     PushOptions,
     PushReport,
     SavedCache,
+    Sent,
     _Guarded,
+    check_codec_all,
     gather_plan,
+    plan_codec,
     push_node,
     save_stream,
     verify_and_tag,
@@ -97,6 +101,8 @@ class _Run:
         self.dirs: dict[str, str] = {}  # node -> its private relay directory
         self.known: dict[str, str] = {}  # node -> its host keys, as known_hosts lines
         self.keys: list[_EdgeKey] = []  # edge keys that may still be in authorized_keys
+        self.plans: dict[str, NodePlan] = {}
+        self.control = Sent()  # what the control machine's stream into the chain was
         self.lock = threading.Lock()
 
     def each(self, names: list[str], fn: Callable[[Node], object]) -> dict[str, ProvisionerError]:
@@ -152,6 +158,7 @@ def push_forwarded(
             out.nodes[node.name] = done
 
     out.errors.update(run.each([n.name for n in inventory.nodes], gather))
+    run.plans = plans
     order = chain_order(plans, [n.name for n in inventory.nodes])
     if len(order) < max(1, opts.chain_from):  # no chain worth making: send from here
         for name in order:
@@ -275,6 +282,12 @@ def _one_round(
         push.layers_sent = len(run.pin.layers) - hop.first_missing
         push.bytes_sent = received.get(name, 0)
         push.via = chain.sender_of(name)
+        if chain.feeder is None:  # the stream from this machine: as it went from here
+            push.codec = run.control.codec.family if run.control.codec else ""
+            push.compress_reason = run.control.reason
+            if hop is chain.hops[0]:
+                push.cache_hits = len(run.control.record.hits)
+                push.cache_misses = len(run.control.record.misses)
         push.seconds = time.monotonic() - t0
         out.nodes[name] = push
         run.report(f"{name}: loaded and verified; {push.bytes_sent / 1e6:,.0f} MB from {push.via}")
@@ -368,14 +381,42 @@ def _remove_edge_keys(run: _Run, edges: list[_EdgeKey]) -> dict[str, Provisioner
 
 
 def _feed_from_control(run: _Run, chain: Chain, first: Node, saved: SavedImage | None) -> None:
+    """The control machine's stream into the chain's first hop: compressed when
+    plan_codec says so for the first hop and every hop's docker load reads the codec
+    (the hops' `tar --delete` works on the stream either way: the layer files inside
+    it are compressed, the tar around them is not)."""
     session = run.pool.session(first)
     command = f"sh {shlex.quote(run.dirs[first.name])}/{HOP_SCRIPT}"
+    cache = SavedCache(run.pin, run.opts.cache_dir)
+    plan = run.plans[first.name]
+    sent = run.control = Sent()
+    sent.codec, sent.reason = plan_codec(session, run.pin, plan, run.opts, run.report, cache)
+    if sent.codec is not None and not check_codec_all(
+        sent.codec, [run.plans[h.node] for h in chain.hops]
+    ):
+        sent.codec, sent.reason = None, "a node of the chain does not read the codec: plain"
+    how = f"compressed: {sent.codec.name}" if sent.codec else "plain"
+    run.report(f"control -> {first.name}: {how} ({sent.reason})")
     total = [0]
 
     def count(n: int) -> None:
         total[0] = n
 
-    if saved is None:
+    if sent.codec is not None:
+        guarded = _Guarded(
+            compressed_stream(
+                cache.get(run.report),
+                run.pin.layers,
+                chain.first_missing,
+                sent.codec,
+                cache.layers,
+                sent.record,
+            )
+        )
+        session.run_streaming_stdin(
+            command, iter(guarded), on_bytes=count, timeout=run.opts.timeout
+        )
+    elif saved is None:
         with save_stream(run.pin.image_id) as source:
             guarded = _Guarded(passthrough(source))
             session.run_streaming_stdin(
@@ -386,6 +427,7 @@ def _feed_from_control(run: _Run, chain: Chain, first: Node, saved: SavedImage |
         session.run_streaming_stdin(
             command, iter(guarded), on_bytes=count, timeout=run.opts.timeout
         )
+    sent.bytes_sent = total[0]
     run.report(f"control: {total[0] / 1e6:,.0f} MB into the chain at {first.name}")
 
 

@@ -31,6 +31,7 @@ def facts_script(tag: str = CLUSTER_TAG) -> str:
         '  echo docker=down; echo "docker_error=$(echo "$err" | tail -n 1)"; exit 0; fi\n'
         'echo docker=ok; echo "root=$err"\n'
         'echo "free=$(df -PB1 "$err" | awk \'NR==2 {print $4}\')"\n'
+        "echo \"engine=$(docker info --format '{{.ServerVersion}} {{.Driver}}' 2>/dev/null)\"\n"
         f"echo \"tagged=$(docker image inspect --format '{{{{.Id}}}}' {q} 2>/dev/null)\"\n"
         "docker image ls -aq --no-trunc | sort -u | xargs -r docker image inspect "
         "--format 'image {{.Id}} {{range .RootFS.Layers}}{{.}} {{end}}'\n"
@@ -47,6 +48,7 @@ class ImageFacts:
     free_bytes: int | None = None
     tagged_id: str = ""
     images: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    engine: str = ""  # "VERSION DRIVER": what the node's docker load reads (compress.node_reads)
 
 
 def parse_facts(output: str) -> ImageFacts:
@@ -72,6 +74,7 @@ def parse_facts(output: str) -> ImageFacts:
         free_bytes=int(free) if free.isdigit() else None,
         tagged_id=values.get("tagged", ""),
         images=images,
+        engine=values.get("engine", ""),
     )
 
 
@@ -83,6 +86,7 @@ class NodePlan:
     first_missing: int = 0
     layers_to_send: tuple[str, ...] = ()
     need_bytes: int = 0
+    engine: str = ""  # the node's "VERSION DRIVER", from its facts
 
 
 def shared_prefix(pin_layers: Sequence[str], images: Mapping[str, Sequence[str]]) -> int:
@@ -127,7 +131,7 @@ def decide(pin: Pin, facts: ImageFacts, host: str, tag: str = CLUSTER_TAG) -> No
             "free space on the node (`docker system prune` removes unused images) and push again",
             kind="no-space",
         )
-    return NodePlan("send", k, tuple(pin.layers[k:]), need)
+    return NodePlan("send", k, tuple(pin.layers[k:]), need, facts.engine)
 
 
 def verify_and_tag_command(image_id: str, tag: str = CLUSTER_TAG) -> str:

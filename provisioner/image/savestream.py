@@ -72,18 +72,24 @@ def read_saved(path: Path) -> SavedImage:
     return SavedImage(path, f"sha256:{digest}", layers, members)
 
 
-def partial(
-    saved: SavedImage, omit_first: int, on_omitted: Callable[[int], None] | None = None
-) -> Iterator[bytes]:
-    """The saved tar, byte for byte, without the files of its first `omit_first` layers."""
+def omitted_members(saved: SavedImage, omit_first: int) -> set[str]:
+    """The (normalised) names of the layer files a send without the first `omit_first`
+    layers leaves out: a kept layer's file may be a link to an earlier layer's file."""
     by_name = {_norm(m.name): m for m in saved.members}
     needed = set(saved.layer_files[omit_first:])
-    for name in list(needed):  # a layer file may be a link to another layer's file
+    for name in list(needed):
         member = by_name.get(name)
         if member is not None and member.issym():
             target = posixpath.join(posixpath.dirname(name), member.linkname)
             needed.add(_norm(posixpath.normpath(target)))
-    omit = set(saved.layer_files[:omit_first]) - needed
+    return set(saved.layer_files[:omit_first]) - needed
+
+
+def partial(
+    saved: SavedImage, omit_first: int, on_omitted: Callable[[int], None] | None = None
+) -> Iterator[bytes]:
+    """The saved tar, byte for byte, without the files of its first `omit_first` layers."""
+    omit = omitted_members(saved, omit_first)
     with saved.path.open("rb") as f:
         for member in saved.members:
             end = member.offset_data + (member.size if member.isfile() else 0)

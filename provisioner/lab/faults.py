@@ -161,6 +161,27 @@ def delay(lab: LabInfo, node: LabNode, ms: int) -> None:
     _record(lab, Fault("delay", node.name, f"ssh-proxy:{ms}"), True)
 
 
+def throttle(lab: LabInfo, node: LabNode, mbit: float, ms: int = 0) -> None:
+    """Limit a node's SSH link to `mbit` Mbit/s in each direction (and add `ms` of round
+    trip), without the kernel: the user-space proxy's token bucket, shared by every
+    connection to the node's sshd, reached through the same REDIRECT as `delay`.
+    Undo with `undelay`."""
+    if not 0 < mbit <= 100_000:
+        raise InputError(f"rate must be 0-100000 Mbit/s, got {mbit}")
+    if not 0 <= ms <= 10_000:
+        raise InputError(f"delay must be 0-10000 ms, got {ms}")
+    undelay(lab, node)
+    rate = int(mbit * 1e6)
+    _run(
+        node,
+        f"python3 /usr/local/lib/lab-delay-proxy.py {_PROXY_PORT} {ms} {rate} >/dev/null 2>&1 & "
+        f"echo $! > {_PROXY_PID}; "
+        f"for i in $(seq 50); do ss -ltn | grep -q ':{_PROXY_PORT} ' && break; sleep 0.1; done; "
+        f"iptables -t nat -I {_REDIRECT}",
+    )
+    _record(lab, Fault("delay", node.name, f"ssh-proxy:{ms}:{rate}bit/s"), True)
+
+
 def undelay(lab: LabInfo, node: LabNode) -> None:
     _run(
         node,

@@ -9,6 +9,7 @@ and remove their own images from the nodes at the end.
 from __future__ import annotations
 
 import base64
+import json
 import shutil
 import tempfile
 import threading
@@ -111,6 +112,56 @@ def test_forward_sends_one_image_from_the_control_machine_and_at_most_one_per_no
     assert report.busiest_node_bytes > 0.95 * size
     vias = [report.nodes[n.name].via for n in inventory.nodes]
     assert vias == ["control", inventory.nodes[0].name, inventory.nodes[1].name]
+
+
+def cache_events(cache: Path) -> list[str]:
+    record = cache / "layers" / "record.jsonl"
+    if not record.exists():
+        return []
+    return [json.loads(line)["event"] for line in record.read_text().splitlines()]
+
+
+def test_a_compressed_push_direct_and_chained_sends_fewer_bytes_and_compresses_once(
+    lab: LabInfo, inventory: Inventory, base_pin: Pin, tmp_path: Path
+) -> None:
+    pin = filler_image(base_pin, f"{REPO}:text32", 32, text=True)
+    first = inventory.nodes[0]
+    single = replace(inventory, head=replace(first, role="head"), workers=())
+    cache = tmp_path / "cache"  # a cache of its own: the first compressed push misses
+
+    def counted_push(
+        inv: Inventory, compress: str, forward: bool = False
+    ) -> tuple[PushReport, int]:
+        remove(list(inv.nodes), pin)
+        wire.start(lab)
+        opts = PushOptions(tag=pin.tag, forward=forward, cache_dir=cache, compress=compress)  # type: ignore[arg-type]
+        report = push_image(inv, None, print, pin=pin, opts=opts)
+        got = wire.read(lab)
+        assert report.ok, report.errors
+        for node in inv.nodes:  # verified by ID and tagged, compressed or not
+            assert image_on(node, pin.tag) == pin.image_id, node.name
+        return report, got[first.name].from_control
+
+    plain, plain_bytes = counted_push(single, "never")
+    assert plain.nodes[first.name].codec == "" and plain_bytes > pin.size
+
+    direct, direct_bytes = counted_push(single, "always")
+    done = direct.nodes[first.name]
+    assert done.codec == "gz"  # Docker 20.10's load reads gzip layers (not zstd)
+    assert (done.cache_misses, done.cache_hits) == (1, 0)  # positive control: compressed now
+    assert cache_events(cache) == ["miss"]
+    print(f"plain {plain_bytes} B on the wire, compressed {direct_bytes} B")
+    assert direct_bytes < 0.7 * plain_bytes
+
+    chain, chain_bytes = counted_push(inventory, "always", forward=True)
+    assert chain.mode == "forward"
+    head = chain.nodes[first.name]
+    assert head.codec == "gz" and (head.cache_hits, head.cache_misses) == (1, 0)
+    assert cache_events(cache) == ["miss", "hit"]  # the second push compressed nothing
+    assert chain_bytes < 0.7 * plain_bytes
+    hops = wire.read(lab)  # the chain forwards the compressed stream: fewer bytes per hop
+    assert all(hops[n.name].to_nodes < 0.7 * plain_bytes for n in inventory.nodes[:2])
+    remove(list(inventory.nodes), pin)
 
 
 def test_forward_sends_a_node_only_its_missing_layers_and_skips_a_node_that_has_everything(

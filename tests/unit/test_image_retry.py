@@ -30,11 +30,11 @@ class FakePool:
 def run(monkeypatch: pytest.MonkeyPatch, failures: list[str], retries: int = 2) -> Any:
     calls: list[int] = []
 
-    def stream(*_: Any) -> tuple[int, int]:
+    def stream(*_: Any) -> direct.Sent:
         calls.append(1)
         if len(calls) <= len(failures):
             raise RemoteError("n1", "broke", kind=failures[len(calls) - 1])
-        return 1000, 10
+        return direct.Sent(1000, 10)
 
     monkeypatch.setattr(direct, "gather_plan", lambda *_: NodePlan("send", 1, ("x",), 0))
     monkeypatch.setattr(direct, "stream_layers", stream)

@@ -1,0 +1,151 @@
+"""The compressed push's pure parts: the codec a node gets, the rule that says whether to
+compress, the compressor command lines, and the stream of compressed layer files (built
+here from a real tar laid out as `docker save` lays it out, and read back with tarfile
+and gzip, which are the references for the formats)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from provisioner.image.compress import (
+    ZLIB_CHUNK,
+    CacheRecord,
+    Codec,
+    Estimate,
+    LayerCache,
+    choose,
+    compress_argv,
+    compress_range,
+    compressed_stream,
+    node_reads,
+    pick_codec,
+    render_argv,
+)
+from provisioner.image.plan import facts_script, parse_facts
+from provisioner.image.savestream import read_saved
+
+PIN_BYTES = 1_892_815_123  # the pin's size
+MBIT_50 = 50e6 / 8
+
+
+def test_compressor_command_lines_are_multi_threaded_and_quoted() -> None:
+    assert render_argv(compress_argv(Codec("zstd", 3))) == "zstd -T0 -3 -q -c"
+    assert render_argv(compress_argv(Codec("pigz", 1))) == "pigz -1 -c"
+    assert compress_argv(Codec("zlib", 1)) == []  # in-process, on every core
+    assert render_argv(["zstd", "-o", "a file"]) == "zstd -o 'a file'"
+
+
+@pytest.mark.parametrize(
+    ("engine", "reads"),
+    [
+        ("20.10.24+dfsg1 overlay2", ("gz",)),  # bookworm's Docker: zstd layers refused
+        ("26.1.5+dfsg1 overlay2", ("zst", "gz")),
+        ("26.1.5+dfsg1 overlayfs", ()),  # the containerd image store: blobs kept by digest
+        ("", ()),  # unknown: plain
+        ("garbage overlay2", ()),
+    ],
+)
+def test_what_a_nodes_docker_load_reads_inside_a_layer(engine: str, reads: tuple[str, ...]) -> None:
+    assert node_reads(engine) == reads
+
+
+def test_the_codec_is_the_best_one_both_sides_have() -> None:
+    assert pick_codec(("zstd", "zlib"), ("zst", "gz")) == Codec("zstd", 3)
+    assert pick_codec(("zstd", "zlib"), ("gz",)) == Codec("zlib", 1)
+    assert pick_codec(("pigz", "zlib"), ("gz",)) == Codec("pigz", 1)
+    assert pick_codec(("zstd", "zlib"), ()) is None
+
+
+def estimate(link: float, *, cpu: float = 13e6, uncached: int = PIN_BYTES) -> Estimate:
+    return Estimate(link, cpu, 0.28, PIN_BYTES, uncached, decode_bps=100e6)
+
+
+def test_a_slow_link_gets_compressed_layers_and_a_fast_one_plain() -> None:
+    slow, why = choose("auto", estimate(MBIT_50))
+    assert slow and "compressed ~" in why
+    fast, _ = choose("auto", estimate(1e9 / 8))  # 125 MB/s: faster than the compressor
+    assert not fast
+    # cached layers cost no compression: compressed on the slow link...
+    assert choose("auto", estimate(MBIT_50, uncached=0))[0]
+    # ...and still plain where the node's decompression would be slower than the link
+    assert not choose("auto", estimate(1e9 / 8, uncached=0))[0]
+
+
+def test_the_mode_overrides_the_rule_and_no_estimate_means_plain() -> None:
+    assert choose("never", estimate(MBIT_50)) == (False, "compression off")
+    assert choose("always", estimate(1e9 / 8)) == (True, "compression forced")
+    assert choose("auto", None)[0] is False
+
+
+def test_the_push_facts_carry_the_engine_line() -> None:
+    assert "{{.ServerVersion}} {{.Driver}}" in facts_script()
+    facts = parse_facts("docker=ok\nroot=/var/lib/docker\nengine=20.10.24+dfsg1 overlay2\n")
+    assert facts.engine == "20.10.24+dfsg1 overlay2"
+
+
+def test_threaded_gzip_is_one_valid_gzip_stream(tmp_path: Path) -> None:
+    data = (b"abcdefghijklmnop" * 4096) * (ZLIB_CHUNK // 65536 + 3)  # more than one member
+    src = tmp_path / "data"
+    src.write_bytes(b"head" + data)
+    sink = io.BytesIO()
+    compress_range(src, 4, len(data), Codec("zlib", 1), sink)
+    assert gzip.decompress(sink.getvalue()) == data
+    assert sink.getvalue().count(b"\x1f\x8b\x08") >= 2  # several members, in order
+
+
+def saved_tar(path: Path) -> list[bytes]:
+    """A tar laid out as legacy `docker save` writes it: two layers and a manifest."""
+    layers = [b"bottom layer " * 5000, b"top layer " * 7000]
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in [
+            ("aaa/layer.tar", layers[0]),
+            ("bbb/layer.tar", layers[1]),
+            ("cfg.json", b"{}"),
+            (
+                "manifest.json",
+                json.dumps(
+                    [{"Config": "cfg.json", "Layers": ["aaa/layer.tar", "bbb/layer.tar"]}]
+                ).encode(),
+            ),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return layers
+
+
+def read_stream(chunks: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(chunks), mode="r:") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+
+
+def test_the_stream_is_the_saved_tar_with_each_sent_layer_gzipped_and_cached_once(
+    tmp_path: Path,
+) -> None:
+    layers = saved_tar(tmp_path / "img.tar")
+    saved = read_saved(tmp_path / "img.tar")
+    ids = ("sha256:" + "1" * 64, "sha256:" + "2" * 64)
+    cache, codec = LayerCache(tmp_path / "layers"), Codec("zlib", 1)
+    first = CacheRecord()
+    out = read_stream(b"".join(compressed_stream(saved, ids, 0, codec, cache, first)))
+    assert gzip.decompress(out["aaa/layer.tar"]) == layers[0]
+    assert gzip.decompress(out["bbb/layer.tar"]) == layers[1]
+    assert len(out["bbb/layer.tar"]) < len(layers[1]) / 10
+    assert out["cfg.json"] == b"{}" and b"bbb/layer.tar" in out["manifest.json"]
+    assert (first.hits, first.misses) == ([], list(ids))  # positive control: compressed now
+    again, omitted = CacheRecord(), list[int]()
+    partial = b"".join(compressed_stream(saved, ids, 1, codec, cache, again, omitted.append))
+    out = read_stream(partial)
+    assert "aaa/layer.tar" not in out and gzip.decompress(out["bbb/layer.tar"]) == layers[1]
+    assert omitted == [len(layers[0])]
+    assert (again.hits, again.misses) == ([ids[1]], [])  # from the cache: nothing compressed
+    events = [
+        json.loads(x)["event"] for x in (tmp_path / "layers/record.jsonl").read_text().splitlines()
+    ]
+    assert events == ["miss", "miss", "hit"]
