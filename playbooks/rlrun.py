@@ -757,11 +757,13 @@ def train(
                 flush=True,
             )
             reason = stop_reason(row, budget) or ("sigterm" if TERMINATE.requested else None)
-            if saving.every > 0 and row.iteration % saving.every == 0 and reason is None:
-                save_checkpoint(algo, results, row.iteration, saving.keep)
+            # Progress first: whatever kills the run, progress.json is never behind the
+            # newest checkpoint (`jobs list` after a head restart reads it from the disk).
             progress = progress_of(row, budget)
             write_atomic(results / "progress.json", json.dumps(progress))
             print(f"{PROGRESS_MARK} {json.dumps(progress)}", flush=True)
+            if saving.every > 0 and row.iteration % saving.every == 0 and reason is None:
+                save_checkpoint(algo, results, row.iteration, saving.keep)
         last = recorder.rows[-1]
         saved = (
             save_checkpoint(algo, results, last.iteration, saving.keep) if saving.final else None
