@@ -173,6 +173,18 @@ def test_cost_is_instance_hours_times_the_price() -> None:
     assert plan.cost("local", 2, 60.0, None)["cost"] is None
 
 
+def test_a_sagemaker_runs_cost_has_the_shape_of_a_cluster_runs() -> None:
+    """summary.json's `cost` compares field by field with a cluster job's (rlrun)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "playbooks"))
+    import rlrun
+
+    on_sagemaker = plan.comparable_cost(plan.cost("ml.c5.2xlarge", 4, 1800.0, 0.408))
+    on_cluster = rlrun.cost_of("node-hour", 2.0, 0.3)
+    assert on_sagemaker.keys() == on_cluster.keys()
+    assert on_sagemaker["unit"] == "instance-hour" and on_sagemaker["hours"] == 2.0
+    assert on_sagemaker["cost"] == pytest.approx(0.816) and on_cluster["cost"] == 0.6
+
+
 def test_the_training_images_tag_follows_its_base_and_its_files() -> None:
     files = context_files("provisioner/ray:local", "sha256:" + "a" * 64)
     tag = tag_for("sha256:" + "a" * 64, files)
