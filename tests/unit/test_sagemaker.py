@@ -305,3 +305,28 @@ def test_bad_input_to_run_is_exit_2_with_one_clear_line(
     code = run(["sagemaker", "run", str(PLAYBOOK), *argv])
     err = capsys.readouterr().err
     assert code == 2 and says in err and "Traceback" not in err, err
+
+
+def test_a_cluster_jobs_results_seed_the_checkpoint_channel(tmp_path: Path) -> None:
+    """`sagemaker run --resume JOB`: the cluster job's latest checkpoint and its metrics,
+    from this machine's results folder, go into the new job's checkpoint channel
+    (RESULTS/NEW) under the name the entry point continues from."""
+    from provisioner.sagemaker.local import seed_resume
+
+    results = tmp_path / "results"
+    job = "ppo-cartpole-20260101-000000-abcdef012345"
+    for n in (12, 14):
+        ckpt = results / job / "checkpoints" / f"iter-{n:06d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "rllib_checkpoint.json").write_text(json.dumps({"iteration": n}))
+    (results / job / "metrics.csv").write_text("iteration,env_steps\n1,1000\n")
+    (results / job / "summary.json").write_text("{}")
+    new = results / "new"
+    new.mkdir()
+    assert seed_resume(job, results, new) == job
+    assert sorted(p.name for p in (new / "checkpoints").iterdir()) == ["iter-000014"]
+    assert (new / "checkpoints" / "iter-000014" / "rllib_checkpoint.json").is_file()
+    assert (new / "metrics.csv").read_text() == "iteration,env_steps\n1,1000\n"
+    assert not (new / "summary.json").exists()  # the new run writes its own
+    with pytest.raises(InputError, match="no checkpoint of job"):
+        seed_resume("ppo-cartpole-not-home", results, tmp_path / "other")
