@@ -12,7 +12,8 @@ the target return or the step budget, and writes into the results directory
 - `progress.json`: where the run is now (iteration, env steps against the budget, mean
   return, steps/s, the time left), also printed as a `PROVISIONER-PROGRESS` line;
 - `runners.json`: the node address and host each env runner ran on;
-- `summary.json`: what the run reached, and why it stopped.
+- `summary.json`: what the run reached, why it stopped, its node-hours and their cost
+  (where `$PROVISIONER_PRICE_PER_NODE_HOUR` gives a price).
 
 `--resume-from CHECKPOINT` (or `$PROVISIONER_RESUME_FROM`, relative to the results
 directory) continues a run: `Algorithm.restore_from_path` brings back the learner's
@@ -63,6 +64,9 @@ RETRIES_ENV = "PROVISIONER_RETRIES"
 SIGTERM_ENV = "PROVISIONER_CHECKPOINT_ON_SIGTERM"
 PROGRESS_MARK = "PROVISIONER-PROGRESS"
 CHECKPOINTS = "checkpoints"
+# the price of one node-hour (`submit --price-per-hour`, or the inventory's
+# price_per_node_hour): the run's cost in summary.json
+PRICE_ENV = "PROVISIONER_PRICE_PER_NODE_HOUR"
 
 
 RNG_FILE = "rng.json"
@@ -159,6 +163,28 @@ def cluster_nodes() -> int:
     import ray
 
     return sum(1 for n in ray.nodes() if n.get("Alive"))  # type: ignore[no-untyped-call,misc]
+
+
+def price_per_hour(environ: Any = None) -> float | None:
+    """The price of a node-hour this job was given ($PROVISIONER_PRICE_PER_NODE_HOUR), or
+    None (no price given, or not a number 0 or more)."""
+    text = (os.environ if environ is None else environ).get(PRICE_ENV)
+    try:
+        price = float(text) if text else None
+    except ValueError:
+        return None
+    return price if price is not None and math.isfinite(price) and price >= 0 else None
+
+
+def cost_of(unit: str, hours: float, price: float | None) -> dict[str, Any]:
+    """Pure: the `cost` of summary.json, the same in a cluster job's (node-hours) and a
+    SageMaker job's (instance-hours): hours x price, where a price is given."""
+    return {
+        "unit": unit,
+        "hours": round(hours, 5),
+        "price_per_hour": price,
+        "cost": None if price is None else round(hours * price, 5),
+    }
 
 
 def cluster_gpus() -> float:
@@ -768,6 +794,7 @@ def train(
         saved = (
             save_checkpoint(algo, results, last.iteration, saving.keep) if saving.final else None
         )
+        node_hours = cluster_nodes() * (last.time_s - clock.time_before) / 3600
         summary = {
             "stopped_by": reason,
             "iterations": last.iteration,
@@ -785,7 +812,8 @@ def train(
             # what the run occupied, for cost: every node of the cluster over this run's
             # training time (a resumed run counts its own time only)
             "cluster_nodes": cluster_nodes(),
-            "node_hours": round(cluster_nodes() * (last.time_s - clock.time_before) / 3600, 5),
+            "node_hours": round(node_hours, 5),
+            "cost": cost_of("node-hour", node_hours, price_per_hour()),
         }
         write_atomic(results / "summary.json", json.dumps(summary, indent=1))
         return summary

@@ -88,3 +88,15 @@ def cost(
         "price_per_instance_hour": price_per_hour,
         "cost": None if price_per_hour is None else round(hours * price_per_hour, 5),
     }
+
+
+def comparable_cost(sagemaker: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's `cost` of a SageMaker job, in the shape a cluster job's has
+    (playbooks/rlrun.py `cost_of`: unit, hours, price_per_hour, cost), so that the two
+    kinds of run compare field by field."""
+    return {
+        "unit": "instance-hour",
+        "hours": sagemaker["instance_hours"],
+        "price_per_hour": sagemaker["price_per_instance_hour"],
+        "cost": sagemaker["cost"],
+    }
