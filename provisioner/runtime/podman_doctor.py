@@ -136,6 +136,13 @@ def _ranges(lines: list[str]) -> tuple[tuple[int, int], ...]:
     return tuple(found)
 
 
+def _state(status: str) -> str:
+    """`podman ps`'s State as Docker's words: "Up 3 minutes ago" -> running, "Exited (0)
+    ..." -> exited, "Created" -> created."""
+    first = (status.split() or [""])[0].lower()
+    return "running" if first == "up" else first
+
+
 def parse_facts(text: str) -> PodmanFacts:
     """Pure: the output of FACTS (the doctor's section `runtime`)."""
     values: dict[str, list[str]] = {}
@@ -156,8 +163,8 @@ def parse_facts(text: str) -> PodmanFacts:
             info = {}
     containers = []
     for line in values.get("container", []):
-        parts = [*line.split("|"), "", "", "", ""][:5]
-        containers.append(Container(*parts))
+        name, image, state, cluster, cid = [*line.split("|"), "", "", "", ""][:5]
+        containers.append(Container(name, image, _state(state), cluster, cid))
     user, _, uid = one("user").partition(" ")
     rc = one("info_rc")
     return PodmanFacts(
