@@ -1,11 +1,12 @@
 """The podman runtime: its commands (pure strings), its state parser, and the doctor's
 judges of its facts section: golden/doctor/podman_*.txt.
 
-podman_head: a clean node (rootless Podman 4.3, overlay storage, cgroup v1 with controllers
-on the v2 mount, runc, lingering on, the pin loaded); podman_running_head: a head while its
-cluster ran there. Their runtime sections are written from what Podman 4.3 said on a probe
-container of this machine (`podman info`, `podman ps`), appended to host-mode captures.
-Other cases are those files with one fact changed.
+podman_head: facts.sh with this runtime's section, captured on the head of the podman lab
+after test_podman (rootless Podman 4.3, overlay storage, cgroup v1 with controllers on the
+v2 mount, runc, lingering on, the pin loaded, no container). podman_running_head: the
+captured host-mode head running its cluster (host_running_head), with that runtime section
+and one `podman ps` line of the cluster's running container in Podman 4.3's words (as
+seen on a probe node). Other cases are those files with one fact changed.
 """
 
 from __future__ import annotations
