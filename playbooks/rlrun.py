@@ -249,7 +249,8 @@ def runner_nodes(algo: Algorithm) -> list[dict[str, Any]]:
 
 
 def learner_devices(algo: Algorithm) -> list[dict[str, Any]]:
-    """Which device each learner trains on: its torch device, node address and GPU name."""
+    """Which device each learner trains on: its torch device, node address and GPU name,
+    and whether it is a remote learner."""
     import ray
 
     def where(learner: Any, _: Any = None) -> dict[str, Any]:
@@ -269,7 +270,10 @@ def learner_devices(algo: Algorithm) -> list[dict[str, Any]]:
     group = algo.learner_group
     assert group is not None, "the algorithm was built without learners"
     found = [r.get() for r in group.foreach_learner(where)]  # type: ignore[no-untyped-call]
-    return [{"learner": i, **d} for i, d in enumerate(found)]
+    # remote: in an actor of its own (`--num-learners` 1 or more, as a GPU learner is);
+    # else the driver's own learner
+    remote = bool(group.is_remote)
+    return [{"learner": i, "remote": remote, **d} for i, d in enumerate(found)]
 
 
 @dataclass
