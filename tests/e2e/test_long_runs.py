@@ -568,5 +568,7 @@ def test_down_during_a_followed_job_asks_for_yes_then_stops_it_and_brings_result
     iterations = [int(r.split(",")[0]) for r in rows]
     assert iterations[:13] == list(range(1, 14)), iterations  # nothing lost, counters go on
     assert (home / "progress.json").is_file()
-    assert resume_point(home) == 10
+    # the job's own lines, as its follower showed them
+    assert re.search(r"resumed from \S+ at iteration 10\b", text), text[-3000:]
+    assert "restored weights verified on 2 env runner(s)" in text, text[-3000:]
     assert_learning_goes_on(returns_of(home), 10, "--resume JOB, then down --yes during the run")
