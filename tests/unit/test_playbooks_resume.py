@@ -306,3 +306,20 @@ def test_a_resume_gives_the_learner_back_its_optimizer_state(
     # (Adam makes its moments at the first update: a fresh one has none, or others)
     steps = {i: step for i, (step, _, _) in fresh.items()}
     assert steps != {i: step for i, (step, _, _) in saved.items()}, steps
+
+
+def test_a_checkpoint_part_saved_through_a_private_folder_is_made_readable(tmp_path: Path) -> None:
+    """A learner on another node saves its part through RLlib's own mkdtemp (0700): the
+    checkpoint gets the results directory's read access, so it can come home."""
+    results = tmp_path / "results"
+    results.mkdir(mode=0o755)
+    results.chmod(0o755)
+    part = results / ".tmp-iter-000002" / "learner_group" / "learner"
+    part.mkdir(parents=True)
+    part.chmod(0o700)
+    (part / "state.pkl").write_bytes(b"x")
+    (part / "state.pkl").chmod(0o600)
+    assert part.stat().st_mode & 0o077 == 0  # the positive control: unreadable to others
+    rlrun.readable_like(results / ".tmp-iter-000002", results)
+    assert part.stat().st_mode & 0o777 == 0o755
+    assert (part / "state.pkl").stat().st_mode & 0o777 == 0o644
