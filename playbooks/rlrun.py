@@ -45,6 +45,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -275,7 +276,8 @@ def runner_nodes(algo: Algorithm) -> list[dict[str, Any]]:
 
 
 def learner_devices(algo: Algorithm) -> list[dict[str, Any]]:
-    """Which device each learner trains on: its torch device, node address and GPU name."""
+    """Which device each learner trains on: its torch device, node address and GPU name,
+    and whether it is a remote learner."""
     import ray
 
     def where(learner: Any, _: Any = None) -> dict[str, Any]:
@@ -295,7 +297,10 @@ def learner_devices(algo: Algorithm) -> list[dict[str, Any]]:
     group = algo.learner_group
     assert group is not None, "the algorithm was built without learners"
     found = [r.get() for r in group.foreach_learner(where)]  # type: ignore[no-untyped-call]
-    return [{"learner": i, **d} for i, d in enumerate(found)]
+    # remote: in an actor of its own (`--num-learners` 1 or more, as a GPU learner is);
+    # else the driver's own learner
+    remote = bool(group.is_remote)
+    return [{"learner": i, "remote": remote, **d} for i, d in enumerate(found)]
 
 
 @dataclass
@@ -369,12 +374,28 @@ def save_checkpoint(algo: Algorithm, results: Path, iteration: int, keep: int) -
     tmp = folder / f".tmp-{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     algo.save_to_path(str(tmp.resolve()))
+    readable_like(tmp, results)
     (tmp / RNG_FILE).write_text(json.dumps(rng_states(algo)))
     (tmp / LEARNER_FILE).write_text(json.dumps(learner_extras(algo)))
     os.replace(tmp, final)
     for old in sorted(p for p in folder.glob("iter-*") if p.is_dir())[: -max(1, keep)]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def readable_like(tree: Path, like: Path) -> None:
+    """Give every folder and file under `tree` the read access `like` (the results
+    directory) grants. A learner on another node (`--num-learners`, a GPU learner) saves
+    its part of a checkpoint through a temporary directory of RLlib's own, mode 0700,
+    which the user bringing results home over SSH could not read."""
+    bits = stat.S_IMODE(like.stat().st_mode) & 0o555
+    for root, dirs, files in os.walk(tree):
+        for name in dirs:
+            path = Path(root, name)
+            os.chmod(path, stat.S_IMODE(path.stat().st_mode) | bits)
+        for name in files:
+            path = Path(root, name)
+            os.chmod(path, stat.S_IMODE(path.stat().st_mode) | (bits & 0o444))
 
 
 @dataclass
