@@ -89,7 +89,7 @@ def _iterations(home: Path) -> list[int]:
 def _returns(label: str, home: Path, at: int) -> tuple[float, float]:
     """Learning goes on past the resume point `at` (the log's own), figures printed."""
     assert resume_point(home) == at
-    before, after = assert_learning_goes_on(returns_of(home), at)
+    before, after = assert_learning_goes_on(returns_of(home), at, label)
     print(f"{label}: resumed at {at}, mean return {before:.1f} before, {after:.1f} after")
     return before, after
 
