@@ -180,9 +180,10 @@ def price_per_hour(environ: Any = None) -> float | None:
 def cost_of(unit: str, hours: float, price: float | None) -> dict[str, Any]:
     """Pure: the `cost` of summary.json, the same in a cluster job's (node-hours) and a
     SageMaker job's (instance-hours): hours x price, where a price is given."""
+    hours = round(hours, 5)  # the cost is the hours as written times the price
     return {
         "unit": unit,
-        "hours": round(hours, 5),
+        "hours": hours,
         "price_per_hour": price,
         "cost": None if price is None else round(hours * price, 5),
     }

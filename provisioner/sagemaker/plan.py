@@ -79,12 +79,13 @@ def cost(
 ) -> dict[str, Any]:
     """Instance-hours of a run, and its cost where a price per instance-hour is given
     (SageMaker bills each instance per second of the job's billable time)."""
-    hours = count * seconds / 3600.0
+    # the cost is the hours as written times the price, so the record checks by hand
+    hours = round(count * seconds / 3600.0, 5)
     return {
         "instance_type": instance_type,
         "instance_count": count,
         "seconds": round(seconds, 1),
-        "instance_hours": round(hours, 5),
+        "instance_hours": hours,
         "price_per_instance_hour": price_per_hour,
         "cost": None if price_per_hour is None else round(hours * price_per_hour, 5),
     }

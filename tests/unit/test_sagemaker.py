@@ -330,3 +330,15 @@ def test_a_cluster_jobs_results_seed_the_checkpoint_channel(tmp_path: Path) -> N
     assert not (new / "summary.json").exists()  # the new run writes its own
     with pytest.raises(InputError, match="no checkpoint of job"):
         seed_resume("ppo-cartpole-not-home", results, tmp_path / "other")
+
+
+def test_the_written_cost_is_the_written_hours_times_the_price() -> None:
+    """A reader checks summary.json by hand: cost = hours x price with the hours as
+    written (2 instances for 57.8 s at 0.5 once gave 0.01606 beside 0.03211 hours)."""
+    from playbooks import rlrun
+
+    for seconds in (57.8, 57.81, 1.0, 3599.99, 12345.678):
+        c = plan.cost("local", 2, seconds, 0.5)
+        assert c["cost"] == round(c["instance_hours"] * 0.5, 5), (seconds, c)
+        mine = rlrun.cost_of("node-hour", 2 * seconds / 3600, 0.5)
+        assert mine["cost"] == round(mine["hours"] * 0.5, 5), (seconds, mine)
