@@ -72,3 +72,17 @@ def test_root_without_debootstrap_and_no_base_is_exit_2_naming_the_package() -> 
     assert caught.value.exit_code == 2
     assert "`debootstrap` is not installed" in caught.value.message
     assert caught.value.fix is not None and "apt-get install -y debootstrap" in caught.value.fix
+
+
+def test_a_docker_socket_refusing_the_user_names_the_docker_group_not_an_install() -> None:
+    from provisioner.local import engine_error
+
+    refused = engine_error(
+        "Error while fetching server API version: ('Connection aborted.', "
+        "PermissionError(13, 'Permission denied'))"
+    )
+    assert "docker group" in refused.message and refused.exit_code == 2
+    assert refused.fix is not None and "usermod -aG docker" in refused.fix
+    # positive control: no engine at all is still told to install and start one
+    absent = engine_error("Error while fetching server API version: FileNotFoundError(2)")
+    assert absent.fix is not None and "apt-get install -y docker.io" in absent.fix
