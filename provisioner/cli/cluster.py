@@ -562,7 +562,7 @@ def tunnel_cmd(
     as soon as the tunnels are up; it keeps running until Ctrl-C."""
     out = output(json_)
     inv = load_cluster(inventory)
-    runtime = _runtime(inv)
+    runtime = runtime_for(inv)  # where Ray runs on the head; the pin is not needed here
     with Pool(inv) as pool, ExitStack() as stack:
         dash = stack.enter_context(tunnel(inv, local_port=port, pool=pool))
         board_port = tensorboard_port(inv.ports)
