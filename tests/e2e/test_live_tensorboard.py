@@ -115,6 +115,6 @@ def test_tensorboard_answers_through_the_tunnel_with_a_running_jobs_scalars(
     header = rows[0].split(",")
     steps, ret = header.index("env_steps"), header.index("episode_return_mean")
     recorded = {int(r.split(",")[steps]): float(r.split(",")[ret] or "nan") for r in rows[1:]}
-    for _, step, value in more:
-        assert int(step) in recorded and same(value, recorded[int(step)]), (step, value)
+    for _, step, value in more:  # TensorBoard's JSON writes a NaN as the string "NaN"
+        assert int(step) in recorded and same(float(value), recorded[int(step)]), (step, value)
     print(f"TensorBoard through the tunnel: {len(seen)}, then {len(more)} points of {run}")
