@@ -97,6 +97,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
 NOT_ENVIRONMENT = {
     "PROVISIONER_MEMO": "the doctor's facts script's memo of interpreter answers, inside one run",
     "PROVISIONER_PROBE": "the marker line of the cluster probe's output",
+    "PROVISIONER_BOARD": "the marker line of the head's TensorBoard script (`tunnel`)",
     "PROVISIONER_VARS": "a Python constant: the inventory variables Ansible's format may carry",
 }
 _NAME = re.compile(r"\bPROVISIONER_[A-Z0-9_]+\b")
