@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PROV := $(BIN)/provisioner
 LAB_INVENTORY = $$($(PROV) lab up --json | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["inventory"])')
 
-.PHONY: help install lint typecheck unit e2e test lab lab-down demo bench bench-doctor clean prereqs \
+.PHONY: help install lint typecheck unit e2e test lab lab-down demo bench bench-doctor bench-install clean prereqs \
 	reliability-check reliability-table goldens soak reference
 
 help:
@@ -98,6 +98,10 @@ soak: install prereqs
 	$(BIN)/python scripts/soak.py $(SOAK_ARGS)
 
 LAB ?= lab
+# the control machine's venv, `pip install .` against `.[playbooks]` (bench-results/install.json)
+bench-install: install
+	$(BIN)/python scripts/bench_install.py
+
 bench-doctor: install prereqs
 	$(PROV) lab up --name $(LAB) >/dev/null
 	$(BIN)/python scripts/bench_doctor.py --lab $(LAB)
