@@ -15,6 +15,7 @@ help:
 	@echo "make test      ruff, mypy, unit tests, end-to-end tests on the lab"
 	@echo "make lab       start a 3-node lab (make lab-down removes it)"
 	@echo "make bench     benchmarks side by side (results in bench-results/)"
+	@echo "make bench-install   the control machine's venv: pip install . vs .[playbooks]"
 	@echo "make soak      one long training run under a storm of faults (bench-results/soak.json)"
 	@echo "make reliability-table   docs/reliability.md's table from the last e2e run's record"
 	@echo "make reference docs/reference.md from the CLI itself (make test fails when it is stale)"
