@@ -264,3 +264,12 @@ def test_own_ray_is_this_clusters_running_container() -> None:
 
 def test_empty_section_parses_to_nothing() -> None:
     assert parse_podman("") == PodmanFacts()
+
+
+def test_the_section_names_podmans_graph_root_for_the_disk_check() -> None:
+    p = golden("podman_head").runtime
+    assert isinstance(p, PodmanFacts) and p.usable and p.remove == "podman rm -f"
+    assert p.data_root == p.graph_root and p.data_root.endswith("/containers/storage")
+    assert p.image.startswith("sha256:")  # as the pin writes it (Podman says bare hex)
+    assert "runtime_root=${BASH_REMATCH[1]}" in FACTS and "graphRoot" in FACTS
+    assert PodmanFacts().usable is False  # no `podman info`: not usable as it is
