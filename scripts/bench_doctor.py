@@ -24,15 +24,16 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import yaml
 
 from provisioner.doctor import run_doctor
+from provisioner.doctor.gather import facts_script
 from provisioner.inventory import load_inventory
 from provisioner.lab.engine import docker_cli, exec_in, exec_rc
 from provisioner.lab.nodes import LabInfo, load_lab
+from provisioner.runtime import judges
 
 BASE_PORT = 2201
 PORTS_PER_SSHD = 16  # one sshd listens on at most 16 sockets
@@ -199,10 +200,10 @@ def doctor_fan_out(eps: Endpoints, parallel: int, *, reachability: bool) -> floa
 
 def ansible_fan_out(eps: Endpoints, parallel: int) -> float:
     """Seconds for `ansible all -f N -m script` running the doctor's facts script everywhere."""
-    facts = resources.files("provisioner.doctor").joinpath("facts.sh")
+    facts = facts_script(judges("docker"))  # the docker lab's round: with Docker's section
     with tempfile.TemporaryDirectory(prefix="bench-ansible-") as home:
         script = Path(home) / "facts.sh"
-        script.write_bytes(facts.read_bytes())
+        script.write_bytes(facts)
         # same arguments as the doctor's facts round without the reachability listener
         args = f"{script} {eps.address} {{{{ ansible_host }}}} none '' 0"
         env = {
@@ -250,7 +251,7 @@ def ansible_fan_out(eps: Endpoints, parallel: int) -> float:
 def facts_floor(eps: Endpoints, parallel: int) -> float:
     """Seconds for the facts script alone, run `count` times on the endpoints' node at the
     same parallelism, without SSH: the work every tool gathering these facts waits for."""
-    facts = resources.files("provisioner.doctor").joinpath("facts.sh").read_bytes()
+    facts = facts_script(judges("docker"))
     node = eps.lab.nodes[0]
     path = "/tmp/bench-facts.sh"
     docker_cli(["exec", "-i", node.container, "sh", "-c", f"cat > {path}"], input_=facts)

@@ -15,9 +15,9 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 
+from provisioner.doctor.gather import facts_script
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.config import LabConfig, LabNode
@@ -25,6 +25,7 @@ from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up
 from provisioner.remote import Pool
 from provisioner.remote.commands import script, with_env
+from provisioner.runtime import judges
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "unit" / "golden" / "doctor"
 IMAGE_TAG = "provisioner-golden/empty:1"
@@ -36,7 +37,7 @@ def facts_text(
     """facts.sh's stdout on `node`, as the doctor's first round gets it."""
     inventory = load_inventory(lab.inventory)
     target = next(n for n in inventory.nodes if n.name == node.name)
-    text = resources.files("provisioner.doctor").joinpath("facts.sh").read_bytes()
+    text = facts_script(judges(inventory.runtime))  # facts.sh with the runtime's section
     cmd = script("bash", [inventory.head.address, target.address, image, "", 0])
     with Pool(inventory) as pool:
         result = pool.session(target).run(with_env(env or {}, cmd), timeout=60, stdin=text)

@@ -1,8 +1,14 @@
-"""A node's facts: the output of facts.sh, parsed into plain data (no judging here)."""
+"""A node's facts: the output of facts.sh, parsed into plain data (no judging here).
+
+facts.sh gathers what every runtime needs; the runtime's own section (`Judges.facts`, run in
+the same round trip) is parsed by the runtime (`Judges.parse`) into a `RuntimeFacts`, which
+the shared checks read through its generic fields and the runtime's judges through its own.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from provisioner.gpu.facts import GpuFacts, parse_gpu_facts
@@ -52,6 +58,35 @@ class Container:
 
 
 @dataclass(frozen=True)
+class RuntimeFacts:
+    """What the node's runtime told about itself in the doctor's round, parsed by the runtime
+    from its own section. A runtime extends it with fields of its own (its judges read them);
+    the shared checks read only these."""
+
+    usable: bool = True  # the runtime answers the SSH user without sudo (nothing to repair)
+    data_root: str = ""  # where it keeps its images on the node ("": none; a disk to judge)
+    containers: tuple[Container, ...] = ()  # its containers (Ray's, this cluster's or others')
+    image: str = ""  # "sha256:ID os/arch" of the pinned image it holds ("": not held, no pin)
+    remove: str = ""  # the command that removes its containers by name, for fixes ("": none)
+
+    def holds_cluster(self, cluster: str, *, running: bool = False) -> bool:
+        """A container of `cluster` is on this node (`running`: and it runs)."""
+        return any(
+            c.cluster_label == cluster and (not running or c.state == "running")
+            for c in self.containers
+        )
+
+
+RuntimeParser = Callable[[Mapping[str, str]], RuntimeFacts]
+"""A runtime's parser: the node's sections (`split_sections`) -> its facts."""
+
+
+def no_runtime_facts(sections: Mapping[str, str]) -> RuntimeFacts:
+    """The parser of a runtime with no section of its own."""
+    return RuntimeFacts()
+
+
+@dataclass(frozen=True)
 class RayProcess:
     """A Ray process (or a process listening on a port) and whose it is."""
 
@@ -84,15 +119,7 @@ class NodeFacts:
     mem_available_kb: int = 0
     shm_kb: int | None = None
     sudo: str = ""
-    docker: str = ""
-    docker_ok: bool = False
-    docker_sudo: str = ""
-    docker_sudo_ok: bool = False
-    docker_socket: str = ""
-    docker_root: str = ""
     disks: tuple[Disk, ...] = ()
-    containers: tuple[Container, ...] = ()
-    image: str = ""  # "ID os/arch" of the pinned image, or empty
     plain: Shell = field(default_factory=Shell)
     login: Shell = field(default_factory=Shell)
     ray_python: Shell = field(default_factory=Shell)  # the inventory's ray.python, if named
@@ -105,15 +132,9 @@ class NodeFacts:
     bound_ports: tuple[int, ...] = ()
     complete: bool = False  # the script ran to its end
     ray_state: str | None = None  # the runtime's state command's output, when asked for
-    runtime: str = ""  # the runtime's own facts section (`Judges.facts`), raw: it parses it
+    # the runtime's own facts (its section of the round, `Judges.facts`), parsed by it
+    runtime: RuntimeFacts = field(default_factory=RuntimeFacts)
     gpu: GpuFacts = field(default_factory=GpuFacts)  # NVIDIA GPUs, driver, container toolkit
-
-    def holds_cluster(self, cluster: str, *, running: bool = False) -> bool:
-        """A container of `cluster` is on this node (`running`: and it runs)."""
-        return any(
-            c.cluster_label == cluster and (not running or c.state == "running")
-            for c in self.containers
-        )
 
 
 def split_sections(text: str) -> dict[str, str]:
@@ -176,13 +197,6 @@ def parse_listening(text: str) -> tuple[Listener, ...]:
     return tuple(found)
 
 
-def _docker(text: str) -> tuple[str, bool]:
-    lines = _lines(text)
-    rc = next((line[3:] for line in lines if line.startswith("rc=")), "")
-    body = "\n".join(line for line in lines if not line.startswith("rc="))
-    return body, rc == "0"
-
-
 def _disks(text: str) -> tuple[Disk, ...]:
     disks = []
     for line in _lines(text):
@@ -190,14 +204,6 @@ def _disks(text: str) -> tuple[Disk, ...]:
         if len(words) >= 5 and words[2].isdigit() and words[4].isdigit():
             disks.append(Disk(words[0], int(words[2]), int(words[4])))
     return tuple(disks)
-
-
-def _containers(text: str) -> tuple[Container, ...]:
-    found = []
-    for line in _lines(text):
-        parts = [*line.split("\t"), "", "", "", ""][:5]
-        found.append(Container(*parts))
-    return tuple(found)
 
 
 def _ray_owners(text: str) -> tuple[RayProcess, ...]:
@@ -263,15 +269,21 @@ def _route_source(text: str) -> str | None:
     return words[words.index("src") + 1] if "src" in words[:-1] else None
 
 
-def parse_facts(host: str, text: str, sent_at: float = 0.0, received_at: float = 0.0) -> NodeFacts:
+def parse_facts(
+    host: str,
+    text: str,
+    sent_at: float = 0.0,
+    received_at: float = 0.0,
+    *,
+    runtime: RuntimeParser = no_runtime_facts,
+) -> NodeFacts:
     """Parse facts.sh's output. `sent_at`/`received_at`: when the command went out and its
-    first output came back (time.time()), to bound the node's clock offset."""
+    first output came back (time.time()), to bound the node's clock offset; `runtime`: the
+    runtime's parser of its own section (`Judges.parse`)."""
     s = split_sections(text)
     user_lines = _lines(s.get("user", ""))
     memory = _memory(s.get("memory", ""))
     shm_words = s.get("shm", "").split()
-    docker, docker_ok = _docker(s.get("docker", ""))
-    docker_sudo, docker_sudo_ok = _docker(s.get("docker_sudo", ""))
     clock_text = s.get("clock", "")
     pid, bound = _listener(s.get("listener", ""))
     return NodeFacts(
@@ -292,15 +304,7 @@ def parse_facts(host: str, text: str, sent_at: float = 0.0, received_at: float =
         mem_available_kb=memory.get("MemAvailable", 0),
         shm_kb=_int(shm_words[1]) if len(shm_words) > 1 else None,
         sudo=s.get("sudo", ""),
-        docker=docker,
-        docker_ok=docker_ok,
-        docker_sudo=docker_sudo,
-        docker_sudo_ok=docker_sudo_ok,
-        docker_socket=s.get("docker_socket", ""),
-        docker_root=s.get("docker_root", ""),
         disks=_disks(s.get("disk", "")),
-        containers=_containers(s.get("containers", "")),
-        image=s.get("image", ""),
         plain=parse_shell(s.get("shell_plain", "")),
         login=parse_shell(s.get("shell_login", "")),
         ray_python=parse_shell(s.get("ray_python", "")),
@@ -313,6 +317,6 @@ def parse_facts(host: str, text: str, sent_at: float = 0.0, received_at: float =
         bound_ports=bound,
         complete="end" in s,
         ray_state=s.get("ray_state"),
-        runtime=s.get("runtime", ""),
+        runtime=runtime(s),
         gpu=parse_gpu_facts(s),
     )

@@ -8,14 +8,15 @@ from typing import Any, Literal
 Severity = Literal["error", "warning", "ok"]
 _RANK = {"error": 0, "warning": 1, "ok": 2}
 
-# The check catalogue: id -> what it looks at (the fix is specific to each finding).
-CATALOGUE: dict[str, str] = {
+# The checks every runtime's doctor shares: id -> what it looks at (the fix is specific to
+# each finding). Each runtime adds its own (`Judges.checks`); the whole catalogue is
+# `provisioner.doctor.CATALOGUE` (`runtime.registry.catalogue()`).
+SHARED_CHECKS: dict[str, str] = {
     "ssh.connect": "the node answers SSH: name resolves, port open, banner arrives in time",
     "ssh.auth": "the key is accepted for the inventory's user",
     "ssh.hostkey": "the node's host key is known and unchanged",
-    "sudo": "sudo without a password, where docker needs it",
-    "docker.daemon": "docker is installed and its daemon runs",
-    "docker.access": "the SSH user can use docker without sudo",
+    "sudo": "sudo without a password, where the runtime does not answer the SSH user without it "
+    "(Docker, the user outside the docker group)",
     "shell.env": "python3 and ray are the same in a login shell (Ray's launcher) and in `ssh host "
     "cmd`",
     "python.version": "the same Python version (patch level) on every node",
@@ -36,7 +37,8 @@ CATALOGUE: dict[str, str] = {
     "net.hostname": "the node's hostname does not resolve to a loopback address",
     "net.address": "the address Ray would advertise is the inventory's address",
     "resources.shm": "/dev/shm and memory fit the planned object store",
-    "resources.disk": "free disk where Docker and Ray's temp directory live",
+    "resources.disk": "free disk where the runtime keeps its images (Docker's root, Podman's "
+    "graph root) and where Ray's temp directory lives",
     "resources.memory": "memory for Ray and its object store",
     "resources.cpu": "CPU count",
     "clock.offset": "the node's clock agrees with this machine's",
@@ -44,8 +46,8 @@ CATALOGUE: dict[str, str] = {
     "doctor.facts": "the fact-gathering script ran to its end",
     "gpu.driver": "a node with NVIDIA GPUs (or asked for them) has a working driver: nvidia-smi "
     "lists its GPUs",
-    "gpu.toolkit": "in Docker mode: the node's Docker hands GPUs to containers (NVIDIA Container "
-    "Toolkit: --gpus, the nvidia runtime, or CDI)",
+    "gpu.toolkit": "the runtime's containers get the node's GPUs (Docker: the NVIDIA Container "
+    "Toolkit's --gpus, the nvidia runtime, or CDI; Podman: CDI)",
     "gpu.count": "the inventory's GPUs (gpus: / resources.GPU) are GPUs the node has",
     "gpu.cuda": "the driver runs the pinned image's CUDA (and the image has CUDA torch at all)",
     "gpu.models": "one GPU model across the cluster",

@@ -1,7 +1,8 @@
 """Whose Ray runs on a node: this cluster's, another cluster's, or a stale one (pure).
 
-facts.sh tells, for every Ray process and every listening process, its parent, the Docker
-container it runs in (its cgroup) and the cluster whose temp dir its command line names
+facts.sh tells, for every Ray process and every listening process, its parent, the
+container it runs in (its cgroup: Docker's or Podman's; the runtime's section lists the
+containers, `RuntimeFacts.containers`) and the cluster whose temp dir its command line names
 (host mode: /tmp/prov-CLUSTER, or `~/.provisioner/clusters/CLUSTER/ray` before); for
 raylet and gcs_server, the ports on their command line. A process belongs to the cluster
 of its container's `provisioner.cluster` label, else to the cluster its command line
@@ -74,7 +75,7 @@ def _owner(
         container = _container_of(current, containers)
         if container is not None:
             return container.cluster_label, f"container {container.name}"
-        # a container the node's Docker does not list is the node's own (the machine is
+        # a container the node's runtime does not list is the node's own (the machine is
         # itself a container): the process counts as the node's
         if current.cluster:
             return current.cluster, f"processes in the temp dir of cluster {current.cluster}"
@@ -101,7 +102,7 @@ def rays_on_node(facts: NodeFacts) -> list[RayOnNode]:
             listeners_of.setdefault(listener.pid, set()).add(listener.port)
     for process in facts.ray_owners:
         is_ray = process.title in ("raylet", "gcs_server") or process.title.startswith("ray::")
-        owner = _owner(process, by_pid, facts.containers)
+        owner = _owner(process, by_pid, facts.runtime.containers)
         if not is_ray and (owner is None or not owner[0]):
             continue  # a listener of no cluster and no Ray: ports.free names it
         if owner is None:
@@ -111,7 +112,7 @@ def rays_on_node(facts: NodeFacts) -> list[RayOnNode]:
         ray.ports |= _flag_ports(process) | listeners_of.get(process.pid, set())
         ray.job = ray.job or process.title == JOB_TITLE
     # A running provisioner container whose processes were not seen (restarting) still counts.
-    for c in facts.containers:
+    for c in facts.runtime.containers:
         if c.cluster_label and c.state in ("running", "restarting"):
             rays.setdefault(
                 (c.cluster_label, f"container {c.name}"),

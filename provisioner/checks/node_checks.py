@@ -1,9 +1,13 @@
-"""Checks of one node's own facts: sudo, docker, shells, image, address, resources, tools."""
+"""Checks of one node's own facts that every runtime shares: sudo, address, resources, tools.
+
+A runtime's own judges (its daemon, its image, its shells) live with the runtime
+(`provisioner/runtime/`); these read its facts through `RuntimeFacts` and name it by its
+`Plan.label`.
+"""
 
 from __future__ import annotations
 
 import ipaddress
-import shlex
 
 from provisioner.checks.facts import NodeFacts
 from provisioner.checks.findings import Finding, error, ok, warning
@@ -18,153 +22,26 @@ from provisioner.checks.plan import (
 from provisioner.inventory import Node
 
 GIB_KB = 1024 * 1024
-_ARCH = {
-    "x86_64": "amd64",
-    "aarch64": "arm64",
-    "arm64": "arm64",
-    "amd64": "amd64",
-    "ppc64le": "ppc64le",
-    "s390x": "s390x",
-}
 
 
-def check_docker(node: Node, f: NodeFacts) -> list[Finding]:
-    user = node.ssh.user
-    if f.docker_ok:
-        return [
-            ok("docker.daemon", node.name, f"docker {f.docker} runs"),
-            ok("docker.access", node.name, f"{user} uses docker without sudo"),
-        ]
-    text = f.docker.lower()
-    if "command not found" in text:
-        return [
-            error(
-                "docker.daemon",
-                node.name,
-                "docker is not installed",
-                f.docker,
-                "install Docker Engine (https://docs.docker.com/engine/install/) and start it",
-            )
-        ]
-    if "permission denied" in text:
-        evidence = f"{f.docker}\nsocket: {f.docker_socket}\ngroups of {user}: {' '.join(f.groups)}"
-        sudo_note = " (works with sudo)" if f.docker_sudo_ok else ""
-        return [
-            ok(
-                "docker.daemon",
-                node.name,
-                "docker daemon runs" if f.docker_sudo_ok else "docker is installed",
-            ),
-            error(
-                "docker.access",
-                node.name,
-                f"{user} cannot use docker without sudo{sudo_note}",
-                evidence,
-                f"sudo usermod -aG docker {user} on {node.name}, then log out and in (or restart "
-                "sshd sessions)",
-            ),
-        ]
-    return [
-        error(
-            "docker.daemon",
-            node.name,
-            "the docker daemon does not answer",
-            f.docker,
-            "start it: sudo systemctl enable --now docker (or dockerd)",
-        )
-    ]
-
-
-def check_sudo(node: Node, f: NodeFacts) -> list[Finding]:
+def check_sudo(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
+    """sudo without a password, where the runtime needs it (it does not answer the SSH user
+    as it is: the fix of its access takes sudo)."""
+    label = plan.label
     if f.sudo.strip().endswith("ok"):
         return [ok("sudo", node.name, "sudo works without a password")]
-    if f.docker_ok:
-        return [ok("sudo", node.name, "sudo is not needed (docker works without it)", f.sudo)]
+    if f.runtime.usable:
+        return [ok("sudo", node.name, f"sudo is not needed ({label} works without it)", f.sudo)]
     return [
         warning(
             "sudo",
             node.name,
-            "sudo asks for a password, so provisioner cannot repair docker access for you",
+            f"sudo asks for a password, so provisioner cannot repair {label} access for you",
             f.sudo,
-            f"add '{node.ssh.user} ALL=(ALL) NOPASSWD: ALL' via visudo, or fix docker access by "
+            f"add '{node.ssh.user} ALL=(ALL) NOPASSWD: ALL' via visudo, or fix {label} access by "
             "hand",
         )
     ]
-
-
-def _describe(
-    shell_python: str | None, version: str | None, ray: str | None, ray_version: str | None
-) -> str:
-    py = f"python3 {version} ({shell_python})" if shell_python else "no python3"
-    r = f"ray {ray_version or '?'} ({ray})" if ray else "no ray"
-    return f"{py}, {r}"
-
-
-def check_shells(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
-    login, plain = f.login, f.plain
-    seen_login = _describe(login.python3, login.python3_version, login.ray, login.ray_version)
-    seen_plain = _describe(plain.python3, plain.python3_version, plain.ray, plain.ray_version)
-    same = (login.python3, login.python3_version, login.ray, login.ray_version) == (
-        plain.python3,
-        plain.python3_version,
-        plain.ray,
-        plain.ray_version,
-    )
-    if same:
-        return [ok("shell.env", node.name, f"login and non-interactive shells agree: {seen_plain}")]
-    evidence = (
-        f"login shell (Ray's launcher): {seen_login}\nssh host cmd: {seen_plain}\n"
-        f"PATH login: {login.path}\nPATH plain: {plain.path}"
-    )
-    where = "~/.bashrc above its 'not interactive' return, or /etc/environment"
-    if login.ray and not plain.ray:
-        message = (
-            "`ray` is on the PATH of a login shell only: "
-            "`ssh host ray ...` fails with `ray: command not found`"
-        )
-        # the directory comes from the node: quoted, so the line can be pasted as it is
-        directory = shlex.quote(login.ray.rsplit("/", 1)[0])
-        fix = f'put the PATH change (export PATH={directory}:"$PATH") in {where}'
-    else:
-        message = "python3/ray differ between a login shell and a non-interactive one"
-        fix = f"set PATH (and any virtualenv activation) the same way for both: {where}"
-    # The docker runtime's check (host mode has its own, runtime/host.py): Ray runs inside
-    # the pinned image, so only the user's own commands on the node are affected.
-    message += " (Ray runs inside the pinned image: only commands on the host are affected)"
-    return [warning("shell.env", node.name, message, evidence, fix)]
-
-
-def check_image(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
-    if plan.pin is None:
-        return []
-    arch = _ARCH.get(f.arch, f.arch)
-    findings = []
-    if not f.image:
-        findings.append(
-            warning(
-                "image.present",
-                node.name,
-                f"the pinned image {plan.pin.image_id[:19]} is not on this node",
-                "",
-                "provisioner image push -i INVENTORY (up does it too)",
-            )
-        )
-        image_arch = plan.pin.arch
-    else:
-        image_id, _, platform = f.image.partition(" ")
-        image_arch = platform.rpartition("/")[2]
-        findings.append(ok("image.present", node.name, f"holds the pinned image {image_id[:19]}"))
-    if image_arch and arch and _ARCH.get(image_arch, image_arch) != arch:
-        findings.append(
-            error(
-                "image.arch",
-                node.name,
-                f"the image is built for {image_arch}, the node is {f.arch}",
-                f"uname -m: {f.arch}",
-                f"build the image for {arch} (or leave this node out)",
-            )
-        )
-    return findings
 
 
 def _is_loopback(address: str) -> bool:
@@ -295,19 +172,19 @@ def check_resources(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
             "Ray's own processes need a CPU; use a machine with 2 or more",
         )
     )
+    root = f.runtime.data_root  # where the runtime keeps its images ("": none)
     for disk in f.disks:
         free = disk.free_kb / GIB_KB
-        is_docker = disk.path == (f.docker_root or "/var/lib/docker")
-        if is_docker and not plan.caps.needs_image:
-            continue  # a runtime without an image uses no Docker: its disk is not Ray's
-        low, warn = (DISK_ERROR_GIB, DISK_WARN_GIB) if is_docker else (1.0, TMP_WARN_GIB)
+        is_data = bool(root) and disk.path == root
+        low, warn = (DISK_ERROR_GIB, DISK_WARN_GIB) if is_data else (1.0, TMP_WARN_GIB)
         what = (
-            "Docker's data"
-            if is_docker
+            f"{plan.label}'s data"
+            if is_data
             else "Ray's logs and spill"
             if disk.path != "/tmp"
             else "temporary files"
         )
+        hint = f"{plan.label}'s unused images, old logs" if is_data else "old logs"
         if free < low:
             findings.append(
                 error(
@@ -315,7 +192,7 @@ def check_resources(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
                     node.name,
                     f"only {free:.1f} GiB free at {disk.path} ({what})",
                     f"df {disk.path}: {disk.free_kb} KiB free",
-                    f"free space under {disk.path} (docker system prune, old logs)",
+                    f"free space under {disk.path} ({hint})",
                 )
             )
         elif free < warn:

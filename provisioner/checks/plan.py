@@ -44,6 +44,12 @@ class Plan:
     cluster: str = ""  # this cluster's name (another cluster's Ray is told apart from it)
     free_base: int | None = None  # a `port_base` free on every node, once the facts are in
     caps: Capabilities = field(kw_only=True)  # what the runtime does (`Runtime.caps`)
+    runtime_label: str = field(default="", kw_only=True)  # its display name (`Judges.label`)
+
+    @property
+    def label(self) -> str:
+        """The runtime as the findings name it ("Docker", "Podman"; its name without one)."""
+        return self.runtime_label or self.runtime
 
 
 def plan_for(
@@ -53,6 +59,7 @@ def plan_for(
     *,
     ray_up: bool = False,
     control_ray: str = "",
+    label: str = "",
 ) -> Plan:
     return Plan(
         ports=inventory.ports,
@@ -67,4 +74,5 @@ def plan_for(
         shared_nodes=inventory.slurm is not None,
         cluster=inventory.cluster,
         caps=caps,
+        runtime_label=label,
     )

@@ -162,7 +162,7 @@ def check_stale_ray(
         evidence.append("processes: " + "; ".join(line.strip() for line in processes[:5]))
     ray_containers = [
         c
-        for c in f.containers
+        for c in f.runtime.containers
         if c.state == "running"
         and (c.cluster_label or c.name.startswith("ray"))
         and (not c.cluster_label or c.cluster_label == cluster or not cluster)
@@ -178,8 +178,8 @@ def check_stale_ray(
         return [ok("ray.stale", node.name, "no Ray running" + note)]
     names = " ".join(shlex.quote(c.name) for c in ray_containers)  # node text: quoted
     fix = "provisioner down -i INVENTORY"
-    if ray_containers:
-        fix += f" (or docker rm -f {names} on {node.name})"
+    if ray_containers and f.runtime.remove:
+        fix += f" (or {f.runtime.remove} {names} on {node.name})"
     if processes:
         fix += (
             f"; for a Ray started by hand: stop it where it was started on {node.name} "

@@ -10,7 +10,7 @@ from typing import Any
 
 from provisioner.checks.cluster_checks import check_clock
 from provisioner.checks.facts import NodeFacts
-from provisioner.checks.findings import CATALOGUE, Finding, error, ordered, warning
+from provisioner.checks.findings import Finding, error, ordered, warning
 from provisioner.checks.gpu_checks import check_gpus, check_inside, check_models, parse_inside
 from provisioner.checks.neighbours import free_base
 from provisioner.checks.node_checks import (
@@ -33,8 +33,12 @@ from provisioner.errors import InputError, ProvisionerError
 from provisioner.gpu.plan import plans_for
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool
-from provisioner.runtime import judges, runtime_for
+from provisioner.runtime import catalogue, judges, runtime_for
 from provisioner.runtime.base import RayState, Runtime
+
+CATALOGUE: dict[str, str] = catalogue()
+"""Every check the doctor may report (id -> what it looks at): the shared ones and each
+runtime's own."""
 
 _CONNECT_CHECK = {
     "auth": "ssh.auth",
@@ -73,7 +77,9 @@ class DoctorReport:
         """Nodes this round saw holding `image_id` (empty unless it is the pin it asked about)."""
         if not image_id or image_id != self.pin_id:
             return frozenset()
-        return frozenset(n for n, f in self.facts.items() if f.image.partition(" ")[0] == image_id)
+        return frozenset(
+            n for n, f in self.facts.items() if f.runtime.image.partition(" ")[0] == image_id
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -136,7 +142,7 @@ def is_waived(f: Finding) -> bool:
 def node_findings(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
     """Every single-node check (pure)."""
     findings = [
-        *check_sudo(node, facts),
+        *check_sudo(node, facts, plan),
         *judges(plan.runtime).node(node, facts, plan),
         *check_ports(node, facts, plan),
         *check_neighbours(node, facts, plan),
@@ -253,7 +259,14 @@ def run_doctor(
     started = time.monotonic()
     runtime = runtime_for(inventory)  # an unknown runtime is refused before any round
     pin, findings = read_pin_facts(inventory)
-    plan = plan_for(inventory, pin, runtime.caps, ray_up=ray_up, control_ray=control_ray_version())
+    plan = plan_for(
+        inventory,
+        pin,
+        runtime.caps,
+        ray_up=ray_up,
+        control_ray=control_ray_version(),
+        label=runtime.judges.label,
+    )
     timings: dict[str, float] = {}
     with ExitStack() as stack:
         pool = pool if pool is not None else stack.enter_context(Pool(inventory))
@@ -265,7 +278,7 @@ def run_doctor(
             reachability=reachability,
             parallelism=parallelism,
             ray_state=runtime.state_command() if ray_state else "",
-            runtime_facts=runtime.judges.facts,
+            judges=runtime.judges,
         )
         timings["facts"] = time.monotonic() - started
         rounds = 1

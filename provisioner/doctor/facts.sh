@@ -91,99 +91,10 @@ pyray() {
     esac
   fi
 }
-# python3 (first on the plain PATH) tells its version and, over the Docker socket, the
-# Docker facts: a docker CLI call costs ~20 ms, this whole call less. Without python3,
-# with DOCKER_HOST, or on any failure, the docker CLI speaks instead.
-docker_root=/var/lib/docker
-api_lines=()
-if lookup python3; then
-  use_api=0
-  [ -z "${DOCKER_HOST:-}" ] && [ -S /var/run/docker.sock ] && has docker && use_api=1
-  while IFS= read -r line; do api_lines+=("$line"); done < <("$REPLY" -S -c '
-import json, socket, sys
-print(sys.version.split()[0])
-if sys.argv[2] != "1":
-    sys.exit(0)
-def get(path):
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(10)
-    s.connect("/var/run/docker.sock")
-    s.sendall(("GET %s HTTP/1.0\r\nHost: docker\r\nConnection: close\r\n\r\n" % path).encode())
-    data = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    s.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split(None, 2)[1]), body
-status, body = get("/version")
-if status != 200:
-    sys.exit(1)
-version = json.loads(body)["Version"]
-status, body = get("/info")
-info = json.loads(body) if status == 200 else {}
-root = info.get("DockerRootDir") or "/var/lib/docker"
-status, body = get("/containers/json?all=1")
-containers = json.loads(body) if status == 200 else []
-out = [root, "", "@@docker", version, "rc=0", "@@docker_root", root, "@@containers"]
-for c in containers:
-    name = (c.get("Names") or [""])[0].lstrip("/")
-    label = (c.get("Labels") or {}).get("provisioner.cluster", "")
-    ref = c.get("Image", "")
-    ref = ref[7:19] if ref.startswith("sha256:") else ref  # as `docker ps` shows it
-    out.append("%s\t%s\t%s\t%s\t%s" % (name, ref, c.get("State", ""), label, c.get("Id", "")))
-out.append("@@image")
-if sys.argv[1]:
-    status, body = get("/images/%s/json" % sys.argv[1])
-    if status == 200:
-        image = json.loads(body)
-        out.append("%s %s/%s" % (image["Id"], image.get("Os", ""), image.get("Architecture", "")))
-runtimes = {"DefaultRuntime": info.get("DefaultRuntime", ""), "Runtimes": info.get("Runtimes") or {}}
-if info.get("CDISpecDirs"):
-    runtimes["CDISpecDirs"] = info["CDISpecDirs"]
-out += ["@@docker_runtimes", json.dumps(runtimes, sort_keys=True)]
-print("\n".join(out))
-' "$image" "$use_api" 2>/dev/null)
-  PROVISIONER_MEMO="$REPLY|version|${api_lines[0]:-}"$'\n'
-fi
-if [ ${#api_lines[@]} -gt 2 ]; then
-  docker_root=${api_lines[1]}
-  printf '%s\n' "${api_lines[@]:2}"
-else
-  section docker
-  docker_rc=127
-  if has docker; then
-    with_timeout 10 docker version --format '{{.Server.Version}}' 2>&1; docker_rc=$?; echo "rc=$docker_rc"
-  else
-    echo "docker: command not found"; echo "rc=127"
-  fi
-  section docker_sudo
-  if [ "$docker_rc" != 0 ] && [ "$docker_rc" != 127 ] && has sudo; then
-    with_timeout 10 sudo -n docker version --format '{{.Server.Version}}' 2>&1; echo "rc=$?"
-  fi
-  section docker_root
-  if [ "$docker_rc" = 0 ]; then
-    # one call: the root dir, then the runtimes as the socket's /info gives them
-    # (CDISpecDirs only there: older CLIs refuse a template naming it)
-    info=$(with_timeout 10 docker info --format '{{.DockerRootDir}}{{"\n"}}{"DefaultRuntime": {{json .DefaultRuntime}}, "Runtimes": {{json .Runtimes}}}' 2>/dev/null) || info=
-    docker_root=${info%%$'\n'*}
-    [ -n "$docker_root" ] || docker_root=/var/lib/docker
-    echo "$docker_root"
-    section docker_runtimes
-    [ "$info" != "${info#*$'\n'}" ] && echo "${info#*$'\n'}"
-    section containers
-    # full IDs (--no-trunc), the image ID cut as `docker ps` shows it (as the API path does)
-    with_timeout 10 docker ps -a --no-trunc --format '{{.Names}}\t{{.Image}}\t{{.State}}\t{{.Label "provisioner.cluster"}}\t{{.ID}}' 2>/dev/null |
-      awk -F '\t' -v OFS='\t' '$2 ~ /^sha256:/ { $2 = substr($2, 8, 12) } { print }'
-    section image
-    if [ -n "$image" ]; then
-      with_timeout 10 docker image inspect --format '{{.Id}} {{.Os}}/{{.Architecture}}' "$image" 2>/dev/null
-    fi
-  fi
-fi
-section docker_socket; ls -ln /var/run/docker.sock 2>&1
+# The runtime's own facts (its section: `Judges.facts`, inserted here by the doctor). It may
+# set runtime_root, the directory where the runtime keeps its images: its disk is told below.
+runtime_root=
+#@runtime-facts
 
 # NVIDIA GPUs, their driver and the container toolkit: builtins only on a node without them.
 section gpus
@@ -207,9 +118,12 @@ for f in /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json
   [ -f "$f" ] && { echo "%%file=$f"; head -c 262144 "$f"; echo; }
 done
 
-# /dev/shm and the disks of Docker's root, /tmp and $HOME in one df.
+# /dev/shm and the disks of the runtime's root (if it has one), /tmp and $HOME in one df.
+named=()
+[ -n "$runtime_root" ] && named=("$runtime_root")
+named+=(/tmp "$HOME")
 dirs=()
-for dir in "$docker_root" /tmp "$HOME"; do
+for dir in "${named[@]}"; do
   d=$dir; while [ -n "$d" ] && [ ! -e "$d" ]; do d=${d%/*}; done
   dirs+=("${d:-/}")
 done
@@ -220,7 +134,7 @@ while IFS= read -r line; do df_lines+=("$line"); done < <(df -kP ${shm[@]+"${shm
 section shm; [ ${#shm[@]} = 1 ] && echo "${df_lines[1]:-}"
 section disk
 i=$((1 + ${#shm[@]}))
-for dir in "$docker_root" /tmp "$HOME"; do
+for dir in "${named[@]}"; do
   [ -n "${df_lines[$i]:-}" ] && printf '%s %s\n' "$dir" "${df_lines[$i]}"
   i=$((i + 1))
 done
@@ -252,7 +166,7 @@ section ray_processes
 ps -eo pid=,comm=,args= 2>/dev/null | awk '$2=="raylet" || $2=="gcs_server" || $2 ~ /^ray::/ {print substr($0, 1, 200)}'
 # Whose each Ray process (and each listening process) is, so that the doctor can tell this
 # cluster's Ray, another cluster's and a stale one apart: "PID PPID TITLE CONTAINER CLUSTER
-# PORTS..." with the Docker container (from its cgroup), the cluster's temp dir on its
+# PORTS..." with the container (Docker's or Podman's, from its cgroup), the cluster's temp dir on its
 # command line (host mode: /tmp/prov-CLUSTER, or the node directory before), and for raylet and gcs_server the ports on their command line.
 section ray_owners
 declare -A ppid_of=() comm_of=()
@@ -273,7 +187,7 @@ for pid in "${owner_pids[@]}"; do
   told[$pid]=1
   cid=- cluster=- ports="" argv=() words=()
   while IFS= read -r line; do
-    [[ $line =~ docker[-/]([0-9a-f]{64}) ]] && cid=${BASH_REMATCH[1]}
+    [[ $line =~ (docker|libpod)[-/]([0-9a-f]{64}) ]] && cid=${BASH_REMATCH[2]}
   done 2>/dev/null <"/proc/$pid/cgroup"
   mapfile -d '' -t argv 2>/dev/null <"/proc/$pid/cmdline"
   [[ "${argv[*]:-}" =~ (\.provisioner/clusters/|/tmp/prov-)([a-z0-9-]+)(/ray)?/ ]] &&

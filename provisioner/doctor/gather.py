@@ -1,6 +1,7 @@
 """The remote side of the doctor: three short rounds per node, whatever the number of checks.
 
-Round 1: facts.sh (all facts, then a temporary listener on Ray's ports).
+Round 1: facts.sh (all facts, the runtime's own section inside it, then a temporary
+listener on Ray's ports).
 Round 2: probe.sh (TCP connections to the other nodes' listeners).
 Round 3: stop the listener.
 """
@@ -15,8 +16,11 @@ from provisioner.checks.ports import Probe, listen_ports, parse_probe_output
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import GroupResult, Pool, fan_out
 from provisioner.remote.commands import command, script
+from provisioner.runtime import judges as judges_of
+from provisioner.runtime.base import Judges
 
 FACTS_TIMEOUT_S = 60.0
+RUNTIME_MARK = b"\n#@runtime-facts\n"  # where facts.sh takes the runtime's own section
 PROBE_CONNECT_S = 3.0
 LISTEN_SECONDS = 120  # the listener's own end, should round 3 never come
 GPU_PROBE_S = 120.0  # a container start and `import torch` with CUDA
@@ -24,6 +28,16 @@ GPU_PROBE_S = 120.0  # a container start and `import torch` with CUDA
 
 def _script(name: str) -> bytes:
     return resources.files("provisioner.doctor").joinpath(name).read_bytes()
+
+
+def facts_script(judges: Judges, ray_state: str = "") -> bytes:
+    """facts.sh with the runtime's own section in its place (before the disks are told, so
+    that it may name its root), and `ray_state` (the runtime's state command) at the end."""
+    text = _script("facts.sh")
+    text = text.replace(RUNTIME_MARK, f"\n{judges.facts.strip()}\n".encode())
+    if ray_state:
+        text += f"\nsection ray_state\n{{ {ray_state}\n}} 2>&1\n".encode()
+    return text
 
 
 def _deadline(inventory: Inventory, command_timeout: float) -> float:
@@ -39,16 +53,14 @@ def gather_facts(
     reachability: bool,
     parallelism: int,
     ray_state: str = "",
-    runtime_facts: str = "",
+    judges: Judges | None = None,
 ) -> GroupResult[NodeFacts]:
     """Round 1 on every node at once. `ray_state`: the runtime's state command, run in the
-    same round (section `ray_state`), so that `up` asks no node twice; `runtime_facts`:
-    the runtime's own facts (section `runtime`)."""
-    text = _script("facts.sh")
-    if runtime_facts:
-        text += f"\nsection runtime\n{{ {runtime_facts}\n}} 2>&1\n".encode()
-    if ray_state:
-        text += f"\nsection ray_state\n{{ {ray_state}\n}} 2>&1\n".encode()
+    same round (section `ray_state`), so that `up` asks no node twice; `judges`: the
+    runtime's doctor (its facts section, run in the same round, and its parser; default:
+    the inventory's runtime's)."""
+    own = judges if judges is not None else judges_of(inventory.runtime)
+    text = facts_script(own, ray_state)
 
     def one(node: Node) -> NodeFacts:
         ports = (
@@ -64,7 +76,11 @@ def gather_facts(
         ]
         result = pool.session(node).run(script("bash", args), timeout=FACTS_TIMEOUT_S, stdin=text)
         return parse_facts(
-            node.name, result.stdout, result.started, result.first_byte or result.finished
+            node.name,
+            result.stdout,
+            result.started,
+            result.first_byte or result.finished,
+            runtime=own.parse,
         )
 
     return fan_out(

@@ -9,10 +9,11 @@ nodes, so the callers never change: `start_command(node)` is all `up` asks for.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from provisioner.checks.facts import RuntimeParser, no_runtime_facts
 from provisioner.node.capabilities import Capabilities
 
 if TYPE_CHECKING:
@@ -53,13 +54,18 @@ class Judges:
     `node`: its checks of one node; `cluster`: across nodes (versions); `own_ray`: whether
     the facts show this cluster's own Ray running on the node (its busy ports and
     processes are then that Ray, not a fault: the one own-Ray waiver); `facts`: the
-    runtime's own section of that round trip (bash, run after the doctor's facts script
-    with its helpers; its output is `NodeFacts.runtime`, which the runtime parses)."""
+    runtime's own section of that round trip (bash, run inside the doctor's facts script
+    with its helpers); `parse`: its parser (the node's sections -> `NodeFacts.runtime`);
+    `label`: its name in findings ("Docker"); `checks`: the checks it adds to the doctor's
+    catalogue (id -> what it looks at)."""
 
     node: Callable[[Node, NodeFacts, Plan], list[Finding]]
     cluster: Callable[[dict[str, NodeFacts], Plan], list[Finding]]
     own_ray: Callable[[NodeFacts, str], bool]
     facts: str = ""
+    parse: RuntimeParser = no_runtime_facts
+    label: str = ""
+    checks: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

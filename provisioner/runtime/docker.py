@@ -15,10 +15,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provisioner.checks import cluster_checks, node_checks
-from provisioner.checks.facts import NodeFacts
-from provisioner.checks.findings import Finding
-from provisioner.checks.plan import Plan
 from provisioner.errors import InputError
 from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan, accelerator_label_env, docker_gpu_options, signature
@@ -29,7 +25,7 @@ from provisioner.node import layout, tls
 from provisioner.node.commands import ray_start_args
 from provisioner.node.token import read_cluster_id
 from provisioner.runtime.base import Capabilities, Judges, RayState, RenderSection
-from provisioner.runtime.docker_gpu import check_toolkit
+from provisioner.runtime.docker_doctor import JUDGES
 
 if TYPE_CHECKING:
     from provisioner.console import Reporter
@@ -342,19 +338,4 @@ class DockerRuntime:
         )
 
 
-def node_judges(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
-    return [
-        *node_checks.check_docker(node, facts),
-        *node_checks.check_shells(node, facts, plan),
-        *node_checks.check_image(node, facts, plan),
-        *check_toolkit(node, facts.gpu),
-    ]
-
-
-def own_ray(facts: NodeFacts, cluster: str) -> bool:
-    """This cluster's container runs on the node."""
-    return facts.holds_cluster(cluster, running=True)
-
-
-JUDGES = Judges(node=node_judges, cluster=cluster_checks.check_versions, own_ray=own_ray)
 RUNTIME = DockerRuntime

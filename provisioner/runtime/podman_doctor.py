@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from provisioner.checks import cluster_checks, node_checks
-from provisioner.checks.facts import Container, NodeFacts
+from provisioner.checks import cluster_checks
+from provisioner.checks.facts import Container, NodeFacts, RuntimeFacts
 from provisioner.checks.findings import Finding, error, ok, warning
 from provisioner.checks.gpu_checks import concerned, evidence
 from provisioner.checks.plan import Plan
 from provisioner.gpu.facts import GpuFacts
 from provisioner.inventory import Node
+from provisioner.runtime import docker_doctor
 from provisioner.runtime.base import Judges
 from provisioner.runtime.podman_image import full_id
 
@@ -28,15 +30,21 @@ SUBID_MIN = 65536  # an image's files may belong to any UID below 65536
 INSTALL = "sudo apt-get install -y podman uidmap (Debian 12: Podman 4.3; Debian 13: 5.4)"
 
 
-# Run by the doctor's facts script (bash, with its `lookup` and `with_timeout`, and `$image`:
-# the pinned ID), as the SSH user. Lines `%%key=value`; Podman's own `podman info`.
+# Run by the doctor's facts script (bash, with its `section`, `lookup` and `with_timeout`,
+# and `$image`: the pinned ID), as the SSH user, before its disks are told. The section
+# `@@runtime`: lines `%%key=value`, Podman's own `podman info`; it sets `runtime_root` to
+# Podman's graph root, whose disk the shared `@@disk` section then tells.
 FACTS = r"""
+section runtime
+{
 u=$(id -un); uid=$(id -u)
 if lookup podman; then
   echo "%%podman=$REPLY"
   e=$(mktemp)
   info=$(set -o pipefail; with_timeout 30 podman info --format json 2>"$e" | tr -d '\n')
   echo "%%info_rc=$?"; echo "%%info=$info"
+  re='"graphRoot": *"([^"]+)"'
+  [[ $info =~ $re ]] && runtime_root=${BASH_REMATCH[1]}
   sed 's/^/%%info_msg=/' "$e"; rm -f "$e"
   if [ -n "$image" ]; then
     echo "%%image=$(with_timeout 10 podman image inspect \
@@ -58,19 +66,21 @@ echo "%%user=$u $uid"
 echo "%%cgroupfs=$(stat -fc %T /sys/fs/cgroup 2>/dev/null)"
 [ -r /sys/fs/cgroup/unified/cgroup.controllers ] &&
   echo "%%unified=$(cat /sys/fs/cgroup/unified/cgroup.controllers)"
+} 2>&1
 """
 
 
 @dataclass(frozen=True)
-class PodmanFacts:
-    """What the doctor's round found about the SSH user's Podman on one node."""
+class PodmanFacts(RuntimeFacts):
+    """What the doctor's round found about the SSH user's Podman on one node (`image`: the
+    pin's "sha256:ID os/arch" as Podman holds it; `data_root`: its graph root)."""
 
+    usable: bool = False  # `podman info` answers the SSH user
+    remove: str = "podman rm -f"
     podman: str = ""  # its path ("": not on the PATH)
     info: dict[str, Any] = field(default_factory=dict)  # `podman info` ({}: it failed)
     info_rc: int | None = None
     info_messages: tuple[str, ...] = ()  # what `podman info` said besides its answer
-    image: str = ""  # "ID os/arch" of the pinned image ("": not held)
-    containers: tuple[Container, ...] = ()
     newuidmap: str = ""
     subuid: tuple[tuple[int, int], ...] = ()  # (first, count) ranges for the user
     subgid: tuple[tuple[int, int], ...] = ()
@@ -120,12 +130,6 @@ class PodmanFacts:
     def cgroup_controllers(self) -> tuple[str, ...]:
         return tuple(str(c) for c in self._get("host", "cgroupControllers") or ())
 
-    def holds_cluster(self, cluster: str, *, running: bool = False) -> bool:
-        return any(
-            c.cluster_label == cluster and (not running or c.state == "running")
-            for c in self.containers
-        )
-
 
 def _ranges(lines: list[str]) -> tuple[tuple[int, int], ...]:
     found = []
@@ -167,12 +171,15 @@ def parse_facts(text: str) -> PodmanFacts:
         containers.append(Container(name, image, _state(state), cluster, cid))
     user, _, uid = one("user").partition(" ")
     rc = one("info_rc")
+    root = info.get("store", {}).get("graphRoot") if isinstance(info.get("store"), dict) else ""
     return PodmanFacts(
+        usable=bool(info),
+        data_root=str(root or ""),
         podman=one("podman"),
         info=info,
         info_rc=int(rc) if rc.isdigit() else None,
         info_messages=tuple(values.get("info_msg", [])),
-        image=one("image"),
+        image=full_id(one("image")),
         containers=tuple(containers),
         newuidmap=one("newuidmap"),
         subuid=_ranges(values.get("subuid", [])),
@@ -422,7 +429,7 @@ def check_image(node: Node, facts: NodeFacts, p: PodmanFacts, plan: Plan) -> lis
     if plan.pin is None:
         return []
     if p.image:
-        return node_checks.check_image(node, replace(facts, image=full_id(p.image)), plan)
+        return docker_doctor.check_image(node, replace(facts, runtime=p), plan)
     return [
         warning(
             "image.present",
@@ -461,8 +468,14 @@ def check_cdi(node: Node, g: GpuFacts) -> list[Finding]:
     ]
 
 
+def parse(sections: Mapping[str, str]) -> PodmanFacts:
+    """Pure: the node's sections -> Podman's facts (its section `runtime`)."""
+    return parse_facts(sections.get("runtime", ""))
+
+
 def facts_of(facts: NodeFacts) -> PodmanFacts:
-    return parse_facts(facts.runtime)
+    """Podman's facts of a node (none when the round was another runtime's)."""
+    return facts.runtime if isinstance(facts.runtime, PodmanFacts) else PodmanFacts()
 
 
 def node_judges(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
@@ -476,19 +489,15 @@ def node_judges(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
             *check_linger(node, p),
             *check_image(node, facts, p, plan),
         ]
-    return [*found, *node_checks.check_shells(node, facts, plan), *check_cdi(node, facts.gpu)]
+    return [*found, *docker_doctor.check_shells(node, facts, plan), *check_cdi(node, facts.gpu)]
 
 
 def own_ray(facts: NodeFacts, cluster: str) -> bool:
     """This cluster's container runs in the user's Podman on the node."""
-    return facts_of(facts).holds_cluster(cluster, running=True)
+    return facts.runtime.holds_cluster(cluster, running=True)
 
 
-JUDGES = Judges(
-    node=node_judges, cluster=cluster_checks.check_versions, own_ray=own_ray, facts=FACTS
-)
-
-# The checks this runtime adds to the doctor's catalogue (checks.findings.CATALOGUE).
+# The checks this runtime adds to the doctor's catalogue (`provisioner.doctor.CATALOGUE`).
 CHECKS = {
     "podman.version": "podman is installed, answers the SSH user, and is 4.0 or newer",
     "podman.rootless": "Podman runs rootless as the SSH user (`podman info` works)",
@@ -498,3 +507,13 @@ CHECKS = {
     "podman.subids": "subordinate UIDs and GIDs (/etc/subuid, /etc/subgid) and newuidmap",
     "podman.linger": "lingering (`loginctl enable-linger`): the container outlives the SSH session",
 }
+
+JUDGES = Judges(
+    node=node_judges,
+    cluster=cluster_checks.check_versions,
+    own_ray=own_ray,
+    facts=FACTS,
+    parse=parse,
+    label="Podman",
+    checks=CHECKS,
+)

@@ -66,3 +66,14 @@ def judges(name: str) -> Judges:
     found = RUNTIMES[name]
     judges_: Judges = importlib.import_module(found.module).JUDGES
     return judges_
+
+
+def catalogue() -> dict[str, str]:
+    """Every check the doctor may report (id -> what it looks at): the shared ones
+    (`checks.findings.SHARED_CHECKS`), then each runtime's own (`Judges.checks`)."""
+    from provisioner.checks.findings import SHARED_CHECKS
+
+    found = dict(SHARED_CHECKS)
+    for name in names():
+        found.update(judges(name).checks)
+    return found

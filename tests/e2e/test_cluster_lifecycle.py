@@ -91,16 +91,19 @@ def test_facts_fallbacks_tell_the_same_docker_facts(inventory: str, lab: LabInfo
     """The doctor's facts.sh reads Docker through its socket with python3; with DOCKER_HOST
     set, or with no python3 on PATH, the docker CLI answers. On a real node holding the
     cluster's container and the pinned image, all three must tell the same facts."""
-    from importlib import resources
 
+    from provisioner.doctor.gather import facts_script
     from provisioner.image.lock import read_pin
+    from provisioner.runtime import judges
+    from provisioner.runtime.docker_doctor import DockerFacts
     from tests.e2e.helpers import ssh_args
 
     inv = load_inventory(Path(inventory))
     assert inv.image_lock is not None
     pin = read_pin(inv.image_lock).image_id
     node = lab.nodes[1]
-    script = resources.files("provisioner.doctor").joinpath("facts.sh").read_text()
+    docker = judges("docker")
+    script = facts_script(docker).decode()  # facts.sh with the docker runtime's section
     args = f"bash -s -- {inv.head.address} {node.address} {pin} '' 0"
 
     def facts(prefix: str) -> NodeFacts:
@@ -113,19 +116,27 @@ def test_facts_fallbacks_tell_the_same_docker_facts(inventory: str, lab: LabInfo
             check=False,
         )
         assert run.returncode == 0, run.stderr
-        return parse_facts(node.name, run.stdout)
+        return parse_facts(node.name, run.stdout, runtime=docker.parse)
 
     api = facts("")
     cli_ = facts("DOCKER_HOST=unix:///var/run/docker.sock ")
     no_python = facts(NO_PYTHON_PATH + 'PATH="$np" ')
     assert api.complete and cli_.complete and no_python.complete
-    assert api.docker_ok and api.image.startswith(pin)
-    assert api.holds_cluster(inv.cluster, running=True)
+    seen = api.runtime
+    assert isinstance(seen, DockerFacts)
+    assert seen.usable and seen.image.startswith(pin)
+    assert seen.holds_cluster(inv.cluster, running=True)
     assert api.plain.python3_version and no_python.plain.python3 is None
     for other in (cli_, no_python):
-        told = (other.docker, other.docker_ok, other.docker_root, other.image)
-        assert told == (api.docker, api.docker_ok, api.docker_root, api.image)
-        assert other.containers == api.containers
+        o = other.runtime
+        assert isinstance(o, DockerFacts)
+        assert (o.version, o.usable, o.root, o.image) == (
+            seen.version,
+            seen.usable,
+            seen.root,
+            seen.image,
+        )
+        assert o.containers == seen.containers
 
 
 def test_up_passes_while_the_gcs_still_lists_a_killed_raylet(inventory: str, lab: LabInfo) -> None:

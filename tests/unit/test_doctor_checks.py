@@ -15,11 +15,13 @@ import pytest
 
 from provisioner.checks.cluster_checks import check_clock, check_versions
 from provisioner.checks.facts import NodeFacts, parse_facts
-from provisioner.checks.findings import CATALOGUE, Finding, ordered
+from provisioner.checks.findings import Finding, ordered
 from provisioner.checks.plan import PinFacts, Plan
+from provisioner.doctor import CATALOGUE
 from provisioner.doctor.api import node_findings
 from provisioner.inventory import Node, RayPorts, SSHSettings
 from provisioner.runtime.docker import CAPS as DOCKER_CAPS
+from provisioner.runtime.docker_doctor import parse as docker_parse
 from provisioner.runtime.host import CAPS as HOST_CAPS
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
@@ -32,7 +34,7 @@ PLAN = Plan(ports=RayPorts(), head=HEAD.name, caps=DOCKER_CAPS)
 
 
 def facts(name: str, node: Node) -> NodeFacts:
-    return parse_facts(node.name, (GOLDEN / f"{name}.txt").read_text())
+    return parse_facts(node.name, (GOLDEN / f"{name}.txt").read_text(), runtime=docker_parse)
 
 
 def judged(name: str, node: Node, plan: Plan = PLAN) -> list[Finding]:
@@ -48,7 +50,7 @@ def test_parse_healthy_head() -> None:
     assert f.complete and f.user == "lab" and "docker" in f.groups
     assert f.addresses and HEAD.address in f.addresses
     assert f.route_source == HEAD.address
-    assert f.docker_ok and f.plain.python3_version and f.plain.ray is None
+    assert f.runtime.usable and f.plain.python3_version and f.plain.ray is None
     assert f.cpus >= 1 and f.mem_total_kb > 0 and f.shm_kb is not None
     assert any(listener.port == 22 and listener.process == "sshd" for listener in f.listening)
 
@@ -146,7 +148,7 @@ def test_clock_offset() -> None:
 
 def test_truncated_output_is_reported() -> None:
     text = (GOLDEN / "healthy_head.txt").read_text().split("@@listening")[0]
-    findings = node_findings(HEAD, parse_facts(HEAD.name, text), PLAN)
+    findings = node_findings(HEAD, parse_facts(HEAD.name, text, runtime=docker_parse), PLAN)
     assert ("doctor.facts", "warning") in problems(findings)
 
 
@@ -189,8 +191,9 @@ def test_docker_socket_output_parses_like_the_docker_cli_fallback() -> None:
     assert new.addresses == ("127.0.0.1", "172.17.0.1", node.address)
     assert new.hostname_addresses == (node.address,)
     assert next((x.port, x.process) for x in new.listening if x.port == 22) == (22, "sshd")
-    assert new.docker_ok and new.docker_root == "/var/lib/docker" and new.sudo == "ok"
-    assert new.image.endswith("linux/amd64") and new.complete
+    assert new.runtime.usable and new.runtime.data_root == "/var/lib/docker"
+    assert new.sudo == "ok"
+    assert new.runtime.image.endswith("linux/amd64") and new.complete
 
 
 def test_node_text_in_a_fix_is_quoted_for_pasting() -> None:
@@ -205,6 +208,8 @@ def test_node_text_in_a_fix_is_quoted_for_pasting() -> None:
     (finding,) = [g for g in node_findings(WORKER1, f, PLAN) if g.check == "shell.env"]
     assert f"export PATH={shlex.quote(hostile_dir)}:" in finding.fix
     stale = facts("stale_raylet", HEAD)
-    stale.containers = [Container("ray-x;rm -rf ~", "img", "running", "")]
+    stale.runtime = dataclasses.replace(
+        stale.runtime, containers=(Container("ray-x;rm -rf ~", "img", "running", ""),)
+    )
     (finding,) = [g for g in check_stale_ray(HEAD, stale) if g.check == "ray.stale"]
     assert "docker rm -f 'ray-x;rm -rf ~'" in finding.fix

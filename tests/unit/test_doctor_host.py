@@ -13,12 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from provisioner.checks.facts import NodeFacts, parse_facts
-from provisioner.checks.findings import CATALOGUE, Finding, error
+from provisioner.checks.findings import Finding, error
 from provisioner.checks.plan import Plan
+from provisioner.doctor import CATALOGUE
 from provisioner.doctor.api import explained_by_own_ray, node_findings
 from provisioner.inventory import Node, RayPorts, SSHSettings
 from provisioner.runtime import host, judges
 from provisioner.runtime.docker import CAPS as DOCKER_CAPS
+from provisioner.runtime.docker_doctor import parse as docker_parse
 from provisioner.runtime.host import CAPS as HOST_CAPS
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
@@ -60,20 +62,25 @@ def test_clean_host_nodes_have_no_errors_and_no_docker_checks() -> None:
 
 
 def test_dockers_disk_does_not_matter_in_host_mode() -> None:
+    # host mode has no facts section of its own: no runtime root, so no disk is judged as
+    # a runtime's images (its round asks df for /tmp and $HOME only)
     full = facts("host_head", HEAD)
-    root = full.docker_root or "/var/lib/docker"
-    disks = tuple(replace(d, free_kb=1024) if d.path == root else d for d in full.disks)
+    assert full.runtime.data_root == ""
+    host_disk = [f for f in node_findings(HEAD, full, PLAN) if f.check == "resources.disk"]
+    assert not any("Docker" in f.message for f in host_disk)
+    # the same node as the docker runtime parses it: Docker's root, with its thresholds
+    as_docker = parse_facts(HEAD.name, (GOLDEN / "host_head.txt").read_text(), runtime=docker_parse)
+    root = as_docker.runtime.data_root
+    disks = tuple(replace(d, free_kb=1024) if d.path == root else d for d in as_docker.disks)
     assert any(d.path == root for d in disks)
-    low = replace(full, disks=disks)
-    host_disk = [f for f in node_findings(HEAD, low, PLAN) if f.check == "resources.disk"]
-    assert root not in " ".join(f.message for f in host_disk)
-    docker = replace(PLAN, runtime="docker", caps=DOCKER_CAPS)
+    low = replace(as_docker, disks=disks)
+    docker = replace(PLAN, runtime="docker", caps=DOCKER_CAPS, runtime_label="Docker")
     (bad_disk,) = [
         f
         for f in node_findings(HEAD, low, docker)
         if f.check == "resources.disk" and root in f.message
     ]
-    assert bad_disk.severity == "error"
+    assert bad_disk.severity == "error" and "Docker's data" in bad_disk.message
 
 
 def test_another_ray_on_one_node_is_an_error_naming_both_versions() -> None:

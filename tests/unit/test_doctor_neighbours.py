@@ -23,6 +23,7 @@ from provisioner.errors import OperationError
 from provisioner.inventory import Inventory, Node, RayPorts, SSHSettings
 from provisioner.runtime.base import RayState
 from provisioner.runtime.docker import CAPS as DOCKER_CAPS
+from provisioner.runtime.docker_doctor import parse as docker_parse
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
 SSH = SSHSettings(user="lab")
@@ -31,7 +32,7 @@ WORKER = Node("provisioner-i15-1", "10.250.115.11", "worker", SSH)
 
 
 def facts(name: str, node: Node) -> NodeFacts:
-    return parse_facts(node.name, (GOLDEN / f"{name}.txt").read_text())
+    return parse_facts(node.name, (GOLDEN / f"{name}.txt").read_text(), runtime=docker_parse)
 
 
 def plan_for(cluster: str, ports: RayPorts, free: int | None = None) -> Plan:

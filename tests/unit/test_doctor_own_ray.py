@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from provisioner.checks.facts import Container, NodeFacts
+from provisioner.checks.facts import Container, NodeFacts, RuntimeFacts
 from provisioner.checks.findings import Finding, error
 from provisioner.doctor.api import explained_by_own_ray
 
@@ -16,7 +16,7 @@ BUSY = [
 
 
 def facts(*containers: Container) -> NodeFacts:
-    return replace(NodeFacts(host="n0"), containers=containers)
+    return replace(NodeFacts(host="n0"), runtime=RuntimeFacts(containers=containers))
 
 
 def test_own_running_ray_turns_its_port_findings_into_warnings() -> None:

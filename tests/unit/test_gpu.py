@@ -17,16 +17,17 @@ from pathlib import Path
 import pytest
 
 from provisioner.checks.facts import NodeFacts, parse_facts
-from provisioner.checks.findings import CATALOGUE, Finding
+from provisioner.checks.findings import Finding
 from provisioner.checks.gpu_checks import check_gpus, check_inside, check_models, parse_inside
 from provisioner.checks.plan import PinFacts, Plan
+from provisioner.doctor import CATALOGUE
 from provisioner.doctor.api import node_findings
 from provisioner.errors import InventoryError
 from provisioner.gpu.facts import GpuFacts, parse_cdi_spec, parse_gpu_facts
 from provisioner.gpu.plan import GpuPlan, docker_gpu_options, plan_gpus
 from provisioner.inventory import Node, RayPorts, SSHSettings, load_inventory
 from provisioner.node import commands
-from provisioner.runtime import docker, host
+from provisioner.runtime import docker, docker_doctor, host
 from provisioner.runtime.docker import CAPS as DOCKER_CAPS
 from provisioner.runtime.docker_gpu import check_toolkit
 from provisioner.runtime.host import CAPS as HOST_CAPS
@@ -44,7 +45,8 @@ def gpu_facts(name: str) -> GpuFacts:
 
 
 def node_facts(name: str) -> NodeFacts:
-    return parse_facts("n", (GOLDEN / "doctor" / f"{name}.txt").read_text())
+    text = (GOLDEN / "doctor" / f"{name}.txt").read_text()
+    return parse_facts("n", text, runtime=docker_doctor.parse)
 
 
 def node(**kw: object) -> Node:

@@ -14,9 +14,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from provisioner.checks.facts import NodeFacts, parse_facts
-from provisioner.checks.findings import CATALOGUE, Finding
+from provisioner.checks.facts import NodeFacts, parse_facts, split_sections
+from provisioner.checks.findings import Finding
 from provisioner.checks.plan import PinFacts, Plan
+from provisioner.doctor import CATALOGUE
 from provisioner.doctor.api import explained_by_own_ray, node_findings
 from provisioner.doctor.gather import _script
 from provisioner.gpu.plan import GpuPlan
@@ -142,13 +143,21 @@ def plan(pin: PinFacts | None = PIN) -> Plan:
     )
 
 
-def golden(name: str) -> NodeFacts:
-    return parse_facts(HEAD.name, (GOLDEN / f"{name}.txt").read_text())
+def section(name: str) -> str:
+    """The runtime's own section of a golden file, as captured."""
+    return split_sections((GOLDEN / f"{name}.txt").read_text())["runtime"]
 
 
-def edited(facts: NodeFacts, old: str, new: str) -> NodeFacts:
-    assert old in facts.runtime, old
-    return replace(facts, runtime=facts.runtime.replace(old, new))
+def golden(name: str, runtime: str | None = None) -> NodeFacts:
+    """A golden file parsed as the doctor parses it (`runtime`: another runtime section)."""
+    text = (GOLDEN / f"{name}.txt").read_text()
+    facts = parse_facts(HEAD.name, text, runtime=podman.JUDGES.parse)
+    return facts if runtime is None else replace(facts, runtime=parse_podman(runtime))
+
+
+def edited(text: str, old: str, new: str) -> str:
+    assert old in text, old
+    return text.replace(old, new)
 
 
 def found(facts: NodeFacts, p: Plan | None = None) -> dict[str, Finding]:
@@ -165,7 +174,8 @@ def test_the_facts_section_runs_in_the_doctors_script() -> None:
 
 def test_a_healthy_node() -> None:
     facts = golden("podman_head")
-    p = parse_podman(facts.runtime)
+    p = parse_podman(section("podman_head"))
+    assert facts.runtime == p
     assert p.version.startswith("4.") and p.rootless and p.graph_driver == "overlay"
     assert p.subuid == ((100000, 65536),) and p.subgid == ((100000, 65536),)
     assert p.linger and not p.systemd and p.oci_runtime == "runc"
@@ -183,42 +193,41 @@ def test_a_healthy_node() -> None:
 
 
 def test_without_lingering_the_fix_is_loginctl() -> None:
-    facts = edited(golden("podman_head"), "%%linger=yes", "%%linger=no")
-    finding = found(facts)["podman.linger"]
+    text = edited(section("podman_head"), "%%linger=yes", "%%linger=no")
+    finding = found(golden("podman_head", text))["podman.linger"]
     assert finding.severity == "warning"  # no systemd on this node: nothing ends it yet
     assert finding.fix == f"sudo loginctl enable-linger lab on {HEAD.name}"
-    with_systemd = edited(facts, "%%systemd=no", "%%systemd=yes")
+    with_systemd = golden("podman_head", edited(text, "%%systemd=no", "%%systemd=yes"))
     finding = found(with_systemd)["podman.linger"]
     assert finding.severity == "error" and "dies when the SSH session" in finding.message
     assert finding.fix == f"sudo loginctl enable-linger lab on {HEAD.name}"
 
 
 def test_missing_subordinate_ids_name_usermod() -> None:
-    facts = golden("podman_head")
-    lines = [ln for ln in facts.runtime.splitlines() if not ln.startswith("%%subgid=")]
-    no_gids = replace(facts, runtime="\n".join(lines))
+    text = section("podman_head")
+    lines = [ln for ln in text.splitlines() if not ln.startswith("%%subgid=")]
+    no_gids = golden("podman_head", "\n".join(lines))
     finding = found(no_gids)["podman.subids"]
     assert finding.severity == "error" and "no subordinate GIDs" in finding.message
     assert finding.fix.startswith("sudo usermod --add-subuids 100000-165535 --add-subgids")
-    narrow = edited(facts, "%%subuid=lab:100000:65536", "%%subuid=lab:100000:1000")
-    assert found(narrow)["podman.subids"].severity == "warning"
-    no_map = replace(facts, runtime=facts.runtime.replace("%%newuidmap=", "%%gone="))
+    narrow = edited(text, "%%subuid=lab:100000:65536", "%%subuid=lab:100000:1000")
+    assert found(golden("podman_head", narrow))["podman.subids"].severity == "warning"
+    no_map = golden("podman_head", text.replace("%%newuidmap=", "%%gone="))
     assert found(no_map)["podman.subids"].fix == "sudo apt-get install -y uidmap"
 
 
 def test_vfs_storage_and_crun_on_a_hybrid_layout() -> None:
-    facts = golden("podman_head")
-    vfs = edited(facts, '"graphDriverName": "overlay"', '"graphDriverName": "vfs"')
-    finding = found(vfs)["podman.storage"]
+    text = section("podman_head")
+    vfs = edited(text, '"graphDriverName": "overlay"', '"graphDriverName": "vfs"')
+    finding = found(golden("podman_head", vfs))["podman.storage"]
     assert finding.severity == "warning" and 'driver = "overlay"' in finding.fix
-    crun = edited(facts, '"name": "runc"', '"name": "crun"')
-    finding = found(crun)["podman.cgroups"]
+    crun = edited(text, '"name": "runc"', '"name": "crun"')
+    finding = found(golden("podman_head", crun))["podman.cgroups"]
     assert finding.severity == "error" and 'runtime = "runc"' in finding.fix
 
 
 def test_no_podman_and_a_failing_podman() -> None:
-    facts = golden("podman_head")
-    absent = replace(facts, runtime="%%user=lab 1000\n%%linger=yes\n")
+    absent = golden("podman_head", "%%user=lab 1000\n%%linger=yes\n")
     (only,) = found(absent).values()
     assert only.check == "podman.version" and only.severity == "error"
     assert "apt-get install -y podman uidmap" in only.fix
@@ -228,15 +237,14 @@ def test_no_podman_and_a_failing_podman() -> None:
     )
     assert not broken.info and broken.info_rc == 125
     text = "%%podman=/usr/bin/podman\n%%info_rc=125\n%%info=\n%%info_msg=Error: newuidmap\n"
-    checks = found(replace(facts, runtime=text))
+    checks = found(golden("podman_head", text))
     assert checks["podman.rootless"].severity == "error"
     assert "newuidmap" in checks["podman.rootless"].evidence
 
 
 def test_the_pin_absent_from_the_users_podman() -> None:
-    facts = golden("podman_head")
-    lines = [ln for ln in facts.runtime.splitlines() if not ln.startswith("%%image=")]
-    finding = found(replace(facts, runtime="\n".join(lines)))["image.present"]
+    lines = [ln for ln in section("podman_head").splitlines() if not ln.startswith("%%image=")]
+    finding = found(golden("podman_head", "\n".join(lines)))["image.present"]
     assert finding.severity == "warning" and "podman load" in finding.fix
 
 
@@ -256,3 +264,12 @@ def test_own_ray_is_this_clusters_running_container() -> None:
 
 def test_empty_section_parses_to_nothing() -> None:
     assert parse_podman("") == PodmanFacts()
+
+
+def test_the_section_names_podmans_graph_root_for_the_disk_check() -> None:
+    p = golden("podman_head").runtime
+    assert isinstance(p, PodmanFacts) and p.usable and p.remove == "podman rm -f"
+    assert p.data_root == p.graph_root and p.data_root.endswith("/containers/storage")
+    assert p.image.startswith("sha256:")  # as the pin writes it (Podman says bare hex)
+    assert "runtime_root=${BASH_REMATCH[1]}" in FACTS and "graphRoot" in FACTS
+    assert PodmanFacts().usable is False  # no `podman info`: not usable as it is

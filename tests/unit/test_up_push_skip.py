@@ -7,6 +7,7 @@ from pathlib import Path
 from provisioner.checks.facts import parse_facts
 from provisioner.doctor.api import DoctorReport
 from provisioner.image.push import push_image
+from provisioner.runtime.docker_doctor import parse as docker_parse
 from tests.unit.inventories import make_inventory
 from tests.unit.test_image_lock import make_pin
 
@@ -17,7 +18,7 @@ def _report(images: dict[str, str], pin_id: str = PIN_ID) -> DoctorReport:
     facts = {}
     for name, image in images.items():
         text = f"@@image\n{image}\n" if image else ""
-        facts[name] = parse_facts(name, text)
+        facts[name] = parse_facts(name, text, runtime=docker_parse)
     return DoctorReport(findings=[], nodes=list(images), facts=facts, pin_id=pin_id)
 
 
