@@ -17,12 +17,12 @@ from provisioner.console import Output
 from provisioner.errors import InputError
 from provisioner.jobs import JobOutcome, JobSpec, make_spec, submit
 from provisioner.jobs.link import Link, Target
-from provisioner.jobs.pull import Pulled
 from provisioner.jobs.spec import JOB_ID, asks_for_help, priced
 from provisioner.jobs.stream import Handlers
 from provisioner.jobs.submit import upload_for, upload_line
 from provisioner.jobs.tables import read_rows
 from provisioner.jobs.upload import Upload
+from provisioner.remote.pull import Pulled
 
 InventoryFile = Annotated[
     Path | None,

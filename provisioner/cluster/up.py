@@ -38,6 +38,7 @@ from provisioner.image.push import PushReport
 from provisioner.inventory import Inventory, Node
 from provisioner.node import commands, layout, tls, token
 from provisioner.remote import Pool, Session, fan_out
+from provisioner.remote.results import GroupResult, Result
 from provisioner.runtime import runtime_for
 from provisioner.runtime.base import RayState, Runtime
 
@@ -251,6 +252,59 @@ def _refuse_foreign_gcs(
     )
 
 
+@dataclass(frozen=True)
+class UpOptions:
+    """How `up` runs: the CLI's flags, one object instead of a parameter each."""
+
+    force: bool = False  # past the doctor's errors (never the ones it never forces)
+    doctor: bool = True  # run the doctor first
+    join_timeout: float = 120  # seconds every node has to join
+    push: str = "auto"  # runtime.base.PUSH_MODES
+    rotate_token: bool = False  # a new token on every node, and every node restarted
+    probe: bool = True  # the placement probe after the join
+
+
+@dataclass(frozen=True)
+class UpContext:
+    """One `up`: what every step works on, built once (`context`)."""
+
+    inventory: Inventory
+    pool: Pool
+    runtime: Runtime
+    pin: Pin | None
+    report: Reporter
+    options: UpOptions = UpOptions()
+
+
+def context(
+    inventory: Inventory,
+    pool: Pool,
+    report: Reporter = quiet,
+    *,
+    pin: Pin | None = None,
+    options: UpOptions = UpOptions(),
+) -> UpContext:
+    """The context of one `up`: the cluster's id made (it marks what this cluster starts
+    on the nodes) and the inventory's runtime built (an unknown one refused, exit 2)."""
+    token.ensure_cluster_id(inventory)
+    runtime = runtime_for(inventory, pin, push=options.push)
+    return UpContext(inventory, pool, runtime, pin, report, options)
+
+
+@dataclass
+class Plan:
+    """What `plan` decided from the status round, for the steps that follow."""
+
+    began: float  # time.monotonic() when bring_up began
+    before: ClusterStatus  # this cluster's Ray on every node, and the GCS's nodes, before
+    to_start: list[Node]  # the nodes whose Ray is (re)started, the head first
+    head_restart: bool
+    stale: frozenset[str]  # GCS node IDs of raylets being replaced (and of nodes that left)
+    unreached: list[Node]  # nodes that left the inventory and could not be reached
+    held: dict[str, str]  # address -> the token fingerprint the last up recorded there
+    token: str  # the current token's fingerprint, before any rotation
+
+
 def up_cluster(
     inventory: Inventory,
     report: Reporter = quiet,
@@ -268,21 +322,18 @@ def up_cluster(
     of the CLI's `up` and of `jobs submit --retries`' repair. Returns the result and the
     scheduler's job that holds the nodes (None: no scheduler). `on_nodes`: told the nodes
     once they are known (the CLI watches them)."""
+    options = UpOptions(
+        force=force,
+        doctor=doctor,
+        join_timeout=join_timeout,
+        push=push,
+        rotate_token=rotate_token,
+    )
     held, job_id = allocation.hold(inventory, report, queue_timeout=queue_timeout)
     if on_nodes is not None:
         on_nodes(held)
     with Pool(held) as pool:
-        result = up(
-            held,
-            pool,
-            report,
-            pin=pin,
-            force=force,
-            doctor=doctor,
-            join_timeout=join_timeout,
-            push=push,
-            rotate_token=rotate_token,
-        )
+        result = up(held, pool, report, pin=pin, options=options)
     return result, job_id
 
 
@@ -292,197 +343,260 @@ def up(
     report: Reporter = quiet,
     *,
     pin: Pin | None = None,
-    force: bool = False,
-    doctor: bool = True,
-    join_timeout: float = 120,
-    push: str = "auto",
-    rotate_token: bool = False,
+    options: UpOptions = UpOptions(),
 ) -> UpResult:
     """The whole `up`: doctor (stop on errors unless forced), the runtime's preparation
-    (docker: push the pin; `push`, runtime.base.PUSH_MODES), then bring_up."""
+    (docker: push the pin; `options.push`, runtime.base.PUSH_MODES), then bring_up."""
     t0 = time.monotonic()
-    token.ensure_cluster_id(inventory)  # marks what this cluster starts on the nodes
-    runtime = runtime_for(inventory, pin, push=push)
-    result = UpResult(runtime=runtime.name)
-    if doctor:
-        report(f"doctor: checking {len(inventory.nodes)} node(s)")
-        result.doctor = preflight.check(inventory, pool, report, force=force)
-        result.timings["doctor"] = time.monotonic() - t0
-    t1 = time.monotonic()
-    ready = (
-        result.doctor.report.holding(runtime.image_id)
-        if result.doctor and runtime.image_id
-        else frozenset()
-    )
-    result.push = runtime.prepare(pool, report, ready=ready)
-    result.timings["push"] = time.monotonic() - t1
-    if result.push is not None and result.push.errors:
-        _raise_first(dict(result.push.errors), "could not push the pinned image")
-    states = result.doctor.report.ray_states(runtime) if result.doctor else None
-    if result.doctor is not None:
-        _refuse_foreign_gcs(inventory, result.doctor.report, states)
-    bring_up(
-        inventory,
-        pool,
-        report,
-        runtime=runtime,
-        join_timeout=join_timeout,
-        result=result,
-        states=states,
-        facts=result.doctor.report.facts if result.doctor else None,
-        rotate_token=rotate_token,
-    )
+    ctx = context(inventory, pool, report, pin=pin, options=options)
+    result = UpResult(runtime=ctx.runtime.name)
+    found = check(ctx, result)
+    prepare(ctx, result)
+    states = found.ray_states(ctx.runtime) if found else None
+    if found is not None:
+        _refuse_foreign_gcs(inventory, found, states)
+    bring_up(ctx, result, states=states, facts=found.facts if found else None)
     result.seconds = time.monotonic() - t0
     return result
 
 
+def check(ctx: UpContext, result: UpResult) -> DoctorReport | None:
+    """The doctor (unless `options.doctor` is off): DoctorStopped on errors unless forced."""
+    if not ctx.options.doctor:
+        return None
+    t0 = time.monotonic()
+    ctx.report(f"doctor: checking {len(ctx.inventory.nodes)} node(s)")
+    result.doctor = preflight.check(ctx.inventory, ctx.pool, ctx.report, force=ctx.options.force)
+    result.timings["doctor"] = time.monotonic() - t0
+    return result.doctor.report
+
+
+def prepare(ctx: UpContext, result: UpResult) -> None:
+    """The runtime's preparation before any start (docker: push the pin, skipping the nodes
+    the doctor saw holding it); a node it failed on stops `up`."""
+    t0 = time.monotonic()
+    image_id = ctx.runtime.image_id
+    ready = result.doctor.report.holding(image_id) if result.doctor and image_id else frozenset()
+    result.push = ctx.runtime.prepare(ctx.pool, ctx.report, ready=ready)
+    result.timings["push"] = time.monotonic() - t0
+    if result.push is not None and result.push.errors:
+        _raise_first(dict(result.push.errors), "could not push the pinned image")
+
+
 def bring_up(
-    inventory: Inventory,
-    pool: Pool,
-    report: Reporter = quiet,
-    *,
-    runtime: Runtime,
-    join_timeout: float = 120,
-    probe: bool = True,
+    ctx: UpContext,
     result: UpResult | None = None,
+    *,
     states: dict[str, RayState] | None = None,
     facts: Mapping[str, NodeFacts] | None = None,
-    rotate_token: bool = False,
 ) -> UpResult:
-    """Start what is missing, wait until every node joined, run the placement probe.
+    """Start what is missing, wait until every node joined, run the placement probe, in
+    steps: plan, stop, start, wait, probe, record.
 
     `states`: this cluster's Ray on every node as the doctor's round found it (then no
     node is asked again); without them, one round trip asks. `facts`: the doctor's facts
-    (the nodes' GPUs); without them, one round trip asks. `rotate_token`: a new token on
-    every node, and every node restarted with it (rotation.plan also decides by itself)."""
-    t0 = time.monotonic()
-    result = result if result is not None else UpResult(runtime=runtime.name)
+    (the nodes' GPUs); without them, one round trip asks."""
+    result = result if result is not None else UpResult(runtime=ctx.runtime.name)
+    decided = plan(ctx, result, states=states, facts=facts)
+    stopped = stop(ctx, decided)
+    start(ctx, result, decided, stopped)
+    joined = wait(ctx, result, decided)
+    probe(ctx, result, decided, joined)
+    record(ctx, result, decided, joined)
+    return result
+
+
+def plan(
+    ctx: UpContext,
+    result: UpResult,
+    *,
+    states: dict[str, RayState] | None,
+    facts: Mapping[str, NodeFacts] | None,
+) -> Plan:
+    """Token and TLS on every node, each node's GPUs, one status round; nodes that left the
+    inventory lose this cluster's Ray (so that none meets the new head); then which nodes
+    (re)start, and whether the token rotates (`options.rotate_token`, or rotation.plan's
+    own reasons), its new token installed before anything restarts."""
+    began = time.monotonic()
+    inventory, pool = ctx.inventory, ctx.pool
     install_token(inventory, pool)
     install_tls(inventory, pool)
     current = token.fingerprint(token.local_token_path(inventory))
-    result.gpus = gpu_plans(pool, inventory, runtime, facts)
-    before = status.gather(inventory, pool, report, runtime=runtime, states=states)
-    # Nodes that left the inventory (the last up's record, the GCS's list) lose this
-    # cluster's Ray before anything starts, so that none of them meets the new head.
+    result.gpus = gpu_plans(pool, inventory, ctx.runtime, facts)
+    before = status.gather(inventory, pool, ctx.report, runtime=ctx.runtime, states=states)
     gone = membership.departed(inventory, membership.recorded_nodes(inventory), before.gcs)
     held = membership.recorded_tokens(inventory)
     if gone:
-        result.departed = membership.remove_departed(gone, pool, runtime, report)
-    failed = result.departed.failed if result.departed else []
+        result.departed = membership.remove_departed(gone, pool, ctx.runtime, ctx.report)
+    unreached = result.departed.failed if result.departed else []
     errors = result.departed.errors if result.departed else {}
     head = inventory.head
-    head_session = pool.session(head)
-    states = before.states
-
-    def start_needed(node: Node, *, head_restarted: bool) -> bool:
-        state = states.get(node.name)
-        current = runtime.is_current(state) if state else None
-        if state and state.gpus is not None and state.gpus != signature(result.gpus.get(node.name)):
-            current = False  # its GPUs changed: a driver installed since, another subset
-        alive = before.node(node.name).ray_alive
-        if node is head:
-            alive = alive and before.gcs_error is None
-        return needs_start(state, current, alive, head_restarted=head_restarted)
-
-    head_restart = start_needed(head, head_restarted=False)
+    head_restart = start_needed(ctx, result.gpus, before, head, head_restarted=False)
     result.token = rotation.plan(
-        asked=rotate_token,
+        asked=ctx.options.rotate_token,
         unfinished=token.rotation_unfinished(inventory),
-        exposed=rotation.exposed(failed, errors, held, current),
+        exposed=rotation.exposed(unreached, errors, held, current),
         head_restart=head_restart,
     )
     if result.token.rotate:
-        report(f"token: a new one for every node ({result.token.why}); every node restarts")
-        try:
-            # a new CA with the new token: kept from a rotation that did not finish
-            new_ca = not token.rotation_unfinished(inventory)
-            install_token(inventory, pool, path=token.begin_rotation(inventory))
-            if inventory.tls:
-                install_tls(inventory, pool, ca=tls.begin_rotation(inventory, fresh=new_ca))
-        except OperationError as exc:
-            raise OperationError(
-                f"token not rotated: {exc.message}; nothing was restarted",
-                f"{exc.fix}; then run `provisioner up` again (it finishes the rotation)",
-            ) from exc
+        _begin_rotation(ctx, result)
         head_restart = True
-    to_start = [w for w in inventory.workers if start_needed(w, head_restarted=head_restart)]
+    workers = inventory.workers
+    to_start = [
+        w for w in workers if start_needed(ctx, result.gpus, before, w, head_restarted=head_restart)
+    ]
     if head_restart:
         to_start.insert(0, head)
     else:
         result.unchanged.append(head.name)
-    result.unchanged += [w.name for w in inventory.workers if w not in to_start]
-
+    result.unchanged += [w.name for w in workers if w not in to_start]
     # Node IDs of the raylets being replaced (and of nodes that left): the GCS may list
     # them as alive for a while.
     replaced = {n.address for n in to_start} | {n.address for n in gone}
     stale = frozenset(n.node_id for n in before.gcs if n.alive and n.ip in replaced)
-    # Every old Ray goes first, so that no new worker meets the old head; then the head
-    # and the workers start together (a worker's Ray waits for the head's by itself).
-    # A node that fails either step is named after the others have started.
-    removed = fan_out(
-        to_start,
+    return Plan(began, before, to_start, head_restart, stale, unreached, held, current)
+
+
+def start_needed(
+    ctx: UpContext,
+    gpus: Mapping[str, GpuPlan],
+    before: ClusterStatus,
+    node: Node,
+    *,
+    head_restarted: bool,
+) -> bool:
+    """Should this node's Ray be (re)started, by the status round and its GPU plan?"""
+    state = before.states.get(node.name)
+    current = ctx.runtime.is_current(state) if state else None
+    if state and state.gpus is not None and state.gpus != signature(gpus.get(node.name)):
+        current = False  # its GPUs changed: a driver installed since, another subset
+    alive = before.node(node.name).ray_alive
+    if node is ctx.inventory.head:
+        alive = alive and before.gcs_error is None
+    return needs_start(state, current, alive, head_restarted=head_restarted)
+
+
+def _begin_rotation(ctx: UpContext, result: UpResult) -> None:
+    """A new token (and with TLS a new CA) on every node; nothing restarted yet."""
+    inventory, pool = ctx.inventory, ctx.pool
+    ctx.report(f"token: a new one for every node ({result.token.why}); every node restarts")
+    try:
+        # a new CA with the new token: kept from a rotation that did not finish
+        new_ca = not token.rotation_unfinished(inventory)
+        install_token(inventory, pool, path=token.begin_rotation(inventory))
+        if inventory.tls:
+            install_tls(inventory, pool, ca=tls.begin_rotation(inventory, fresh=new_ca))
+    except OperationError as exc:
+        raise OperationError(
+            f"token not rotated: {exc.message}; nothing was restarted",
+            f"{exc.fix}; then run `provisioner up` again (it finishes the rotation)",
+        ) from exc
+
+
+def stop(ctx: UpContext, decided: Plan) -> GroupResult[Result]:
+    """Every old Ray of the nodes to start goes first, so that no new worker meets the old
+    head. A node that fails is named after the others have started."""
+    runtime, pool = ctx.runtime, ctx.pool
+    return fan_out(
+        decided.to_start,
         lambda n: pool.session(n).run(runtime.stop_command(n), timeout=60).check(),
         deadline=90,
     )
 
-    def start(node: Node) -> None:
-        report(f"{node.name}: " + runtime.starting.format(role=node.role))
+
+def start(ctx: UpContext, result: UpResult, decided: Plan, stopped: GroupResult[Any]) -> None:
+    """The head and the workers stopped start together (a worker's Ray waits for the
+    head's by itself); a node that failed to stop or start stops `up`, named. A rotation
+    finishes here: every node runs with the new token."""
+    runtime, pool = ctx.runtime, ctx.pool
+
+    def one(node: Node) -> None:
+        ctx.report(f"{node.name}: " + runtime.starting.format(role=node.role))
         command = runtime.start_command(node, result.gpus.get(node.name))
         pool.session(node).run(command, timeout=90).check()
 
-    group = fan_out([n for n in to_start if n.name in removed.results], start, deadline=120)
-    result.started += [n.name for n in to_start if n.name in group.results]
-    _raise_first({**removed.errors, **group.errors}, "could not start Ray")
+    ready = [n for n in decided.to_start if n.name in stopped.results]
+    group = fan_out(ready, one, deadline=120)
+    result.started += [n.name for n in decided.to_start if n.name in group.results]
+    _raise_first({**stopped.errors, **group.errors}, "could not start Ray")
     if result.token.rotate:  # every node now runs with the new token: it is the cluster's
-        tls.finish_rotation(inventory)  # first: an unfinished token makes the next up redo it
-        token.finish_rotation(inventory)
-        report("token: rotated; a Ray holding the old one can no longer join")
-    if head_restart:
-        wait_for_gcs(head_session, runtime, timeout=60)
-        report(f"{head.name}: GCS is up at {commands.head_address(inventory)}")
-    report(f"{head.name}: waiting until every node joined" + (", then probing" if probe else ""))
+        tls.finish_rotation(ctx.inventory)  # first: an unfinished token makes the next up redo it
+        token.finish_rotation(ctx.inventory)
+        ctx.report("token: rotated; a Ray holding the old one can no longer join")
+
+
+def wait(ctx: UpContext, result: UpResult, decided: Plan) -> headprobe.Joined:
+    """A restarted head's GCS first, then every node joined (one round on the head, the
+    placement probe in the same `ray.init` when `options.probe`); a node that did not join
+    stops `up` with its logs' tail."""
+    inventory, head = ctx.inventory, ctx.inventory.head
+    head_session = ctx.pool.session(head)
+    if decided.head_restart:
+        wait_for_gcs(head_session, ctx.runtime, timeout=60)
+        ctx.report(f"{head.name}: GCS is up at {commands.head_address(inventory)}")
+    place = ctx.options.probe
+    ctx.report(
+        f"{head.name}: waiting until every node joined" + (", then probing" if place else "")
+    )
     t_join = time.monotonic()
-    joined = headprobe.join(head_session, runtime, timeout=join_timeout, stale=stale, place=probe)
+    timeout = ctx.options.join_timeout
+    joined = headprobe.join(
+        head_session, ctx.runtime, timeout=timeout, stale=decided.stale, place=place
+    )
     result.timings.update({f"join.{k}": v for k, v in joined.timings.items()})
-    result.timings["join.began"] = t_join - t0
-    nodes, placement = joined.nodes, joined.placement
-    fresh = headprobe.fresh_nodes(nodes, stale)
+    result.timings["join.began"] = t_join - decided.began
+    fresh = headprobe.fresh_nodes(joined.nodes, decided.stale)
     for node in inventory.nodes:
         if node.address in fresh:
-            report(f"{node.name}: joined ({node.address})")
+            ctx.report(f"{node.name}: joined ({node.address})")
     missing = [n for n in inventory.nodes if n.address not in fresh]
     if missing:
         names = ", ".join(n.name for n in missing)
         raise OperationError(
-            f"{len(missing)} node(s) did not join within {join_timeout:.0f}s: {names}\n"
-            + not_joined_report(pool, runtime, missing),
+            f"{len(missing)} node(s) did not join within {timeout:.0f}s: {names}\n"
+            + not_joined_report(ctx.pool, ctx.runtime, missing),
             "fix the cause above, then run `provisioner up` again (it restarts only those nodes)",
         )
-    if probe:
-        result.placement = placement
-        report(f"placement probe: {sum(bool(p.get('ok')) for p in placement)} node(s) ran a task")
+    return joined
+
+
+def probe(ctx: UpContext, result: UpResult, decided: Plan, joined: headprobe.Joined) -> None:
+    """The placement probe's verdict (a task ran on every node), then, after a head
+    restart, the Jobs API that `submit` uses answering."""
+    inventory, head = ctx.inventory, ctx.inventory.head
+    if ctx.options.probe:
+        result.placement = joined.placement
+        ok = sum(bool(p.get("ok")) for p in joined.placement)
+        ctx.report(f"placement probe: {ok} node(s) ran a task")
         bad = [p for p in result.placement if not p.get("ok")]
         if bad or len(result.placement) != len(inventory.nodes):
             raise OperationError(
                 f"the placement probe did not reach every node: {bad or result.placement}",
                 "see `provisioner logs` for worker crashes on those nodes",
             )
-    if head_restart:
+    if decided.head_restart:
         t_api = time.monotonic()
-        wait_for_jobs_api(head_session, runtime, timeout=90)
+        wait_for_jobs_api(ctx.pool.session(head), ctx.runtime, timeout=90)
         result.timings["jobs_api"] = time.monotonic() - t_api
-        report(f"{head.name}: the Jobs API answers on port {inventory.ports.dashboard}")
-    result.totals = totals(list(fresh.values()))
+        ctx.report(f"{head.name}: the Jobs API answers on port {inventory.ports.dashboard}")
+
+
+def record(ctx: UpContext, result: UpResult, decided: Plan, joined: headprobe.Joined) -> None:
+    """The result's totals and status, and the nodes recorded as this cluster's (with the
+    nodes that left but could not be reached: the next up tries them again)."""
+    inventory = ctx.inventory
+    fresh = list(headprobe.fresh_nodes(joined.nodes, decided.stale).values())
+    result.totals = totals(fresh)
     # After the start: what was started runs what the runtime started; the rest as before.
-    began = runtime.started_state()
-    after = {n: began if n in result.started else s for n, s in before.states.items()}
-    result.status = status.assemble(inventory, runtime, after, {}, list(fresh.values()))
+    began = ctx.runtime.started_state()
+    states = decided.before.states
+    after = {n: began if n in result.started else s for n, s in states.items()}
+    result.status = status.assemble(inventory, ctx.runtime, after, {}, fresh)
     membership.record_nodes(
         inventory,
-        also=failed,
+        also=decided.unreached,
         token=token.fingerprint(token.local_token_path(inventory)),
-        held={n.address: held.get(n.address, current) for n in failed},
+        held={n.address: decided.held.get(n.address, decided.token) for n in decided.unreached},
     )
-    result.timings["start"] = time.monotonic() - t0
-    result.seconds = time.monotonic() - t0
-    return result
+    result.timings["start"] = time.monotonic() - decided.began
+    result.seconds = time.monotonic() - decided.began

@@ -1,300 +1,38 @@
-"""Bring a job's results home from the head's disk over SSH, incrementally and verified.
+"""A job's results on the head: where they are, and bringing them home.
 
 A job writes into its results directory on the head node's own disk (outside the Ray
-container, under the cluster's directory there). `pull` lists that directory in one
-command (size and mtime of every file), sends nothing for a file already home with the
-same size and mtime (recorded in `.pulled.json` beside the results), asks the head for
-the sha256 of the rest in one more command, fetches each on the same SSH connection while
-hashing it here, and keeps it only when size and sha256 match.
-A file that changed while it travelled (a metrics file rewritten mid-run) is left for
-the next pull. Names starting with `.tmp` are files a playbook is still writing.
-
-Every file is received through `provisioner.remote.receive` (the one safe way to write
-what comes from the cluster) into a fresh staging directory, and moved into the results
-only when verified (`landing.place`).
-
-A job may be hostile, and in docker mode it runs as root over this directory, so:
-
-- nothing on the head follows a link: the job's directory (and a file's folder) is
-  entered with `cd -P` and refused (exit 4) unless its physical path is the one under
-  the results root; `find -P` lists only regular files; each file is read by `dd` with
-  `iflag=nofollow`, and at most the size it was listed with (a file that grew is
-  fetched again by the next pull);
-- bounded: a file over `PULL_MAX_ENV` bytes (default `PULL_MAX_BYTES`), or one that would
-  leave less than `RESERVE_BYTES` free here, is refused by name (in `Pulled.refused`) and
-  the rest comes home; the bytes of one pull are capped by the same figure;
-- every read from the head has an idle timeout (`READ_TIMEOUT`).
+container: `layout.node_results_dir(cluster)/JOB`). `pull` brings what is new there into
+results/JOB here through `provisioner.remote.pull` (incremental by its manifest, each file
+verified by size and sha256, bounded, no link followed on the head or here); this module
+only says which folder that is and how the job's refusals read.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import posixpath
-import shlex
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from provisioner.errors import InputError, ReceiveError, RemoteError, TooLargeError
-from provisioner.jobs import landing
 from provisioner.node import layout
-from provisioner.remote.receive import Limits, MiB, Receiver
+from provisioner.remote import pull as directory
 from provisioner.remote.session import Session
-
-MANIFEST = ".pulled.json"
-HASH_BATCH = 100  # names per sha256sum command (the command line stays short)
-CHUNK = 1 << 20
-PULL_MAX_ENV = "PROVISIONER_PULL_MAX_BYTES"
-PULL_MAX_BYTES = 64 * 1024 * MiB  # 64 GiB: per file and per pull
-RESERVE_BYTES = 1024 * MiB  # left free on this machine's disk, whatever the job wrote
-READ_TIMEOUT = 120.0  # seconds a read from the head may wait for data
-LINK_EXIT = 4
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    path: str  # relative to the job's results directory, POSIX
-    size: int
-    mtime: str
-
-
-@dataclass
-class Pulled:
-    """What one pull did."""
-
-    directory: Path
-    sent: list[str] = field(default_factory=list)  # files fetched and verified now
-    bytes_sent: int = 0
-    unchanged: int = 0  # files already home, not sent again
-    pending: list[str] = field(default_factory=list)  # changed while travelling: next pull
-    refused: list[str] = field(default_factory=list)  # too big for the caps or this disk
-    found: bool = True  # the head had a results directory for the job
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "results_dir": str(self.directory),
-            "files_sent": self.sent,
-            "bytes_sent": self.bytes_sent,
-            "files_unchanged": self.unchanged,
-            "files_pending": self.pending,
-            "files_refused": self.refused,
-            "found_on_head": self.found,
-        }
 
 
 def enter_command(cluster: str, rel: str) -> str:
-    """Shell: `cd` into RESULTS/rel without following a link anywhere in `rel`: exit 3 when
-    it is absent, exit 4 when its physical path is not RESULTS/rel (a link on the way)."""
-    root = layout.node_results_dir(cluster)
-    target = shlex.quote(rel)
-    return (
-        f"root=$(cd -P {root} 2>/dev/null && pwd -P) || exit 3; "
-        f"cd -P {root}/{target} 2>/dev/null || exit 3; "
-        f'[ "$(pwd -P)" = "$root"/{target} ] || exit {LINK_EXIT}'
+    """Shell: `cd` into the cluster's results root/rel on the head without following a link
+    (exit 3: absent; exit 4: a link on the way)."""
+    return directory.enter_command(layout.node_results_dir(cluster), rel)
+
+
+def source(cluster: str, job_id: str, host: str) -> directory.Source:
+    """The job's results directory on the head `host`, as a pull names it."""
+    return directory.Source(
+        root=layout.node_results_dir(cluster),
+        rel=job_id,
+        what=f"the results of job {job_id}",
+        where=f"{host} (job {job_id})",
+        again=f"provisioner jobs results {job_id}",
     )
 
 
-def list_command(cluster: str, job_id: str) -> str:
-    """Size, mtime and name of every finished regular file of the job's results
-    (NUL-separated), never through a link; exit 3 when the head has no results directory
-    for the job, 4 when that directory is a link."""
-    return (
-        f"{enter_command(cluster, job_id)}; "
-        "find -P . -type f ! -path '*/.tmp*' -printf '%s %T@ %P\\0'"
-    )
-
-
-def hash_command(cluster: str, job_id: str, paths: list[str]) -> str:
-    """sha256 of each of `paths` (relative to the job's results), NUL-terminated lines."""
-    quoted = " ".join(shlex.quote(p) for p in paths)
-    return f"{enter_command(cluster, job_id)}; exec sha256sum -z -- {quoted}"
-
-
-def read_command(cluster: str, job_id: str, path: str, size: int) -> str:
-    """Shell: at most `size` bytes of the job's file `path` on stdout, opened without
-    following a link (its folder entered as `enter_command` does)."""
-    folder, name = posixpath.split(path)
-    rel = f"{job_id}/{folder}" if folder else job_id
-    return (
-        f"{enter_command(cluster, rel)}; exec dd if={shlex.quote('./' + name)} "
-        f"iflag=nofollow,count_bytes bs={CHUNK} count={size} status=none"
-    )
-
-
-def pull_limit(environ: dict[str, str] | None = None) -> int:
-    """The most bytes one file, and one pull, may bring home ($PROVISIONER_PULL_MAX_BYTES)."""
-    value = (os.environ if environ is None else environ).get(PULL_MAX_ENV, "")
-    if not value:
-        return PULL_MAX_BYTES
-    if not value.isdigit() or int(value) <= 0:
-        raise InputError(
-            f"{PULL_MAX_ENV}={value!r} is not a number of bytes",
-            f"set {PULL_MAX_ENV} to a positive whole number of bytes, e.g. 68719476736, "
-            "or unset it for the default (64 GiB)",
-        )
-    return int(value)
-
-
-def limits(max_bytes: int) -> Limits:
-    return Limits(
-        members=UNBOUNDED,
-        file_bytes=max_bytes,
-        total_bytes=max_bytes,
-        compressed_bytes=max_bytes,
-        reserve_bytes=RESERVE_BYTES,
-    )
-
-
-def safe_relative(name: str) -> str | None:
-    """`name` when it is a plain relative path inside the results, else None."""
-    if not name or name.startswith("/") or "\\" in name:
-        return None
-    parts = name.split("/")
-    if any(p in ("", ".", "..") for p in parts) or any(ord(c) < 32 for c in name):
-        return None
-    return name
-
-
-def parse_listing(stdout: str) -> list[RemoteFile]:
-    """The `find -printf '%s %T@ %P\\0'` listing; odd names are skipped (never fetched)."""
-    found: list[RemoteFile] = []
-    for entry in stdout.split("\0"):
-        size, _, rest = entry.partition(" ")
-        mtime, _, name = rest.partition(" ")
-        path = safe_relative(name)
-        if size.isdigit() and path is not None:
-            found.append(RemoteFile(path, int(size), mtime))
-    return found
-
-
-def parse_hashes(stdout: str) -> dict[str, str]:
-    """`sha256sum -z` output: name -> hex digest."""
-    digests: dict[str, str] = {}
-    for entry in stdout.split("\0"):
-        digest, sep, name = entry.partition("  ")
-        if sep and len(digest) == 64:
-            digests[name] = digest
-    return digests
-
-
-def read_manifest(directory: Path) -> dict[str, dict[str, Any]]:
-    try:
-        data = json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def needed(
-    files: list[RemoteFile], manifest: dict[str, dict[str, Any]], home: Path
-) -> list[RemoteFile]:
-    """The files not already home with the same size and mtime."""
-    out = []
-    for f in files:
-        seen = manifest.get(f.path)
-        local = home / f.path
-        if (
-            seen
-            and seen.get("size") == f.size
-            and seen.get("mtime") == f.mtime
-            and local.is_file()
-            and not local.is_symlink()
-            and local.stat().st_size == f.size
-        ):
-            continue
-        out.append(f)
-    return out
-
-
-UNBOUNDED = 1 << 62
-LIMITS = Limits(
-    members=UNBOUNDED, file_bytes=UNBOUNDED, total_bytes=UNBOUNDED, compressed_bytes=UNBOUNDED
-)  # for tests of placing only; a pull uses `limits(pull_limit())`
-
-
-def pull(session: Session, cluster: str, job_id: str, home: Path) -> Pulled:
+def pull(session: Session, cluster: str, job_id: str, home: Path) -> directory.Pulled:
     """Bring what is new in the job's results on the head into `home` (results/JOB)."""
-    result = Pulled(directory=home)
-    listing = session.run(list_command(cluster, job_id), timeout=120)
-    what, where = f"the results of job {job_id}", f"{session.host} (job {job_id})"
-    if listing.exit_code == 3:
-        result.found = False
-        return result
-    if listing.exit_code == LINK_EXIT:
-        raise ReceiveError(
-            f"refused {what}: its results directory on the head is a link (or under one)",
-            "nothing was fetched; find out what on the head planted it (a hostile job) "
-            "before trusting what it sends",
-            where=where,
-        )
-    listing.check("check the head's disk and that the job id is right")
-    files = parse_listing(listing.stdout)
-    landing.ensure_root(home)
-    manifest = read_manifest(home)
-    todo = needed(files, manifest, home)
-    result.unchanged = len(files) - len(todo)
-    bounds = limits(pull_limit())
-    fix = (
-        f"that file stays on the head; to bring it home, set {PULL_MAX_ENV} to more bytes "
-        f"(now {bounds.file_bytes}) and run `provisioner jobs results {job_id}` again"
-    )
-    with Receiver(
-        home / ".incoming", limits=bounds, what=what, where=where, size_fix=fix
-    ) as receiver:
-        _fetch(session, cluster, job_id, todo, receiver, home, manifest, result)
-    landing.write_file(home, MANIFEST, json.dumps(manifest, indent=1).encode())
-    return result
-
-
-def _fetch(
-    session: Session,
-    cluster: str,
-    job_id: str,
-    todo: list[RemoteFile],
-    receiver: Receiver,
-    home: Path,
-    manifest: dict[str, dict[str, Any]],
-    result: Pulled,
-) -> None:
-    """Hash on the head, fetch, verify, place: batch by batch."""
-    admitted = []
-    for f in todo:  # before anything is hashed: a 4 TiB sparse file is never read
-        try:
-            receiver.admit(f.path, f.size)
-        except TooLargeError as exc:
-            result.refused.append(f"{f.path}: {exc.message} (fix: {exc.fix})")
-        else:
-            admitted.append(f)
-    for start in range(0, len(admitted), HASH_BATCH):
-        batch = admitted[start : start + HASH_BATCH]
-        hashed = session.run(hash_command(cluster, job_id, [f.path for f in batch]), timeout=600)
-        digests = parse_hashes(hashed.stdout)  # a file removed meanwhile has none
-        for f in batch:
-            expected = digests.get(f.path)
-            if expected is None:
-                result.pending.append(f.path)
-                continue
-            command = read_command(cluster, job_id, f.path, f.size)
-            try:
-                got = receiver.add_file(f.path, _chunks(session, command), size=f.size)
-            except TooLargeError as exc:
-                result.refused.append(f"{f.path}: {exc.message} (fix: {exc.fix})")
-                continue
-            except RemoteError as exc:
-                if exc.kind != "read":
-                    raise
-                result.pending.append(f.path)  # removed or made a link meanwhile
-                continue
-            if (got.size, got.sha256) != (f.size, expected):  # changed while it travelled
-                result.pending.append(f.path)
-                continue
-            landing.place(receiver.staging, got.name, home)
-            manifest[f.path] = {"size": f.size, "mtime": f.mtime, "sha256": got.sha256}
-            result.sent.append(f.path)
-            result.bytes_sent += got.size
-
-
-def _chunks(session: Session, command: str) -> Iterator[bytes]:
-    yield from session.stream(command, idle_timeout=READ_TIMEOUT)
+    return directory.pull(session, source(cluster, job_id, session.host), home)

@@ -2,7 +2,7 @@
 SSH, incrementally, verified), its log from the Jobs API, the plots drawn here.
 
 Everything here comes from the job, so it is treated as hostile: files land through
-provisioner.remote.receive (`pull`), the log written home is capped and split on
+provisioner.remote.receive (`provisioner.remote.pull`), the log written home is capped and split on
 newlines only, and a file the client cannot read (a non-UTF-8 CSV, bad JSON) is named in
 `unreadable` instead of ending the command.
 """
@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import ReceiveError
-from provisioner.jobs import landing
 from provisioner.jobs.link import Target
 from provisioner.jobs.plots import plot_results
-from provisioner.jobs.pull import Pulled, pull
+from provisioner.jobs.pull import pull
 from provisioner.jobs.stream import visible
 from provisioner.jobs.tables import read_json
+from provisioner.remote.pull import Pulled
+from provisioner.remote.receive import ensure_directory, write_file
 from provisioner.remote.session import Session
 
 LOG_FILE = "job.log"
@@ -84,9 +85,9 @@ def capped_log(lines: list[str], limit: int = LOG_BYTES) -> str:
 
 
 def write_log(log: str, home: Path) -> None:
-    landing.ensure_root(home)
+    ensure_directory(home)
     text = capped_log(visible(lines_of(log.rstrip("\n"))))
-    landing.write_file(home, LOG_FILE, text.encode("utf-8", "replace"))
+    write_file(home, LOG_FILE, text.encode("utf-8", "replace"))
 
 
 def finish(home: Path, pulled: Pulled | None) -> Results:

@@ -27,7 +27,8 @@ from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError, ProvisionerError
 from provisioner.jobs.client import AuthRefused
 from provisioner.jobs.link import Link, Target
-from provisioner.jobs.pull import Pulled, pull
+from provisioner.jobs.pull import pull
+from provisioner.remote.pull import Pulled
 
 PROGRESS_MARK = "PROVISIONER-PROGRESS"
 QUIET_CHECK_S = 15.0  # a silent stream: check the job (and the link) this often

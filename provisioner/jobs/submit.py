@@ -299,12 +299,12 @@ def write_attempts(outcome: JobOutcome, homes: list[Path]) -> None:
     """attempts.json in every attempt's results directory."""
     import json
 
-    from provisioner.jobs import landing
+    from provisioner.remote.receive import ensure_directory, write_file
 
     body = json.dumps(outcome.attempts, indent=1).encode()
     for home in homes:
-        landing.ensure_root(home)
-        landing.write_file(home, "attempts.json", body)
+        ensure_directory(home)
+        write_file(home, "attempts.json", body)
 
 
 RETRY_FILE = ".retry.json"  # in an attempt's results home: what a reattaching client needs
@@ -318,10 +318,10 @@ def remember(
     attempt's results, on this machine only)."""
     import json
 
-    from provisioner.jobs import landing
+    from provisioner.remote.receive import ensure_directory, write_file
 
     home = results_root / spec.job_id
-    landing.ensure_root(home)
+    ensure_directory(home)
     body = {
         "playbook": str(spec.playbook),
         "args": list(spec.args),
@@ -332,7 +332,7 @@ def remember(
         "retries": retries,
         "attempts": attempts,
     }
-    landing.write_file(home, RETRY_FILE, json.dumps(body, indent=1).encode())
+    write_file(home, RETRY_FILE, json.dumps(body, indent=1).encode())
 
 
 def retry_spec(results_root: Path, job_id: str) -> tuple[JobSpec, int]:

@@ -31,6 +31,11 @@ API:
   ReceivedFile` (size and sha256 computed while writing), then `commit() -> Received`;
   as a context manager it removes everything unless committed.
 - `check_name(name) -> tuple[str, ...]`: the safe parts of a relative name, or ReceiveError.
+- Into a directory that is kept and filled again (a job's results, brought home
+  incrementally by `provisioner.remote.pull`): `ensure_directory(root)`,
+  `Receiver.place(name, root)` (one received file moved into root/name, replacing an older
+  copy), `write_file(root, name, data)` (a file this tool writes itself: a manifest, a log).
+  Each walks root's folders with `open_dir`, the one descriptor walk of this module.
 
 Every refusal is a `ReceiveError` (provisioner/errors.py) naming what, where and a fix.
 """
@@ -42,6 +47,7 @@ import gzip
 import hashlib
 import io
 import os
+import secrets
 import shutil
 import sys
 import tarfile
@@ -192,23 +198,12 @@ class Receiver:
         never follows a link."""
         if self._root is None:
             raise self.refuse("the transfer was already finished")
-        fd = os.dup(self._root)
         try:
-            for part in parts:
-                with suppress(FileExistsError):
-                    os.mkdir(part, 0o700, dir_fd=fd)
-                try:
-                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except OSError as exc:
-                    if exc.errno in (errno.ENOTDIR, errno.ELOOP):
-                        raise self.refuse(f"{name!r} is both a file and a directory") from None
-                    raise
-                os.close(fd)
-                fd = child
-        except BaseException:
-            os.close(fd)
+            return open_dir(self._root, parts, make=True)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+                raise self.refuse(f"{name!r} is both a file and a directory") from None
             raise
-        return fd
 
     def add_directory(self, name: str) -> None:
         """Make directory `name` (relative; 0700)."""
@@ -286,6 +281,28 @@ class Receiver:
             os.close(self._root)
             self._root = None
 
+    def place(self, name: str, root: Path) -> None:
+        """Move the received file `name` to root/name (a directory kept between transfers,
+        made by `ensure_directory`), replacing an older copy; root's folders are walked
+        without following a link, so nothing in root can redirect it."""
+        parts = check_name(name, what=self.what, where=self.where)
+        if self._root is None or not parts:
+            raise self.refuse(f"{name!r} cannot be placed: the transfer was already finished")
+        try:
+            src = open_dir(self._root, parts[:-1], make=False)
+        except OSError as exc:
+            raise _in_the_way(name, self.staging, exc) from None
+        try:
+            dst = _open_under(root, parts[:-1], name)
+            try:
+                os.rename(parts[-1], parts[-1], src_dir_fd=src, dst_dir_fd=dst)
+            except OSError as exc:
+                raise _in_the_way(name, root, exc) from None
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+
     def commit(self) -> Received:
         """Move the received tree to `destination` (which must be absent or empty)."""
         self._close_root()
@@ -317,6 +334,73 @@ class Receiver:
     ) -> None:
         if self.staging.exists():
             self.abort()
+
+
+def open_dir(base: int, parts: tuple[str, ...], *, make: bool) -> int:
+    """A new descriptor of the directory base/parts... (`base`: a directory descriptor,
+    left open), each part made (0700) first when `make`; a link anywhere is not followed
+    (OSError: ELOOP or ENOTDIR)."""
+    fd = os.dup(base)
+    try:
+        for part in parts:
+            if make:
+                with suppress(FileExistsError):
+                    os.mkdir(part, 0o700, dir_fd=fd)
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _in_the_way(name: str, root: Path, exc: OSError) -> ReceiveError:
+    return ReceiveError(
+        f"cannot put {name} under {root}: {exc.strerror} (a link or a file is in the way)",
+        f"remove what is in the way under {root}, then run again",
+    )
+
+
+def _open_under(root: Path, parts: tuple[str, ...], name: str) -> int:
+    """A descriptor of root/parts... (made as needed, 0700); root itself is opened without
+    following a link."""
+    try:
+        top = os.open(root, _DIR_FLAGS)
+    except OSError as exc:
+        raise _in_the_way(name, root, exc) from None
+    try:
+        return open_dir(top, parts, make=True)
+    except OSError as exc:
+        raise _in_the_way(name, root, exc) from None
+    finally:
+        os.close(top)
+
+
+def ensure_directory(root: Path) -> None:
+    """A directory kept between transfers (a job's results at home), made private (0700)
+    when new; refused when it is a link or not a directory."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if root.is_symlink() or not root.is_dir():
+        raise ReceiveError(f"{root} is not a plain directory", f"remove {root} and run again")
+
+
+def write_file(root: Path, name: str, data: bytes) -> None:
+    """Write `data` as root/name (0600), a file this tool writes itself into a directory
+    it keeps (a manifest, a log): exclusive creation under a temporary name in the same
+    folder, then one rename; root's folders are walked without following a link."""
+    parts = check_name(name)
+    if not parts:
+        raise ReceiveError(f"cannot write {name!r}: it names no file", "name a file")
+    parent = _open_under(root, parts[:-1], name)
+    tmp = f".tmp-write-{secrets.token_hex(4)}"
+    try:
+        fd = os.open(tmp, _FILE_FLAGS, 0o600, dir_fd=parent)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.rename(tmp, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)
+    finally:
+        os.close(parent)
 
 
 class _Bounded(io.RawIOBase):

@@ -17,10 +17,13 @@ import pytest
 from provisioner.cli.cluster import ray_env_lines
 from provisioner.cli.jobs import duration_text, progress_text
 from provisioner.errors import InputError, ReceiveError
-from provisioner.jobs import landing
 from provisioner.jobs.manage import parse_progress, progress_command
-from provisioner.jobs.pull import (
-    LIMITS,
+from provisioner.jobs.results import Results, capped_log, finish, tail
+from provisioner.jobs.resume import find_source, head_copy_command, latest_checkpoint
+from provisioner.jobs.submit import JobOutcome, lost_a_node, shows_a_lost_node
+from provisioner.node import layout
+from provisioner.remote.pull import (
+    UNBOUNDED,
     RemoteFile,
     hash_command,
     list_command,
@@ -28,16 +31,20 @@ from provisioner.jobs.pull import (
     parse_hashes,
     parse_listing,
 )
-from provisioner.jobs.results import Results, capped_log, finish, tail
-from provisioner.jobs.resume import find_source, head_copy_command, latest_checkpoint
-from provisioner.jobs.submit import JobOutcome, lost_a_node, shows_a_lost_node
-from provisioner.remote.receive import Receiver
+from provisioner.remote.receive import Limits, Receiver, ensure_directory, write_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "playbooks"))
 
 import rlrun
 
 ROOT_WORD = '"$HOME"/.provisioner/clusters/c/results'
+LIMITS = Limits(
+    members=UNBOUNDED, file_bytes=UNBOUNDED, total_bytes=UNBOUNDED, compressed_bytes=UNBOUNDED
+)
+
+
+def results(cluster: str) -> str:
+    return layout.node_results_dir(cluster)
 
 
 def on(root: Path, command: str) -> str:
@@ -46,13 +53,14 @@ def on(root: Path, command: str) -> str:
 
 
 def test_listing_commands_are_quoted_and_skip_files_being_written() -> None:
-    cmd = list_command("demo", "ppo-1")
+    cmd = list_command(results("demo"), "ppo-1")
     assert cmd.startswith(
         'root=$(cd -P "$HOME"/.provisioner/clusters/demo/results 2>/dev/null && pwd -P) '
         '|| exit 3; cd -P "$HOME"/.provisioner/clusters/demo/results/ppo-1 2>/dev/null || exit 3'
     )
     assert "! -path '*/.tmp*'" in cmd
-    assert hash_command("demo", "ppo-1", ["a b", "c;d"]).endswith("sha256sum -z -- 'a b' 'c;d'")
+    hashed = hash_command(results("demo"), "ppo-1", ["a b", "c;d"])
+    assert hashed.endswith("sha256sum -z -- 'a b' 'c;d'")
 
 
 def test_the_listing_matches_what_find_prints(tmp_path: Path) -> None:
@@ -62,7 +70,7 @@ def test_the_listing_matches_what_find_prints(tmp_path: Path) -> None:
     (job / "checkpoints" / ".tmp-iter-000004").mkdir()
     (job / "checkpoints" / ".tmp-iter-000004" / "half.pkl").write_bytes(b"y")
     (job / "odd name.csv").write_text("1\n")
-    shell = on(tmp_path, list_command("c", "j"))
+    shell = on(tmp_path, list_command(results("c"), "j"))
     out = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, check=True)
     found = {f.path: f.size for f in parse_listing(out.stdout)}
     assert found == {"checkpoints/iter-000002/state.pkl": 10, "odd name.csv": 2}
@@ -70,7 +78,7 @@ def test_the_listing_matches_what_find_prints(tmp_path: Path) -> None:
         [
             "bash",
             "-c",
-            on(tmp_path, hash_command("c", "j", list(found))),
+            on(tmp_path, hash_command(results("c"), "j", list(found))),
         ],
         capture_output=True,
         text=True,
@@ -100,11 +108,11 @@ def test_a_file_already_home_with_the_same_size_and_mtime_is_not_sent_again(
 
 def test_received_files_are_placed_privately_and_never_through_a_link(tmp_path: Path) -> None:
     root = tmp_path / "home"
-    landing.ensure_root(root)
+    ensure_directory(root)
     with Receiver(root / ".incoming", limits=LIMITS, what="results", where="test") as rx:
         got = rx.add_file("a/b/c.bin", [b"ab", b"cd"], size=4)
         assert (got.size, got.sha256) == (4, hashlib.sha256(b"abcd").hexdigest())
-        landing.place(rx.staging, got.name, root)
+        rx.place(got.name, root)
     assert (root / "a" / "b" / "c.bin").read_bytes() == b"abcd"
     assert (root / "a" / "b" / "c.bin").stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in root.iterdir()) == ["a"]  # the staging directory is gone
@@ -114,11 +122,11 @@ def test_received_files_are_placed_privately_and_never_through_a_link(tmp_path: 
     with Receiver(root / ".incoming", limits=LIMITS, what="results", where="test") as rx:
         got = rx.add_file("link/x.txt", [b"x"])
         with pytest.raises(ReceiveError):
-            landing.place(rx.staging, got.name, root)
+            rx.place(got.name, root)
     with pytest.raises(ReceiveError):
-        landing.write_file(root, "link/y.txt", b"y")
+        write_file(root, "link/y.txt", b"y")
     with pytest.raises(ReceiveError):
-        landing.write_file(root, "../y.txt", b"y")
+        write_file(root, "../y.txt", b"y")
     assert list(outside.iterdir()) == []
 
 

@@ -18,7 +18,11 @@ import pytest
 
 from provisioner.errors import InputError, ReceiveError, TooLargeError
 from provisioner.jobs.manage import progress_command, record_status_command
-from provisioner.jobs.pull import (
+from provisioner.jobs.resume import head_copy_command
+from provisioner.jobs.tables import read_json, read_rows
+from provisioner.jobs.upload import sendable_files
+from provisioner.node import layout
+from provisioner.remote.pull import (
     LINK_EXIT,
     PULL_MAX_BYTES,
     limits,
@@ -27,12 +31,10 @@ from provisioner.jobs.pull import (
     pull_limit,
     read_command,
 )
-from provisioner.jobs.resume import head_copy_command
-from provisioner.jobs.tables import read_json, read_rows
-from provisioner.jobs.upload import sendable_files
 from provisioner.remote.receive import Limits, Receiver
 
 ROOT_WORD = '"$HOME"/.provisioner/clusters/c/results'
+RESULTS = layout.node_results_dir("c")
 
 
 def sh(root: Path, command: str) -> subprocess.CompletedProcess[bytes]:
@@ -64,12 +66,12 @@ def test_the_listing_holds_regular_files_only_and_never_enters_a_link(
 ) -> None:
     root, secret = planted
     assert (root / "j" / "key").read_text() == "SECRET KEY\n"  # the link works: a control
-    listed = sh(root, list_command("c", "j"))
+    listed = sh(root, list_command(RESULTS, "j"))
     assert listed.returncode == 0, listed.stderr
     names = {f.path for f in parse_listing(listed.stdout.decode())}
     assert names == {"metrics.csv", "sub/plain.txt"}, names
-    assert sh(root, list_command("c", "evil")).returncode == LINK_EXIT
-    assert sh(root, list_command("c", "absent")).returncode == 3
+    assert sh(root, list_command(RESULTS, "evil")).returncode == LINK_EXIT
+    assert sh(root, list_command(RESULTS, "absent")).returncode == 3
     assert sorted(p.name for p in (root / "evil").iterdir()) == sorted(  # a control
         p.name for p in secret.iterdir()
     )
@@ -79,14 +81,14 @@ def test_a_read_is_bounded_by_the_listed_size_and_never_follows_a_link(
     planted: tuple[Path, Path],
 ) -> None:
     root, _ = planted
-    plain = sh(root, read_command("c", "j", "sub/plain.txt", 6))
+    plain = sh(root, read_command(RESULTS, "j", "sub/plain.txt", 6))
     assert (plain.returncode, plain.stdout) == (0, b"plain\n")
-    cut = sh(root, read_command("c", "j", "metrics.csv", 4))
+    cut = sh(root, read_command(RESULTS, "j", "metrics.csv", 4))
     assert (cut.returncode, cut.stdout) == (0, b"iter")  # at most the listed size
     for name in ("key", "ssh/id_ed25519", "job-status.json"):
-        got = sh(root, read_command("c", "j", name, 100))
+        got = sh(root, read_command(RESULTS, "j", name, 100))
         assert got.returncode != 0 and b"SECRET" not in got.stdout, (name, got)
-    through_dir = sh(root, read_command("c", "j", "ssh/id_ed25519", 100))
+    through_dir = sh(root, read_command(RESULTS, "j", "ssh/id_ed25519", 100))
     assert through_dir.returncode == LINK_EXIT
 
 

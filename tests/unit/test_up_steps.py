@@ -1,0 +1,103 @@
+"""`up` works on one context, in steps: which nodes (re)start (`start_needed`), the steps'
+order and what flows between them, and the options the CLI's flags become."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner.cluster import status, up
+from provisioner.cluster.headprobe import GcsNode, Joined
+from provisioner.errors import InputError
+from provisioner.gpu.plan import GpuPlan, signature
+from provisioner.runtime import docker
+from provisioner.runtime.base import RayState
+from tests.unit.inventories import make_inventory
+from tests.unit.test_image_lock import make_pin
+
+PIN = "sha256:x"
+
+
+def status_of(tmp_path: Path, states: dict[str, RayState], gcs_error: str | None = None) -> Any:
+    inv = make_inventory(tmp_path)
+    runtime = docker.DockerRuntime(inv, make_pin(image_id=PIN))
+    alive = [GcsNode(n.name, n.address, True) for n in inv.nodes]
+    before = status.assemble(inv, runtime, states, {}, alive)
+    before.gcs_error = gcs_error
+    ctx = up.UpContext(inv, None, runtime, runtime.pin, lambda _: None)  # type: ignore[arg-type]
+    return ctx, before
+
+
+def test_a_node_running_the_pin_with_its_gpus_is_left_alone(tmp_path: Path) -> None:
+    plan = GpuPlan("gpus", ("GPU-1",), (0,))
+    ok = RayState(status="running", runs=PIN, gpus=signature(plan))
+    inv = make_inventory(tmp_path)
+    ctx, before = status_of(tmp_path, {n.name: ok for n in inv.nodes})
+    worker = ctx.inventory.workers[0]
+    gpus = {worker.name: plan}
+    assert not up.start_needed(ctx, gpus, before, worker, head_restarted=False)
+    assert up.start_needed(ctx, gpus, before, worker, head_restarted=True)  # the head restarts
+    other = {worker.name: GpuPlan("gpus", ("GPU-2",), (1,))}  # another GPU since
+    assert up.start_needed(ctx, other, before, worker, head_restarted=False)
+    assert up.start_needed(ctx, {}, before, worker, head_restarted=False)  # GPUs gone
+
+
+def test_a_head_whose_gcs_does_not_answer_restarts(tmp_path: Path) -> None:
+    inv = make_inventory(tmp_path)
+    running = {n.name: RayState(status="running", runs=PIN) for n in inv.nodes}
+    ctx, healthy = status_of(tmp_path, running)
+    assert not up.start_needed(ctx, {}, healthy, ctx.inventory.head, head_restarted=False)
+    ctx, broken = status_of(tmp_path, running, gcs_error="connection refused")
+    assert up.start_needed(ctx, {}, broken, ctx.inventory.head, head_restarted=False)
+    worker = ctx.inventory.workers[0]  # a worker does not care about the GCS's answer
+    assert not up.start_needed(ctx, {}, broken, worker, head_restarted=False)
+    stale = {**running, worker.name: RayState(status="running", runs="sha256:old")}
+    ctx, old = status_of(tmp_path, stale)
+    assert up.start_needed(ctx, {}, old, worker, head_restarted=False)  # another image
+
+
+def test_bring_up_runs_its_steps_in_order_passing_what_each_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    decided, stopped = object(), object()
+    joined = Joined(nodes=[], placement=[], timings={})
+
+    def step(name: str, returns: Any = None, expects: tuple[Any, ...] = ()) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            assert all(any(a is e for a in args) for e in expects), (name, args)
+            return returns
+
+        return run
+
+    monkeypatch.setattr(up, "plan", step("plan", decided))
+    monkeypatch.setattr(up, "stop", step("stop", stopped, (decided,)))
+    monkeypatch.setattr(up, "start", step("start", None, (decided, stopped)))
+    monkeypatch.setattr(up, "wait", step("wait", joined, (decided,)))
+    monkeypatch.setattr(up, "probe", step("probe", None, (decided, joined)))
+    monkeypatch.setattr(up, "record", step("record", None, (decided, joined)))
+    ctx, _ = status_of(tmp_path, {})
+    result = up.bring_up(ctx)
+    assert calls == ["plan", "stop", "start", "wait", "probe", "record"]
+    assert result.runtime == "docker"
+
+
+def test_the_clis_flags_become_the_options_with_the_same_defaults() -> None:
+    params = inspect.signature(up.up_cluster).parameters
+    defaults = up.UpOptions()
+    for name in ("force", "doctor", "join_timeout", "push", "rotate_token"):
+        assert params[name].default == getattr(defaults, name), name
+    assert defaults.probe is True
+
+
+def test_the_context_refuses_an_unknown_runtime_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))  # the cluster id
+    inv = make_inventory(tmp_path, runtime="nosuch")
+    with pytest.raises(InputError, match="nosuch"):
+        up.context(inv, None, pin=None)  # type: ignore[arg-type]
