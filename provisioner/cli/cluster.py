@@ -536,9 +536,10 @@ def tunnel_cmd(
     json_: JsonOption = False,
 ) -> None:
     """Forward the head's dashboard and TensorBoard (the port after the metrics export port
-    in the cluster's block; 6006 with Ray's default ports) here until Ctrl-C.
-    With --json: one JSON document ({"dashboard", "tensorboard", "token_path", "exports"})
-    as soon as the tunnels are up; it keeps running until Ctrl-C."""
+    in the cluster's ports: port_base+9 in a block, 8091 with Ray's default ports) here
+    until Ctrl-C; nothing is forwarded to a dashboard port held by anything but this
+    cluster's own Ray. With --json: one JSON document ({"dashboard", "tensorboard",
+    "token_path", "exports"}) as soon as the tunnels are up; it keeps running until Ctrl-C."""
     out = output(json_)
     inv = load_cluster(inventory)
     with Pool(inv) as pool, ExitStack() as stack:

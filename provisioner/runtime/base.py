@@ -147,6 +147,12 @@ class Runtime(Protocol):
         """Run a Python script read from stdin where Ray runs (with the cluster's token)."""
         ...
 
+    def sockets_command(self) -> str:
+        """Shell: the inode of every socket this cluster's own Ray processes hold on the
+        node, one a line (none when its Ray does not run there): what proves a listener is
+        this cluster's (`cluster.tunnel.check_listener`)."""
+        ...
+
     def runtime_log_command(self, lines: int | None = None) -> str:
         """The runtime's own log of Ray on the node (container log, start output) on
         stdout; its last `lines` when given."""

@@ -205,6 +205,16 @@ def stop_command(cluster: str, cluster_id: str = "") -> str:
     )
 
 
+def sockets_command(cluster: str, cluster_id: str = "") -> str:
+    """Shell: the inode of every socket held by this cluster's Ray processes (`_pids`:
+    the SSH user's own, marked with its id, their sessions and descendants), one a line."""
+    return (
+        f"{_pids(cluster, cluster_id)}; "
+        'for p in $PIDS; do ls -l "/proc/$p/fd/" 2>/dev/null; done | '
+        "sed -n 's/.*socket:\\[\\([0-9]*\\)\\]$/\\1/p'; exit 0"
+    )
+
+
 def _own_ray(cluster: str, cluster_id: str) -> str:
     """Shell: `raylet=PID` / `gcs=PID` for this cluster's raylet and GCS (of `_seeds`)."""
     return (
@@ -491,6 +501,9 @@ class HostRuntime:
 
     def python_command(self, *args: str) -> str:
         return python_command(self.cluster, self.python, *args, use_tls=self.inventory.tls)
+
+    def sockets_command(self) -> str:
+        return sockets_command(self.cluster, self.cluster_id)
 
     def runtime_log_command(self, lines: int | None = None) -> str:
         return log_command(self.cluster, lines)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
-from provisioner.node import layout
+from provisioner.node.token import ray_container
 from tests.e2e.helpers import ssh
 from tests.e2e.test_cluster_lifecycle import cli, cli_json, inventory  # noqa: F401
 
@@ -62,7 +62,7 @@ def launcher_state(cluster: str) -> Path:
 
 def test_plain_ray_up_down_up(inventory: str, lab: LabInfo, tmp_path: Path) -> None:  # noqa: F811
     inv = load_inventory(Path(inventory))
-    container = layout.container_name(inv.cluster)
+    container = ray_container(inv)
     assert cli("down", "-i", inventory, "--no-logs")[0] == 0
     launcher_state(inv.cluster).unlink(missing_ok=True)
     home = tmp_path / "home"
