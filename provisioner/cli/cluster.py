@@ -30,7 +30,7 @@ from provisioner.image.lock import Pin, read_pin
 from provisioner.inventory import Inventory, load_cluster, load_inventory
 from provisioner.inventory.loader import require_nodes
 from provisioner.jobs.manage import JobsRunning, Stopped, stop_for_down
-from provisioner.node import token
+from provisioner.node import tls, token
 from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
 from provisioner.runtime.base import PUSH_MODES, Runtime
@@ -108,7 +108,8 @@ def render(
     path = token.ensure_token(inv)
     token.ensure_cluster_id(inv)
     pin = _pin(inv) if inv.image_lock is not None else None
-    text = render_mod.render(inv, path, runtime_for(inv, pin))
+    tls_dir = tls.render_files(inv) if inv.tls else None
+    text = render_mod.render(inv, path, runtime_for(inv, pin), tls_dir)
     if out_file is not None:
         out_file.write_text(text)
     _rendered(out, "cluster.yaml", text, out_file, f"ray up -y {out_file}")

@@ -158,8 +158,10 @@ class Runtime(Protocol):
         stdout; its last `lines` when given."""
         ...
 
-    def render_section(self, token_path: Path) -> RenderSection:
-        """How Ray runs, for Ray's own launcher (`ray up`); `token_path`: the local token."""
+    def render_section(self, token_path: Path, tls_dir: Path | None = None) -> RenderSection:
+        """How Ray runs, for Ray's own launcher (`ray up`); `token_path`: the local token;
+        `tls_dir`: the local TLS files every node gets (`node.tls.render_files`; None: Ray
+        runs without TLS)."""
         ...
 
 

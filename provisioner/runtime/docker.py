@@ -282,10 +282,12 @@ def _forget_state(cluster: str) -> str:
     return f"rm -f {names}"
 
 
-def run_options(inventory: Inventory, cluster_id: str = "") -> list[str]:
+def run_options(inventory: Inventory, cluster_id: str = "", *, use_tls: bool = False) -> list[str]:
     """`docker run` options for `ray up`: host networking is Ray's own; these add shm,
-    token, logs, and the cluster's id label."""
-    options = [f"-e {k}={shlex.quote(v)}" for k, v in CONTAINER_ENV.items()]
+    token, logs, the cluster's id label, and with `use_tls` the variables that make Ray
+    use the TLS files the launcher mounts at `tls.CONTAINER_TLS_DIR`."""
+    env = {**CONTAINER_ENV, **(tls.ray_env(tls.CONTAINER_TLS_DIR) if use_tls else {})}
+    options = [f"-e {k}={shlex.quote(v)}" for k, v in env.items()]
     if cluster_id:
         options.append(f"--label {shlex.quote(f'{layout.LABEL_CLUSTER_ID}={cluster_id}')}")
     options.append(f"-v {layout.node_ray_dir(inventory.cluster)}:{layout.CONTAINER_RAY_DIR}")
@@ -390,15 +392,20 @@ class DockerRuntime:
     def runtime_log_command(self, lines: int | None = None) -> str:
         return container_log_command(self.cluster, lines, self.cluster_id)
 
-    def render_section(self, token_path: Path) -> RenderSection:
+    def render_section(self, token_path: Path, tls_dir: Path | None = None) -> RenderSection:
+        mounts = {layout.CONTAINER_TOKEN_PATH: str(token_path)}
+        if tls_dir is not None:
+            mounts[tls.CONTAINER_TLS_DIR] = str(tls_dir)
         config = {
             "docker": {
                 "image": self.image,
                 "container_name": layout.container_name(self.cluster, self.cluster_id),
                 "pull_before_run": False,
-                "run_options": run_options(self.inventory, self.cluster_id),
+                "run_options": run_options(
+                    self.inventory, self.cluster_id, use_tls=tls_dir is not None
+                ),
             },
-            "file_mounts": {layout.CONTAINER_TOKEN_PATH: str(token_path)},
+            "file_mounts": mounts,
         }
         # Inside the container: a stale Ray there never holds a port; the launcher's state
         # on the node's disk (/tmp/ray is mounted) is this cluster's own.
