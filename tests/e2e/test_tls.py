@@ -195,14 +195,18 @@ def rogue_command(
     return " ".join(words)
 
 
+REFUSED = "Failed to connect to GCS"  # what a raylet's `ray start` logs when it cannot get in
+
+
 def rogue_raylets(
     inv: Inventory, lab: LabInfo, worker: LabNode, image: str, head: str, *, other_folder: str
 ) -> dict[str, bool]:
     """Start three raylets on `worker`, each in a container of its own, that differ only
     in their TLS settings (each with the cluster's token): the cluster's own files, no
     TLS, and another CA's certificate beside the cluster's CA. Wait (bound: 180 s, not a
-    target) until the one with the cluster's files is alive in the GCS, then say which
-    are alive; the raylets are removed in any case (the joined one with `ray stop` first,
+    target) until the one with the cluster's files is alive in the GCS and the others
+    have logged that they could not reach the GCS, then say which are alive and which
+    were refused; the raylets are removed in any case (the joined one with `ray stop` first,
     so that the GCS marks it dead)."""
     home = f"/home/{worker.user}/.provisioner/clusters/{inv.cluster}"
     token = {f"{home}/auth_token": layout.CONTAINER_TOKEN_PATH}
@@ -230,9 +234,16 @@ def rogue_raylets(
         while "rogue_ours" not in seen and time.monotonic() < end:
             time.sleep(3)
             seen = alive_rogues(head_node, container, head)
+        # the others: until each says the GCS did not let it in (bound: 120 s, not a target)
+        logs: dict[str, str] = {}
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            logs = {n: probe(worker, f"docker logs rogue-{n} 2>&1")[1] for n in variants}
+            if all(REFUSED in logs[n] for n in variants if n != "ours"):
+                break
+            time.sleep(3)
         states = on_node(worker, f"docker inspect -f '{{{{.Name}}}} {{{{.State.Status}}}}' {names}")
-        logs = {n: probe(worker, f"docker logs --tail 5 rogue-{n} 2>&1")[1] for n in variants}
-        seen |= alive_rogues(head_node, container, head)  # once more, after the logs
+        seen |= alive_rogues(head_node, container, head)  # once more, after that
     finally:
         probe(worker, "docker exec rogue-ours ray stop >/dev/null 2>&1; true")
         on_node(worker, f"docker rm -f {names} >/dev/null 2>&1; true")
@@ -241,6 +252,8 @@ def rogue_raylets(
         "ours": "rogue_ours" in seen,
         "no TLS": "rogue_notls" in seen,
         "another CA's cert, our CA": "rogue_otherca" in seen,
+        "no TLS refused": REFUSED in logs.get("notls", ""),
+        "another CA refused": REFUSED in logs.get("otherca", ""),
     }
 
 
@@ -289,7 +302,8 @@ def test_ray_traffic_runs_tls_with_the_cluster_ca(
         # A raylet joining from a worker: with the cluster's files it joins; with no TLS,
         # or another CA's certificate beside the cluster's CA, it never appears alive
         joined = rogue_raylets(inv, lab, worker, pin, head, other_folder=folder)
-        assert joined["ours"], joined
+        assert joined["ours"], joined  # positive control: the cluster's files get in
+        assert joined["no TLS refused"] and joined["another CA refused"], joined
         assert not joined["no TLS"] and not joined["another CA's cert, our CA"], joined
 
         # PPO with an env runner on every node: the job's driver and workers have TLS too
