@@ -12,7 +12,8 @@ the target return or the step budget, and writes into the results directory
 - `progress.json`: where the run is now (iteration, env steps against the budget, mean
   return, steps/s, the time left), also printed as a `PROVISIONER-PROGRESS` line;
 - `runners.json`: the node address and host each env runner ran on;
-- `summary.json`: what the run reached, and why it stopped.
+- `summary.json`: what the run reached, why it stopped, its node-hours and their cost
+  (where `$PROVISIONER_PRICE_PER_NODE_HOUR` gives a price).
 
 `--resume-from CHECKPOINT` (or `$PROVISIONER_RESUME_FROM`, relative to the results
 directory) continues a run: `Algorithm.restore_from_path` brings back the learner's
@@ -44,6 +45,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -63,6 +65,9 @@ RETRIES_ENV = "PROVISIONER_RETRIES"
 SIGTERM_ENV = "PROVISIONER_CHECKPOINT_ON_SIGTERM"
 PROGRESS_MARK = "PROVISIONER-PROGRESS"
 CHECKPOINTS = "checkpoints"
+# the price of one node-hour (`submit --price-per-hour`, or the inventory's
+# price_per_node_hour): the run's cost in summary.json
+PRICE_ENV = "PROVISIONER_PRICE_PER_NODE_HOUR"
 
 
 RNG_FILE = "rng.json"
@@ -161,6 +166,29 @@ def cluster_nodes() -> int:
     return sum(1 for n in ray.nodes() if n.get("Alive"))  # type: ignore[no-untyped-call,misc]
 
 
+def price_per_hour(environ: Any = None) -> float | None:
+    """The price of a node-hour this job was given ($PROVISIONER_PRICE_PER_NODE_HOUR), or
+    None (no price given, or not a number 0 or more)."""
+    text = (os.environ if environ is None else environ).get(PRICE_ENV)
+    try:
+        price = float(text) if text else None
+    except ValueError:
+        return None
+    return price if price is not None and math.isfinite(price) and price >= 0 else None
+
+
+def cost_of(unit: str, hours: float, price: float | None) -> dict[str, Any]:
+    """Pure: the `cost` of summary.json, the same in a cluster job's (node-hours) and a
+    SageMaker job's (instance-hours): hours x price, where a price is given."""
+    hours = round(hours, 5)  # the cost is the hours as written times the price
+    return {
+        "unit": unit,
+        "hours": hours,
+        "price_per_hour": price,
+        "cost": None if price is None else round(hours * price, 5),
+    }
+
+
 def cluster_gpus() -> float:
     """The GPUs Ray lists in the cluster."""
     import ray
@@ -249,7 +277,8 @@ def runner_nodes(algo: Algorithm) -> list[dict[str, Any]]:
 
 
 def learner_devices(algo: Algorithm) -> list[dict[str, Any]]:
-    """Which device each learner trains on: its torch device, node address and GPU name."""
+    """Which device each learner trains on: its torch device, node address and GPU name,
+    and whether it is a remote learner."""
     import ray
 
     def where(learner: Any, _: Any = None) -> dict[str, Any]:
@@ -269,7 +298,10 @@ def learner_devices(algo: Algorithm) -> list[dict[str, Any]]:
     group = algo.learner_group
     assert group is not None, "the algorithm was built without learners"
     found = [r.get() for r in group.foreach_learner(where)]  # type: ignore[no-untyped-call]
-    return [{"learner": i, **d} for i, d in enumerate(found)]
+    # remote: in an actor of its own (`--num-learners` 1 or more, as a GPU learner is);
+    # else the driver's own learner
+    remote = bool(group.is_remote)
+    return [{"learner": i, "remote": remote, **d} for i, d in enumerate(found)]
 
 
 @dataclass
@@ -343,12 +375,28 @@ def save_checkpoint(algo: Algorithm, results: Path, iteration: int, keep: int) -
     tmp = folder / f".tmp-{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     algo.save_to_path(str(tmp.resolve()))
+    readable_like(tmp, results)
     (tmp / RNG_FILE).write_text(json.dumps(rng_states(algo)))
     (tmp / LEARNER_FILE).write_text(json.dumps(learner_extras(algo)))
     os.replace(tmp, final)
     for old in sorted(p for p in folder.glob("iter-*") if p.is_dir())[: -max(1, keep)]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def readable_like(tree: Path, like: Path) -> None:
+    """Give every folder and file under `tree` the read access `like` (the results
+    directory) grants. A learner on another node (`--num-learners`, a GPU learner) saves
+    its part of a checkpoint through a temporary directory of RLlib's own, mode 0700,
+    which the user bringing results home over SSH could not read."""
+    bits = stat.S_IMODE(like.stat().st_mode) & 0o555
+    for root, dirs, files in os.walk(tree):
+        for name in dirs:
+            path = Path(root, name)
+            os.chmod(path, stat.S_IMODE(path.stat().st_mode) | bits)
+        for name in files:
+            path = Path(root, name)
+            os.chmod(path, stat.S_IMODE(path.stat().st_mode) | (bits & 0o444))
 
 
 @dataclass
@@ -768,6 +816,7 @@ def train(
         saved = (
             save_checkpoint(algo, results, last.iteration, saving.keep) if saving.final else None
         )
+        node_hours = cluster_nodes() * (last.time_s - clock.time_before) / 3600
         summary = {
             "stopped_by": reason,
             "iterations": last.iteration,
@@ -785,7 +834,8 @@ def train(
             # what the run occupied, for cost: every node of the cluster over this run's
             # training time (a resumed run counts its own time only)
             "cluster_nodes": cluster_nodes(),
-            "node_hours": round(cluster_nodes() * (last.time_s - clock.time_before) / 3600, 5),
+            "node_hours": round(node_hours, 5),
+            "cost": cost_of("node-hour", node_hours, price_per_hour()),
         }
         write_atomic(results / "summary.json", json.dumps(summary, indent=1))
         return summary

@@ -48,12 +48,24 @@ def docker_client() -> docker.DockerClient:
         c = docker.from_env(timeout=300)
         c.ping()
     except DockerException as exc:
-        raise PrerequisiteError(
-            f"no Docker engine answers on this machine ({exc.__class__.__name__})",
-            "install docker.io and start it: `apt-get install -y docker.io` then "
-            "`dockerd >/var/log/dockerd.log 2>&1 &` (or `systemctl start docker`)",
-        ) from exc
+        raise engine_error(str(exc), exc.__class__.__name__) from exc
     return c
+
+
+def engine_error(message: str, kind: str = "DockerException") -> PrerequisiteError:
+    """Pure: what to tell a user whose Docker engine did not answer: a socket that refuses
+    this user (not in the docker group) is not an engine to install."""
+    if "Permission denied" in message:
+        return PrerequisiteError(
+            "Docker's socket refused this user (permission denied): not in the docker group",
+            "add yourself to the docker group (`sudo usermod -aG docker $USER`), then log in "
+            "again (or `newgrp docker`)",
+        )
+    return PrerequisiteError(
+        f"no Docker engine answers on this machine ({kind})",
+        "install docker.io and start it: `apt-get install -y docker.io` then "
+        "`dockerd >/var/log/dockerd.log 2>&1 &` (or `systemctl start docker`)",
+    )
 
 
 def need(tool: str, package: str) -> str:

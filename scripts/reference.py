@@ -62,6 +62,11 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PROVISIONER_RESULTS_ROOT": ("your playbook", "the node's folder of every job's results"),
     "PROVISIONER_RESUME_FROM": ("your playbook", "the checkpoint to resume from (`--resume`)"),
     "PROVISIONER_RETRIES": ("your playbook", "how many retries `submit --retries` allows"),
+    "PROVISIONER_PRICE_PER_NODE_HOUR": (
+        "your playbook",
+        "the price of a node-hour (`submit --price-per-hour`, or the inventory's): the run's "
+        "cost in summary.json",
+    ),
     "PROVISIONER_CLUSTER_ID": (
         "your playbook",
         "this cluster's id, in every Ray process's environment (host mode tells its own "
@@ -92,6 +97,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
 NOT_ENVIRONMENT = {
     "PROVISIONER_MEMO": "the doctor's facts script's memo of interpreter answers, inside one run",
     "PROVISIONER_PROBE": "the marker line of the cluster probe's output",
+    "PROVISIONER_BOARD": "the marker line of the head's TensorBoard script (`tunnel`)",
     "PROVISIONER_VARS": "a Python constant: the inventory variables Ansible's format may carry",
 }
 _NAME = re.compile(r"\bPROVISIONER_[A-Z0-9_]+\b")

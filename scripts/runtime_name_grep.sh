@@ -5,7 +5,7 @@
 # (DIR: the package folder, default provisioner). tests/unit/test_layering.py runs this
 # and the same check on the code's syntax.
 dir=${1:-provisioner}
-names=${RUNTIME_NAMES:-docker|host}  # provisioner.runtime.registry.names(), joined by |
+names=${RUNTIME_NAMES:-docker|host|podman}  # provisioner.runtime.registry.names(), joined by |
 q="[\"']"
 grep -rnE --include='*.py' \
   -e "runtime[A-Za-z_.]*[)]?\s*(==|!=|not in|in)\s*[(\[{]?[^#]*$q($names)$q" \

@@ -105,6 +105,7 @@ class NodeFacts:
     bound_ports: tuple[int, ...] = ()
     complete: bool = False  # the script ran to its end
     ray_state: str | None = None  # the runtime's state command's output, when asked for
+    runtime: str = ""  # the runtime's own facts section (`Judges.facts`), raw: it parses it
     gpu: GpuFacts = field(default_factory=GpuFacts)  # NVIDIA GPUs, driver, container toolkit
 
     def holds_cluster(self, cluster: str, *, running: bool = False) -> bool:
@@ -312,5 +313,6 @@ def parse_facts(host: str, text: str, sent_at: float = 0.0, received_at: float =
         bound_ports=bound,
         complete="end" in s,
         ray_state=s.get("ray_state"),
+        runtime=s.get("runtime", ""),
         gpu=parse_gpu_facts(s),
     )

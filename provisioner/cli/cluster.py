@@ -16,11 +16,13 @@ from rich.text import Text
 
 from provisioner.cli.common import InventoryOption, JsonOption, output
 from provisioner.cli.doctor import render as render_findings
+from provisioner.cluster import board as board_mod
 from provisioner.cluster import down as down_mod
 from provisioner.cluster import membership
 from provisioner.cluster import render as render_mod
 from provisioner.cluster import status as status_mod
 from provisioner.cluster import up as up_mod
+from provisioner.cluster.board import Board
 from provisioner.cluster.logs import LogMatch, collect
 from provisioner.cluster.preflight import DoctorStopped
 from provisioner.cluster.tunnel import tensorboard_port, tunnel
@@ -517,15 +519,33 @@ def ray_env_lines(url: str, token_path: Path) -> list[str]:
 
 
 def tunnel_doc(
-    dash: str, board: str, token_path: Path, exports: list[str], board_head_port: int = 0
+    dash: str,
+    board: str,
+    token_path: Path,
+    exports: list[str],
+    board_head_port: int = 0,
+    served: Board | None = None,
 ) -> dict[str, object]:
     """What `tunnel --json` prints: the local URLs and ports (TensorBoard's port on the head
-    too), and the export lines."""
+    too, and whether TensorBoard serves there), and the export lines."""
     from urllib.parse import urlsplit
 
+    tensorboard: dict[str, object] = {
+        "url": board,
+        "port": urlsplit(board).port,
+        "head_port": board_head_port,
+    }
+    if served is not None:
+        tensorboard.update(
+            serving=served.serving,
+            state=served.state,
+            logdir=served.logdir,
+            error=served.error or None,
+            fix=served.fix or None,
+        )
     return {
         "dashboard": {"url": dash, "port": urlsplit(dash).port},
-        "tensorboard": {"url": board, "port": urlsplit(board).port, "head_port": board_head_port},
+        "tensorboard": tensorboard,
         "token_path": str(token_path.resolve()),
         "exports": exports,
     }
@@ -536,25 +556,38 @@ def tunnel_cmd(
     port: Annotated[int | None, typer.Option("--port", help="Local dashboard port.")] = None,
     json_: JsonOption = False,
 ) -> None:
-    """Forward the head's dashboard and TensorBoard (the port after the metrics export port
-    in the cluster's ports: port_base+9 in a block, 8091 with Ray's default ports) here
-    until Ctrl-C; nothing is forwarded to a dashboard port held by anything but this
+    """Forward the head's dashboard, and TensorBoard over the jobs' results (started on the
+    head where Ray runs, on the port after the metrics export port in the cluster's ports:
+    port_base+9 in a block, 8091 with Ray's default ports), here until Ctrl-C; TensorBoard
+    stops with it. Nothing is forwarded to a dashboard port held by anything but this
     cluster's own Ray. With --json: one JSON document ({"dashboard", "tensorboard",
     "token_path", "exports"}) as soon as the tunnels are up; it keeps running until Ctrl-C."""
     out = output(json_)
     inv = load_cluster(inventory)
+    runtime = runtime_for(inv)  # where Ray runs on the head; the pin is not needed here
     with Pool(inv) as pool, ExitStack() as stack:
         dash = stack.enter_context(tunnel(inv, local_port=port, pool=pool))
         board_port = tensorboard_port(inv.ports)
+        head = pool.session(inv.head)
+        with out.step("starting TensorBoard on the head"):
+            served = board_mod.serve(head, runtime, board_port)
+        stack.callback(board_mod.stop, head, runtime, served)
         board = stack.enter_context(tunnel(inv, remote_port=board_port, pool=pool))
         token_path = token.local_token_path(inv)
         exports = ray_env_lines(dash, token_path)
+        if not served.serving:
+            _warn(out, [f"no TensorBoard: {served.error} (fix: {served.fix})"])
         if json_:
-            out.emit(tunnel_doc(dash, board, token_path, exports, board_port))
+            out.emit(tunnel_doc(dash, board, token_path, exports, board_port, served))
         else:
+            what = (
+                f"the jobs' results on the head ({served.logdir})"
+                if served.serving
+                else "not serving, see the warning"
+            )
             out.say(
                 f"dashboard:   {dash}\ntensorboard: {board} (the head's port {board_port}: "
-                f"`tensorboard --logdir DIR --port {board_port}` there)\n(Ctrl-C to stop)"
+                f"{what})\n(Ctrl-C to stop)"
             )
             out.say(f"the dashboard asks for the token: {token_path}")
             out.say("for Ray's own CLI (`ray job list`, `ray job logs -f JOB`), in another shell:")

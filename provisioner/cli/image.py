@@ -96,14 +96,26 @@ def lock_cmd(
         out.say(f"{target}: {len(wheels)} packages")
 
 
+# How `image build` came by its base (`--json`: base.how).
+BASE_HOW = {
+    "given": "--base",
+    "built": "the Debian base, built here before",
+    "debootstrap": "the Debian base, built now with debootstrap",
+    "registry": "FROM $PROVISIONER_BASE_IMAGE",
+    "default": "the default base, on this machine",
+}
+
+
 @app.command("build")
 def build_cmd(
     base: Annotated[
         str | None,
         typer.Option(
             "--base",
-            help="Base image already on this machine (e.g. python:3.11-slim-bookworm, pulled "
-            "by you); default: the lab's Debian base, built locally.",
+            help="Base image already on this machine (a Debian bookworm image with python3, "
+            "e.g. python:3.11-slim-bookworm, pulled by you). Default: the Debian base built "
+            "here with debootstrap (as root, offline; once built, every user's), else "
+            "python:3.11-slim-bookworm when it is on this machine.",
         ),
     ] = None,
     offline: Annotated[
@@ -120,10 +132,12 @@ def build_cmd(
     tag = tag or (f"{BUILD_TAG}-cuda" if cuda else BUILD_TAG)
     out = output(json_)
     images, wheels_dir = _dirs(images_dir, wheelhouse)
+    chosen = "given"
     if base is None:
-        from provisioner.image.base import ensure_base_image
+        from provisioner.image.base import build_base
 
-        base = ensure_base_image(out.progress)
+        choice = build_base(out.progress)
+        base, chosen = choice.tag, choice.how
     opts = BuildOptions(
         images_dir=images,
         wheelhouse=wheels_dir,
@@ -138,13 +152,20 @@ def build_cmd(
     pin = result.pin
     assert pin is not None
     if json_:
-        out.emit({**pin_to_dict(pin), "lock": str(result.lock_path), "seconds": result.seconds})
+        out.emit(
+            {
+                **pin_to_dict(pin),
+                "lock": str(result.lock_path),
+                "seconds": result.seconds,
+                "base": {"image": base, "how": chosen},
+            }
+        )
         return
     v = pin.versions
     out.say(
         f"{pin.image_id}\n  {pin.size / 1e9:.2f} GB, {len(pin.layers)} layers, built in "
         f"{result.seconds:.0f}s\n  python {v.python}, ray {v.ray}, torch {v.torch}, "
-        f"gymnasium {v.gymnasium}\n  pin: {result.lock_path}"
+        f"gymnasium {v.gymnasium}\n  base: {base} ({BASE_HOW[chosen]})\n  pin: {result.lock_path}"
     )
 
 

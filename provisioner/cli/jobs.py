@@ -18,7 +18,7 @@ from provisioner.errors import InputError
 from provisioner.jobs import JobOutcome, JobSpec, make_spec, submit
 from provisioner.jobs.link import Link, Target
 from provisioner.jobs.pull import Pulled
-from provisioner.jobs.spec import JOB_ID, asks_for_help
+from provisioner.jobs.spec import JOB_ID, asks_for_help, priced
 from provisioner.jobs.stream import Handlers
 from provisioner.jobs.submit import upload_for, upload_line
 from provisioner.jobs.tables import read_rows
@@ -101,6 +101,15 @@ def submit_cmd(
             help="When a node is lost or the head restarts: repair (up) and resume, N times.",
         ),
     ] = 0,
+    price: Annotated[
+        float | None,
+        typer.Option(
+            "--price-per-hour",
+            min=0.0,
+            help="What one node-hour costs, for the run's cost in summary.json "
+            "(default: the inventory's price_per_node_hour).",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
     show_upload: Annotated[
         bool,
@@ -125,6 +134,7 @@ def submit_cmd(
     if asks_for_help(spec.args) and _local_help(out, spec):
         return
     target = _target(inventory, address, token_file)
+    spec = priced(spec, price, target.inventory.price_per_node_hour if target.inventory else None)
     handlers = _handlers(out, json_, verbose)
     prepare = None
     if resume is not None:
@@ -397,6 +407,13 @@ def _render(out: Output, outcome: JobOutcome) -> None:
             out.say("")
             out.out.print(table)
     out.say(f"\njob {outcome.job_id}: {outcome.status}; results in {found.directory}")
+    cost = (found.summary or {}).get("cost")
+    if isinstance(cost, dict) and isinstance(cost.get("hours"), int | float):
+        priced_at = cost.get("cost")
+        out.say(
+            f"{cost['hours']} node-hours"
+            + (f", cost {priced_at}" if isinstance(priced_at, int | float) else "")
+        )
     for plot in found.plots:
         out.say(f"plot: {plot}")
     for problem in found.unreadable:

@@ -60,7 +60,8 @@ def up(
             "--runtime",
             help="docker: nodes with Docker, for the pinned image; host: nodes with Ray, RLlib "
             "and torch in a virtualenv (from images/requirements.lock and the wheelhouse) on "
-            "the login shell's PATH only.",
+            "the login shell's PATH only; podman: nodes with rootless Podman, for the pinned "
+            "image, and a login user without Docker or sudo.",
         ),
     ] = DEFAULT_RUNTIME,
     images_dir: Annotated[

@@ -265,6 +265,7 @@ def run_doctor(
             reachability=reachability,
             parallelism=parallelism,
             ray_state=runtime.state_command() if ray_state else "",
+            runtime_facts=runtime.judges.facts,
         )
         timings["facts"] = time.monotonic() - started
         rounds = 1

@@ -39,10 +39,14 @@ def gather_facts(
     reachability: bool,
     parallelism: int,
     ray_state: str = "",
+    runtime_facts: str = "",
 ) -> GroupResult[NodeFacts]:
     """Round 1 on every node at once. `ray_state`: the runtime's state command, run in the
-    same round (section `ray_state`), so that `up` asks no node twice."""
+    same round (section `ray_state`), so that `up` asks no node twice; `runtime_facts`:
+    the runtime's own facts (section `runtime`)."""
     text = _script("facts.sh")
+    if runtime_facts:
+        text += f"\nsection runtime\n{{ {runtime_facts}\n}} 2>&1\n".encode()
     if ray_state:
         text += f"\nsection ray_state\n{{ {ray_state}\n}} 2>&1\n".encode()
 

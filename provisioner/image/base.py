@@ -2,6 +2,10 @@
 bookworm with Python 3.11, built locally with debootstrap (or FROM a registry image named
 in $PROVISIONER_BASE_IMAGE where a registry is reachable), reused until its recipe changes
 (the tag carries a hash of it). The lab builds its node images on it too.
+
+debootstrap needs root (and Debian); a user in the docker group builds from a base image
+already on the machine: the Debian base built once before, else the default registry
+base, `python:3.11-slim-bookworm`, when it was pulled (`choose_build_base`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from docker.errors import BuildError, ImageNotFound
@@ -36,6 +41,10 @@ BASE_PACKAGES = (
     "iproute2",
     "procps",
 )
+# The base `image build` takes, without --base, where it cannot build the Debian one (not
+# root, or no debootstrap) and it is on this machine: the official Python image of the
+# same Debian release and Python (`docker pull` it where a registry is reachable).
+DEFAULT_BASE = "python:3.11-slim-bookworm"
 
 
 def _digest(*parts: str | bytes) -> str:
@@ -77,6 +86,76 @@ def ensure_base_image(report: Reporter = quiet) -> str:
     """The tag of the local base image, building it once (debootstrap, about a minute)."""
     with build_lock(report):
         return _ensure_base_image(report)
+
+
+@dataclass(frozen=True)
+class BaseChoice:
+    """Which base `image build` builds FROM, and how it gets there."""
+
+    tag: str
+    how: str  # "built": already here | "debootstrap": built now (root) | "registry" | "default"
+
+
+def choose_build_base(
+    *,
+    registry_base: str | None,
+    built_tag: str,
+    built_present: bool,
+    default_present: bool,
+    is_root: bool,
+    has_debootstrap: bool,
+) -> BaseChoice:
+    """Pure: the base of `image build` without --base. $PROVISIONER_BASE_IMAGE first; then
+    the Debian base when it is already built (by anyone: it is a local image); then
+    debootstrap, the offline path, for root where it is installed; then DEFAULT_BASE when
+    it is on this machine. Otherwise a PrerequisiteError (exit 2) saying how to get a base:
+    never a debootstrap run that cannot succeed."""
+    if registry_base:
+        return BaseChoice(built_tag, "registry")
+    if built_present:
+        return BaseChoice(built_tag, "built")
+    if is_root and has_debootstrap:
+        return BaseChoice(built_tag, "debootstrap")
+    if default_present:
+        return BaseChoice(DEFAULT_BASE, "default")
+    why = (
+        "building the Debian base with debootstrap needs root"
+        if not is_root
+        else "`debootstrap` is not installed on this machine"
+    )
+    root_fix = (
+        "or build the Debian base once as root (`sudo provisioner image build`; offline, "
+        "from your Debian mirror), after which every user's `image build` uses it"
+        if not is_root
+        else "or install debootstrap (`apt-get install -y debootstrap`, Debian only) to "
+        "build the Debian base offline"
+    )
+    raise PrerequisiteError(
+        f"`image build` has no base image: neither the Debian base ({built_tag}) nor "
+        f"{DEFAULT_BASE} is on this machine, and {why}",
+        f"pull the default base where a registry is reachable (`docker pull {DEFAULT_BASE}`), "
+        "or name a Debian bookworm image with python3 you have "
+        f"(`provisioner image build --base IMAGE`), {root_fix}",
+    )
+
+
+def build_base(report: Reporter = quiet) -> BaseChoice:
+    """The base for `image build` without --base (`choose_build_base` on this machine's
+    facts), built first when that is the choice."""
+    with build_lock(report):
+        registry_base = os.environ.get("PROVISIONER_BASE_IMAGE")
+        tag = base_tag(registry_base)
+        choice = choose_build_base(
+            registry_base=registry_base,
+            built_tag=tag,
+            built_present=_exists(tag),
+            default_present=_exists(DEFAULT_BASE),
+            is_root=os.geteuid() == 0,
+            has_debootstrap=shutil.which("debootstrap") is not None,
+        )
+        if choice.how in ("registry", "debootstrap"):
+            _ensure_base_image(report)
+        return choice
 
 
 def _ensure_base_image(report: Reporter = quiet) -> str:

@@ -124,7 +124,8 @@ def _base_id(base: str) -> str:
         raise InputError(
             f"the base image {base!r} is not on this machine",
             f"pull it yourself where a registry is reachable (`docker pull {base}`), or "
-            "leave out --base to use the lab's locally built Debian base",
+            "leave out --base (the Debian base built here, as root with debootstrap, or "
+            "python:3.11-slim-bookworm when pulled)",
         ) from None
 
 

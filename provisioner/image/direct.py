@@ -60,7 +60,9 @@ from provisioner.inventory import Node
 from provisioner.local import need, state_root
 from provisioner.remote import Pool, Result, Session
 
-RETRYABLE = frozenset({"connection-lost", "load-failed", "command-timeout"})
+# A broken stream, a failed load, a command past its time, or a reconnection whose
+# authentication an overloaded node did not finish: the next attempt may well succeed.
+RETRYABLE = frozenset({"connection-lost", "load-failed", "command-timeout", "auth-timeout"})
 LOAD_COMMAND = "docker load"
 T = TypeVar("T")
 

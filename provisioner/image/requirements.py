@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
@@ -213,7 +214,8 @@ def wheels_in_report(data: dict[str, Any]) -> list[LockedWheel]:
         info = item.get("download_info") or {}
         url = str(info.get("url", ""))
         digest = str(((info.get("archive_info") or {}).get("hashes") or {}).get("sha256", ""))
-        filename = url.rsplit("/", 1)[-1].split("#", 1)[0]
+        # an index may percent-encode the name (PyTorch's: `torch-2.13.0%2Bcpu-...`)
+        filename = unquote(url.rsplit("/", 1)[-1].split("#", 1)[0])
         if not digest or not filename.endswith(".whl"):
             raise OperationError(
                 f"pip's report gives no wheel with a sha256 for {filename or item}",

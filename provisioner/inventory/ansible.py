@@ -31,6 +31,7 @@ from provisioner.inventory.fields import (
     check_name,
     check_port,
     check_port_base,
+    check_price,
     check_python,
     check_resource_map,
     check_runtime,
@@ -51,6 +52,7 @@ PROVISIONER_VARS = {
     "provisioner_ray_python": "host runtime: the interpreter Ray runs with",
     "provisioner_ray_port_base": "first port of the cluster's block of Ray ports",
     "provisioner_ray_tls": "TLS on Ray's channels with the cluster's own CA (true | false)",
+    "provisioner_price_per_node_hour": "what one node-hour costs (a job's cost in summary.json)",
     "provisioner_resources": "Ray resources of a host",
     "provisioner_labels": "Ray labels of a host",
     "provisioner_gpus": "NVIDIA GPUs for Ray: all | none | [index or UUID, ...]",
@@ -290,6 +292,11 @@ def to_raw(path: Path, document: dict[str, Any]) -> RawInventory:
             at("provisioner_ray_tls"),
             "provisioner_ray_tls",
             default=True,
+        ),
+        price_per_node_hour=check_price(
+            common.get("provisioner_price_per_node_hour"),
+            at("provisioner_price_per_node_hour"),
+            "provisioner_price_per_node_hour",
         ),
     )
 

@@ -43,6 +43,7 @@ TOP_FIELDS = {
     "ray": "Ray settings: {port_base, ports, shm_size, object_store_memory, python, tls}",
     "runtime": "how Ray runs on the nodes: a runtime's name (default docker: the pinned image)",
     "scheduler": "instead of head and workers: {type: slurm, login, partition, nodes, time, ...}",
+    "price_per_node_hour": "what one node-hour costs you (a number): a job's cost in summary.json",
 }
 SSH_FIELDS = {
     "user": "login user",
@@ -202,6 +203,11 @@ def check_number(value: Any, where: Where, field: str, *, zero_ok: bool = False)
         expected = "a number, 0 or more" if zero_ok else "a positive number"
         raise where.error(field, f"expected {expected}, got {value!r}", "use e.g. 10")
     return float(value)
+
+
+def check_price(value: Any, where: Where, field: str) -> float | None:
+    """A price per node-hour (absent: None, no cost is reckoned)."""
+    return None if value is None else check_number(value, where, field, zero_ok=True)
 
 
 def check_jump(value: Any, where: Where, field: str) -> str | None:

@@ -202,6 +202,9 @@ class Inventory:
     runtime: str = DEFAULT_RUNTIME
     ray_python: str | None = None  # host runtime: the interpreter (None: a login shell's `ray`)
     tls: bool = True  # TLS on Ray's channels, with the cluster's own CA (node.tls)
+    # what one node-hour costs the user: `submit` gives it to the job, whose summary.json
+    # then has the run's cost (None: node-hours only)
+    price_per_node_hour: float | None = None
     # SLURM: what to ask for, and the login node; the head and workers are the allocated
     # nodes once `up` has them (until then the head is the login node, and `allocated` False)
     slurm: Slurm | None = None

@@ -25,6 +25,7 @@ from provisioner.inventory.fields import (
     check_number,
     check_port,
     check_port_base,
+    check_price,
     check_python,
     check_resource_map,
     check_runtime,
@@ -202,5 +203,10 @@ def parse_native(path: Path, document: Any) -> RawInventory:
         runtime_field="runtime",
         ray_python=check_python(ray.get("python"), _line(ray, "python", ray_where), "ray.python"),
         tls=check_flag(ray.get("tls"), _line(ray, "tls", ray_where), "ray.tls", default=True),
+        price_per_node_hour=check_price(
+            document.get("price_per_node_hour"),
+            _line(document, "price_per_node_hour", top),
+            "price_per_node_hour",
+        ),
         slurm=scheduler.slurm if scheduler else None,
     )

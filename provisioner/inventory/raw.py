@@ -54,6 +54,7 @@ class RawInventory:
     runtime_field: str = "runtime"
     ray_python: str | None = None
     tls: bool = True  # TLS on Ray's channels (node.tls)
+    price_per_node_hour: float | None = None  # for a job's cost (summary.json)
     # SLURM (`scheduler:`): the login node (also `head` until the allocation is known)
     slurm: Slurm | None = None
 

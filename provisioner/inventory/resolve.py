@@ -272,6 +272,7 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
             runtime_field=raw.runtime_field,
             ray_python=raw.ray_python,
             tls=raw.tls,
+            price_per_node_hour=raw.price_per_node_hour,
             slurm=raw.slurm,
             login=login,
             allocated=False,
@@ -293,4 +294,5 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
         runtime_field=raw.runtime_field,
         ray_python=raw.ray_python,
         tls=raw.tls,
+        price_per_node_hour=raw.price_per_node_hour,
     )

@@ -6,11 +6,12 @@ Pure functions; `submit` sends what they build to Ray's Jobs API.
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ RESULTS_ENV = "PROVISIONER_RESULTS_DIR"
 # A checkpoint to continue from, relative to the job's results directory (set by --resume).
 RESUME_ENV = "PROVISIONER_RESUME_FROM"
 RESUME_DIR = "resume"
+# The price of one node-hour, for the job's cost in its summary.json (playbooks/rlrun.py).
+PRICE_ENV = "PROVISIONER_PRICE_PER_NODE_HOUR"
 # Files that never travel with the working_dir (besides .gitignore'd ones, which Ray honours).
 EXCLUDES = ["results/", "__pycache__/", "*.pyc", ".git/"]
 # Job ids name directories on the head and here: keep them to a safe alphabet.
@@ -88,6 +91,17 @@ class JobSpec:
             META_RUN: self.run or self.job_id,
             META_RESUMED: self.resumed_from,
         }
+
+
+def priced(spec: JobSpec, flag: float | None, inventory: float | None) -> JobSpec:
+    """`spec` with the price of a node-hour (`--price-per-hour`, else the inventory's
+    price_per_node_hour) in its environment; unchanged when neither gives one."""
+    price = flag if flag is not None else inventory
+    if price is None:
+        return spec
+    if not math.isfinite(price) or price < 0:
+        raise InputError(f"price per node-hour {price}: not a price", "give a number, 0 or more")
+    return replace(spec, env={**spec.env, PRICE_ENV: repr(float(price))})
 
 
 def job_id_for(playbook: Path, now: float | None = None, nonce: str | None = None) -> str:

@@ -18,7 +18,7 @@ DEFAULT_NAME = "lab"
 DEFAULT_SUBNET = "10.250.0.0/24"
 FIRST_HOST = 10  # node i gets the subnet's address .10 + i
 MAX_NODES = 32
-LAB_RUNTIMES = ("docker", "host")
+LAB_RUNTIMES = ("docker", "host", "podman")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
 
 
@@ -46,7 +46,9 @@ class LabConfig:
     name: str = DEFAULT_NAME
     subnet: str = DEFAULT_SUBNET
     nodes: int = 3
-    runtime: str = "docker"  # host: nodes with Ray in a virtualenv on the login shell's PATH
+    # host: nodes with Ray in a virtualenv on the login shell's PATH; podman: nodes with
+    # rootless Podman for a login user without Docker
+    runtime: str = "docker"
     # a SLURM cluster: node 0 is the login node (slurmctld), `nodes` compute nodes (slurmd,
     # Ray in a virtualenv as in host mode) reached only through it
     slurm: bool = False
@@ -103,6 +105,15 @@ class LabConfig:
         return self.state_dir / "nodes" / node.name / "docker"
 
     @property
+    def storage_target(self) -> str:
+        """Where node_storage is mounted in a node: Docker's root, or for podman the login
+        user's Podman store (a host directory: native overlay needs one that is not
+        itself overlay)."""
+        if self.runtime == "podman":
+            return f"/home/{LAB_USER}/.local/share/containers"
+        return "/var/lib/docker"
+
+    @property
     def slurm_conf(self) -> Path:
         return self.state_dir / "slurm.conf"
 
@@ -150,7 +161,8 @@ def validate(cfg: LabConfig) -> None:
     if cfg.runtime not in LAB_RUNTIMES:
         raise InputError(
             f"--runtime must be one of {', '.join(LAB_RUNTIMES)}, got {cfg.runtime!r}",
-            "docker: nodes with Docker for the pinned image; host: nodes with Ray in a virtualenv",
+            "docker: nodes with Docker for the pinned image; host: nodes with Ray in a "
+            "virtualenv; podman: nodes with rootless Podman for the pinned image",
         )
     if not 1 <= cfg.nodes <= MAX_NODES:
         raise InputError(f"--nodes must be between 1 and {MAX_NODES}, got {cfg.nodes}")
@@ -186,7 +198,7 @@ def inventory_document(cfg: LabConfig, image_lock: Path | None = None) -> dict[s
     }
     if cfg.runtime != "docker":
         doc["runtime"] = cfg.runtime
-    elif image_lock is not None:
+    if cfg.runtime in ("docker", "podman") and image_lock is not None:
         doc["image"] = {"lock": str(image_lock.resolve())}
     return doc
 
@@ -299,7 +311,7 @@ def node_run_args(cfg: LabConfig, node: LabNode, image: str) -> list[str]:
         "-v",
         "/sys/fs/cgroup:/sys/fs/cgroup:rw",
         "-v",
-        f"{cfg.node_storage(node)}:/var/lib/docker:rw",
+        f"{cfg.node_storage(node)}:{cfg.storage_target}:rw",
         "-v",
         f"{cfg.state_dir / 'authorized_keys'}:/lab/authorized_keys:ro",
         *_slurm_args(cfg, node, image),

@@ -1,7 +1,8 @@
 """Images for the lab, built locally without any registry, reused until their recipe changes.
 
 - the base: `provisioner.image.base` (Debian bookworm with Python 3.11, from debootstrap);
-- the node: base + sshd + dockerd + a login user.
+- the node: base + sshd + dockerd + a login user;
+- the podman node: base + sshd + rootless Podman for a login user without Docker.
 Each tag carries a hash of its recipe, so a changed recipe builds a new image.
 """
 
@@ -124,6 +125,27 @@ def _ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
         shutil.copy2(_recipe_dir() / HOST_DOCKERFILE, ctx / "Dockerfile")
         _docker_build(ctx, "Dockerfile", tag, {"NODE_IMAGE": node}, report)
     return tag
+
+
+PODMAN_RECIPE = ("podman.Dockerfile", "podman-entrypoint.sh", "sshd_config")
+
+
+def podman_node_tag(base: str) -> str:
+    recipe = _recipe_dir()
+    files = [(recipe / f).read_bytes() for f in PODMAN_RECIPE]
+    return f"provisioner-lab-podman:{_digest(base, *files)}"
+
+
+def ensure_podman_node_image(report: Reporter = quiet) -> str:
+    """The tag of the podman lab node image: the base plus sshd and rootless Podman for a
+    login user with no Docker and no sudo. Built once."""
+    with build_lock(report):
+        base = ensure_base_image(report)
+        tag = podman_node_tag(base)
+        if not _exists(tag):
+            report(f"building the podman lab node image {tag} (sshd, podman; about a minute)")
+            _docker_build(_recipe_dir(), "podman.Dockerfile", tag, {"BASE_IMAGE": base}, report)
+        return tag
 
 
 SLURM_RECIPE = ("slurm.Dockerfile", "slurm-entrypoint.sh")

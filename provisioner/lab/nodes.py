@@ -30,6 +30,7 @@ from provisioner.lab.engine import client, docker_cli, exec_rc
 from provisioner.lab.images import (
     ensure_host_node_image,
     ensure_node_image,
+    ensure_podman_node_image,
     ensure_slurm_node_image,
 )
 from provisioner.lab.keys import ensure_keypair
@@ -130,6 +131,8 @@ def lab_up(
         image = ensure_slurm_node_image(images_dir, report)
     elif cfg.runtime == "host":
         image = ensure_host_node_image(images_dir, report)
+    elif cfg.runtime == "podman":
+        image = ensure_podman_node_image(report)
     else:
         image = ensure_node_image(report)
     private_dir(cfg.state_dir)
@@ -256,10 +259,12 @@ def _ensure_node(cfg: LabConfig, node: LabNode, image: str, report: Reporter) ->
 
 
 def wait_ready(node: LabNode, report: Reporter = quiet, timeout: float = READY_TIMEOUT) -> None:
-    """Wait until the node's sshd answers with a banner and its dockerd answers."""
+    """Wait until the node's sshd answers with a banner and its dockerd (if it has one:
+    a podman node has none) answers."""
     deadline = time.monotonic() + timeout
+    dockerd = "! command -v dockerd >/dev/null || docker info >/dev/null"
     while time.monotonic() < deadline:
-        if _sshd_answers(node) and exec_rc(node.container, "docker info >/dev/null")[0] == 0:
+        if _sshd_answers(node) and exec_rc(node.container, dockerd)[0] == 0:
             return
         time.sleep(0.5)
     _, log = exec_rc(node.container, "tail -n 5 /var/log/dockerd.log /var/log/sshd.log")

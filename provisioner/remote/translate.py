@@ -31,6 +31,21 @@ def _auth_fix(address: str, port: int, user: str, keys: tuple[Path, ...]) -> str
     )
 
 
+def interrupted(exc: KeysRefused) -> str | None:
+    """Why authentication stopped, when it was not the server refusing the keys: paramiko
+    records each key's outcome, and a timeout or a dropped transport is not a refusal (pure)."""
+    for outcome in exc.result:
+        reason = outcome.result
+        if not isinstance(reason, Exception):
+            continue
+        text = str(reason) or type(reason).__name__
+        # paramiko's words when no answer came or the transport went away mid-way
+        cut = any(w in text.lower() for w in ("timeout", "transport shut down", "eof"))
+        if cut or not isinstance(reason, paramiko.AuthenticationException):
+            return text
+    return None
+
+
 def translate(
     exc: BaseException,
     *,
@@ -57,6 +72,14 @@ def translate(
             "ask the machine's owner whether its keys were regenerated; if so: "
             f"ssh-keygen -f {shlex.quote(str(path))} -R {shlex.quote(name)} and connect again",
             kind="hostkey-changed",
+        )
+    if isinstance(exc, KeysRefused) and (lost := interrupted(exc)) is not None:
+        return ConnectError(
+            host,
+            f"{target} did not finish authenticating within {timeout:g}s: {lost}",
+            "sshd on that machine is overloaded or the link dropped; try again, or raise"
+            " ssh.connect_timeout for slow machines",
+            kind="auth-timeout",
         )
     if isinstance(exc, KeysRefused):
         said, fix = refusal(exc, address, port, user)

@@ -52,11 +52,14 @@ class Judges:
 
     `node`: its checks of one node; `cluster`: across nodes (versions); `own_ray`: whether
     the facts show this cluster's own Ray running on the node (its busy ports and
-    processes are then that Ray, not a fault: the one own-Ray waiver)."""
+    processes are then that Ray, not a fault: the one own-Ray waiver); `facts`: the
+    runtime's own section of that round trip (bash, run after the doctor's facts script
+    with its helpers; its output is `NodeFacts.runtime`, which the runtime parses)."""
 
     node: Callable[[Node, NodeFacts, Plan], list[Finding]]
     cluster: Callable[[dict[str, NodeFacts], Plan], list[Finding]]
     own_ray: Callable[[NodeFacts, str], bool]
+    facts: str = ""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ class Entry:
 RUNTIMES: dict[str, Entry] = {
     "docker": Entry("provisioner.runtime.docker", "Ray in the pinned image's container"),
     "host": Entry("provisioner.runtime.host", "Ray from each node's own Python"),
+    "podman": Entry("provisioner.runtime.podman", "Ray in the pinned image, rootless Podman"),
 }
 
 

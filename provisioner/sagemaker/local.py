@@ -349,6 +349,9 @@ def _finish(
         summary["sagemaker"] = plan.cost(
             opts.instance_type, opts.instance_count, seconds, opts.price_per_hour
         )
+        # what is billed (every instance for the whole job), in place of the container's
+        # own node-hours of training
+        summary["cost"] = plan.comparable_cost(summary["sagemaker"])
         (home / "summary.json").write_text(json.dumps(summary, indent=1))
     with contextlib.suppress(Exception):
         plot_results(home)

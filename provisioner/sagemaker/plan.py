@@ -79,12 +79,25 @@ def cost(
 ) -> dict[str, Any]:
     """Instance-hours of a run, and its cost where a price per instance-hour is given
     (SageMaker bills each instance per second of the job's billable time)."""
-    hours = count * seconds / 3600.0
+    # the cost is the hours as written times the price, so the record checks by hand
+    hours = round(count * seconds / 3600.0, 5)
     return {
         "instance_type": instance_type,
         "instance_count": count,
         "seconds": round(seconds, 1),
-        "instance_hours": round(hours, 5),
+        "instance_hours": hours,
         "price_per_instance_hour": price_per_hour,
         "cost": None if price_per_hour is None else round(hours * price_per_hour, 5),
+    }
+
+
+def comparable_cost(sagemaker: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's `cost` of a SageMaker job, in the shape a cluster job's has
+    (playbooks/rlrun.py `cost_of`: unit, hours, price_per_hour, cost), so that the two
+    kinds of run compare field by field."""
+    return {
+        "unit": "instance-hour",
+        "hours": sagemaker["instance_hours"],
+        "price_per_hour": sagemaker["price_per_instance_hour"],
+        "cost": sagemaker["cost"],
     }

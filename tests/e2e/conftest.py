@@ -27,6 +27,9 @@ HOST_SUBNET = os.environ.get("PROVISIONER_HOST_LAB_SUBNET", "10.250.101.0/24")
 # The SLURM lab (a login node with slurmctld, compute nodes with slurmd): a lab of its own.
 SLURM_NAME = os.environ.get("PROVISIONER_SLURM_LAB_NAME", f"{E2E_NAME}-slurm")
 SLURM_SUBNET = os.environ.get("PROVISIONER_SLURM_LAB_SUBNET", "10.250.102.0/24")
+# The podman lab (rootless Podman for a login user without Docker): a lab of its own.
+PODMAN_NAME = os.environ.get("PROVISIONER_PODMAN_LAB_NAME", f"{E2E_NAME}-podman")
+PODMAN_SUBNET = os.environ.get("PROVISIONER_PODMAN_LAB_SUBNET", "10.250.103.0/24")
 
 
 # The e2e modules share one lab; this order keeps the expensive state (the image on every
@@ -37,6 +40,7 @@ MODULE_ORDER = (
     "test_doctor",
     "test_image_push",
     "test_image_forward",
+    "test_image_user",
     "test_cluster_lifecycle",
     "test_ssh_routes",
     "test_ssh_as_installed",
@@ -45,6 +49,7 @@ MODULE_ORDER = (
     "test_shared_nodes",
     "test_token_rotation",
     "test_long_runs",
+    "test_live_tensorboard",
     "test_storm",
     "test_faults",
     "test_security",
@@ -54,16 +59,17 @@ MODULE_ORDER = (
     "test_host_mode",
     "test_slurm",
     "test_tls",
+    "test_podman",
     # from a venv of `pip install .` alone; it ends with `down` (later tests run `up`)
     "test_light_install",
 )
 
 
-# Tests on the host-mode and SLURM labs touch nothing of the `e2e` lab: `make e2e` runs
+# Tests on the host-mode, SLURM and podman labs touch nothing of the `e2e` lab: `make e2e` runs
 # them (marked `apart`) in a second pytest process beside the first, so the suite's time
 # is nearer the longer of the two than their sum. Image builds take a lock
 # (`provisioner.local.build_lock`), so the two never build the same image at once.
-APART_FIXTURES = {"host_lab", "slurm_lab"}
+APART_FIXTURES = {"host_lab", "slurm_lab", "podman_lab"}
 # Modules that need none of the `e2e` lab (SageMaker's local mode runs on this machine's
 # own Docker; its one cluster test resumes on the host-mode lab) run there too.
 APART_MODULES = {"test_sagemaker_local"}
@@ -187,6 +193,22 @@ def slurm_lab() -> Iterator[LabInfo]:
     except InputError:  # a leftover lab of that name on another subnet: start clean
         lab_down(cfg)
         info = lab_up(cfg, print, images_dir=IMAGES)
+    yield info
+    if os.environ.get("PROVISIONER_KEEP_LAB") != "1":
+        lab_down(cfg)
+
+
+@pytest.fixture(scope="session")
+def podman_lab(image_pin: Path) -> Iterator[LabInfo]:
+    """A lab whose nodes run rootless Podman for a login user without Docker or sudo
+    (`lab up --runtime podman`), with an inventory that says `runtime: podman` and names
+    the pin; removed at the end unless kept."""
+    cfg = LabConfig(name=PODMAN_NAME, subnet=PODMAN_SUBNET, nodes=3, runtime="podman")
+    try:
+        info = lab_up(cfg, print, image_pin)
+    except InputError:  # a leftover lab of that name on another subnet: start clean
+        lab_down(cfg)
+        info = lab_up(cfg, print, image_pin)
     yield info
     if os.environ.get("PROVISIONER_KEEP_LAB") != "1":
         lab_down(cfg)

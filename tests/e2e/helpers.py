@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -75,3 +77,26 @@ def cli_json(*args: str) -> tuple[int, Any, str]:
     """The CLI with --json: exit code, the parsed stdout, stderr."""
     code, out, err = cli(*args, "--json")
     return code, json.loads(out), err
+
+
+# Every resume test's return before and after its resume point, one JSON line per resume,
+# for the notes (the lead quotes them): the path resumed, the fresh policy's return, the
+# mean of the iterations up to the resume point and of the first ones after it.
+RETURNS_RECORD = Path(__file__).resolve().parents[2] / "build" / "resume-returns.jsonl"
+
+
+def record_returns(
+    path: str, at: int, fresh: float, before: float | None, after: float | None
+) -> None:
+    """Append one resume's figures to build/resume-returns.jsonl (None: no episode)."""
+
+    def fig(value: float | None) -> float | None:
+        return None if value is None else round(value, 2)
+
+    row: dict[str, Any] = {"path": path, "at": at, "fresh": fig(fresh)}
+    row["before"], row["after"] = fig(before), fig(after)
+    row["test"] = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+    row["when"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    RETURNS_RECORD.parent.mkdir(parents=True, exist_ok=True)
+    with open(RETURNS_RECORD, "a") as f:
+        f.write(json.dumps(row) + "\n")

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
 from provisioner.node.token import ray_container
 from tests.e2e.faults.lab import edited_inventory
-from tests.e2e.helpers import ssh
+from tests.e2e.helpers import record_returns, ssh
 from tests.e2e.test_jobs import PLAYBOOKS, cli
 
 SMALL = ["--env-runners", "2", "--train-batch", "200", "--checkpoint-every", "2"]
@@ -37,36 +38,39 @@ LEARN = ["--env-runners", "2", "--train-batch", "1000", "--checkpoint-every", "2
 LEARN += ["--target-return", "1e9", "--max-env-steps", "10000000"]
 
 
-RETURNS_RECORD = Path(__file__).resolve().parents[2] / "build" / "resume-returns.jsonl"
-
-
 def returns_of(home: Path) -> dict[int, float]:
     """A results directory's mean return per iteration (metrics.csv)."""
     rows = (home / "metrics.csv").read_text().splitlines()[1:]
     return {int(r.split(",")[0]): float(r.split(",")[2] or "nan") for r in rows}
 
 
-def assert_learning_goes_on(returns: dict[int, float], at: int) -> tuple[float, float]:
-    """The mean return of the first iterations after the resume point `at` stays near the
-    mean just before it: (before, after).
-
-    The positive control is in the same run: its first iterations are a fresh policy's
-    return, far below the one reached before `at`, so a resume that restarted the policy
-    (keeping only the counters) fails here."""
+def returns_around(returns: dict[int, float], at: int, path: str) -> tuple[float, float, float]:
+    """(fresh, before, after): the mean return of a fresh policy (iterations 1-2), of the
+    3 iterations up to the resume point `at` and of the first 3 after it; recorded in
+    build/resume-returns.jsonl under `path`, the resume path the test shows."""
 
     def mean(iterations: range) -> float:
         got = [returns[i] for i in iterations if i in returns and not math.isnan(returns[i])]
         assert got, (iterations, returns)
         return sum(got) / len(got)
 
-    fresh = mean(range(1, 3))
-    before = mean(range(at - 2, at + 1))
-    after = mean(range(at + 1, at + 4))
-    record = {"at": at, "fresh": round(fresh, 1), "before": round(before, 1)}
-    record["after"] = round(after, 1)
-    RETURNS_RECORD.parent.mkdir(parents=True, exist_ok=True)
-    with open(RETURNS_RECORD, "a") as f:  # the figures for the notes: build/resume-returns.jsonl
-        f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", ""), **record}) + "\n")
+    fresh, before, after = (
+        mean(range(1, 3)),
+        mean(range(at - 2, at + 1)),
+        mean(range(at + 1, at + 4)),
+    )
+    record_returns(path, at, fresh, before, after)
+    return fresh, before, after
+
+
+def assert_learning_goes_on(returns: dict[int, float], at: int, path: str) -> tuple[float, float]:
+    """The mean return of the first iterations after the resume point `at` stays near the
+    mean just before it: (before, after).
+
+    The positive control is in the same run: its first iterations are a fresh policy's
+    return, far below the one reached before `at`, so a resume that restarted the policy
+    (keeping only the counters) fails here."""
+    fresh, before, after = returns_around(returns, at, path)
     assert before > 3 * fresh, f"the run had not learned before {at}: {returns}"
     assert after > 0.5 * before and after > 2.5 * fresh, (
         f"resumed at {at}: mean return {before:.1f} before, {after:.1f} after, a fresh "
@@ -325,7 +329,9 @@ def test_head_container_killed_then_up_repairs_and_submit_resume_continues(
     assert iterations == list(range(1, latest + 4)), iterations  # metrics appended
     steps = [int(r.split(",")[1]) for r in rows]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)  # counters continue
-    assert_learning_goes_on(returns_of(resumed), latest)  # and so does the learning
+    assert_learning_goes_on(  # and so does the learning
+        returns_of(resumed), latest, "--resume JOB, same cluster, after a head kill and up"
+    )
     assert "restored weights verified on 2 env runner(s)" in (resumed / "job.log").read_text()
     resumed_rates = [float(r.split(",")[4]) for r in rows[latest:]]
     # this run's own steps over its own time: the same order as before the loss, not the
@@ -336,13 +342,19 @@ def test_head_container_killed_then_up_repairs_and_submit_resume_continues(
     assert (resumed / "training.png").is_file()
 
 
-def test_a_finished_run_resumed_on_its_cluster_and_on_another_goes_on_learning(
-    inventory: str, lab: LabInfo, tmp_path: Path
-) -> None:
-    """`--resume JOB` on the same cluster (the head's own copy), then `--resume PATH` on a
-    cluster of another name whose head holds no copy (the checkpoint is sent from here),
-    with an observation filter whose state must come back with the weights."""
-    results = tmp_path / "results"
+@dataclass
+class Learned:
+    """A finished run that learned: its results directory and job id."""
+
+    results: Path
+    job: str
+
+
+@pytest.fixture(scope="module")
+def learned(inventory: str, tmp_path_factory: pytest.TempPathFactory) -> Learned:
+    """10 iterations of PPO on CartPole with an observation filter, its checkpoint of
+    iteration 10 home: what the resume tests below go on from."""
+    results = tmp_path_factory.mktemp("learned") / "results"
     first = ["--max-iterations", "10", "--obs-filter", *LEARN]
     code, out, err = cli(
         "submit", "-i", inventory, "--results", str(results), "--json",
@@ -350,8 +362,17 @@ def test_a_finished_run_resumed_on_its_cluster_and_on_another_goes_on_learning(
     )  # fmt: skip
     doc = json.loads(out)
     assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
-    job = doc["job_id"]
-    assert latest_home(results / job) == 10
+    assert latest_home(results / doc["job_id"]) == 10
+    return Learned(results, doc["job_id"])
+
+
+def test_a_finished_run_resumed_on_its_cluster_and_on_another_goes_on_learning(
+    inventory: str, lab: LabInfo, learned: Learned, tmp_path: Path
+) -> None:
+    """`--resume JOB` on the same cluster (the head's own copy), then `--resume PATH` on a
+    cluster of another name whose head holds no copy (the checkpoint is sent from here),
+    with an observation filter whose state must come back with the weights."""
+    results, job = learned.results, learned.job
     # nothing killed: the same cluster
     code, out, err = cli(
         "submit", "-i", inventory, "--results", str(results), "--json", "--resume", job,
@@ -361,7 +382,9 @@ def test_a_finished_run_resumed_on_its_cluster_and_on_another_goes_on_learning(
     again = json.loads(out)
     assert code == 0 and again["status"] == "SUCCEEDED", err[-3000:]
     assert "the head's own copy" in err
-    before, after = assert_learning_goes_on(returns_of(results / again["job_id"]), 10)
+    before, after = assert_learning_goes_on(
+        returns_of(results / again["job_id"]), 10, "--resume JOB, same cluster, nothing killed"
+    )
     print(f"--resume JOB, same cluster: return {before:.1f} before, {after:.1f} after")
     # a cluster of another name, on other ports: its head has no copy of the job
     other = edited_inventory(
@@ -380,11 +403,58 @@ def test_a_finished_run_resumed_on_its_cluster_and_on_another_goes_on_learning(
         assert code == 0 and moved["status"] == "SUCCEEDED", err[-3000:]
         assert "the head's own copy" not in err and "sent" in err, err[-3000:]
         home = tmp_path / "r" / moved["job_id"]
-        before, after = assert_learning_goes_on(returns_of(home), 10)
+        before, after = assert_learning_goes_on(
+            returns_of(home), 10, "--resume PATH, a cluster of another name, sent from here"
+        )
         print(f"--resume PATH, another cluster: return {before:.1f} before, {after:.1f} after")
         assert "restored weights verified on 2 env runner(s)" in (home / "job.log").read_text()
     finally:
         cli("down", "-i", str(other), "--no-logs", "--yes")
+
+
+def test_the_cells_playbook_resumed_onto_a_remote_learner_goes_on_learning(
+    inventory: str, tmp_path: Path
+) -> None:
+    """`ppo_cells.py` (this project's own environment) submitted, then `--resume JOB` with
+    the learner in an actor of its own (`--num-learners 1`), as a GPU learner is: the
+    restored weights and optimizer come from a remote learner, not the driver's. On CPU:
+    the lab's GPU nodes are simulated (no CUDA for torch), and the device is not the path
+    the state takes on a resume."""
+    results = tmp_path / "results"
+    cells = ["--env-runners", "2", "--train-batch", "1000", "--checkpoint-every", "2"]
+    cells += ["--max-env-steps", "10000000"]
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(results), "--json",
+        str(PLAYBOOKS / "ppo_cells.py"), "--", "--max-iterations", "8", *cells,
+    )  # fmt: skip
+    first = json.loads(out)
+    assert code == 0 and first["status"] == "SUCCEEDED", err[-3000:]
+    assert latest_home(results / first["job_id"]) == 8
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(results), "--json", "--resume",
+        first["job_id"], str(PLAYBOOKS / "ppo_cells.py"), "--", "--max-iterations", "11",
+        "--num-learners", "1", *cells,
+    )  # fmt: skip
+    again = json.loads(out)
+    assert code == 0 and again["status"] == "SUCCEEDED", err[-3000:]
+    home = results / again["job_id"]
+    assert "restored weights verified on 2 env runner(s)" in (home / "job.log").read_text()
+    # the learner was a remote one this time (the first run's was the driver's own)
+    learners = [
+        json.loads((h / "learners.json").read_text()) for h in (results / first["job_id"], home)
+    ]
+    assert [[d["remote"] for d in found] for found in learners] == [[False], [True]], learners
+    returns = returns_of(home)
+    assert sorted(returns) == list(range(1, 12)), returns  # metrics appended
+    # CellNetwork's return rises from a fresh policy's by about half (not CartPole's 10x):
+    # the resumed run keeps at least half of what the run had learned over a fresh policy
+    path = "ppo_cells.py: --resume JOB onto a remote learner (--num-learners 1)"
+    fresh, before, after = returns_around(returns, 8, path)
+    assert before > 1.2 * fresh, f"the run had not learned before 8: {returns}"
+    assert after - fresh > 0.5 * (before - fresh), (
+        f"resumed at 8: mean return {before:.2f} before, {after:.2f} after, a fresh "
+        f"policy's {fresh:.2f}: {returns}"
+    )
 
 
 def test_tunnel_prints_the_lines_rays_own_cli_needs(inventory: str, tmp_path: Path) -> None:
@@ -453,7 +523,9 @@ def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
     assert [int(r.split(",")[0]) for r in rows] == list(range(1, 17))  # resumed, not restarted
     resumed_at = resume_point(results / doc["job_id"])
     assert resumed_at >= 8, resumed_at
-    assert_learning_goes_on(returns_of(results / doc["job_id"]), resumed_at)
+    assert_learning_goes_on(
+        returns_of(results / doc["job_id"]), resumed_at, "--retries 1 after a worker loss"
+    )
     code, listed, err = jobs_json("list", "-i", inventory)
     assert code == 0, err[-2000:]
     tries = {j["job_id"]: j["attempt"] for j in listed["jobs"]}
@@ -461,24 +533,18 @@ def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
 
 
 def test_down_during_a_followed_job_asks_for_yes_then_stops_it_and_brings_results_home(
-    inventory: str, tmp_path: Path
+    inventory: str, learned: Learned, tmp_path: Path
 ) -> None:
-    results = tmp_path / "results"
+    results = learned.results
     log = tmp_path / "submit.log"
-    # a resumed run: the earlier one's two iterations and checkpoint, then this one's
-    code, out, err = cli(
-        "submit", "-i", inventory, "--results", str(results), "--json",
-        str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "2", *SMALL,
-    )  # fmt: skip
-    assert code == 0 and json.loads(out)["status"] == "SUCCEEDED", err[-3000:]
-    earlier = json.loads(out)["job_id"]
-    args = ["--max-iterations", "200", "--target-return", "1e9", *SMALL]
+    # a resumed run: the earlier one's ten iterations and checkpoint, then this one's
+    args = ["--max-iterations", "200", "--obs-filter", *LEARN]
     follower = provisioner_process(
-        "submit", "-i", inventory, "--results", str(results), "--json", "--resume", earlier,
-        str(PLAYBOOKS / "ppo_cartpole.py"), "--", *args, log=log,
+        "submit", "-i", inventory, "--results", str(results), "--json", "--resume",
+        learned.job, str(PLAYBOOKS / "ppo_cartpole.py"), "--", *args, log=log,
     )  # fmt: skip
     try:
-        wait_for(lambda: job_reached(log, 4), 240, "two iterations more")
+        wait_for(lambda: job_reached(log, 13), 400, "three iterations more")
         job = job_id_in(log)
         assert job is not None
         code, _, err = cli("down", "-i", inventory, "--no-logs")
@@ -499,5 +565,9 @@ def test_down_during_a_followed_job_asks_for_yes_then_stops_it_and_brings_result
     home = results / job
     rows = (home / "metrics.csv").read_text().splitlines()[1:]
     iterations = [int(r.split(",")[0]) for r in rows]
-    assert iterations[:4] == [1, 2, 3, 4], iterations  # nothing lost, the counters go on
+    assert iterations[:13] == list(range(1, 14)), iterations  # nothing lost, counters go on
     assert (home / "progress.json").is_file()
+    # the job's own lines, as its follower showed them
+    assert re.search(r"resumed from \S+ at iteration 10\b", text), text[-3000:]
+    assert "restored weights verified on 2 env runner(s)" in text, text[-3000:]
+    assert_learning_goes_on(returns_of(home), 10, "--resume JOB, then down --yes during the run")

@@ -1,8 +1,17 @@
 """The playbook under SageMaker's training contract, run by the SageMaker SDK's own local
 mode (`ModelTrainer`, `Mode.LOCAL_CONTAINER`: docker compose on this machine's dockerd).
 
-No lab: the SDK's containers are this machine's. Budgets stay small (two shared cores):
-PPO CartPole with a small batch, a checkpoint every iteration.
+No lab for the SageMaker runs: the SDK's containers are this machine's; the host-mode lab
+is the cluster runs move to and from. Runs move both ways and learning goes on: PPO
+CartPole with 1000 steps an iteration (test_long_runs's LEARN) learns within 10
+iterations, so each resume point is past a fresh policy's return, and the 3 iterations
+after it are compared with the 3 before (`assert_learning_goes_on`). The chain:
+
+1. 2 instances, stopped by SIGTERM past iteration 10 (a checkpoint home);
+2. SageMaker -> SageMaker: that checkpoint, 2 instances, run to completion;
+3. SageMaker -> cluster: `submit --resume PATH` on the lab (priced by the inventory);
+4. cluster -> SageMaker: `sagemaker run --resume JOB` with that cluster job's id, its
+   checkpoint from this machine's results folder through the checkpoint channel.
 """
 
 from __future__ import annotations
@@ -19,9 +28,14 @@ from typing import Any
 import pytest
 
 from provisioner.lab.nodes import LabInfo
+from tests.e2e.faults.lab import edited_inventory
+from tests.e2e.test_long_runs import assert_learning_goes_on, resume_point, returns_of
 
 PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "ppo_cartpole.py"
-FAST = ["--train-batch", "400", "--checkpoint-every", "1", "--target-return", "1e9"]
+# test_long_runs's LEARN, the env runners given per run
+LEARN = ["--train-batch", "1000", "--checkpoint-every", "2", "--target-return", "1e9"]
+LEARN += ["--max-env-steps", "10000000"]
+STOP_AFTER = 10  # the SIGTERM goes once the checkpoint of this iteration is home
 
 
 def _run_args(results: Path, pin: Path, *extra: str) -> list[str]:
@@ -68,6 +82,18 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def _iterations(home: Path) -> list[int]:
+    return [int(r["iteration"]) for r in _rows(home / "metrics.csv")]
+
+
+def _returns(label: str, home: Path, at: int) -> tuple[float, float]:
+    """Learning goes on past the resume point `at` (the log's own), figures printed."""
+    assert resume_point(home) == at
+    before, after = assert_learning_goes_on(returns_of(home), at, label)
+    print(f"{label}: resumed at {at}, mean return {before:.1f} before, {after:.1f} after")
+    return before, after
+
+
 @dataclass
 class Stopped:
     home: Path
@@ -80,22 +106,23 @@ class Stopped:
 @pytest.fixture(scope="module")
 def stopped(image_pin: Path, tmp_path_factory: pytest.TempPathFactory) -> Stopped:
     """Two local instances (the head on algo-1, a worker joined by name) stopped as
-    SageMaker stops a job: SIGTERM to every training container once checkpoints are in."""
+    SageMaker stops a job: SIGTERM to every training container once the run has learned
+    (the checkpoint of iteration STOP_AFTER is in)."""
     results = tmp_path_factory.mktemp("sagemaker") / "results"
     started = time.monotonic()
     proc = subprocess.Popen(
         _run_args(results, image_pin, "--instance-count", "2", "--", "--max-iterations",
-                  "200", "--env-runners", "3", *FAST),
+                  "200", "--env-runners", "3", *LEARN),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
     try:
         home = _job_dir(results, time.monotonic() + 120)
-        deadline = time.monotonic() + 240
-        while not (home / "checkpoints" / "iter-000002").is_dir():
+        deadline = time.monotonic() + 900
+        while not (home / "checkpoints" / f"iter-{STOP_AFTER:06d}").is_dir():
             assert proc.poll() is None, f"the run ended early: {proc.communicate()[1][-3000:]}"
-            assert time.monotonic() < deadline, "no checkpoint within 240 s"
+            assert time.monotonic() < deadline, f"no checkpoint {STOP_AFTER} within 900 s"
             time.sleep(1)
         # checkpoints land in RESULTS/JOB while the job runs (the checkpoint channel)
         assert proc.poll() is None
@@ -118,14 +145,13 @@ def test_two_instances_stopped_by_sigterm_leave_a_checkpoint(stopped: Stopped) -
     summary = doc["summary"]
     assert summary["stopped_by"] == "sigterm"
     stopped_at = summary["iterations"]
+    assert stopped_at >= STOP_AFTER
     assert (home / summary["checkpoint"]).is_dir() and summary["checkpoint"].endswith(
         f"iter-{stopped_at:06d}"
     )
     # the final checkpoint and the metrics also came out through /opt/ml/model
     assert (home / "model" / summary["checkpoint"] / "rllib_checkpoint.json").is_file()
-    assert [int(r["iteration"]) for r in _rows(home / "model" / "metrics.csv")] == list(
-        range(1, stopped_at + 1)
-    )
+    assert _iterations(home / "model") == list(range(1, stopped_at + 1))
     # env runners on both containers (the Ray head on algo-1, the worker joined by name)
     runners = json.loads((home / "runners.json").read_text())
     assert len({r["host"] for r in runners}) == 2, runners
@@ -136,59 +162,139 @@ def test_two_instances_stopped_by_sigterm_leave_a_checkpoint(stopped: Stopped) -
     assert _containers(home.name, all_=True) == [], "the job's containers are gone"
 
 
-def test_the_stopped_run_continues_under_sagemaker(
+def test_the_stopped_run_continues_on_two_instances_to_the_end_and_goes_on_learning(
     stopped: Stopped, image_pin: Path, tmp_path: Path
 ) -> None:
-    """`sagemaker run --resume PATH`: through the checkpoint channel; learning goes on."""
+    """SageMaker -> SageMaker, `sagemaker run --resume PATH` through the checkpoint
+    channel: 2 instances to completion, env runners on both, the checkpoints and metrics
+    home, the return where it was, and the cost of the instance-hours at the price given."""
     assert stopped.doc["status"] == "stopped", stopped.err[-3000:]
     stopped_at = stopped.doc["summary"]["iterations"]
-    more = stopped_at + 2
+    more = stopped_at + 3
     code, doc, err = _finish(
         subprocess.Popen(
-            _run_args(tmp_path / "results", image_pin, "--instance-count", "1", "--resume",
-                      str(stopped.home), "--", "--max-iterations", str(more), "--env-runners",
-                      "1", *FAST),
+            _run_args(tmp_path / "results", image_pin, "--instance-count", "2", "--resume",
+                      str(stopped.home), "--price-per-hour", "0.5", "--", "--max-iterations",
+                      str(more), "--env-runners", "3", *LEARN),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         ),
-        240,
+        600,
     )  # fmt: skip
     assert code == 0 and doc["status"] == "completed", (code, doc, err[-3000:])
     again = Path(doc["results"])
-    assert doc["summary"]["iterations"] == more and doc["summary"]["stopped_by"] == "max_iterations"
-    rows = _rows(again / "metrics.csv")
-    assert [int(r["iteration"]) for r in rows] == list(range(1, more + 1))
-    steps = [int(r["env_steps"]) for r in rows]
+    summary = doc["summary"]
+    assert summary["iterations"] == more and summary["stopped_by"] == "max_iterations"
+    assert _iterations(again) == list(range(1, more + 1))
+    steps = [int(r["env_steps"]) for r in _rows(again / "metrics.csv")]
     assert steps == sorted(steps) and steps[stopped_at] > steps[stopped_at - 1]
-    assert "resumed from" in (again / "job.log").read_text()
-    assert (again / "model" / doc["summary"]["checkpoint"] / "rllib_checkpoint.json").is_file()
+    _returns("SageMaker -> SageMaker (2 instances)", again, stopped_at)
+    # this run's env runners on both hosts (runners.json is its own, not the seeded run's)
+    runners = json.loads((again / "runners.json").read_text())
+    assert len({r["host"] for r in runners}) == 2 and summary["cluster_nodes"] == 2, runners
+    # checkpoints home while it ran, and the final one with the metrics through the model
+    assert summary["checkpoint"] == f"checkpoints/iter-{more:06d}"
+    assert (again / summary["checkpoint"] / "rllib_checkpoint.json").is_file()
+    assert (again / "model" / summary["checkpoint"] / "rllib_checkpoint.json").is_file()
+    assert _iterations(again / "model") == list(range(1, more + 1))
+    # cost: every instance for the whole job, at the price given
+    billed = summary["sagemaker"]
+    assert billed["instance_count"] == 2 and billed["price_per_instance_hour"] == 0.5
+    assert summary["cost"] == {
+        "unit": "instance-hour",
+        "hours": billed["instance_hours"],
+        "price_per_hour": 0.5,
+        "cost": round(billed["instance_hours"] * 0.5, 5),
+    }
+    assert billed["instance_hours"] > 0
+    assert _containers(again.name, all_=True) == [], "the job's containers are gone"
 
 
-def test_the_stopped_run_continues_on_the_lab_cluster(
-    stopped: Stopped, host_lab: LabInfo, tmp_path: Path
-) -> None:
-    """`submit --resume PATH` with a SageMaker job's results directory: the same checkpoint
-    format and metrics, so the cluster run goes on from the SageMaker run's iteration (on
-    the host-mode lab, Ray from the nodes' own Python: the same Ray and RLlib as the image)."""
+@dataclass
+class OnCluster:
+    results: Path  # this machine's results folder of the cluster job
+    doc: Any
+    at: int  # the SageMaker run's iteration it continued from
+
+
+@pytest.fixture(scope="module")
+def on_cluster(
+    stopped: Stopped, host_lab: LabInfo, tmp_path_factory: pytest.TempPathFactory
+) -> OnCluster:
+    """`submit --resume PATH` with a SageMaker job's results directory, on the host-mode
+    lab (Ray from the nodes' own Python: the same Ray and RLlib as the image), its
+    inventory giving a price per node-hour."""
     from tests.e2e.helpers import cli
 
     assert stopped.doc["status"] == "stopped", stopped.err[-3000:]
     stopped_at = stopped.doc["summary"]["iterations"]
-    inventory = str(host_lab.inventory)
+    tmp = tmp_path_factory.mktemp("cluster")
+    inventory = str(
+        edited_inventory(host_lab.inventory, tmp / "priced.yaml", price_per_node_hour=0.25)
+    )
     code, _, err = cli("up", "-i", inventory)
     assert code == 0, err[-3000:]
-    more = ["--max-iterations", str(stopped_at + 2), "--env-runners", "2", *FAST]
+    more = ["--max-iterations", str(stopped_at + 3), "--env-runners", "2", *LEARN]
     code, out, err = cli(
-        "submit", "-i", inventory, "--results", str(tmp_path / "results"), "--json",
+        "submit", "-i", inventory, "--results", str(tmp / "results"), "--json",
         "--resume", str(stopped.home), str(PLAYBOOK), "--", *more,
     )  # fmt: skip
     doc = json.loads(out)
     assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
-    resumed = tmp_path / "results" / doc["job_id"]
-    rows = _rows(resumed / "metrics.csv")
-    assert [int(r["iteration"]) for r in rows] == list(range(1, stopped_at + 3))
+    return OnCluster(tmp / "results", doc, stopped_at)
+
+
+def test_the_stopped_run_continues_on_the_lab_cluster_and_goes_on_learning(
+    on_cluster: OnCluster,
+) -> None:
+    """SageMaker -> cluster: the same checkpoint format and metrics, so the cluster run
+    goes on from the SageMaker run's iteration and return; its cost is its node-hours at
+    the inventory's price, in the shape of a SageMaker job's."""
+    at, doc = on_cluster.at, on_cluster.doc
+    resumed = on_cluster.results / doc["job_id"]
+    assert _iterations(resumed) == list(range(1, at + 4))
     assert "restored weights verified on 2 env runner(s)" in (resumed / "job.log").read_text()
+    _returns("SageMaker -> cluster", resumed, at)
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert summary["node_hours"] > 0
+    assert summary["cost"] == {
+        "unit": "node-hour",
+        "hours": summary["node_hours"],
+        "price_per_hour": 0.25,
+        "cost": round(summary["node_hours"] * 0.25, 5),
+    }
+
+
+def test_a_cluster_job_continues_on_sagemaker_and_goes_on_learning(
+    on_cluster: OnCluster, image_pin: Path
+) -> None:
+    """cluster -> SageMaker: `sagemaker run --resume JOB` with the cluster job's id; its
+    latest checkpoint and metrics from this machine's results folder go in through the
+    checkpoint channel, and the run goes on from the cluster's iteration and return."""
+    job = on_cluster.doc["job_id"]
+    at = on_cluster.doc["summary"]["iterations"]
+    cluster_home = on_cluster.results / job
+    assert (cluster_home / "checkpoints" / f"iter-{at:06d}").is_dir()
+    code, doc, err = _finish(
+        subprocess.Popen(
+            _run_args(on_cluster.results, image_pin, "--instance-count", "1", "--resume", job,
+                      "--", "--max-iterations", str(at + 3), "--env-runners", "1", *LEARN),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ),
+        600,
+    )  # fmt: skip
+    assert code == 0 and doc["status"] == "completed", (code, doc, err[-3000:])
+    assert doc["resumed_from"] == job
+    home = Path(doc["results"])
+    assert home.parent == on_cluster.results and home.name != job
+    assert doc["summary"]["iterations"] == at + 3
+    assert _iterations(home) == list(range(1, at + 4))
+    # the channel held the cluster's own checkpoint
+    assert f"checkpoints/iter-{at:06d}" in (home / "job.log").read_text()
+    _returns("cluster -> SageMaker", home, at)
 
 
 def test_a_failing_playbook_writes_its_reason_and_the_cli_shows_it(

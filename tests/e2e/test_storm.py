@@ -18,7 +18,7 @@ import pytest
 
 from provisioner.lab.nodes import LabInfo
 from provisioner.lab.storm import Storm
-from tests.e2e.helpers import cli
+from tests.e2e.helpers import cli, record_returns
 
 PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "ppo_cartpole.py"
 EVERY = 2
@@ -77,6 +77,14 @@ def test_a_run_goes_on_through_a_short_storm_of_faults(
         assert rec["resumed_from"] is not None, rec
         assert rec["iterations_lost"] <= EVERY, rec
     fresh = sum(float(r.split(",")[2]) for r in rows[:2]) / 2
+    paths = {
+        "worker_kill": "--retries after a worker loss (short storm)",
+        "client_kill": "the client SIGKILLed, jobs logs --follow --retries (short storm)",
+        "head_kill": "--retries after a head kill (short storm)",
+    }
+    for rec in storm.to_json():  # the figures, for the notes: build/resume-returns.jsonl
+        at = rec["resumed_from"] if rec["resumed_from"] is not None else rec["reached_before"]
+        record_returns(paths[rec["kind"]], at, fresh, rec["return_before"], rec["return_after"])
     for rec in storm.to_json():
         assert rec["return_before"] > 3 * fresh, (fresh, rec)  # learned: a restart would show
         assert rec["continuous"], rec

@@ -11,6 +11,7 @@ import pytest
 
 from provisioner.cli import run
 from provisioner.cli.cluster import ray_env_lines, tunnel_doc
+from provisioner.cluster.board import Board
 from provisioner.lab import faults
 from tests.unit.test_slurm import SLURM_INV
 
@@ -80,3 +81,18 @@ def test_tunnel_document(tmp_path: Path) -> None:
     assert doc["token_path"] == str(token.resolve())
     assert doc["exports"][0] == "export RAY_ADDRESS=http://127.0.0.1:41234"
     json.dumps(doc)  # a JSON document as it stands
+    served = Board("started", 29009, pid=42, logdir="/provisioner/results")
+    with_board = tunnel_doc(
+        "http://127.0.0.1:41234", "http://127.0.0.1:41235", token, exports, 29009, served
+    )
+    assert with_board["tensorboard"] == {
+        "url": "http://127.0.0.1:41235",
+        "port": 41235,
+        "head_port": 29009,
+        "serving": True,
+        "state": "started",
+        "logdir": "/provisioner/results",
+        "error": None,
+        "fix": None,
+    }
+    json.dumps(with_board)

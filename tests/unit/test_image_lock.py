@@ -149,6 +149,9 @@ def test_the_committed_lock_pins_the_issue_versions() -> None:
     assert wheels["torch"] == "2.13.0+cpu"  # the CPU build, never the CUDA one
     assert "gymnasium" in wheels
     assert not any(name.startswith("nvidia") for name in wheels)
+    # the image serves TensorBoard on the head (`provisioner tunnel`), CPU and CUDA alike
+    cuda = parse_lock((root / "requirements-cuda.lock").read_text(), "lock")
+    assert "tensorboard" in wheels and "tensorboard" in {w.name.lower() for w in cuda}
 
 
 def test_a_missing_requirements_file_is_named_with_its_fix(tmp_path: Path) -> None:
@@ -226,3 +229,16 @@ def test_a_wheel_pips_own_configuration_lacks_comes_from_the_index_the_lock_name
     got = ensure_wheels([locked], tmp_path / "with", indexes=[index])
     assert [p.name for p in got] == [f"{locked.name}-{locked.version}-py3-none-any.whl"]
     assert (tmp_path / "with" / got[0].name).is_file()
+
+
+def test_a_percent_encoded_wheel_url_in_pips_report_is_read_as_its_file_name() -> None:
+    from provisioner.image.requirements import wheels_in_report
+
+    url = (
+        "https://download.pytorch.org/whl/cpu/torch-2.13.0%2Bcpu-cp311-cp311-"
+        "manylinux_2_28_x86_64.whl#sha256=ab"
+    )
+    item = {"download_info": {"url": url, "archive_info": {"hashes": {"sha256": "ab" * 32}}}}
+    (wheel,) = wheels_in_report({"install": [item]})
+    assert (wheel.name, wheel.version) == ("torch", "2.13.0+cpu")
+    assert wheel.filename == "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"

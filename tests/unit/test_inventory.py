@@ -319,6 +319,22 @@ def test_ansible_port_base(tmp_path: Path, key: Path) -> None:
     assert "provisioner_ray_port_base" in str(err) and "hosts.ini:4" in str(err)
 
 
+def test_a_price_per_node_hour_is_read_from_either_format_and_checked(
+    tmp_path: Path, key: Path
+) -> None:
+    assert load_inventory(write(tmp_path, "inv.yaml", NATIVE)).price_per_node_hour is None
+    priced = "price_per_node_hour: 0.42\n" + NATIVE
+    assert load_inventory(write(tmp_path, "p.yaml", priced)).price_per_node_hour == 0.42
+    err = error_of(tmp_path, "price_per_node_hour: cheap\n" + NATIVE, "bad.yaml")
+    assert "price_per_node_hour" in str(err) and "bad.yaml:1" in str(err)
+    ini = INI.replace("KEY", str(key)).replace(
+        "provisioner_cluster=rack", "provisioner_cluster=rack\nprovisioner_price_per_node_hour=1.25"
+    )
+    assert load_inventory(write(tmp_path, "hosts.ini", ini)).price_per_node_hour == 1.25
+    err = error_of(tmp_path, ini.replace("=1.25", "=-1"), "hosts.ini")
+    assert "provisioner_price_per_node_hour" in str(err)
+
+
 def test_ray_tls_is_on_by_default_and_turned_off_by_the_inventory(
     tmp_path: Path, key: Path
 ) -> None:

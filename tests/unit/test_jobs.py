@@ -20,11 +20,13 @@ from provisioner.jobs.client import auth_headers
 from provisioner.jobs.results import tail
 from provisioner.jobs.spec import (
     META_RESUMED,
+    PRICE_ENV,
     RESUME_ENV,
     asks_for_help,
     check_job_id,
     job_id_for,
     make_spec,
+    priced,
 )
 from provisioner.jobs.stream import LineSplitter, progress_of, visible
 from provisioner.node.token import read_token_file
@@ -73,6 +75,18 @@ def test_a_resumed_job_points_its_playbook_at_the_checkpoint_it_was_given(tmp_pa
     spec = replace(make_spec(_playbook(tmp_path), job_id="j2"), resumed_from="j1")
     assert spec.runtime_env()["env_vars"][RESUME_ENV] == "resume/checkpoint"
     assert spec.metadata()[META_RESUMED] == "j1"
+
+
+def test_the_price_of_a_node_hour_reaches_the_job_flag_first_then_the_inventory(
+    tmp_path: Path,
+) -> None:
+    spec = make_spec(_playbook(tmp_path), job_id="j1")
+    assert PRICE_ENV not in priced(spec, None, None).runtime_env()["env_vars"]
+    assert priced(spec, None, 0.34).runtime_env()["env_vars"][PRICE_ENV] == "0.34"
+    assert priced(spec, 1.5, 0.34).runtime_env()["env_vars"][PRICE_ENV] == "1.5"
+    assert priced(spec, 0.0, 0.34).runtime_env()["env_vars"][PRICE_ENV] == "0.0"
+    with pytest.raises(InputError, match="not a price"):
+        priced(spec, float("nan"), None)
 
 
 def test_job_ids_that_could_leave_a_directory_are_bad_input() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -58,6 +60,20 @@ def test_node_run_args_pin_address_and_avoid_privileged() -> None:
     assert args[args.index("--cap-drop") + 1] == "SYS_RESOURCE"
     assert "/sys/fs/cgroup:/sys/fs/cgroup:rw" in args
     assert args[-1] == "img:1"
+
+
+def test_a_podman_lab_names_runtime_and_pin_and_stores_images_for_the_user(
+    tmp_path: Path,
+) -> None:
+    cfg = LabConfig(name="t", subnet="10.250.7.0/24", nodes=2, runtime="podman")
+    lock = tmp_path / "image.lock.json"
+    doc = inventory_document(cfg, lock)
+    assert doc["runtime"] == "podman" and doc["image"] == {"lock": str(lock.resolve())}
+    node = cfg.lab_nodes()[0]
+    args = node_run_args(cfg, node, "img:1")
+    assert f"{cfg.node_storage(node)}:/home/lab/.local/share/containers:rw" in args
+    docker = LabConfig(name="t", subnet="10.250.7.0/24", nodes=2)
+    assert f"{docker.node_storage(node)}:/var/lib/docker:rw" in node_run_args(docker, node, "i")
 
 
 @pytest.mark.parametrize(

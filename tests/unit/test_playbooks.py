@@ -48,6 +48,16 @@ def test_serving_from_the_nearest_cell_beats_random_so_there_is_something_to_lea
     assert _mean_return("nearest") > 1.5 * _mean_return("random")
 
 
+def test_a_runs_cost_is_its_node_hours_times_the_price_it_was_given() -> None:
+    assert rlrun.price_per_hour({}) is None
+    assert rlrun.price_per_hour({rlrun.PRICE_ENV: "0.5"}) == 0.5
+    for bad in ("cheap", "-1", "nan", "inf"):
+        assert rlrun.price_per_hour({rlrun.PRICE_ENV: bad}) is None
+    cost = rlrun.cost_of("node-hour", 3 * 1200 / 3600, 0.5)
+    assert cost == {"unit": "node-hour", "hours": 1.0, "price_per_hour": 0.5, "cost": 0.5}
+    assert rlrun.cost_of("node-hour", 1.0, None)["cost"] is None
+
+
 def test_training_stops_at_the_first_budget_reached() -> None:
     budget = rlrun.Budget(target_return=100, max_env_steps=1000, max_iterations=5)
     row = rlrun.Row(

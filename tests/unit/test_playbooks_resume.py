@@ -14,6 +14,7 @@ fresh policy, and its first return is the fresh run's first return again.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -232,3 +233,93 @@ def test_a_resume_gives_the_learner_back_ppos_kl_coefficient(
     rlrun.train(rlrun.ppo_config(args, "CartPole-v1"), budget, first, rlrun.saving_of(args))
     out = capsys.readouterr().out
     assert f"KL coefficient {coeff:.4g}" in out, out[-2000:]
+
+
+def adam_of(learner_state: dict[str, Any]) -> dict[int, tuple[float, Any, Any]]:
+    """The learner's Adam state per parameter: (step count, first moment, second moment)."""
+    from ray.rllib.core import COMPONENT_OPTIMIZER
+
+    (optimizer,) = learner_state[COMPONENT_OPTIMIZER].values()  # one module, one optimizer
+    return {
+        int(i): (float(s["step"]), s["exp_avg"], s["exp_avg_sq"])
+        for i, s in optimizer["state"]["state"].items()
+    }
+
+
+def learner_state_of(algo: Any) -> dict[str, Any]:
+    from ray.rllib.core import COMPONENT_LEARNER
+
+    state: dict[str, Any] = algo.learner_group.get_state()[COMPONENT_LEARNER]
+    return state
+
+
+@pytest.mark.parametrize("learners", ["0", "1"], ids=["driver_learner", "remote_learner"])
+def test_a_resume_gives_the_learner_back_its_optimizer_state(
+    trained: Path,
+    tmp_path: Path,
+    rllib_drops_its_restore_sync: None,
+    monkeypatch: pytest.MonkeyPatch,
+    learners: str,
+) -> None:
+    """Adam's step count and moments, as the learner holds them when training goes on
+    after a resume, are the ones saved with the checkpoint: the updates after the resume
+    are the run's next updates, not a fresh optimizer's first. With the driver's own
+    learner and with a remote one (as a GPU learner is: `--num-learners 1`)."""
+    import pickle
+
+    import numpy as np
+
+    saved_file = trained / "checkpoints" / "iter-000006" / "learner_group" / "learner"
+    saved = adam_of(pickle.loads((saved_file / "state.pkl").read_bytes()))
+    assert saved and all(step > 0 for step, _, _ in saved.values())  # it has trained
+
+    held: list[dict[str, Any]] = []
+    where = rlrun.runner_nodes
+
+    def after_the_restore(algo: Any) -> list[dict[str, Any]]:  # just before training goes on
+        held.append(learner_state_of(algo))
+        return where(algo)
+
+    monkeypatch.setattr(rlrun, "runner_nodes", after_the_restore)
+    into = tmp_path / "again"
+    into.mkdir()
+    shutil.copytree(trained / "checkpoints", into / "checkpoints")
+    (into / "metrics.csv").write_bytes((trained / "metrics.csv").read_bytes())
+    # stops at once (the budget is the checkpoint's iteration): the state as restored
+    train(into, "--max-iterations", "6", "--num-learners", learners,
+          "--resume-from", "checkpoints/iter-000006")  # fmt: skip
+    (resumed,) = held
+    got = adam_of(resumed)
+    assert sorted(got) == sorted(saved)
+    for i, (step, first, second) in saved.items():
+        assert got[i][0] == step, (i, got[i][0], step)
+        assert np.array_equal(got[i][1], first) and np.array_equal(got[i][2], second), i
+
+    # The positive control: a fresh algorithm's learner holds another optimizer state.
+    p = rlrun.parser("test", target_return=1e9, max_env_steps=10**7)
+    args = p.parse_args([*ARGS, "--num-learners", learners, "--results", str(tmp_path / "f")])
+    fresh_algo = rlrun.ppo_config(args, "CartPole-v1").build_algo()
+    try:
+        fresh = adam_of(learner_state_of(fresh_algo))
+    finally:
+        fresh_algo.stop()
+    # (Adam makes its moments at the first update: a fresh one has none, or others)
+    steps = {i: step for i, (step, _, _) in fresh.items()}
+    assert steps != {i: step for i, (step, _, _) in saved.items()}, steps
+
+
+def test_a_checkpoint_part_saved_through_a_private_folder_is_made_readable(tmp_path: Path) -> None:
+    """A learner on another node saves its part through RLlib's own mkdtemp (0700): the
+    checkpoint gets the results directory's read access, so it can come home."""
+    results = tmp_path / "results"
+    results.mkdir(mode=0o755)
+    results.chmod(0o755)
+    part = results / ".tmp-iter-000002" / "learner_group" / "learner"
+    part.mkdir(parents=True)
+    part.chmod(0o700)
+    (part / "state.pkl").write_bytes(b"x")
+    (part / "state.pkl").chmod(0o600)
+    assert part.stat().st_mode & 0o077 == 0  # the positive control: unreadable to others
+    rlrun.readable_like(results / ".tmp-iter-000002", results)
+    assert part.stat().st_mode & 0o777 == 0o755
+    assert (part / "state.pkl").stat().st_mode & 0o777 == 0o644

@@ -232,3 +232,29 @@ def test_passwd_with_home_changes_only_that_entry() -> None:
     changed = passwd_with_home(text, 0, Path("/tmp/h"))
     assert changed == "root:x:0:0:root:/tmp/h:/bin/bash\nlab:x:1000:1000::/home/lab:/bin/sh\n"
     assert passwd_with_home(text, 1000, Path("/x")).splitlines()[0] == text.splitlines()[0]
+
+
+def test_an_authentication_cut_short_is_not_a_refusal_and_a_push_retries_it() -> None:
+    """An overloaded sshd that does not answer within the timeout, or a transport that
+    drops mid-way, is not the server refusing the key: it is named as such, and a push
+    (whose retries reconnect) tries again. Positive control: a real refusal stays `auth`."""
+    from paramiko.auth_strategy import AuthResult, AuthStrategy, SourceResult
+
+    from provisioner.image.direct import RETRYABLE
+    from provisioner.remote.auth import KeysRefused
+
+    def refused_with(*reasons: Exception) -> KeysRefused:
+        result = AuthResult(strategy=AuthStrategy(ssh_config=paramiko.SSHConfig()))
+        result.extend(SourceResult(source=f"k{i}", result=r) for i, r in enumerate(reasons))
+        return KeysRefused(result, ())
+
+    no = paramiko.AuthenticationException("Authentication failed.")
+    late = paramiko.AuthenticationException("Authentication timeout.")
+    gone = paramiko.AuthenticationException("Authentication failed: transport shut down or saw EOF")
+    assert tr(refused_with(no)).kind == "auth"
+    assert tr(refused_with(no, no)).kind == "auth"
+    for cut in (late, gone, EOFError(), paramiko.SSHException("No existing session")):
+        error = tr(refused_with(no, cut))
+        assert error.kind == "auth-timeout", cut
+        assert "refused" not in str(error) and "did not finish authenticating" in str(error)
+    assert "auth-timeout" in RETRYABLE and "auth" not in RETRYABLE

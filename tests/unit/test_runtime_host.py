@@ -19,7 +19,7 @@ from tests.unit.inventories import make_inventory
 
 
 def test_runtimes_are_found_by_module() -> None:
-    assert names() == ("docker", "host")
+    assert names() == ("docker", "host", "podman")
 
 
 def test_start_is_detached_with_its_own_temp_dir_and_no_token_value(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ def test_each_registered_runtime_is_built_from_its_module(tmp_path: Path) -> Non
     assert isinstance(docker, DockerRuntime) and isinstance(host, HostRuntime)
     assert (docker.caps.containers, docker.caps.needs_image) == (True, True)
     assert (host.caps.containers, host.caps.needs_image) == (False, False)
-    assert registry.names() == ("docker", "host")
+    assert registry.names() == ("docker", "host", "podman")
 
 
 def test_an_unknown_runtime_is_refused_where_the_inventory_names_it(tmp_path: Path) -> None:
@@ -44,7 +44,7 @@ def test_an_unknown_runtime_is_refused_where_the_inventory_names_it(tmp_path: Pa
     assert inventory.runtime == "dokcer"
     with pytest.raises(InventoryError) as caught:
         registry.runtime_for(inventory)
-    assert caught.value.message == "runtime: expected docker | host, got 'dokcer'"
+    assert caught.value.message == "runtime: expected docker | host | podman, got 'dokcer'"
     assert caught.value.where == f"{path}:6"
     assert "docker: Ray in the pinned image's container" in (caught.value.fix or "")
 
@@ -53,7 +53,7 @@ def test_the_cli_refuses_an_unknown_runtime_with_exit_2(tmp_path: Path) -> None:
     path = write(tmp_path, "runtime: dokcer\n")
     result = cli("doctor", "-i", str(path))
     assert result.exit_code == 2, result
-    assert "expected docker | host, got 'dokcer'" in result.stderr
+    assert "expected docker | host | podman, got 'dokcer'" in result.stderr
     assert f"{path}:6" in result.stderr
     assert "Traceback" not in result.stderr
 

@@ -173,6 +173,18 @@ def test_cost_is_instance_hours_times_the_price() -> None:
     assert plan.cost("local", 2, 60.0, None)["cost"] is None
 
 
+def test_a_sagemaker_runs_cost_has_the_shape_of_a_cluster_runs() -> None:
+    """summary.json's `cost` compares field by field with a cluster job's (rlrun)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "playbooks"))
+    import rlrun
+
+    on_sagemaker = plan.comparable_cost(plan.cost("ml.c5.2xlarge", 4, 1800.0, 0.408))
+    on_cluster = rlrun.cost_of("node-hour", 2.0, 0.3)
+    assert on_sagemaker.keys() == on_cluster.keys()
+    assert on_sagemaker["unit"] == "instance-hour" and on_sagemaker["hours"] == 2.0
+    assert on_sagemaker["cost"] == pytest.approx(0.816) and on_cluster["cost"] == 0.6
+
+
 def test_the_training_images_tag_follows_its_base_and_its_files() -> None:
     files = context_files("provisioner/ray:local", "sha256:" + "a" * 64)
     tag = tag_for("sha256:" + "a" * 64, files)
@@ -293,3 +305,40 @@ def test_bad_input_to_run_is_exit_2_with_one_clear_line(
     code = run(["sagemaker", "run", str(PLAYBOOK), *argv])
     err = capsys.readouterr().err
     assert code == 2 and says in err and "Traceback" not in err, err
+
+
+def test_a_cluster_jobs_results_seed_the_checkpoint_channel(tmp_path: Path) -> None:
+    """`sagemaker run --resume JOB`: the cluster job's latest checkpoint and its metrics,
+    from this machine's results folder, go into the new job's checkpoint channel
+    (RESULTS/NEW) under the name the entry point continues from."""
+    from provisioner.sagemaker.local import seed_resume
+
+    results = tmp_path / "results"
+    job = "ppo-cartpole-20260101-000000-abcdef012345"
+    for n in (12, 14):
+        ckpt = results / job / "checkpoints" / f"iter-{n:06d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "rllib_checkpoint.json").write_text(json.dumps({"iteration": n}))
+    (results / job / "metrics.csv").write_text("iteration,env_steps\n1,1000\n")
+    (results / job / "summary.json").write_text("{}")
+    new = results / "new"
+    new.mkdir()
+    assert seed_resume(job, results, new) == job
+    assert sorted(p.name for p in (new / "checkpoints").iterdir()) == ["iter-000014"]
+    assert (new / "checkpoints" / "iter-000014" / "rllib_checkpoint.json").is_file()
+    assert (new / "metrics.csv").read_text() == "iteration,env_steps\n1,1000\n"
+    assert not (new / "summary.json").exists()  # the new run writes its own
+    with pytest.raises(InputError, match="no checkpoint of job"):
+        seed_resume("ppo-cartpole-not-home", results, tmp_path / "other")
+
+
+def test_the_written_cost_is_the_written_hours_times_the_price() -> None:
+    """A reader checks summary.json by hand: cost = hours x price with the hours as
+    written (2 instances for 57.8 s at 0.5 once gave 0.01606 beside 0.03211 hours)."""
+    from playbooks import rlrun
+
+    for seconds in (57.8, 57.81, 1.0, 3599.99, 12345.678):
+        c = plan.cost("local", 2, seconds, 0.5)
+        assert c["cost"] == round(c["instance_hours"] * 0.5, 5), (seconds, c)
+        mine = rlrun.cost_of("node-hour", 2 * seconds / 3600, 0.5)
+        assert mine["cost"] == round(mine["hours"] * 0.5, 5), (seconds, mine)

@@ -1,0 +1,138 @@
+"""The podman runtime's image delivery: the pin goes as `docker save`'s stream (from this
+machine's Docker, where `image build` made it) into each node's `podman load` as the SSH
+user, and is verified by ID. Podman keeps a docker-archive under the ID Docker gives it
+(the digest of the image's config), written bare, without `sha256:`. A node whose Podman
+holds the pin already is sent nothing.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from provisioner.errors import RemoteError
+from provisioner.image.direct import NodePush, PushReport, save_stream
+from provisioner.image.lock import Pin
+from provisioner.image.savestream import passthrough
+from provisioner.inventory import Node
+from provisioner.remote import fan_out
+
+if TYPE_CHECKING:
+    from provisioner.console import Reporter
+    from provisioner.remote import Pool, Session
+
+LOAD_TIMEOUT_S = 1800.0
+LOAD_PARALLELISM = 4
+
+
+def bare_id(image_id: str) -> str:
+    """An image ID as Podman names it: the hex digits, without `sha256:`."""
+    return image_id.removeprefix("sha256:")
+
+
+def full_id(image_id: str) -> str:
+    """An image ID as the pin writes it: `sha256:` and the hex digits."""
+    return image_id if image_id.startswith("sha256:") or not image_id else f"sha256:{image_id}"
+
+
+def has_image_command(image_id: str) -> str:
+    """Prints the ID Podman holds the pin under ("": not held)."""
+    i = shlex.quote(bare_id(image_id))
+    return f"podman image inspect --format '{{{{.Id}}}}' {i} 2>/dev/null || true"
+
+
+LOAD_COMMAND = "podman load"
+
+
+def _verify(session: Session, pin: Pin) -> None:
+    got = session.run(has_image_command(pin.image_id), timeout=60).stdout.strip()
+    if got != bare_id(pin.image_id):
+        raise RemoteError(
+            session.host,
+            f"podman load did not leave the pinned image {pin.short_id()} "
+            f"(the node's Podman holds: {got or 'no such image'})",
+            "run `provisioner up` again; it sends the image again",
+            kind="load-failed",
+        )
+
+
+def _load(session: Session, pin: Pin, report: Reporter) -> int:
+    """Stream `docker save` of the pin into the node's `podman load`; the bytes sent."""
+    sent = 0
+    last = time.monotonic()
+
+    def progress(total: int) -> None:
+        nonlocal sent, last
+        sent = total
+        if time.monotonic() - last >= 10:
+            last = time.monotonic()
+            report(f"{session.host}: {total / 1e6:,.0f} MB sent")
+
+    failure: list[BaseException] = []
+
+    def guarded(chunks: Iterator[bytes]) -> Iterator[bytes]:
+        try:
+            yield from chunks
+        except Exception as exc:  # a broken local save: the load sees a short tar
+            failure.append(exc)
+
+    with save_stream(pin.image_id) as source:
+        result = session.run_streaming_stdin(
+            LOAD_COMMAND, guarded(passthrough(source)), on_bytes=progress, timeout=LOAD_TIMEOUT_S
+        )
+    if failure:
+        raise RemoteError(
+            session.host,
+            f"reading the local image failed: {failure[0]}",
+            "check the local Docker engine (`docker image inspect` the pinned ID)",
+            kind="save-failed",
+        )
+    if not result.ok:
+        space = "no space left on device" in (result.stderr + result.stdout).lower()
+        raise RemoteError(
+            session.host,
+            f"podman load failed: {result.tail(3)}",
+            "free space under the user's Podman storage (`podman info --format "
+            "'{{.Store.GraphRoot}}'`; `podman image prune -a` removes unused images), then "
+            "run `provisioner up` again"
+            if space
+            else "run `provisioner up` again; `podman load` on the node shows the error",
+            kind="no-space" if space else "load-failed",
+        )
+    return sent
+
+
+def deliver(pool: Pool, nodes: list[Node], pin: Pin, report: Reporter) -> PushReport:
+    """Every node holds the pin in its user's Podman: nodes that hold it are left alone;
+    the others get `docker save`'s stream into `podman load`; each is checked by ID."""
+    t0 = time.monotonic()
+    out = PushReport(pin.image_id, "")
+    lock = threading.Lock()
+
+    def said(line: str) -> None:
+        with lock:
+            report(line)
+
+    def one(node: Node) -> NodePush:
+        started = time.monotonic()
+        session = pool.session(node)
+        held = session.run(has_image_command(pin.image_id), timeout=60).stdout.strip()
+        if held == bare_id(pin.image_id):
+            said(f"{node.name}: already holds the pinned image; nothing sent")
+            return NodePush(node.name, "none", len(pin.layers))
+        said(f"{node.name}: podman load of {pin.short_id()}")
+        sent = _load(session, pin, said)
+        _verify(session, pin)
+        push = NodePush(node.name, "send", len(pin.layers), len(pin.layers), sent)
+        push.seconds = time.monotonic() - started
+        said(f"{node.name}: loaded and verified; {sent / 1e6:,.0f} MB in {push.seconds:.0f}s")
+        return push
+
+    group = fan_out(nodes, one, parallelism=LOAD_PARALLELISM, deadline=LOAD_TIMEOUT_S + 120)
+    out.nodes.update(group.results)
+    out.errors.update(group.errors)
+    out.seconds = time.monotonic() - t0
+    return out

@@ -1,0 +1,120 @@
+"""Live TensorBoard: `provisioner tunnel` serves the head's results through the tunnel
+while a job runs, with that job's scalars as the job writes them; it stops with the
+tunnel."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner.cluster.tunnel import tensorboard_port
+from provisioner.inventory import load_inventory
+from provisioner.lab.nodes import LabInfo
+from tests.e2e.helpers import cli, ssh
+from tests.e2e.test_long_runs import SMALL, wait_for
+
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+TAG = "ppo/episode_return_mean"
+
+
+@pytest.fixture(scope="module")
+def inventory(cluster_inventory: Path) -> str:
+    code, _, err = cli("up", "-i", str(cluster_inventory))
+    assert code == 0, err[-3000:]
+    return str(cluster_inventory)
+
+
+def points(board: str, run: str) -> list[list[float]]:
+    """TensorBoard's scalars of TAG in `run` ([wall time, step, value]); none yet: []."""
+    query = urllib.parse.urlencode({"run": run, "tag": TAG})
+    try:
+        with urllib.request.urlopen(
+            f"{board}/data/plugin/scalars/scalars?{query}", timeout=30
+        ) as r:
+            found: list[list[float]] = json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return []
+    return found
+
+
+def read_document(proc: subprocess.Popen[str]) -> Any:
+    """The one JSON document `tunnel --json` prints once its tunnels are up."""
+    assert proc.stdout is not None
+    text = ""
+    while True:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else ""
+        text += line
+        if line.rstrip() == "}":
+            return json.loads(text)
+
+
+def head_listens(lab: LabInfo, port: int) -> bool:
+    """Whether something listens on the head's 127.0.0.1:PORT (its socket table)."""
+    table = f"grep -q '0100007F:{port:04X} 00000000:0000 0A' /proc/net/tcp"
+    return ssh(lab, lab.nodes[0], table).returncode == 0
+
+
+def same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5)
+
+
+def test_tensorboard_answers_through_the_tunnel_with_a_running_jobs_scalars(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    head_port = tensorboard_port(load_inventory(Path(inventory)).ports)
+    results = tmp_path / "results"
+    code, out, err = cli(
+        "submit", "-i", inventory, "--detach", "--json", "--results", str(results),
+        str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "400",
+        "--max-env-steps", "10000000", "--target-return", "1e9", *SMALL,
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    job = json.loads(out)["job_id"]
+    tunnel = subprocess.Popen(
+        [sys.executable, "-m", "provisioner", "tunnel", "-i", inventory, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        opened = read_document(tunnel)["tensorboard"]
+        assert opened["serving"] is True and opened["state"] == "started", opened
+        assert opened["head_port"] == head_port and head_listens(lab, head_port)
+        board, run = opened["url"], f"{job}/tensorboard"
+        seen = wait_for(lambda: len(p := points(board, run)) >= 3 and p, 600, "3 points")
+        code, out, err = cli("jobs", "list", "-i", inventory, "--json")
+        assert code == 0, err[-2000:]
+        status = {j["job_id"]: j["status"] for j in json.loads(out)["jobs"]}[job]
+        assert status == "RUNNING"  # served from the head while the job runs
+        # and TensorBoard follows the job: more points come while it runs
+        more = wait_for(lambda: len(p := points(board, run)) > len(seen) and p, 600, "more")
+    finally:
+        tunnel.send_signal(signal.SIGINT)
+        try:
+            tunnel.wait(60)
+        except subprocess.TimeoutExpired:
+            tunnel.kill()
+        code, _, err = cli("jobs", "stop", job, "-i", inventory)
+    assert code == 0, err[-2000:]
+    assert not head_listens(lab, head_port)  # TensorBoard stopped with the tunnel
+    # the job's own record, come home: every point TensorBoard served is one of its rows
+    code, _, err = cli("jobs", "results", job, "-i", inventory, "--results", str(results))
+    assert code == 0, err[-2000:]
+    rows = (results / job / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    steps, ret = header.index("env_steps"), header.index("episode_return_mean")
+    recorded = {int(r.split(",")[steps]): float(r.split(",")[ret] or "nan") for r in rows[1:]}
+    for _, step, value in more:  # TensorBoard's JSON writes a NaN as the string "NaN"
+        assert int(step) in recorded and same(float(value), recorded[int(step)]), (step, value)
+    print(f"TensorBoard through the tunnel: {len(seen)}, then {len(more)} points of {run}")

@@ -1,0 +1,161 @@
+"""The podman runtime on a lab of its own: rootless Podman for a login user who is in no
+docker group, has no sudo, and has no Docker at all (`lab up --runtime podman`).
+
+The inventory says `runtime: podman` and names the pin. The path is the user's: doctor,
+up (the pin loaded into every node's Podman with `podman load` and checked by ID), PPO
+with env runners on every node, status, logs, down; then no container and no Ray process
+of the cluster is left. And the doctor's lingering finding, with its fix, on a node
+without lingering (the others, with it, have none).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from provisioner.image.lock import read_pin
+from provisioner.lab.config import LabNode
+from provisioner.lab.engine import exec_rc
+from provisioner.lab.nodes import LabInfo
+from tests.e2e.helpers import cli, cli_json, ssh
+
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+LINGER = "/var/lib/systemd/linger/lab"  # what `loginctl enable-linger lab` records
+
+
+def as_root(node: LabNode, script: str) -> str:
+    rc, out = exec_rc(node.container, script)
+    assert rc == 0, f"{node.name}: {script!r} failed: {out[-2000:]}"
+    return out
+
+
+def podman_containers(lab: LabInfo, node: LabNode) -> list[str]:
+    """The login user's containers of this lab's cluster (any state), as `podman ps` says."""
+    out = ssh(lab, node, f"podman ps -a -q --filter label=provisioner.cluster={lab.name}")
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def ray_processes(lab: LabInfo, node: LabNode) -> list[str]:
+    """Every raylet and GCS on the node (ps sees the container's processes too)."""
+    listing = ssh(lab, node, "ps -e -ww -o pid=,comm=").stdout
+    return [
+        line for line in listing.splitlines() if line.split()[1:2] in (["raylet"], ["gcs_server"])
+    ]
+
+
+@pytest.fixture(scope="module")
+def inventory(podman_lab: LabInfo) -> str:
+    return str(podman_lab.inventory)
+
+
+def test_the_login_user_has_rootless_podman_and_no_docker(podman_lab: LabInfo) -> None:
+    for node in podman_lab.nodes:
+        out = ssh(
+            podman_lab,
+            node,
+            "id -nG; command -v docker || echo no-docker; sudo -n true 2>/dev/null || "
+            "echo no-sudo; podman info --format '{{.Host.Security.Rootless}}'",
+        )
+        assert out.returncode == 0, out.stderr
+        groups, docker, sudo, rootless = out.stdout.split("\n")[:4]
+        assert "docker" not in groups.split() and docker == "no-docker" and sudo == "no-sudo"
+        assert rootless == "true"
+
+
+def test_doctor(inventory: str, podman_lab: LabInfo) -> None:
+    code, doc, err = cli_json("doctor", "-i", inventory)
+    assert code == 0, err[-3000:]
+    assert [f for f in doc["findings"] if f["severity"] == "error"] == []
+    names = {n.name for n in podman_lab.nodes}
+    by_check: dict[str, dict[str, str]] = {}
+    for f in doc["findings"]:
+        by_check.setdefault(f["check"], {})[f["host"]] = f["severity"]
+    for check in ("podman.version", "podman.rootless", "podman.storage", "podman.subids"):
+        assert by_check.get(check) == dict.fromkeys(names, "ok"), (check, by_check.get(check))
+    assert by_check.get("podman.linger") == dict.fromkeys(names, "ok")
+    assert set(by_check.get("podman.cgroups", {})) == names  # judged on every node
+    assert not any(f["check"].startswith("docker.") for f in doc["findings"])
+
+
+def test_a_node_without_lingering_gets_the_finding_and_its_fix(
+    inventory: str, podman_lab: LabInfo
+) -> None:
+    odd = podman_lab.nodes[2]
+    as_root(odd, f"rm {LINGER}")
+    try:
+        code, doc, err = cli_json("doctor", "-i", inventory, "--no-reachability")
+    finally:
+        as_root(odd, f"touch {LINGER}")
+    assert code == 0, err[-3000:]  # a warning here: the lab's nodes run no systemd
+    linger = {f["host"]: f for f in doc["findings"] if f["check"] == "podman.linger"}
+    assert set(linger) == {n.name for n in podman_lab.nodes}
+    assert linger[odd.name]["severity"] == "warning"
+    assert "lingering is off for lab" in linger[odd.name]["message"]
+    assert linger[odd.name]["fix"] == f"sudo loginctl enable-linger lab on {odd.name}"
+    # the others, with lingering on, have no such finding
+    assert {n: f["severity"] for n, f in linger.items() if n != odd.name} == {
+        n.name: "ok" for n in podman_lab.nodes if n != odd
+    }
+
+
+def test_up_train_status_logs_down(
+    inventory: str, podman_lab: LabInfo, image_pin: Path, tmp_path: Path
+) -> None:
+    pin = read_pin(image_pin)
+    try:
+        code, up, err = cli_json("up", "-i", inventory)
+        assert code == 0, err[-3000:]
+        assert up["runtime"] == "podman" and up["totals"]["nodes"] == 3
+        pushed = {n["host"]: n["action"] for n in up["push"]["nodes"]}
+        assert set(pushed) == {n.name for n in podman_lab.nodes} and up["push"]["ok"]
+        assert sorted(p["ip"] for p in up["placement"] if p["ok"]) == sorted(
+            n.address for n in podman_lab.nodes
+        )
+        for node in podman_lab.nodes:
+            # the pin in the user's own Podman, under the pin's ID
+            held = ssh(
+                podman_lab, node, f"podman image inspect --format '{{{{.Id}}}}' {pin.image_id[7:]}"
+            )
+            assert held.stdout.strip() == pin.image_id.removeprefix("sha256:"), held.stderr
+            # Ray runs on after the SSH sessions of `up` ended
+            assert len(podman_containers(podman_lab, node)) == 1
+            assert ray_processes(podman_lab, node), node.name
+        code, again, err = cli_json("up", "-i", inventory)
+        assert code == 0 and again["changed"] is False, err[-3000:]
+        assert {n["action"] for n in again["push"]["nodes"]} == {"none"}  # nothing sent again
+
+        code, st, err = cli_json("status", "-i", inventory)
+        assert code == 0, err[-3000:]
+        assert st["runtime"] == "podman" and st["alive_nodes"] == 3 and st["healthy"]
+
+        # PPO with the default env runners (the cluster's CPUs minus one): every node
+        code, out, err = cli(
+            "submit", "-i", inventory, "--results", str(tmp_path), "--json",
+            str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--train-batch", "300",
+            "--max-iterations", "2",
+        )  # fmt: skip
+        assert code == 0, err[-3000:]
+        job = json.loads(out)
+        assert job["status"] == "SUCCEEDED"
+        runners = json.loads((tmp_path / job["job_id"] / "runners.json").read_text())
+        assert {r["node_ip"] for r in runners} == {n.address for n in podman_lab.nodes}, runners
+
+        code, collected, err = cli_json("logs", "-i", inventory, "-o", str(tmp_path / "logs"))
+        assert code == 0 and sorted(collected["nodes"]) == sorted(n.name for n in podman_lab.nodes)
+        for node in podman_lab.nodes:
+            got = tmp_path / "logs" / node.name
+            assert (got / "ray" / "raylet.out").stat().st_size > 0
+            assert (got / "container.log").stat().st_size > 0
+
+        code, down, err = cli_json("down", "-i", inventory, "--no-logs")
+        assert code == 0 and down["ok"], err[-3000:]
+        for node in podman_lab.nodes:
+            assert podman_containers(podman_lab, node) == []
+            assert ray_processes(podman_lab, node) == []
+        code, down, err = cli_json("down", "-i", inventory, "--no-logs")
+        assert code == 0 and down["ok"], err[-3000:]  # twice is fine
+    finally:
+        cli("down", "-i", inventory, "--no-logs")
