@@ -6,8 +6,9 @@ command) which socket listens on that port and which sockets this cluster's own 
 processes hold. The kernel's socket tables (`/proc/net/tcp`, `/proc/net/tcp6`, readable
 by any user) give the listening socket's inode; the runtime names its own sockets' inodes
 (`Runtime.sockets_command`: docker, those of the processes inside the container that
-carries this cluster's id label, whose PID namespace holds nothing else; host, those of
-the SSH user's processes marked with this cluster's id). The listener must be one of
+carries this cluster's id label, whose PID namespace holds nothing else; podman, the same
+processes read from the node's /proc, where rootless Podman's are the SSH user's; host,
+those of the SSH user's processes marked with this cluster's id). The listener must be one of
 them: another user's process is refused, and so is root's or the SSH user's own when it
 is not this cluster's Ray (`NotThisCluster`), before a byte is sent. This proves the
 listener without the token: Ray's unauthenticated endpoints (`/api/authentication_mode`,
@@ -15,8 +16,9 @@ listener without the token: Ray's unauthenticated endpoints (`/api/authenticatio
 dashboard answers with the token. A port nothing listens on is refused too (another
 user could take it between this check and the first request).
 
-TensorBoard is the SSH user's own service (run by hand on the head), never sent the
-token: a listener on its port must be root's or the SSH user's.
+TensorBoard (`cluster.board`, started by `tunnel` where Ray runs: root's in docker's
+container, the SSH user's under rootless Podman or in host mode) is never sent the token:
+a listener on its port must be root's or the SSH user's.
 
 What is left open: the listener may change in the moment between the check and the
 request, which needs this cluster's own dashboard to stop in that moment (while it
