@@ -10,8 +10,13 @@ random moment once training is going, undone after its time, and measured:
 - `caught_up_s`: until an iteration beyond the last one reached before the fault;
 - `iterations_lost`: the iterations computed twice (the last one reached before the
   fault, less the checkpoint the next attempt resumed from);
-- `return_before` / `return_after`: the mean return of the 3 iterations up to the fault
-  and of the first 3 after it; `continuous` when the second is at least half the first.
+- `return_before` / `return_after`: the mean return of the WINDOW (5) iterations up to
+  the resume point and of the first WINDOW after it; `continuous` when the second is at
+  least half the first. A policy that starts over shows a fresh policy's returns (the
+  first 5 iterations of CartPole: 20-80 against 450-500 before); a restored one may dip
+  for an iteration or two, as PPO does at any point (one CI storm: 472 -> 224 over 3
+  iterations after a head kill, every runner holding the restored weights by digest),
+  so the window is 5, not 3.
 
 Faults: a worker's or the head's Ray container killed, a worker cut off from the head
 (30-90 s), the following client SIGKILLed then reattached (`jobs logs --follow
@@ -287,7 +292,8 @@ class Storm:
     def settle(self, last_job: str) -> None:
         """From the result files of every attempt (home, verified): for each fault, the
         iteration the next attempt resumed from, the iterations computed twice, and the
-        mean return of the 3 iterations up to the resume point and of the first 3 after."""
+        mean return of the WINDOW iterations up to the resume point and of the first
+        WINDOW after."""
         final = _returns(self.results / last_job / "metrics.csv")
         for rec in self.records:
             if rec.job_after and rec.job_after != rec.job_before:
@@ -299,10 +305,7 @@ class Storm:
                 point = rec.resumed_from
             else:
                 point = rec.reached_before
-            rec.return_before = _mean([final.get(i, NAN) for i in range(point - 2, point + 1)])
-            rec.return_after = _mean([final.get(i, NAN) for i in range(point + 1, point + 4)])
-            if rec.return_before is not None and rec.return_after is not None:
-                rec.continuous = rec.return_after >= 0.5 * rec.return_before
+            rec.return_before, rec.return_after, rec.continuous = continuity(final, point)
             self.report(
                 f"{rec.kind}: resumed from {rec.resumed_from}, {rec.iterations_lost} "
                 f"iteration(s) computed twice; return {_fmt(rec.return_before)} -> "
@@ -334,6 +337,20 @@ def schedule(count: int, seed: int) -> list[str]:
 
 
 NAN = float("nan")
+WINDOW = 5
+
+
+def continuity(
+    returns: dict[int, float], point: int
+) -> tuple[float | None, float | None, bool | None]:
+    """The mean return of the WINDOW iterations up to `point` and of the first WINDOW
+    after it (iterations with no finished episode left out), and whether the second is at
+    least half the first (None: either side had no episode)."""
+    before = _mean([returns.get(i, NAN) for i in range(point - WINDOW + 1, point + 1)])
+    after = _mean([returns.get(i, NAN) for i in range(point + 1, point + WINDOW + 1)])
+    if before is None or after is None:
+        return before, after, None
+    return before, after, after >= 0.5 * before
 
 
 def _returns(path: Path) -> dict[int, float]:

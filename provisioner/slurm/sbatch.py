@@ -21,6 +21,7 @@ it (`private_dir` in the script).
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import shlex
 import tarfile
@@ -64,7 +65,9 @@ def pack_playbook(playbook: Path) -> str:
     as base64 of a tar.gz; refused when it would not fit in the script's environment."""
     folder = playbook.resolve().parent
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+    # the gzip header's own time is 0 too, so one playbook renders the same script twice
+    gz = gzip.GzipFile(fileobj=buf, mode="wb", mtime=0)
+    with gz, tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in sorted(folder.rglob("*.py")):
             if "__pycache__" in path.parts or any(p.startswith(".") for p in path.parts):
                 continue

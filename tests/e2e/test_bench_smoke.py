@@ -1,28 +1,34 @@
 """The `make bench` harness on the smallest sizes, so it cannot rot.
 
-Every row group runs once against the session lab: 3 SSH endpoints, one repeat, a
-16 MB test image instead of the pin for the push rows, 1 and 2 env runners on a tiny
-training budget. The test asserts the harness writes every row with its figures, its
-target and how to re-run it; it asserts no timing.
+Every row group runs once on a lab of its own, as `make bench` makes one (3 nodes,
+started and removed by the harness; this lets it run in the second pytest process, beside
+the tests on the `e2e` lab): 3 SSH endpoints, one repeat, a 16 MB test image instead of
+the pin for the push rows, 1 and 2 env runners on a tiny training budget. The test
+asserts the harness writes every row with its figures, its target and how to re-run it;
+it asserts no timing.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from provisioner.lab.nodes import LabInfo
+from provisioner.lab.config import LabConfig
+from provisioner.lab.nodes import lab_down
 
 BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
+NAME = os.environ.get("PROVISIONER_BENCH_LAB_NAME", "e2e-bench")
+SUBNET = os.environ.get("PROVISIONER_BENCH_LAB_SUBNET", "10.250.104.0/24")
+NODES = 3  # what the harness starts
 
 
-def test_bench_harness_writes_every_row(
-    lab: LabInfo, image_pin: Path, cluster_inventory: Path, tmp_path: Path
-) -> None:
+def test_bench_harness_writes_every_row(image_pin: Path, tmp_path: Path) -> None:
+    lab_down(LabConfig(name=NAME, subnet=SUBNET, nodes=NODES))  # a leftover of a killed run
     out = tmp_path / "results"
-    args = ["--lab", lab.name, "--lock", str(image_pin), "--out", str(out)]
+    args = ["--lab", NAME, "--subnet", SUBNET, "--lock", str(image_pin), "--out", str(out)]
     args += ["--repeat", "1", "--endpoints", "3", "--delays", "0,50", "--small-image", "16"]
     args += ["--runners", "2", "--train-steps", "1000", "--train-batch", "500"]
     proc = subprocess.run(
@@ -33,7 +39,7 @@ def test_bench_harness_writes_every_row(
     doc = json.loads((out / "bench.json").read_text())
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["memory_gib"] > 0
     rows = {r["benchmark"]: r for r in doc["rows"]}
-    n = len(lab.nodes)
+    n = NODES
     expected = [
         f"bring-up, {n} nodes: until every node is alive",
         f"bring-up, {n} nodes: until the command is done and every node alive",
@@ -67,6 +73,9 @@ def test_bench_harness_writes_every_row(
         assert row["baseline"] is not None and row["baseline"]["median"] > 0, name
         assert row["ratio"] is not None, name
     assert rows["re-push, 1 node"]["ours"]["runs"] == [0.0]  # the node holds the image
+
+    # the harness removed the lab it made
+    assert not LabConfig(name=NAME, subnet=SUBNET, nodes=NODES).state_dir.exists()
 
     table = (out / "bench.md").read_text()
     assert f"{doc['machine']['cores']} cores" in table

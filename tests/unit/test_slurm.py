@@ -378,3 +378,14 @@ def test_the_jobs_tls_files_chain_to_its_own_ca_and_name_every_node(tmp_path: Pa
     assert ipaddress.ip_address("10.9.0.2") in names.get_values_for_type(x509.IPAddress)
     assert re.search(r"ray job 77 CA", ca.subject.rfc4514_string())
     assert not node.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+
+
+def test_one_playbook_packs_to_the_same_bytes_at_another_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = pack_playbook(PLAYBOOKS / "ppo_cartpole.py")
+    import time as clock
+
+    later = clock.time() + 3600.0
+    monkeypatch.setattr(clock, "time", lambda: later)  # gzip's header would carry this
+    assert pack_playbook(PLAYBOOKS / "ppo_cartpole.py") == first
