@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.inventory import Inventory, load_inventory
-from provisioner.node import layout
+from provisioner.node.token import ray_container
 from provisioner.remote import Pool
 
 PROVISIONER = [sys.executable, "-m", "provisioner"]
@@ -74,7 +74,7 @@ def _exec(pool: Pool, inv: Inventory, command: str, stdin: bytes | None = None) 
 
 
 def gcs_nodes(pool: Pool, inv: Inventory) -> list[dict[str, Any]]:
-    name = shlex.quote(layout.container_name(inv.cluster))
+    name = shlex.quote(ray_container(inv))
     address = f"{inv.head.address}:{inv.ports.gcs}"
     script = GCS_NODES.replace("ADDRESS", repr(address)).encode()
     out = _exec(pool, inv, f"docker exec -i {name} python - 2>/dev/null", stdin=script)
@@ -87,7 +87,7 @@ def gcs_nodes(pool: Pool, inv: Inventory) -> list[dict[str, Any]]:
 
 def head_started_at(pool: Pool, inv: Inventory) -> float:
     """The head container's start, in seconds since the epoch."""
-    name = shlex.quote(layout.container_name(inv.cluster))
+    name = shlex.quote(ray_container(inv))
     text = _exec(pool, inv, f"docker inspect -f '{{{{.State.StartedAt}}}}' {name}").strip()
     stamp, _, fraction = text.rstrip("Z").partition(".")
     return datetime.fromisoformat(stamp + "+00:00").timestamp() + float(f"0.{fraction or 0}")

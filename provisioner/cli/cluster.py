@@ -32,7 +32,7 @@ from provisioner.image.lock import Pin, read_pin
 from provisioner.inventory import Inventory, load_cluster, load_inventory
 from provisioner.inventory.loader import require_nodes
 from provisioner.jobs.manage import JobsRunning, Stopped, stop_for_down
-from provisioner.node import token
+from provisioner.node import tls, token
 from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
 from provisioner.runtime.base import PUSH_MODES, Runtime
@@ -110,7 +110,8 @@ def render(
     path = token.ensure_token(inv)
     token.ensure_cluster_id(inv)
     pin = _pin(inv) if inv.image_lock is not None else None
-    text = render_mod.render(inv, path, runtime_for(inv, pin))
+    tls_dir = tls.render_files(inv) if inv.tls else None
+    text = render_mod.render(inv, path, runtime_for(inv, pin), tls_dir)
     if out_file is not None:
         out_file.write_text(text)
     _rendered(out, "cluster.yaml", text, out_file, f"ray up -y {out_file}")
@@ -556,10 +557,11 @@ def tunnel_cmd(
     json_: JsonOption = False,
 ) -> None:
     """Forward the head's dashboard, and TensorBoard over the jobs' results (started on the
-    head where Ray runs, on the port after the metrics export port in the cluster's block;
-    6006 with Ray's default ports), here until Ctrl-C; TensorBoard stops with it.
-    With --json: one JSON document ({"dashboard", "tensorboard", "token_path", "exports"})
-    as soon as the tunnels are up; it keeps running until Ctrl-C."""
+    head where Ray runs, on the port after the metrics export port in the cluster's ports:
+    port_base+9 in a block, 8091 with Ray's default ports), here until Ctrl-C; TensorBoard
+    stops with it. Nothing is forwarded to a dashboard port held by anything but this
+    cluster's own Ray. With --json: one JSON document ({"dashboard", "tensorboard",
+    "token_path", "exports"}) as soon as the tunnels are up; it keeps running until Ctrl-C."""
     out = output(json_)
     inv = load_cluster(inventory)
     runtime = runtime_for(inv)  # where Ray runs on the head; the pin is not needed here

@@ -87,7 +87,10 @@ def bring_down(
     def stop(node: Node) -> list[int]:
         report(f"{node.name}: {runtime.stopping}")
         session = pool.session(node)
-        session.run(runtime.stop_command(node), timeout=60).check()
+        stopped = session.run(runtime.stop_command(node), timeout=60).check()
+        for line in stopped.stderr.splitlines():  # what was left alone, and why
+            if line.strip():
+                report(f"{node.name}: {line.strip()}")
         check = session.run(commands.ports_in_use_command(ray_ports(inventory, node)), timeout=20)
         busy = parse_ports(check.stdout)
         report(f"{node.name}: Ray removed" + (f"; ports still in use: {busy}" if busy else ""))

@@ -5,7 +5,10 @@ runtime says (the pinned image without pulling; or the nodes' own Ray, stopping 
 cluster's Ray, never with `ray stop`), turns token authentication on, and is checked with
 the installed Ray's own `prepare_config` and `validate_config` before anyone writes it.
 The token itself is not in the file: only the local path of the token file, which
-Ray's launcher copies (mode 0600 kept) to every node as a file mount.
+Ray's launcher copies (mode 0600 kept) to every node as a file mount. With TLS on (the
+default, as for `up`), so are the TLS files: the cluster CA's certificate and one
+certificate naming every node (`node.tls.render_files`), since the launcher gives every
+node the same files; Ray then runs TLS with the cluster's CA, as under `up`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from provisioner.runtime.base import Runtime
 HEADER = """\
 # Ray cluster launcher config rendered by `provisioner render` from {inventory}.
 # Use: ray up -y {name}   (and `ray down -y {name}`); the image must be on every node
-# (`provisioner image push`). The token file below is copied to every node, mode 0600.
+# (`provisioner image push`). The token file below is copied to every node, mode 0600;
+# so are the TLS files when TLS is on (one certificate naming every node's address).
 # Ray 2.60: after a first `ray down`, /tmp/ray/cluster-{cluster}.state on the machine running
 # `ray` marks the workers as torn down for good, so later `ray down`s skip them; remove that
 # file before `ray up`, or use `provisioner down -i INVENTORY` (it stops every node).
@@ -65,8 +69,11 @@ def _worker_template(inventory: Inventory) -> Node | None:
     return first
 
 
-def build_config(inventory: Inventory, token_path: Path, runtime: Runtime) -> dict[str, Any]:
-    """The cluster.yaml document (before Ray's defaults are merged in)."""
+def build_config(
+    inventory: Inventory, token_path: Path, runtime: Runtime, tls_dir: Path | None = None
+) -> dict[str, Any]:
+    """The cluster.yaml document (before Ray's defaults are merged in); `tls_dir`: the
+    local TLS files every node gets (None: Ray runs without TLS)."""
     head = inventory.head
     key = head.ssh.key
     if key is None:
@@ -85,7 +92,9 @@ def build_config(inventory: Inventory, token_path: Path, runtime: Runtime) -> di
         )
     worker = _worker_template(inventory)
     n = len(inventory.workers)
-    section = runtime.render_section(Path(token_path).resolve())
+    section = runtime.render_section(
+        Path(token_path).resolve(), Path(tls_dir).resolve() if tls_dir else None
+    )
     flags = list(section.start_flags)
     head_start = _start(
         inventory, head, extra=["--autoscaling-config=~/ray_bootstrap_config.yaml", *flags]
@@ -145,9 +154,11 @@ def validate(config: dict[str, Any], *, where: str) -> dict[str, Any]:
     return prepared
 
 
-def render(inventory: Inventory, token_path: Path, runtime: Runtime) -> str:
+def render(
+    inventory: Inventory, token_path: Path, runtime: Runtime, tls_dir: Path | None = None
+) -> str:
     """The validated cluster.yaml text."""
-    config = build_config(inventory, token_path, runtime)
+    config = build_config(inventory, token_path, runtime, tls_dir)
     validate(config, where=str(inventory.path))
     body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=1000)
     header = HEADER.format(inventory=inventory.path, name="cluster.yaml", cluster=inventory.cluster)

@@ -43,7 +43,7 @@ from provisioner.lab import faults
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo
-from provisioner.node.layout import container_name
+from provisioner.node.token import ray_container
 
 KINDS = ("worker_kill", "head_kill", "worker_cut", "client_kill", "sshd_restart", "worker_off")
 # Faults that fail the running attempt (a node that hosts an env runner, or the head, is
@@ -188,8 +188,8 @@ class Storm:
         return head, workers
 
     def _kill_container(self, node: LabNode) -> None:
-        cluster = load_inventory(self.inventory).cluster
-        rc, out = exec_rc(node.container, f"docker kill {container_name(cluster)}")
+        name = ray_container(load_inventory(self.inventory))
+        rc, out = exec_rc(node.container, f"docker kill {name}")
         if rc != 0:
             raise LabError(f"{node.name}: docker kill failed: {out[-300:]}")
 

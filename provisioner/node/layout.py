@@ -28,9 +28,16 @@ LABEL_GPUS = "provisioner.gpus"  # the GPUs a container was given (gpu.plan.sign
 LABEL_CLUSTER_ID = "provisioner.cluster-id"
 
 
-def container_name(cluster: str) -> str:
-    """The Ray container's name on every node of `cluster` (also `ray up`'s container_name)."""
-    return f"ray-{cluster}"
+ID_IN_NAME = 8  # hex digits of the cluster id in its container's name
+
+
+def container_name(cluster: str, cluster_id: str = "") -> str:
+    """The Ray container's name on every node of `cluster` (also `ray up`'s
+    container_name): `ray-CLUSTER-ID`, with the first 8 hex digits of this state folder's
+    cluster id, so that a cluster of the same name from another state folder or another
+    user never has the same one. Without an id: `ray-CLUSTER`, the name an older
+    provisioner gave (only ever removed when it carries this cluster's id label)."""
+    return f"ray-{cluster}-{cluster_id[:ID_IN_NAME]}" if cluster_id else f"ray-{cluster}"
 
 
 def node_dir(cluster: str) -> str:

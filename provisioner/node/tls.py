@@ -134,12 +134,16 @@ def subject_names(address: str) -> list[x509.GeneralName]:
     return names
 
 
-def issue(ca: Authority, address: str) -> tuple[bytes, bytes]:
-    """A new key and a certificate for the node at `address`, signed by `ca`: (cert, key)
-    as PEM. Both ends of a channel use it (Ray's servers and clients are the same
-    processes), so it serves for server and client authentication."""
+def issue(ca: Authority, address: str, *more: str) -> tuple[bytes, bytes]:
+    """A new key and a certificate for the node at `address` (and at the `more`
+    addresses: one certificate for several nodes), signed by `ca`: (cert, key) as PEM.
+    Both ends of a channel use it (Ray's servers and clients are the same processes), so
+    it serves for server and client authentication."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
+    names: list[x509.GeneralName] = []
+    for each in (address, *more):
+        names += [n for n in subject_names(each) if n not in names]
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(address))
@@ -149,7 +153,7 @@ def issue(ca: Authority, address: str) -> tuple[bytes, bytes]:
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=NODE_DAYS))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName(subject_names(address)), critical=False)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -234,6 +238,31 @@ def bundle(ca: Authority, node: Node) -> bytes:
     certificate and the node's key, as PEM, in that order."""
     cert, key = issue(ca, node.address)
     return ca.cert_pem() + cert + key
+
+
+RENDER_TLS_DIR = "render-tls"  # in the state folder: the files `render`'s cluster.yaml copies
+
+
+def render_files(inventory: Inventory) -> Path:
+    """The TLS files of `render`'s cluster.yaml, made now in the state folder (a 0700
+    folder, files 0600): the cluster CA's certificate, and one certificate and key naming
+    every node's address. Ray's launcher copies the same files to every node (it has no
+    per-node file), as the standalone sbatch script's one certificate does; so a node
+    holds the key of every node's name, and a process without these files, or with
+    another CA's, is refused as with `up`. Made again at every render."""
+    ca = ensure_authority(inventory)
+    folder = private_dir(Path(inventory.state_dir) / RENDER_TLS_DIR)
+    first, *rest = [n.address for n in inventory.nodes]
+    cert, key = issue(ca, first, *rest)
+    for name, data in zip(_NODE_FILES, (ca.cert_pem(), cert, key), strict=True):
+        path = folder / name
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        tmp.replace(path)
+    return folder
 
 
 def install_command(cluster: str) -> str:

@@ -78,6 +78,12 @@ def read_cluster_id(inventory: Inventory) -> str:
     return text if re.fullmatch(r"[0-9a-f]{16}", text) else ""
 
 
+def ray_container(inventory: Inventory) -> str:
+    """The name of this cluster's Ray container on its nodes (docker runtime), from this
+    state folder's cluster id: the one place callers with an inventory get it."""
+    return layout.container_name(inventory.cluster, read_cluster_id(inventory))
+
+
 def next_token_path(inventory: Inventory) -> Path:
     """Where a rotation keeps the new token until every node has been restarted with it."""
     return Path(inventory.state_dir) / NEXT_FILE

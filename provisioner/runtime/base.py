@@ -156,13 +156,21 @@ class Runtime(Protocol):
         """Run a Python script read from stdin where Ray runs (with the cluster's token)."""
         ...
 
+    def sockets_command(self) -> str:
+        """Shell: the inode of every socket this cluster's own Ray processes hold on the
+        node, one a line (none when its Ray does not run there): what proves a listener is
+        this cluster's (`cluster.tunnel.check_listener`)."""
+        ...
+
     def runtime_log_command(self, lines: int | None = None) -> str:
         """The runtime's own log of Ray on the node (container log, start output) on
         stdout; its last `lines` when given."""
         ...
 
-    def render_section(self, token_path: Path) -> RenderSection:
-        """How Ray runs, for Ray's own launcher (`ray up`); `token_path`: the local token."""
+    def render_section(self, token_path: Path, tls_dir: Path | None = None) -> RenderSection:
+        """How Ray runs, for Ray's own launcher (`ray up`); `token_path`: the local token;
+        `tls_dir`: the local TLS files every node gets (`node.tls.render_files`; None: Ray
+        runs without TLS)."""
         ...
 
 

@@ -1,6 +1,8 @@
 """Ray in the pinned image's container: `docker run --net=host IMAGE ray start --block`.
 
-The container is named after the cluster and carries its labels; Ray's temp dir is the
+The container is named after the cluster and its id (`layout.container_name`) and carries
+its labels; nothing is removed or run into on a name alone, only with this cluster's id
+label; Ray's temp dir is the
 node directory `~/.provisioner/clusters/CLUSTER/ray`, mounted at /tmp/ray so that logs
 survive the container; the token is a read-only file mount named by RAY_AUTH_TOKEN_PATH,
 so it never appears on a command line; so is the node's TLS folder (`node.tls`). A
@@ -64,30 +66,47 @@ def shm_size(inventory: Inventory) -> str:
     return f'"{_SHM_FROM_MEMINFO}"'
 
 
-def _id_label(cluster: str) -> str:
-    """Shell: the cluster-id label of the container called ray-CLUSTER ("" when it has
-    none, or there is no such container)."""
-    name = shlex.quote(layout.container_name(cluster))
+def _owner(name: str) -> str:
+    """Shell: o = the cluster id label of the container called `name`: "" when there is
+    no such container, "-" when it carries none."""
     fmt = shlex.quote(
-        f'{{{{with index .Config.Labels "{layout.LABEL_CLUSTER_ID}"}}}}{{{{.}}}}{{{{end}}}}'
+        f'{{{{with index .Config.Labels "{layout.LABEL_CLUSTER_ID}"}}}}{{{{.}}}}'
+        "{{else}}-{{end}}"
     )
-    return f"$(docker inspect --format {fmt} {name} 2>/dev/null)"
+    return f"o=$(docker inspect --format {fmt} {shlex.quote(name)} 2>/dev/null)"
 
 
-def foreign_container_guard(cluster: str, cluster_id: str, then: str) -> str:
-    """Shell: when the node's ray-CLUSTER container carries another cluster's id (a cluster
-    of the same name from another state folder or another user), say so on stderr and run
-    `then` (`exit 0`: nothing of ours here; `exit 3`: refuse). One without an id label
-    (an older provisioner's) counts as this cluster's."""
-    name = layout.container_name(cluster)
+def foreign_container_guard(name: str, cluster_id: str, then: str) -> str:
+    """Shell: when a container called `name` exists on the node and does not carry this
+    cluster's id label (another cluster's, or one without any id: not provably ours),
+    say so on stderr and run `then` (`exit 0`: nothing of ours here; `exit 3`: refuse).
+    Nothing is ever removed or run into on a name alone."""
     return (
-        f"l={_id_label(cluster)}; "
-        f'if [ -n "$l" ] && [ "$l" != {shlex.quote(cluster_id)} ]; then '
-        f'echo "the container {name} on this node belongs to another cluster of the same '
-        f"name (cluster id $l; this state folder's: {cluster_id or 'none yet'}): left "
-        "alone; rename this cluster (cluster: in the inventory), or take that one down from "
-        'its own state folder" >&2; '
+        f"{_owner(name)}; "
+        f'if [ -n "$o" ] && [ "$o" != {shlex.quote(cluster_id or "none")} ]; then '
+        'if [ "$o" = - ]; then w="carries no cluster id"; '
+        'else w="belongs to another cluster (cluster id $o)"; fi; '
+        f"echo \"the container {name} on this node $w, not this state folder's "
+        f"(cluster id {cluster_id or 'none yet'}): left alone; if it is yours from another "
+        f'state folder, take it down from there, else remove it (docker rm -f {name})" >&2; '
         f"{then}; fi"
+    )
+
+
+def namesake_guard(cluster: str, cluster_id: str) -> str:
+    """Shell: refuse (exit 3, saying so) while a container of another cluster of the same
+    name is on the node (its `provisioner.cluster` label is this name, its id another):
+    both would share the node folder `~/.provisioner/clusters/CLUSTER` (token, logs,
+    results) when they are the same SSH user's. That container is left alone."""
+    label = shlex.quote(f"label={layout.LABEL_CLUSTER}={cluster}")
+    fmt = shlex.quote(f'{{{{.Names}}}} {{{{.Label "{layout.LABEL_CLUSTER_ID}"}}}}')
+    return (
+        f"docker ps -a --filter {label} --format {fmt} | "
+        f'while read -r n i; do [ "$i" = {shlex.quote(cluster_id)} ] && continue; '
+        'echo "the container $n on this node belongs to another cluster of the same name '
+        f"(cluster id ${{i:-none}}; this state folder's: {cluster_id}): left alone; rename "
+        "this cluster (cluster: in the inventory), or take that one down from its own state "
+        'folder" >&2; exit 3; done || exit 3'
     )
 
 
@@ -100,8 +119,11 @@ def docker_run_command(
 ) -> str:
     """`docker run` for the node's Ray container (run by a POSIX shell on the node);
     `gpus`: the node's GPUs for Ray and the way its Docker hands them over; `cluster_id`
-    labels it, and refuses to start over another cluster's container of the same name."""
+    labels it and names it (`layout.container_name`); it refuses to start (exit 3) over a
+    container of that name that is not provably this cluster's, or beside a container of
+    another cluster of the same name (`namesake_guard`)."""
     cluster = inventory.cluster
+    name = layout.container_name(cluster, cluster_id)
     gpu_options = docker_gpu_options(gpus) if gpus else []
     if gpus:
         gpu_options += [
@@ -110,7 +132,7 @@ def docker_run_command(
         gpu_options.append(f"--label {shlex.quote(f'{layout.LABEL_GPUS}={signature(gpus)}')}")
     parts = [
         "docker run -d",
-        f"--name {shlex.quote(layout.container_name(cluster))}",
+        f"--name {shlex.quote(name)}",
         "--net=host",
         "--restart=unless-stopped",
         f"--shm-size={shm_size(inventory)}",
@@ -135,32 +157,73 @@ def docker_run_command(
         shlex.join(ray_start_args(inventory, node, gpus=gpus)),
     ]
     prepare = f"mkdir -p {layout.node_ray_dir(cluster)} {layout.node_results_dir(cluster)}"
-    guard = f"{foreign_container_guard(cluster, cluster_id, 'exit 3')}; " if cluster_id else ""
+    guard = (
+        f"{foreign_container_guard(name, cluster_id, 'exit 3')}; "
+        f"{namesake_guard(cluster, cluster_id)}; "
+        if cluster_id
+        else ""
+    )
     return f"{guard}{prepare} && " + " ".join(parts)
 
 
 def remove_container_command(cluster: str, cluster_id: str = "") -> str:
-    """Stop and remove the node's Ray container; succeeds when there is none, and when
-    the one of that name is another cluster's (its id label), which is left alone."""
-    name = shlex.quote(layout.container_name(cluster))
-    guard = foreign_container_guard(cluster, cluster_id, "exit 0")
-    return f"{guard}; docker rm -f {name} >/dev/null 2>&1; ! docker inspect {name} >/dev/null 2>&1"
+    """Stop and remove this cluster's Ray container (and one an older provisioner named
+    `ray-CLUSTER`), each only when it carries this cluster's id label; succeeds when there
+    is none. One without that label is not this cluster's: left alone, and said so on
+    stderr (`foreign_container_guard`)."""
+    names = dict.fromkeys(
+        (layout.container_name(cluster, cluster_id), layout.container_name(cluster))
+    )
+    steps = []
+    for name in names:
+        word = shlex.quote(name)
+        steps.append(
+            f"{foreign_container_guard(name, cluster_id, ':')}; "
+            f'if [ -n "$o" ] && [ "$o" = {shlex.quote(cluster_id or "none")} ]; then '
+            f"docker rm -f {word} >/dev/null 2>&1; docker inspect {word} >/dev/null 2>&1 && "
+            f'{{ echo "the container {name} could not be removed" >&2; exit 1; }}; fi'
+        )
+    return "; ".join(steps) + "; exit 0"
 
 
-def container_running_test(cluster: str) -> str:
-    name = shlex.quote(layout.container_name(cluster))
-    return f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {name} 2>/dev/null)\" = true ]"
+def _ours(cluster: str, cluster_id: str, then: str) -> str:
+    """Shell: run `then` (with the container's name in "$n") only when this cluster's
+    container exists and carries its id label; else fail (exit 1)."""
+    name = layout.container_name(cluster, cluster_id)
+    return (
+        f"n={shlex.quote(name)}; {_owner(name)}; "
+        f'[ -n "$o" ] && [ "$o" = {shlex.quote(cluster_id or "none")} ] && {then}'
+    )
 
 
-def exec_python_command(cluster: str, *args: str) -> str:
-    """Run a Python script read from stdin inside the node's Ray container."""
-    name = shlex.quote(layout.container_name(cluster))
+def container_running_test(cluster: str, cluster_id: str = "") -> str:
+    return _ours(
+        cluster, cluster_id, '[ "$(docker inspect -f \'{{.State.Running}}\' "$n")" = true ]'
+    )
+
+
+def exec_python_command(cluster: str, *args: str, cluster_id: str = "") -> str:
+    """Run a Python script read from stdin inside this cluster's Ray container."""
+    name = shlex.quote(layout.container_name(cluster, cluster_id))
     return f"docker exec -i {name} python - " + shlex.join(args)
 
 
-def container_facts_command(cluster: str) -> str:
+def container_sockets_command(cluster: str, cluster_id: str = "") -> str:
+    """Shell: the inode of every socket held by a process inside this cluster's Ray
+    container (its PID namespace: nothing outside it is seen), one a line; nothing when
+    the container is not running or does not carry this cluster's id label. The
+    container shares the node's network namespace (--net=host), so these are the inodes
+    the node's /proc/net/tcp lists."""
+    listing = "ls -l /proc/[0-9]*/fd/ 2>/dev/null; exit 0"
+    return (
+        _ours(cluster, cluster_id, f'docker exec "$n" sh -c {shlex.quote(listing)}')
+        + " | sed -n 's/.*socket:\\[\\([0-9]*\\)\\]$/\\1/p'; exit 0"
+    )
+
+
+def container_facts_command(cluster: str, cluster_id: str = "") -> str:
     """One line of JSON about the Ray container (or `null`)."""
-    name = shlex.quote(layout.container_name(cluster))
+    name = shlex.quote(layout.container_name(cluster, cluster_id))
     fmt = shlex.quote(
         '{"running": {{json .State.Running}}, "status": {{json .State.Status}}, '
         '"image": {{json .Image}}, "started_at": {{json .State.StartedAt}}, '
@@ -174,12 +237,11 @@ def container_facts_command(cluster: str) -> str:
 
 def parse_container_facts(stdout: str, cluster_id: str = "") -> RayState:
     """Parse the one JSON line of `container_facts_command` (`null`: absent; a container
-    carrying another cluster's id is not this cluster's: absent too)."""
+    without this cluster's id label, another's or none, is not this cluster's: absent
+    too)."""
     lines = [ln for ln in stdout.splitlines() if ln.strip()]
     data = json.loads(lines[-1]) if lines else None
-    if not data:
-        return RayState()
-    if data.get("cluster_id") and data.get("cluster_id") != cluster_id:
+    if not data or not cluster_id or data.get("cluster_id") != cluster_id:
         return RayState()
     return RayState(
         status=str(data.get("status") or "unknown"),
@@ -192,8 +254,8 @@ def parse_container_facts(stdout: str, cluster_id: str = "") -> RayState:
     )
 
 
-def container_log_command(cluster: str, lines: int | None = None) -> str:
-    name = shlex.quote(layout.container_name(cluster))
+def container_log_command(cluster: str, lines: int | None = None, cluster_id: str = "") -> str:
+    name = shlex.quote(layout.container_name(cluster, cluster_id))
     tail = f" --tail {int(lines)}" if lines is not None else ""
     return f"docker logs --timestamps{tail} {name} 2>&1"
 
@@ -216,10 +278,12 @@ def _forget_state(cluster: str) -> str:
     return f"rm -f {names}"
 
 
-def run_options(inventory: Inventory, cluster_id: str = "") -> list[str]:
+def run_options(inventory: Inventory, cluster_id: str = "", *, use_tls: bool = False) -> list[str]:
     """`docker run` options for `ray up`: host networking is Ray's own; these add shm,
-    token, logs, and the cluster's id label."""
-    options = [f"-e {k}={shlex.quote(v)}" for k, v in CONTAINER_ENV.items()]
+    token, logs, the cluster's id label, and with `use_tls` the variables that make Ray
+    use the TLS files the launcher mounts at `tls.CONTAINER_TLS_DIR`."""
+    env = {**CONTAINER_ENV, **(tls.ray_env(tls.CONTAINER_TLS_DIR) if use_tls else {})}
+    options = [f"-e {k}={shlex.quote(v)}" for k, v in env.items()]
     if cluster_id:
         options.append(f"--label {shlex.quote(f'{layout.LABEL_CLUSTER_ID}={cluster_id}')}")
     options.append(f"-v {layout.node_ray_dir(inventory.cluster)}:{layout.CONTAINER_RAY_DIR}")
@@ -282,7 +346,7 @@ class DockerRuntime:
         )
 
     def state_command(self) -> str:
-        return container_facts_command(self.cluster)
+        return container_facts_command(self.cluster, self.cluster_id)
 
     def parse_state(self, stdout: str) -> RayState:
         return parse_container_facts(stdout, self.cluster_id)
@@ -313,23 +377,31 @@ class DockerRuntime:
         return remove_container_command(self.cluster, self.cluster_id)
 
     def running_test(self) -> str:
-        return container_running_test(self.cluster)
+        return container_running_test(self.cluster, self.cluster_id)
 
     def python_command(self, *args: str) -> str:
-        return exec_python_command(self.cluster, *args)
+        return exec_python_command(self.cluster, *args, cluster_id=self.cluster_id)
+
+    def sockets_command(self) -> str:
+        return container_sockets_command(self.cluster, self.cluster_id)
 
     def runtime_log_command(self, lines: int | None = None) -> str:
-        return container_log_command(self.cluster, lines)
+        return container_log_command(self.cluster, lines, self.cluster_id)
 
-    def render_section(self, token_path: Path) -> RenderSection:
+    def render_section(self, token_path: Path, tls_dir: Path | None = None) -> RenderSection:
+        mounts = {layout.CONTAINER_TOKEN_PATH: str(token_path)}
+        if tls_dir is not None:
+            mounts[tls.CONTAINER_TLS_DIR] = str(tls_dir)
         config = {
             "docker": {
                 "image": self.image,
-                "container_name": layout.container_name(self.cluster),
+                "container_name": layout.container_name(self.cluster, self.cluster_id),
                 "pull_before_run": False,
-                "run_options": run_options(self.inventory, self.cluster_id),
+                "run_options": run_options(
+                    self.inventory, self.cluster_id, use_tls=tls_dir is not None
+                ),
             },
-            "file_mounts": {layout.CONTAINER_TOKEN_PATH: str(token_path)},
+            "file_mounts": mounts,
         }
         # Inside the container: a stale Ray there never holds a port; the launcher's state
         # on the node's disk (/tmp/ray is mounted) is this cluster's own.

@@ -205,6 +205,16 @@ def stop_command(cluster: str, cluster_id: str = "") -> str:
     )
 
 
+def sockets_command(cluster: str, cluster_id: str = "") -> str:
+    """Shell: the inode of every socket held by this cluster's Ray processes (`_pids`:
+    the SSH user's own, marked with its id, their sessions and descendants), one a line."""
+    return (
+        f"{_pids(cluster, cluster_id)}; "
+        'for p in $PIDS; do ls -l "/proc/$p/fd/" 2>/dev/null; done | '
+        "sed -n 's/.*socket:\\[\\([0-9]*\\)\\]$/\\1/p'; exit 0"
+    )
+
+
 def _own_ray(cluster: str, cluster_id: str) -> str:
     """Shell: `raylet=PID` / `gcs=PID` for this cluster's raylet and GCS (of `_seeds`)."""
     return (
@@ -492,21 +502,31 @@ class HostRuntime:
     def python_command(self, *args: str) -> str:
         return python_command(self.cluster, self.python, *args, use_tls=self.inventory.tls)
 
+    def sockets_command(self) -> str:
+        return sockets_command(self.cluster, self.cluster_id)
+
     def runtime_log_command(self, lines: int | None = None) -> str:
         return log_command(self.cluster, lines)
 
-    def render_section(self, token_path: Path) -> RenderSection:
+    def render_section(self, token_path: Path, tls_dir: Path | None = None) -> RenderSection:
         """Ray's launcher runs these through a login shell too; before `ray start`, this
         cluster's own Ray is stopped (by its temp dir), never with `ray stop`."""
         token = f"~/{layout.node_dir(self.cluster)}/auth_token"
+        mounts = {token: str(token_path)}
+        secure = ""
+        if tls_dir is not None:
+            mounts[f"~/{layout.node_dir(self.cluster)}/tls"] = str(tls_dir)
+            env_tls = tls.ray_env(layout.node_tls_dir(self.cluster))
+            secure = "".join(f"{k}={v} " for k, v in env_tls.items())
         env = (
             f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={layout.node_token_path(self.cluster)} "
             f"RAY_USAGE_STATS_ENABLED=0 "
             f"{layout.RESULTS_ROOT_ENV}={layout.node_results_dir(self.cluster)} "
+            + secure
             + (f"{_id_env(self.cluster_id)} " if self.cluster_id else "")
         )
         return RenderSection(
-            {"file_mounts": {token: str(token_path)}},
+            {"file_mounts": mounts},
             before_start=(
                 stop_command(self.cluster, self.cluster_id),
                 layout.link_short_ray_dir_command(self.cluster),

@@ -24,6 +24,7 @@ from provisioner.cluster import read_token, tunnel
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.token import ray_container
 from provisioner.runtime import runtime_for
 
 
@@ -149,7 +150,7 @@ def test_up_passes_while_the_gcs_still_lists_a_killed_raylet(inventory: str, lab
 
     inv = load_inventory(Path(inventory))
     worker = lab.nodes[1]
-    container = "ray-" + inv.cluster
+    container = ray_container(inv)
     ssh(lab, worker, f"docker kill -s KILL {container} && docker start {container}")
     both: list[headprobe.GcsNode] = []
     with Pool(inv) as pool:
@@ -174,7 +175,7 @@ def test_up_and_status_through_a_jump_host(inventory: str, lab: LabInfo, tmp_pat
 
     worker = lab.nodes[2]
     jumped = jumped_inventory(Path(inventory), tmp_path / "jumped.yaml", lab, worker)
-    rc, said = exec_rc(worker.container, f"docker rm -f ray-{load_inventory(jumped).cluster}")
+    rc, said = exec_rc(worker.container, f"docker rm -f {ray_container(load_inventory(jumped))}")
     assert rc == 0, said
     with ssh_only_through_a_jump(lab, worker):
         code, up = cli_json("up", "-i", str(jumped))

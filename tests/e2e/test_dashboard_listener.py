@@ -1,10 +1,12 @@
 """Issue 27 (7) on the lab: the token goes only to this cluster's dashboard.
 
-Another user of the head (uid 4242, no account, nothing of ours) runs a plain Python HTTP
-server where the cluster's dashboard listens, while the cluster is down, and records every
-request it gets. The client refuses before a byte is sent. Positive controls: the real
-dashboard (root, in the Ray container) gets the token and a job runs; the same recording
-server run as the SSH user does get the token, so the recorder would have seen it.
+A plain Python HTTP server that records every request it gets listens where the cluster's
+dashboard should, while the cluster is down: as root (in docker mode the dashboard is
+root's too, so the owner alone proves nothing), as another user of the head (uid 4242, no
+account) and as the SSH user. The client refuses each before a byte is sent: none of this
+cluster's Ray processes holds that socket. Positive controls: the real dashboard (root, in
+the Ray container) gets the token and a job runs; the same recorder run in a container
+named and labelled as this cluster's gets the token, so the recorder would have seen it.
 """
 
 from __future__ import annotations
@@ -12,10 +14,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from provisioner.image.lock import read_pin
 from provisioner.inventory import load_inventory
 from provisioner.lab.config import LabNode
 from provisioner.lab.nodes import LabInfo
-from provisioner.node.token import local_token_path, read_token_file
+from provisioner.node.token import (
+    local_token_path,
+    ray_container,
+    read_cluster_id,
+    read_token_file,
+)
 from tests.e2e.faults.lab import cli, on_node
 from tests.e2e.faults.record import scenario
 
@@ -63,8 +71,29 @@ def stop(head: LabNode, pid: str, port: int) -> None:
     )
 
 
+def refused(inv: str, head: LabNode, port: int, uid: int, book: Path) -> str:
+    """The recorder on the port as `uid`, the cluster down: `jobs list` and `submit` must
+    refuse, naming the uid, before a byte is sent. What the recorder got ('' expected)."""
+    log = f"{DIR}/stranger-{uid}.log"
+    pid = start_recorder(head, port, uid, log)
+    try:
+        listed = cli("jobs", "list", "-i", inv, "--json")
+        sub = cli("submit", "-i", inv, "--detach", "--json", str(book / "hello.py"))
+        got = on_node(head, f"cat {log} 2>/dev/null; true")
+    finally:
+        stop(head, pid, port)
+    assert listed.code == 1, listed.text[-3000:]
+    error = json.loads(listed.stdout)["error"]
+    assert error["kind"] == "NotThisCluster", error
+    message = error["message"]
+    assert f"uid {uid} that is not this cluster's Ray" in message, message
+    assert "not sent" in message, message
+    assert sub.code == 1 and f"uid {uid}" in sub.text, sub.text[-3000:]
+    return got
+
+
 def test_a_stranger_listening_where_the_dashboard_should_gets_no_token(
-    cluster_inventory: Path, lab: LabInfo, tmp_path: Path
+    cluster_inventory: Path, lab: LabInfo, image_pin: Path, tmp_path: Path
 ) -> None:
     inv = str(cluster_inventory)
     inventory = load_inventory(cluster_inventory)
@@ -75,11 +104,12 @@ def test_a_stranger_listening_where_the_dashboard_should_gets_no_token(
     book.mkdir()
     (book / "hello.py").write_text("print('the real dashboard ran this')\n")
     with scenario(
-        "another user of the head listens where the cluster's dashboard should (the "
-        "cluster down), and records every request",
-        "submit and jobs list refuse (exit 1) naming the stranger's uid; the recorder gets "
-        "no request; the real dashboard gets the token and runs the job; the same recorder "
-        "run as the SSH user gets it",
+        "another process of the head listens where the cluster's dashboard should (the "
+        "cluster down), and records every request: root's (as any process in docker mode "
+        "would be), another user's, the SSH user's own",
+        "submit and jobs list refuse (exit 1) naming its uid, as not this cluster's Ray; the "
+        "recorder gets no request; the real dashboard gets the token and runs the job; the "
+        "same recorder in a container named and labelled as this cluster's gets it",
         kind="security",
     ) as s:
         up = cli("up", "-i", inv, "--json")
@@ -99,35 +129,36 @@ def test_a_stranger_listening_where_the_dashboard_should_gets_no_token(
 
         down = cli("down", "-i", inv, "--yes", "--no-logs", "--results", str(tmp_path / "d"))
         assert down.code == 0, down.text[-3000:]
-        log = f"{DIR}/stranger.log"
-        pid = start_recorder(head, port, STRANGER, log)
-        try:
-            listed = cli("jobs", "list", "-i", inv, "--json")
-            sub = cli("submit", "-i", inv, "--detach", "--json", str(book / "hello.py"))
-            got = on_node(head, f"cat {log} 2>/dev/null; true")
-        finally:
-            stop(head, pid, port)
-        assert listed.code == 1, listed.text[-3000:]
-        error = json.loads(listed.stdout)["error"]
-        assert error["kind"] == "NotThisCluster", error
-        assert f"uid {STRANGER}" in error["message"] and "not sent" in error["message"], error
-        assert sub.code == 1 and f"uid {STRANGER}" in sub.text, sub.text[-3000:]
-        assert got == "", got  # not one request, so no token
+        own_uid = int(on_node(head, f"id -u {head.user}"))
+        got = {uid: refused(inv, head, port, uid, book) for uid in (0, STRANGER, own_uid)}
+        assert got == {0: "", STRANGER: "", own_uid: ""}, got  # not one request, no token
 
+        # positive control: the same recorder where this cluster's Ray would run (a
+        # container with its name and id label, the node's network) does get the token
+        name = ray_container(inventory)
+        cluster_id = read_cluster_id(inventory)
         own = f"{DIR}/own.log"
-        pid = start_recorder(head, port, int(on_node(head, f"id -u {head.user}")), own)
+        on_node(head, f"rm -f {own}")
+        on_node(
+            head,
+            f"docker run -d --name {name} --net=host --label provisioner.cluster-id={cluster_id} "
+            f"-v {DIR}:{DIR} {read_pin(image_pin).image_id} python3 {DIR}/recorder.py "
+            f"{port} {own} && for i in $(seq 100); do {listening(port)} && exit 0; "
+            "sleep 0.1; done; exit 1",
+        )
         try:
-            cli("jobs", "list", "-i", inv, "--json")  # fails: the recorder is not Ray
+            labelled = cli("jobs", "list", "-i", inv, "--json")  # fails: the recorder is not Ray
             seen = on_node(head, f"cat {own}")
         finally:
-            stop(head, pid, port)
-        assert f"Authorization: Bearer {token}" in seen, seen[:300]
+            on_node(head, f"docker rm -f {name} >/dev/null")
+        assert f"Authorization: Bearer {token}" in seen, (seen[:300], labelled.text[-2000:])
         s.observed = (
             "the real dashboard's socket is root's and the job it was sent ran (exit 0); with "
-            "the stranger's recorder on the port: jobs list and submit exit 1, error "
-            "NotThisCluster naming its uid, the recorder got no request; the same recorder "
-            "as the SSH user got the bearer token (positive control)"
+            "the recorder on the port as root, as another user and as the SSH user: jobs list "
+            "and submit exit 1, error NotThisCluster naming its uid, the recorder got no "
+            "request; the same recorder in a container named and labelled as this cluster's "
+            "got the bearer token (positive control)"
         )
-        s.measured = f"dashboard port {port}, stranger uid {STRANGER}"
+        s.measured = f"dashboard port {port}, uids 0, {STRANGER}, {own_uid}"
     again = cli("up", "-i", inv, "--json")
     assert again.code == 0, again.stderr[-3000:]

@@ -33,6 +33,7 @@ from tests.e2e.faults.lab import (
     during,
     edited_inventory,
     interrupt,
+    lab_container,
     new_host_keys,
     on_node,
     probe,
@@ -305,7 +306,7 @@ def test_node_dies_during_up(inv: str, lab: LabInfo) -> None:
         "a node dies during `up`",
         "exit 1 naming it, the others up; after it returns a re-run finishes only that node",
     ) as s:
-        on_node(worker, f"docker rm -f ray-{lab.name}")
+        on_node(worker, f"docker rm -f {lab_container(lab)}")
         try:
             run = during(
                 "up",

@@ -27,6 +27,7 @@ from provisioner.lab import faults
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.gpusim import uuid_for
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.token import ray_container
 from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
 from tests.cli import cli
@@ -113,7 +114,7 @@ def test_up_hands_the_simulated_gpus_to_that_nodes_container_and_ray(
     driver installed later): `up` restarts that node alone."""
     _, w1, _ = lab.nodes[:3]
     inv = load_inventory(inventory)
-    container = f"ray-{inv.cluster}"
+    container = ray_container(inv)
     uuids = [uuid_for(w1.name, i) for i in range(2)]
     before = cli("up", "-i", str(inventory), "--json")  # the cluster, without GPUs
     assert before.exit_code == 0, before.stdout + before.stderr

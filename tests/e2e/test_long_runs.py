@@ -26,7 +26,7 @@ import pytest
 
 from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
-from provisioner.node.layout import container_name
+from provisioner.node.token import ray_container
 from tests.e2e.faults.lab import edited_inventory
 from tests.e2e.helpers import record_returns, ssh
 from tests.e2e.test_jobs import PLAYBOOKS, cli
@@ -291,8 +291,7 @@ def test_head_container_killed_then_up_repairs_and_submit_resume_continues(
         code, listed, _ = jobs_json("list", "-i", inventory)
         assert {j["job_id"]: j for j in listed["jobs"]}[job]["status"] == "RUNNING"
         head = lab.nodes[0]
-        cluster = load_inventory(Path(inventory)).cluster
-        killed = ssh(lab, head, f"docker kill {container_name(cluster)}")
+        killed = ssh(lab, head, f"docker kill {ray_container(load_inventory(Path(inventory)))}")
         assert killed.returncode == 0, killed.stderr
     finally:
         follower.kill()
@@ -501,18 +500,18 @@ def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
         *args, log=log,
     )  # fmt: skip
     worker = lab.nodes[1]
-    cluster = load_inventory(Path(inventory)).cluster
+    name = ray_container(load_inventory(Path(inventory)))
     try:
         # a checkpoint at iteration 8 is on the head: the retry resumes from what the
         # failed attempt left there (its results come home when it ends)
         wait_for(lambda: job_reached(log, 9), 400, "iteration 9")
-        stopped = ssh(lab, worker, f"docker kill {container_name(cluster)}")  # at once, mid-run
+        stopped = ssh(lab, worker, f"docker kill {name}")  # at once, mid-run
         assert stopped.returncode == 0, stopped.stderr
         proc.wait(420)
     finally:
         if proc.poll() is None:
             proc.kill()
-        ssh(lab, worker, f"docker start {container_name(cluster)}")  # undone in any case
+        ssh(lab, worker, f"docker start {name}")  # undone in any case
     text = log.read_text(errors="replace")
     doc = json.loads(log.with_suffix(".out").read_text())
     assert proc.returncode == 0 and doc["status"] == "SUCCEEDED", text[-4000:]

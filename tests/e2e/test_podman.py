@@ -6,19 +6,28 @@ up (the pin loaded into every node's Podman with `podman load` and checked by ID
 with env runners on every node, status, logs, down; then no container and no Ray process
 of the cluster is left. And the doctor's lingering finding, with its fix, on a node
 without lingering (the others, with it, have none).
+
+Issue 27 (7) under rootless Podman: the dashboard's socket is the SSH user's (the
+container's root is that uid), so the owner alone proves nothing; the sockets of the
+processes in this cluster's container (read from the node's /proc) hold it while it runs,
+and the same user's own process outside the container, on that port, is refused.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 
+from provisioner.cluster.tunnel import listeners_command, parse_listeners_output, refusal
 from provisioner.image.lock import read_pin
+from provisioner.inventory import load_inventory
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo
+from provisioner.runtime import runtime_for
 from tests.e2e.helpers import cli, cli_json, ssh
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
@@ -131,6 +140,17 @@ def test_up_train_status_logs_down(
         assert code == 0, err[-3000:]
         assert st["runtime"] == "podman" and st["alive_nodes"] == 3 and st["healthy"]
 
+        # the dashboard listens as the SSH user (rootless), and its socket is among those of
+        # the processes in this cluster's container: the listener check passes on the head
+        loaded = load_inventory(Path(inventory))
+        port = loaded.ports.dashboard
+        sockets = runtime_for(loaded).sockets_command()
+        probe = ssh(podman_lab, podman_lab.nodes[0], listeners_command(sockets))
+        seen = parse_listeners_output(probe.stdout)
+        assert seen.uid is not None and seen.ours, probe
+        assert {x.uid for x in seen.listeners if x.port == port} == {seen.uid}, seen
+        assert refusal(port, seen.uid, seen.listeners, seen.ours) is None, seen
+
         # PPO with the default env runners (the cluster's CPUs minus one): every node
         code, out, err = cli(
             "submit", "-i", inventory, "--results", str(tmp_path), "--json",
@@ -159,3 +179,56 @@ def test_up_train_status_logs_down(
         assert code == 0 and down["ok"], err[-3000:]  # twice is fine
     finally:
         cli("down", "-i", inventory, "--no-logs")
+
+
+RECORDER = """
+import http.server, sys
+class Recorder(http.server.BaseHTTPRequestHandler):
+    def answer(self):
+        with open(sys.argv[2], "a") as f:
+            f.write(self.requestline + "\\n" + str(self.headers) + "\\n")
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+    do_GET = do_POST = answer
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Recorder).serve_forever()
+"""
+
+
+def test_the_users_own_listener_outside_the_container_gets_no_token(
+    inventory: str, podman_lab: LabInfo
+) -> None:
+    """The cluster down, the SSH user's own process (the uid of the container's Ray) listens
+    where the dashboard should and records every request: `jobs list` refuses it before a
+    byte is sent. Positive control: a request sent to it on the node is recorded."""
+    port = load_inventory(Path(inventory)).ports.dashboard
+    head = podman_lab.nodes[0]
+    log = "/tmp/podman-listener-e2e.log"
+    listening = f"grep -q '0100007F:{port:04X} 00000000:0000 0A' /proc/net/tcp"
+    started = ssh(
+        podman_lab,
+        head,
+        f"rm -f {log}; nohup python3 -c {shlex.quote(RECORDER)} {port} {log} "
+        f">/dev/null 2>&1 </dev/null & echo $!; "
+        f"for i in $(seq 100); do {listening} && exit 0; sleep 0.1; done; exit 1",
+    )
+    assert started.returncode == 0, started.stderr
+    pid = started.stdout.split()[0]
+    try:
+        code, out, err = cli("jobs", "list", "-i", inventory, "--json")
+        got = ssh(podman_lab, head, f"cat {log} 2>/dev/null; true").stdout
+        ssh(
+            podman_lab,
+            head,
+            f"python3 -c 'import urllib.request as u; u.urlopen(\"http://127.0.0.1:{port}/probe\")'",
+        )
+        control = ssh(podman_lab, head, f"cat {log}").stdout
+        uid = ssh(podman_lab, head, "id -u").stdout.strip()
+    finally:
+        ssh(podman_lab, head, f"kill {pid}")
+    assert code == 1, (out, err[-3000:])
+    error = json.loads(out)["error"]
+    assert error["kind"] == "NotThisCluster", error
+    assert f"uid {uid} that is not this cluster's Ray" in error["message"], error
+    assert got == "", got  # not one request: no token
+    assert "GET /probe" in control, control  # positive control: it records what it gets

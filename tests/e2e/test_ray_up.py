@@ -1,7 +1,8 @@
 """The proof that `provisioner render` writes a file Ray's own launcher accepts.
 
 A plain `ray up -y cluster.yaml` (the host venv's `ray`, a fresh HOME, no extra
-variables) brings every lab node into `ray status`; `ray down -y` removes every Ray
+variables) brings every lab node into `ray status`, its GCS speaking TLS with the
+cluster's CA (a client without its certificate refused); `ray down -y` removes every Ray
 container; a second `ray up` after that `ray down` works too (no "Adding 1 node(s)" loop).
 
 Ray 2.60's local provider keeps its launcher-side state in /tmp/ray/cluster-NAME.state on
@@ -20,9 +21,10 @@ from pathlib import Path
 
 from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
-from provisioner.node import layout
+from provisioner.node.token import ray_container
 from tests.e2e.helpers import ssh
 from tests.e2e.test_cluster_lifecycle import cli, cli_json, inventory  # noqa: F401
+from tests.e2e.test_tls import assert_gcs_tls, check_gcs
 
 RAY = str(Path(sys.executable).parent / "ray")
 LOOP = "Adding 1 node(s) of type local.cluster.node"
@@ -62,7 +64,7 @@ def launcher_state(cluster: str) -> Path:
 
 def test_plain_ray_up_down_up(inventory: str, lab: LabInfo, tmp_path: Path) -> None:  # noqa: F811
     inv = load_inventory(Path(inventory))
-    container = layout.container_name(inv.cluster)
+    container = ray_container(inv)
     assert cli("down", "-i", inventory, "--no-logs")[0] == 0
     launcher_state(inv.cluster).unlink(missing_ok=True)
     home = tmp_path / "home"
@@ -77,6 +79,9 @@ def test_plain_ray_up_down_up(inventory: str, lab: LabInfo, tmp_path: Path) -> N
             assert seen == len(inv.nodes), f"ray up #{attempt}: {seen} active in `ray status`"
             code, st = cli_json("status", "-i", inventory)
             assert code == 0 and st["alive_nodes"] == 3, st  # every inventory address alive
+            if attempt == 1:  # Ray under TLS with the cluster's CA, as `up` runs it
+                (tmp_path / "tls").mkdir()
+                assert_gcs_tls(inv, check_gcs(inv, tmp_path / "tls"))
             monitor = ssh(
                 lab,
                 lab.nodes[0],

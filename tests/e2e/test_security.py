@@ -25,7 +25,7 @@ from provisioner.cli import run
 from provisioner.cluster import render
 from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
-from provisioner.node.token import local_token_path, read_token
+from provisioner.node.token import local_token_path, ray_container, read_token
 from provisioner.remote import Pool
 from provisioner.runtime import docker
 from provisioner.runtime.docker import DockerRuntime
@@ -319,7 +319,7 @@ def test_labels_reach_ray_as_one_label_each(inv: str, lab: LabInfo, tmp_path: Pa
             refused[value] = text
         labels = {"example.com/zone": "rack-1.row_2", "tier": "a-b"}
         with_labels = labelled(Path(inv), tmp_path / "labelled.yaml", labels)
-        on_node(worker, f"docker rm -f ray-{inventory.cluster}")  # `up` starts it again
+        on_node(worker, f"docker rm -f {ray_container(inventory)}")  # `up` starts it again
         up = cli("up", "-i", str(with_labels), "--json")
         assert up.code == 0, up.stderr[-3000:]
         head = lab.nodes[0]
@@ -330,7 +330,7 @@ def test_labels_reach_ray_as_one_label_each(inv: str, lab: LabInfo, tmp_path: Pa
             listed = json.loads(
                 on_node(
                     head,
-                    f"docker exec ray-{inventory.cluster} python -c {shlex.quote(NODE_LABELS)}",
+                    f"docker exec {ray_container(inventory)} python -c {shlex.quote(NODE_LABELS)}",
                 )
                 .strip()
                 .splitlines()[-1]

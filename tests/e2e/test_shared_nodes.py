@@ -24,9 +24,12 @@ import pytest
 import yaml
 
 from provisioner.image.lock import read_pin
+from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
+from provisioner.node import layout
+from provisioner.node.token import ray_container
 from provisioner.runtime.host import temp_dir_mark
-from tests.e2e.faults.lab import edited_inventory
+from tests.e2e.faults.lab import edited_inventory, lab_container
 from tests.e2e.helpers import cli, cli_json, ssh
 
 BLOCK_B = 20000
@@ -40,12 +43,12 @@ print("GCS", ray.get_runtime_context().gcs_address, "NODES", len(ray.nodes()), f
 
 
 def started_at(lab: LabInfo, cluster: str) -> dict[str, str]:
-    """Each node's `ray-CLUSTER` container: its start time (absent: '')."""
+    """Each node's container of the cluster called CLUSTER (its label): its start time
+    (absent: '')."""
     fmt = "{{.State.StartedAt}}"
+    found = f"$(docker ps -aq --filter label=provisioner.cluster={cluster})"
     return {
-        node.name: ssh(
-            lab, node, f"docker inspect -f '{fmt}' ray-{cluster} 2>/dev/null"
-        ).stdout.strip()
+        node.name: ssh(lab, node, f"docker inspect -f '{fmt}' {found} 2>/dev/null").stdout.strip()
         for node in lab.nodes
     }
 
@@ -135,7 +138,8 @@ def test_two_clusters_share_the_nodes_and_down_of_one_leaves_the_other(
     errors = {f["host"]: f for f in collisions if f["severity"] == "error"}
     assert set(errors) == {n.name for n in lab.nodes}, collisions
     head = errors[lab.nodes[0].name]
-    assert f"cluster {name_b}'s Ray (container ray-{name_b}, a job is running)" in head["message"]
+    container_b = ray_container(load_inventory(Path(cluster_b)))
+    assert f"cluster {name_b}'s Ray (container {container_b}, a job is running)" in head["message"]
     assert "20500-20508" in head["message"] and "20600-20999" in head["message"]
     assert "port_base: 21000" in head["fix"] and "leave it running" in head["fix"]
     assert not any("rm -f" in f["fix"] or "down -i" in f["fix"] for f in collisions)
@@ -196,7 +200,7 @@ def test_a_worker_removed_from_the_inventory_leaves_the_cluster(
     assert code == 0 and up_doc["started"] == [worker.name], err[-3000:]
     # a restart without the token (its node left the cluster) cannot start Ray again
     assert ssh(lab, worker, f"rm {token}").returncode == 0
-    restart = ssh(lab, worker, f"docker restart ray-{lab.name}")
+    restart = ssh(lab, worker, f"docker restart {lab_container(lab)}")
     assert restart.returncode != 0 and "auth_token" in restart.stderr, restart
     code, up_doc, err = cli_json("up", "-i", cluster_a)
     assert code == 0 and up_doc["started"] == [worker.name], err[-3000:]
@@ -342,26 +346,41 @@ def test_host_and_docker_clusters_share_the_nodes_and_up_relays_the_pin(
             ssh(host_lab, node, f"docker rmi -f {pin.image_id} >/dev/null 2>&1; true")
 
 
-def containers(lab: LabInfo, cluster: str) -> dict[str, str]:
-    """Each node's `ray-CLUSTER` container: `ID running cluster-id` ('' when absent)."""
+def containers(lab: LabInfo, cluster: str, also: str = "") -> dict[str, str]:
+    """Each node's containers of the cluster called CLUSTER (its label; and the one
+    called ALSO): `NAME ID running cluster-id` lines, sorted ('' when none)."""
     fmt = (
-        '{{.Id}} {{.State.Running}} {{with index .Config.Labels "provisioner.cluster-id"}}'
-        "{{.}}{{end}}"
+        "{{.Name}} {{.Id}} {{.State.Running}} "
+        '{{with index .Config.Labels "provisioner.cluster-id"}}{{.}}{{end}}'
     )
+    found = f"$(docker ps -aq --filter label=provisioner.cluster={cluster}"
+    found += f"; docker ps -aq --filter name=^{also}$)" if also else ")"
     return {
-        node.name: ssh(
-            lab, node, f"docker inspect -f '{fmt}' ray-{cluster} 2>/dev/null"
-        ).stdout.strip()
+        node.name: "\n".join(
+            sorted(
+                set(
+                    ssh(lab, node, f"docker inspect -f '{fmt}' {found} 2>/dev/null")
+                    .stdout.strip()
+                    .splitlines()
+                )
+            )
+        )
         for node in lab.nodes
     }
 
 
 def test_a_namesake_cluster_from_another_state_folder_is_left_alone_by_our_up_and_down(
-    lab: LabInfo, cluster_inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    lab: LabInfo,
+    cluster_inventory: Path,
+    image_pin: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two state folders, one cluster name, the same nodes (as two users of one Docker, or
-    one user on two machines): each cluster's containers carry its own id; our `down`
-    leaves theirs, our `up` refuses to replace them; their own `down` removes them."""
+    one user on two machines): each cluster's containers carry its own id, in their label
+    and their name; our `down` leaves theirs, our `up` refuses to start beside them (they
+    would share the node folder); their own `down` removes them. A container that carries
+    our container's very name but not our id label is not ours either: left alone, said so."""
     from tests.e2e.faults.record import scenario
 
     name = f"{lab.name}-same"
@@ -375,23 +394,31 @@ def test_a_namesake_cluster_from_another_state_folder_is_left_alone_by_our_up_an
         for who, base in (("ours", 24000), ("theirs", 23000))
     }
     ours, theirs = tmp_path / "ours-state", tmp_path / "theirs-state"
+    head = lab.nodes[0]
 
     def as_(state: Path, verb: str, *args: str) -> tuple[int, object, str]:
         monkeypatch.setenv("PROVISIONER_STATE_DIR", str(state))
         return cli_json(verb, "-i", inventories[state.name.split("-")[0]], *args)
 
+    def cluster_id(state: Path) -> str:
+        return (state / "clusters" / name / "cluster_id").read_text().strip()
+
     with scenario(
-        "a cluster of the same name from another state folder on the same nodes",
-        "our `down` leaves its containers running, our `up` refuses to replace them "
-        "(exit 1, saying whose they are); its own `down` removes them",
+        "a cluster of the same name from another state folder on the same nodes; a "
+        "container with our container's name but not our id",
+        "our `down` leaves its containers running, our `up` refuses to start beside them "
+        "(exit 1, saying whose they are); its own `down` removes them; the unlabelled "
+        "container is left by our `down` and `up`, each saying so",
         kind="security",
     ) as s:
         try:
             code, _, err = as_(theirs, "up")
             assert code == 0, err[-3000:]
             before = containers(lab, name)
-            their_id = (theirs / "clusters" / name / "cluster_id").read_text().strip()
-            assert all(v.endswith(f" true {their_id}") for v in before.values()), before
+            their_id = cluster_id(theirs)
+            their_name = layout.container_name(name, their_id)
+            assert all(v == f"/{their_name} " + v.split()[1] + f" true {their_id}"
+                       for v in before.values()), before  # fmt: skip
 
             code, doc, err = as_(ours, "down", "--no-logs")
             assert code == 0, err[-3000:]
@@ -403,22 +430,50 @@ def test_a_namesake_cluster_from_another_state_folder_is_left_alone_by_our_up_an
             assert "another cluster of the same name" in said and their_id in said, said[-3000:]
             assert containers(lab, name) == before
 
-            # positive control: their own down does remove them, and then ours starts
+            # positive control: their own down does remove them
             code, _, err = as_(theirs, "down", "--no-logs")
             assert code == 0, err[-3000:]
             assert set(containers(lab, name).values()) == {""}
+
+            # a container with our very name and no id label: not ours, left alone
+            our_id = cluster_id(ours)
+            assert our_id != their_id
+            our_name = layout.container_name(name, our_id)
+            planted = ssh(
+                lab, head, f"docker create --name {our_name} {read_pin(image_pin).image_id} true"
+            )
+            assert planted.returncode == 0, planted.stderr
+            kept = containers(lab, name, also=our_name)[head.name]
+            assert kept.startswith(f"/{our_name} ") and kept.endswith(" false"), kept
+            code, doc, err = as_(ours, "down", "--no-logs")
+            assert code == 0, err[-3000:]
+            assert f"{our_name} on this node carries no cluster id" in err, err[-3000:]
+            assert "left alone" in err and containers(lab, name, also=our_name)[head.name] == kept
+            code, doc, err = as_(ours, "up")
+            said = err + str(doc)
+            assert code == 1 and "carries no cluster id" in said, said[-3000:]
+            assert containers(lab, name, also=our_name)[head.name] == kept
+            ssh(lab, head, f"docker rm -f {our_name}")
+
+            # positive control: then ours starts, named and labelled with our id
             code, _, err = as_(ours, "up")
             assert code == 0, err[-3000:]
-            our_id = (ours / "clusters" / name / "cluster_id").read_text().strip()
-            assert our_id != their_id
-            assert all(v.endswith(f" true {our_id}") for v in containers(lab, name).values())
+            now = containers(lab, name)
+            assert all(v.startswith(f"/{our_name} ") and v.endswith(f" true {our_id}")
+                       for v in now.values()), now  # fmt: skip
         finally:
+            if (ours / "clusters" / name / "cluster_id").exists():  # a planted one left
+                planted_name = layout.container_name(name, cluster_id(ours))
+                ssh(lab, head, f"docker rm -f {planted_name} >/dev/null 2>&1; true")
             for state in (ours, theirs):
                 as_(state, "down", "--no-logs")
         assert set(containers(lab, name).values()) == {""}
         s.observed = (
-            "the other state folder's containers carried its own cluster id on every node; "
-            "our `down`: exit 0, the same containers still running; our `up`: exit 1 naming "
-            "the other cluster's id, its containers untouched; its own `down` removed them, "
-            "then our `up` started ours, labelled with our id"
+            "the other state folder's containers carried its own cluster id (label and "
+            "name) on every node; our `down`: exit 0, the same containers still running; our "
+            "`up`: exit 1 naming the other cluster's id, its containers untouched; its own "
+            "`down` removed them; a container created with our container's name and no id "
+            "label: our `down` exit 0 saying it carries no cluster id, left alone; our `up` "
+            "exit 1 saying so; once it was removed our `up` started ours, named and labelled "
+            "with our id"
         )

@@ -24,6 +24,7 @@ from provisioner.cli import run
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.token import ray_container
 from tests.e2e.faults.lab import edited_inventory
 from tests.e2e.helpers import ssh
 
@@ -104,8 +105,7 @@ def test_doctor_up_and_status_go_through_the_two_hop_chain(lab: LabInfo, chained
     code, doctor, err = cli_json("doctor", "-i", str(chained))
     assert code == 0, (doctor, err[-2000:])
     assert any(f["check"] == "docker.access" and f["host"] == last.name for f in doctor["findings"])
-    cluster = load_inventory(chained).cluster
-    rc, said = exec_rc(last.container, f"docker rm -f ray-{cluster}")
+    rc, said = exec_rc(last.container, f"docker rm -f {ray_container(load_inventory(chained))}")
     assert rc == 0, said
     code, up, err = cli_json("up", "-i", str(chained))
     assert code == 0 and last.name in up["started"], (up, err[-2000:])

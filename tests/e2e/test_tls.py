@@ -6,7 +6,10 @@ presents a certificate of that CA; a client with none, or with one of another CA
 refused. The same probe against a plain port of Ray (the dashboard agent's HTTP port)
 finds no TLS there, so the probe tells the two apart. A Ray driver on a worker node
 connects to the GCS with the node's own files and fails with no TLS, with another CA's
-certificate, or with another CA's certificate beside the cluster's CA. PPO then trains
+certificate, or with another CA's certificate beside the cluster's CA. A raylet started on
+a worker (a container of its own, the cluster's token, its own ports) joins with the
+cluster's files and never appears alive with no TLS or with another CA's certificate
+beside the cluster's CA. PPO then trains
 with env runners on every node (the job's driver and workers inherit the node's TLS
 settings), `up --rotate-token` gives every node certificates of a new CA (the old CA's are
 refused), and `down` removes Ray. Host mode: the same handshake checks on its lab.
@@ -22,10 +25,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.inventory import Inventory, load_inventory
+from provisioner.image.lock import read_pin
+from provisioner.inventory import Inventory, RayPorts, load_inventory
 from provisioner.lab.config import LabNode
 from provisioner.lab.nodes import LabInfo
-from provisioner.node import tls
+from provisioner.node import layout, tls
+from provisioner.node.token import ray_container
 from tests.e2e.faults.lab import on_node, probe
 from tests.e2e.faults.record import scenario
 from tests.e2e.helpers import cli, cli_json
@@ -114,7 +119,7 @@ def assert_gcs_tls(inv: Inventory, seen: dict[str, Handshake]) -> None:
     assert not seen["plain port"].tls, seen["plain port"]  # the control: no TLS there
 
 
-def driver(node: LabNode, cluster: str, head: str, env: dict[str, str]) -> tuple[int, str]:
+def driver(node: LabNode, container: str, head: str, env: dict[str, str]) -> tuple[int, str]:
     """A Ray driver in the node's Ray container (its env, `env` over it) connecting to the
     GCS at `head`; prints CONNECTED and the node count when it got in."""
     script = (
@@ -124,7 +129,7 @@ def driver(node: LabNode, cluster: str, head: str, env: dict[str, str]) -> tuple
     words = " ".join(f"-e {shlex.quote(f'{k}={v}')}" for k, v in env.items())
     return probe(
         node,
-        f"docker exec {words} ray-{cluster} timeout 40 python -c {shlex.quote(script)} 2>&1 "
+        f"docker exec {words} {container} timeout 40 python -c {shlex.quote(script)} 2>&1 "
         "| tail -n 5",
     )
 
@@ -141,16 +146,129 @@ def foreign_files_on(node: LabNode, cluster: str, other: tls.Authority) -> str:
     return "/tmp/ray/foreign"
 
 
+ALIVE = (
+    "import json, ray; ray.init(address={head!r}, logging_level='ERROR'); "
+    "print('ROGUES', json.dumps(sorted(k for n in ray.nodes() if n['Alive'] "
+    "for k in n['Resources'] if k.startswith('rogue_'))))"
+)
+
+
+def alive_rogues(head: LabNode, container: str, address: str) -> set[str]:
+    """The `rogue_*` resources of the nodes the GCS lists alive (asked from the head's Ray
+    container, with its own files)."""
+    rc, out = driver_script(head, container, ALIVE.format(head=address))
+    found = [ln for ln in out.splitlines() if ln.startswith("ROGUES ")]
+    assert rc == 0 and found, out
+    return set(json.loads(found[-1].removeprefix("ROGUES ")))
+
+
+def driver_script(node: LabNode, container: str, script: str) -> tuple[int, str]:
+    return probe(
+        node, f"docker exec {container} timeout 60 python -c {shlex.quote(script)} 2>&1 | tail -n 5"
+    )
+
+
+def rogue_command(
+    name: str, image: str, head: str, node: LabNode, base: int, mounts: dict[str, str],
+    env: dict[str, str],
+) -> str:  # fmt: skip
+    """`docker run` on NODE of a container of `image` whose `ray start` joins the GCS at
+    HEAD as a worker raylet: its own ports (a block at `base`), no CPUs, a resource
+    `rogue_NAME`, the cluster's token, and the given TLS files and settings (`mounts`:
+    node path -> container path)."""
+    ports = RayPorts.from_base(base)
+    words = [
+        "docker run -d", f"--name rogue-{name}", "--net=host", "--shm-size=256m",
+        *(f"-v {src}:{dst}:ro" for src, dst in mounts.items()),
+        *(f"-e {shlex.quote(f'{k}={v}')}" for k, v in env.items()),
+        image, "ray start --block", f"--address={head}", f"--node-ip-address={node.address}",
+        f"--node-manager-port={ports.node_manager}",
+        f"--object-manager-port={ports.object_manager}",
+        f"--dashboard-agent-grpc-port={ports.dashboard_agent_grpc}",
+        f"--dashboard-agent-listen-port={ports.dashboard_agent_http}",
+        f"--runtime-env-agent-port={ports.runtime_env_agent}",
+        f"--metrics-export-port={ports.metrics_export}",
+        f"--min-worker-port={ports.min_worker}", f"--max-worker-port={ports.max_worker}",
+        "--num-cpus=0", "--object-store-memory=100000000", "--temp-dir=/tmp/rogue",
+        "--disable-usage-stats", shlex.quote(f'--resources={{"rogue_{name}": 1}}'),
+    ]  # fmt: skip
+    return " ".join(words)
+
+
+REFUSED = "Failed to connect to GCS"  # what a raylet's `ray start` logs when it cannot get in
+
+
+def rogue_raylets(
+    inv: Inventory, lab: LabInfo, worker: LabNode, image: str, head: str, *, other_folder: str
+) -> dict[str, bool]:
+    """Start three raylets on `worker`, each in a container of its own, that differ only
+    in their TLS settings (each with the cluster's token): the cluster's own files, no
+    TLS, and another CA's certificate beside the cluster's CA. Wait (bound: 180 s, not a
+    target) until the one with the cluster's files is alive in the GCS and the others
+    have logged that they could not reach the GCS, then say which are alive and which
+    were refused; the raylets are removed in any case (the joined one with `ray stop` first,
+    so that the GCS marks it dead)."""
+    home = f"/home/{worker.user}/.provisioner/clusters/{inv.cluster}"
+    token = {f"{home}/auth_token": layout.CONTAINER_TOKEN_PATH}
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": layout.CONTAINER_TOKEN_PATH}
+    ours = {f"{home}/tls": tls.CONTAINER_TLS_DIR}
+    foreign = "/run/foreign"
+    variants = {
+        "ours": (31000, {**token, **ours}, {**auth, **tls.ray_env(tls.CONTAINER_TLS_DIR)}),
+        "notls": (32000, token, {**auth, "RAY_USE_TLS": "0"}),
+        "otherca": (
+            33000,
+            {**token, **ours, f"{home}/ray/{other_folder.rsplit('/', 1)[-1]}": foreign},
+            {**auth, **tls.ray_env(foreign), "RAY_TLS_CA_CERT": f"{tls.CONTAINER_TLS_DIR}/ca.crt"},
+        ),
+    }
+    names = " ".join(f"rogue-{n}" for n in variants)
+    head_node = lab.nodes[0]
+    container = ray_container(inv)
+    on_node(worker, f"docker rm -f {names} >/dev/null 2>&1; true")
+    try:
+        for name, (base, mounts, env) in variants.items():
+            on_node(worker, rogue_command(name, image, head, worker, base, mounts, env))
+        seen: set[str] = set()
+        end = time.monotonic() + 180
+        while "rogue_ours" not in seen and time.monotonic() < end:
+            time.sleep(3)
+            seen = alive_rogues(head_node, container, head)
+        # the others: until each says the GCS did not let it in (bound: 120 s, not a target)
+        logs: dict[str, str] = {}
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            logs = {n: probe(worker, f"docker logs rogue-{n} 2>&1")[1] for n in variants}
+            if all(REFUSED in logs[n] for n in variants if n != "ours"):
+                break
+            time.sleep(3)
+        states = on_node(worker, f"docker inspect -f '{{{{.Name}}}} {{{{.State.Status}}}}' {names}")
+        seen |= alive_rogues(head_node, container, head)  # once more, after that
+    finally:
+        probe(worker, "docker exec rogue-ours ray stop >/dev/null 2>&1; true")
+        on_node(worker, f"docker rm -f {names} >/dev/null 2>&1; true")
+    print("rogue raylets:", states.strip(), {n: v[-300:] for n, v in logs.items()})
+    return {
+        "ours": "rogue_ours" in seen,
+        "no TLS": "rogue_notls" in seen,
+        "another CA's cert, our CA": "rogue_otherca" in seen,
+        "no TLS refused": REFUSED in logs.get("notls", ""),
+        "another CA refused": REFUSED in logs.get("otherca", ""),
+    }
+
+
 def test_ray_traffic_runs_tls_with_the_cluster_ca(
-    cluster_inventory: Path, lab: LabInfo, tmp_path: Path
+    cluster_inventory: Path, lab: LabInfo, image_pin: Path, tmp_path: Path
 ) -> None:
     inventory = str(cluster_inventory)
     inv = load_inventory(cluster_inventory)
+    pin = read_pin(image_pin).image_id
     with scenario(
         "Ray's traffic between nodes, on the wire",
         "TLS with the cluster's own CA: the GCS port speaks gRPC only to a client with a "
-        "certificate of that CA; a client or driver with none, or with another CA's, is "
-        "refused; `up --rotate-token` moves every node to a new CA",
+        "certificate of that CA; a client, driver or raylet with none, or with another "
+        "CA's, is refused (the raylet never appears alive; with the cluster's files it "
+        "joins); `up --rotate-token` moves every node to a new CA",
         kind="security",
     ) as s:
         t0 = time.monotonic()
@@ -166,7 +284,8 @@ def test_ray_traffic_runs_tls_with_the_cluster_ca(
         head = f"{inv.head.address}:{inv.ports.gcs}"
         other = tls.new_authority("someone-else")
         folder = foreign_files_on(worker, lab.name, other)
-        own_rc, own_out = driver(worker, lab.name, head, {})
+        container = ray_container(inv)
+        own_rc, own_out = driver(worker, container, head, {})
         assert own_rc == 0 and f"CONNECTED {len(lab.nodes)}" in own_out, own_out
         refused = {
             "no TLS": {"RAY_USE_TLS": "0"},
@@ -177,8 +296,15 @@ def test_ray_traffic_runs_tls_with_the_cluster_ca(
             },
         }
         for name, env in refused.items():
-            rc, out = driver(worker, lab.name, head, env)
+            rc, out = driver(worker, container, head, env)
             assert "CONNECTED" not in out, (name, rc, out)
+
+        # A raylet joining from a worker: with the cluster's files it joins; with no TLS,
+        # or another CA's certificate beside the cluster's CA, it never appears alive
+        joined = rogue_raylets(inv, lab, worker, pin, head, other_folder=folder)
+        assert joined["ours"], joined  # positive control: the cluster's files get in
+        assert joined["no TLS refused"] and joined["another CA refused"], joined
+        assert not joined["no TLS"] and not joined["another CA's cert, our CA"], joined
 
         # PPO with an env runner on every node: the job's driver and workers have TLS too
         code, out, err = cli(
@@ -215,7 +341,10 @@ def test_ray_traffic_runs_tls_with_the_cluster_ca(
             "connection was closed at the handshake and nothing was served; the dashboard "
             "agent's HTTP port (the control) showed no TLS; a driver on a worker connected "
             "with the node's files and did not with no TLS, another CA's files, or another "
-            "CA's certificate beside the cluster's CA; PPO trained with env runners on every "
+            "CA's certificate beside the cluster's CA; a raylet started on a worker with the "
+            "cluster's files and token joined (alive in the GCS), the same with no TLS or "
+            "with another CA's certificate beside the cluster's CA never appeared alive; "
+            "PPO trained with env runners on every "
             "node; after `up --rotate-token` the CA was new and the old CA's certificate "
             "was refused"
         )

@@ -21,7 +21,7 @@ import yaml
 
 from provisioner.lab import faults
 from provisioner.lab.nodes import LabInfo
-from tests.e2e.faults.lab import container_state, edited_inventory, on_node, probe
+from tests.e2e.faults.lab import container_state, edited_inventory, lab_container, on_node, probe
 from tests.e2e.helpers import cli, cli_json, ssh
 
 # Ray 2.60's error for a missing or wrong token; with TLS on (the default) the rotation's
@@ -40,7 +40,7 @@ def refused_in_logs(lab: LabInfo, worker_index: int, bound: float = 90) -> str:
     end = time.monotonic() + bound
     text = ""
     while time.monotonic() < end:
-        _, text = probe(node, f"docker logs --tail 200 ray-{lab.name} 2>&1")
+        _, text = probe(node, f"docker logs --tail 200 {lab_container(lab)} 2>&1")
         if refusal(text):
             break
         time.sleep(3)
@@ -100,7 +100,7 @@ def test_a_new_token_keeps_an_unreached_departed_worker_out(
     assert ssh(lab, worker, "true", timeout=30).returncode == 0
     # the worker still holds the old token; its Ray, restarted on the node, is refused
     assert ssh(lab, worker, held).stdout == before
-    on_node(worker, f"docker restart ray-{lab.name}")
+    on_node(worker, f"docker restart {lab_container(lab)}")
     log = refused_in_logs(lab, 2)
     assert refusal(log), log[-2000:]
     code, st, _ = cli_json("status", "-i", smaller)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from provisioner.cluster import down, status, up
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.errors import InputError
-from provisioner.node import commands, token
+from provisioner.node import commands, layout, token
 from provisioner.runtime import docker
 from provisioner.runtime.base import RayState
 from tests.unit.inventories import make_inventory
@@ -88,7 +89,8 @@ def test_parse_container_facts() -> None:
     assert docker.parse_container_facts("null\n").status == "absent"
     f = docker.parse_container_facts(
         '{"running": true, "status": "running", "image": "sha256:x", "started_at": "t",'
-        ' "restarts": 2, "exit_code": 0, "oom_killed": false}'
+        f' "restarts": 2, "exit_code": 0, "oom_killed": false, "cluster_id": "{CID}"}}',
+        CID,
     )
     assert f.running and f.runs == "sha256:x" and f.restarts == 2
 
@@ -171,67 +173,133 @@ CID = "0123456789abcdef"
 OTHER = "fedcba9876543210"
 
 
-def test_the_container_carries_the_clusters_id_and_never_replaces_a_namesakes(
+def test_the_container_is_named_and_labelled_by_the_clusters_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    inv = make_inventory(tmp_path)
+    assert layout.container_name("demo", CID) == "ray-demo-01234567"
+    assert layout.container_name("demo") == "ray-demo"  # an older provisioner's name
+    assert token.ray_container(inv) == "ray-demo"  # no id yet in this state folder
+    made = token.ensure_cluster_id(inv)
+    assert token.ray_container(inv) == f"ray-demo-{made[:8]}"
+    assert docker.DockerRuntime(inv, None).render_section(tmp_path / "t").config["docker"][
+        "container_name"
+    ] == token.ray_container(inv)
+    run = docker.docker_run_command(inv, inv.head, "sha256:abc", cluster_id=CID)
+    assert " --name ray-demo-01234567 " in run
+    assert f" --label provisioner.cluster-id={CID} " in run
+    assert "provisioner.cluster-id=" not in docker.docker_run_command(inv, inv.head, "x")
+    assert f"--label provisioner.cluster-id={CID}" in docker.run_options(inv, CID)
+
+
+def _fake_docker(work: Path, containers: dict[str, str]) -> dict[str, str]:
+    """A `docker` run by a real shell, on a node holding `containers` (name -> its
+    cluster id label, "" for none, all of cluster `demo`): `inspect` answers a container's
+    label, `ps` lists them, `rm` and `run` are logged, `exec` runs the command here."""
+    bin_ = work / "bin"
+    bin_.mkdir(parents=True)
+    table = work / "containers"
+    table.write_text("".join(f"{n} {label or '-'}\n" for n, label in containers.items()))
+    (bin_ / "docker").write_text(
+        "#!/bin/sh\n"
+        f"t={table}\n"
+        'for a; do n="$a"; done\n'  # the last word: the container's name
+        'case "$1" in\n'
+        'inspect) l=$(awk -v n="$n" \'$1 == n {print $2}\' "$t"); [ -n "$l" ] || exit 1;'
+        ' case "$*" in *State.Running*) echo true;; *) echo "$l";; esac;;\n'
+        'ps) awk \'{print $1, ($2 == "-" ? "" : $2)}\' "$t";;\n'
+        f'rm) echo "$n" >> {work}/rm.log; grep -v "^$n " "$t" > "$t.new"; mv "$t.new" "$t";;\n'
+        f'run) echo "$@" >> {work}/run.log;;\n'
+        'exec) shift; shift; exec "$@";;\n'
+        "esac\n"
+    )
+    (bin_ / "docker").chmod(0o755)
+    return {"PATH": f"{bin_}:/usr/bin:/bin", "HOME": str(work)}
+
+
+def _sh(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", "-c", command], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+OURS = "ray-demo-01234567"
+
+
+def test_up_never_runs_into_a_container_that_is_not_provably_this_clusters(
     tmp_path: Path,
 ) -> None:
     inv = make_inventory(tmp_path)
     run = docker.docker_run_command(inv, inv.head, "sha256:abc", cluster_id=CID)
-    label = (
-        'l=$(docker inspect --format \'{{with index .Config.Labels "provisioner.cluster-id"}}'
-        "{{.}}{{end}}' ray-demo 2>/dev/null); "
-        f'if [ -n "$l" ] && [ "$l" != {CID} ]; then '
-    )
-    assert run.startswith(label) and "; exit 3; fi; mkdir -p " in run
-    assert f" --label provisioner.cluster-id={CID} " in run
+    cases = {
+        "empty": ({}, 0, ""),
+        "ours-unlabelled": ({OURS: ""}, 3, f"the container {OURS} on this node carries no"),
+        "namesake": ({"ray-demo-fedcba98": OTHER}, 3, "another cluster of the same name"),
+        "legacy-ours": ({"ray-demo": CID}, 0, ""),  # ours: `up` removes it before
+        "legacy-none": ({"ray-demo": ""}, 3, "cluster id none"),
+    }
+    for case, (containers, code, said) in cases.items():
+        work = tmp_path / case
+        done = _sh(run, _fake_docker(work, containers))
+        assert done.returncode == code, (case, done.stderr)
+        assert said in done.stderr, (case, done.stderr)
+        assert (work / "run.log").exists() == (code == 0), case  # positive control: runs
+        assert not (work / "rm.log").exists(), case  # nothing removed, ever
+    assert OTHER in _sh(run, _fake_docker(tmp_path / "again", {"x": OTHER})).stderr
+
+
+def test_down_removes_only_containers_carrying_this_clusters_id(tmp_path: Path) -> None:
     remove = docker.remove_container_command("demo", CID)
-    assert remove.startswith(label) and remove.endswith(
-        "; exit 0; fi; docker rm -f ray-demo >/dev/null 2>&1; "
-        "! docker inspect ray-demo >/dev/null 2>&1"
+    cases = {
+        "ours": ({OURS: CID}, [OURS], ""),
+        "legacy-ours": ({"ray-demo": CID, OURS: CID}, [OURS, "ray-demo"], ""),
+        "ours-unlabelled": ({OURS: ""}, [], f"{OURS} on this node carries no cluster id"),
+        "namesake": ({"ray-demo": OTHER}, [], f"belongs to another cluster (cluster id {OTHER})"),
+        "legacy-none": ({"ray-demo": ""}, [], "ray-demo on this node carries no cluster id"),
+        "nothing": ({}, [], ""),
+    }
+    for case, (containers, removed, said) in cases.items():
+        work = tmp_path / case
+        done = _sh(remove, _fake_docker(work, containers))
+        assert done.returncode == 0, (case, done.stderr)
+        log = work / "rm.log"
+        assert (log.read_text().split() if log.exists() else []) == removed, case
+        assert said in done.stderr and ("left alone" in done.stderr) == bool(said), case
+    # before the first `up` (no id): nothing is this cluster's, even a bare `ray-demo`
+    done = _sh(
+        docker.remove_container_command("demo"), _fake_docker(tmp_path / "x", {"ray-demo": ""})
     )
-    # without an id (a state folder before its first `up`): no label, every id foreign
-    assert "provisioner.cluster-id=" not in docker.docker_run_command(inv, inv.head, "x")
-    assert "[ \"$l\" != '' ]" in docker.remove_container_command("demo")
-    assert f"--label provisioner.cluster-id={CID}" in docker.run_options(inv, CID)
+    assert done.returncode == 0 and not (tmp_path / "x" / "rm.log").exists()
+    assert "left alone" in done.stderr
 
 
-def _fake_docker(tmp_path: Path, label: str) -> dict[str, str]:
-    """A `docker` that answers `inspect` with a container labelled `label` and logs `rm`:
-    the guard's logic run by a real shell."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir(exist_ok=True)
-    (bin_ / "docker").write_text(
-        f'#!/bin/sh\ncase "$1" in inspect) [ -e {tmp_path}/gone ] && exit 1; '
-        f'echo {label}; exit 0;; rm) echo "$@" >> {tmp_path}/rm.log; '
-        f"touch {tmp_path}/gone;; esac\n"
+def test_this_clusters_sockets_are_those_of_its_labelled_container(tmp_path: Path) -> None:
+    """The fake `exec` lists this machine's processes: a socket this test holds is among
+    them when the container carries this cluster's id, and nothing is listed otherwise."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        inode = os.fstat(held.fileno()).st_ino
+        command = docker.container_sockets_command("demo", CID)
+        ours = _sh(command, _fake_docker(tmp_path / "ours", {OURS: CID}))
+        assert str(inode) in ours.stdout.split(), ours  # positive control
+        for case, containers in (("none", {OURS: ""}), ("other", {OURS: OTHER}), ("gone", {})):
+            theirs = _sh(command, _fake_docker(tmp_path / case, containers))
+            assert theirs.returncode == 0 and theirs.stdout == "", (case, theirs)
+    assert docker.DockerRuntime(make_inventory(tmp_path), None).sockets_command() == (
+        docker.container_sockets_command("demo", token.read_cluster_id(make_inventory(tmp_path)))
     )
-    (bin_ / "docker").chmod(0o755)
-    return {"PATH": f"{bin_}:/usr/bin:/bin"}
 
 
-def test_down_leaves_a_namesakes_container_and_removes_its_own(tmp_path: Path) -> None:
-    import subprocess
-
-    for label, removed in ((OTHER, False), (CID, True), ("", True)):
-        work = tmp_path / (label or "legacy")
-        work.mkdir()
-        done = subprocess.run(
-            ["sh", "-c", docker.remove_container_command("demo", CID)],
-            env=_fake_docker(work, label),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        assert (work / "rm.log").exists() == removed, label
-        if not removed:
-            assert "another cluster of the same name" in done.stderr and OTHER in done.stderr
-
-
-def test_a_container_with_another_clusters_id_is_not_this_clusters_state() -> None:
+def test_a_container_without_this_clusters_id_is_not_this_clusters_state() -> None:
     line = '{"running": true, "status": "running", "image": "sha256:x", "cluster_id": "%s"}'
     assert docker.parse_container_facts(line % OTHER, CID).status == "absent"
-    assert docker.parse_container_facts(line % CID, CID).running
-    assert docker.parse_container_facts(line.replace('"%s"', "null"), CID).running  # older
+    assert docker.parse_container_facts(line % CID, CID).running  # positive control
+    assert docker.parse_container_facts(line.replace('"%s"', "null"), CID).status == "absent"
+    assert docker.parse_container_facts(line % CID).status == "absent"  # no id here yet
 
 
 def test_the_cluster_id_is_made_once_private_and_read_back(

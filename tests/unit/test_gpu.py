@@ -427,10 +427,12 @@ def test_the_container_records_its_gpus_for_up_to_compare() -> None:
 
     plan = GpuPlan("gpus", ("GPU-aaaa",), (0,), "T4")
     assert signature(plan) == "gpus:GPU-aaaa" and signature(None) == ""
-    line = '{"status": "running", "image": "sha256:x", "gpus": "gpus:GPU-aaaa"}'
-    assert docker.parse_container_facts(line).gpus == "gpus:GPU-aaaa"
+    cid = '"cluster_id": "0123456789abcdef"'
+    line = '{"status": "running", "image": "sha256:x", "gpus": "gpus:GPU-aaaa", ' + cid + "}"
+    assert docker.parse_container_facts(line, "0123456789abcdef").gpus == "gpus:GPU-aaaa"
     # a container without the label (a CPU node, or started before this version): no GPUs
-    assert docker.parse_container_facts('{"status": "running", "gpus": ""}').gpus == ""
+    plain = '{"status": "running", "gpus": "", ' + cid + "}"
+    assert docker.parse_container_facts(plain, "0123456789abcdef").gpus == ""
     assert '"gpus": {{json (index .Config.Labels "provisioner.gpus")}}' in (
         docker.container_facts_command("demo")
     )

@@ -96,3 +96,50 @@ def test_head_starts_with_autoscaler_v1_and_a_fresh_launcher_state(inv, tmp_path
     forget = head.index("rm -f /tmp/ray/cluster-demo.state /tmp/ray/cluster-demo.lock")
     assert forget < head.index(start)
     assert not any("autoscaler_v2" in c for c in config["worker_start_ray_commands"])
+
+
+def test_with_tls_every_node_gets_the_clusters_ca_and_a_certificate_naming_every_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`render`'s cluster.yaml runs Ray under TLS as `up` does: the launcher copies the
+    TLS files to every node (docker: into the container, with the variables; host: the
+    node folder, named in the start commands' environment); without TLS, neither."""
+    import stat
+
+    from cryptography import x509
+
+    from provisioner.node import tls
+    from provisioner.runtime import runtime_for
+
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    inv = make_inventory(tmp_path)
+    folder = tls.render_files(inv)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for name in ("ca.crt", "node.crt", "node.key"):
+        assert stat.S_IMODE((folder / name).stat().st_mode) == 0o600, name
+    cert = x509.load_pem_x509_certificate((folder / "node.crt").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {str(a) for a in names.get_values_for_type(x509.IPAddress)} == {
+        "10.250.9.10", "10.250.9.11", "10.250.9.12", "127.0.0.1"
+    }  # fmt: skip
+    ca = tls.load(tls.ca_path(inv))  # the cluster's own CA signed it
+    assert cert.issuer == ca.cert.subject and (folder / "ca.crt").read_bytes() == ca.cert_pem()
+    cert.verify_directly_issued_by(ca.cert)  # raises when it is not
+
+    config = yaml.safe_load(render.render(inv, tmp_path / "t", docker_runtime(inv, "img"), folder))
+    assert config["file_mounts"]["/run/provisioner/tls"] == str(folder)
+    options = config["docker"]["run_options"]
+    assert "-e RAY_USE_TLS=1" in options
+    assert "-e RAY_TLS_CA_CERT=/run/provisioner/tls/ca.crt" in options
+    plain = yaml.safe_load(render.render(inv, tmp_path / "t", docker_runtime(inv, "img")))
+    assert "/run/provisioner/tls" not in plain["file_mounts"]  # positive control: off
+    assert not any("RAY_USE_TLS" in o for o in plain["docker"]["run_options"])
+
+    host_inv = make_inventory(tmp_path, runtime="host")
+    config = yaml.safe_load(render.render(host_inv, tmp_path / "t", runtime_for(host_inv), folder))
+    assert config["file_mounts"]["~/.provisioner/clusters/demo/tls"] == str(folder)
+    for start in (config["head_start_ray_commands"][-1], config["worker_start_ray_commands"][-1]):
+        assert (
+            'RAY_USE_TLS=1 RAY_TLS_SERVER_CERT="$HOME"/.provisioner/clusters/demo/tls/node.crt'
+            in (start)
+        )

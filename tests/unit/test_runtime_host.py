@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -278,3 +279,52 @@ def test_the_link_is_made_under_a_fresh_name_and_renamed_into_place() -> None:
         'another user, or something left behind): remove it or rename the cluster" >&2; '
         "exit 2; }"
     )
+
+
+LISTEN = (
+    "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+    "print(s.getsockname()[1], flush=True); time.sleep(60)"
+)
+
+
+def _listener(cluster_id: str | None) -> tuple[subprocess.Popen[str], int]:
+    """A process of this user listening on 127.0.0.1, marked with `cluster_id` (None:
+    unmarked, a stranger of the same user); it and its port."""
+    env = {k: v for k, v in os.environ.items() if k != host.ID_ENV}
+    if cluster_id is not None:
+        env[host.ID_ENV] = cluster_id
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LISTEN],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+def test_this_clusters_sockets_are_those_of_its_marked_processes() -> None:
+    """The inode of a socket this cluster's Ray process listens on is listed; a listener
+    of the same user without the cluster's id (another of its services) is not."""
+    from provisioner.cluster.tunnel import parse_listeners
+
+    ours, our_port = _listener(CID)
+    stranger, their_port = _listener(None)
+    try:
+        table = Path("/proc/net/tcp").read_text()
+        inode = {x.port: x.inode for x in parse_listeners(table)}
+        listed = subprocess.run(
+            ["bash", "-c", host.sockets_command("demo", CID)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
+        assert str(inode[our_port]) in listed  # positive control
+        assert str(inode[their_port]) not in listed
+    finally:
+        for p in (ours, stranger):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

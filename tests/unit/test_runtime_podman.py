@@ -11,17 +11,25 @@ seen on a probe node). Other cases are those files with one fact changed.
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
+import yaml
 
 from provisioner.checks.facts import NodeFacts, parse_facts, split_sections
 from provisioner.checks.findings import Finding
 from provisioner.checks.plan import PinFacts, Plan
+from provisioner.cluster import render
 from provisioner.doctor import CATALOGUE
 from provisioner.doctor.api import explained_by_own_ray, node_findings
 from provisioner.doctor.gather import _script
 from provisioner.gpu.plan import GpuPlan
 from provisioner.inventory import Node, RayPorts, SSHSettings
+from provisioner.node import layout, tls, token
 from provisioner.runtime import judges, podman, runtime_for
 from provisioner.runtime.podman_doctor import CHECKS, FACTS, PodmanFacts
 from provisioner.runtime.podman_doctor import parse_facts as parse_podman
@@ -43,13 +51,13 @@ def test_the_registry_builds_it_by_name(tmp_path: Path) -> None:
 
 def test_worker_podman_run_mirrors_docker_mode_and_carries_no_token(tmp_path: Path) -> None:
     inv = make_inventory(tmp_path, shm_size=2**30, tls=False)
-    cmd = podman.run_command(inv, inv.workers[0], PIN_ID, cluster_id="c1")
+    cmd = podman.run_command(inv, inv.workers[0], PIN_ID, cluster_id=CID)
     guard, _, rest = cmd.partition("; mkdir -p ")
-    assert guard.startswith("l=$(podman container inspect --format ")
+    assert guard.startswith("o=$(podman container inspect --format ")
     assert "exit 3" in guard and "RAY_AUTH_TOKEN=" not in cmd  # by path, never by value
     assert rest == (
         '"$HOME"/.provisioner/clusters/demo/ray "$HOME"/.provisioner/clusters/demo/results '
-        "&& podman run -d --name ray-demo --network host --pull=never "
+        f"&& podman run -d --name {OURS} --network host --pull=never "
         "--restart=unless-stopped --log-driver k8s-file --shm-size=1073741824 "
         '-v "$HOME"/.provisioner/clusters/demo/ray:/tmp/ray '
         '--mount type=bind,source="$HOME"/.provisioner/clusters/demo/auth_token,'
@@ -58,7 +66,7 @@ def test_worker_podman_run_mirrors_docker_mode_and_carries_no_token(tmp_path: Pa
         "-e RAY_AUTH_MODE=token -e RAY_AUTH_TOKEN_PATH=/run/provisioner/auth_token "
         "-e RAY_USAGE_STATS_ENABLED=0 -e PROVISIONER_RESULTS_ROOT=/provisioner/results "
         "--label provisioner.cluster=demo --label provisioner.role=worker "
-        f"--label provisioner.cluster-id=c1 {'d' * 64} ray start --address=10.250.9.10:6379 "
+        f"--label provisioner.cluster-id={CID} {'d' * 64} ray start --address=10.250.9.10:6379 "
         "--node-ip-address=10.250.9.11 --node-manager-port=8077 --object-manager-port=8076 "
         "--runtime-env-agent-port=8079 --dashboard-agent-grpc-port=8078 "
         "--dashboard-agent-listen-port=52365 --metrics-export-port=8090 "
@@ -77,30 +85,195 @@ def test_gpus_go_through_cdi(tmp_path: Path) -> None:
     )
 
 
-def test_down_removes_only_this_clusters_container() -> None:
-    cmd = podman.remove_command("demo", "c1")
-    assert cmd.endswith(
-        "; podman rm -f -t 0 ray-demo >/dev/null 2>&1; "
-        "! podman container exists ray-demo >/dev/null 2>&1"
+CID = "0123456789abcdef"
+OTHER = "fedcba9876543210"
+OURS = "ray-demo-01234567"
+
+
+def _fake_podman(work: Path, containers: dict[str, str], pid: int = 0) -> dict[str, str]:
+    """A `podman` run by a real shell, for a user holding `containers` (name -> its
+    cluster id label, "" for none, all of cluster `demo`): `container inspect` answers a
+    container's label (its state: running; its first process: `pid`), `ps` lists them
+    with their ids, `rm` and `run` are logged, `container exists` looks them up."""
+    bin_ = work / "bin"
+    bin_.mkdir(parents=True)
+    table = work / "containers"
+    table.write_text("".join(f"{n} {label or '-'}\n" for n, label in containers.items()))
+    (bin_ / "podman").write_text(
+        "#!/bin/sh\n"
+        f"t={table}\n"
+        'for a; do n="$a"; done\n'  # the last word: the container's name
+        'has() { awk -v n="$1" \'$1 == n {print $2}\' "$t"; }\n'
+        'case "$1 $2" in\n'
+        '"container inspect") l=$(has "$n"); [ -n "$l" ] || exit 125;'
+        f' case "$*" in *State.Running*) echo true;; *State.Pid*) echo {pid};;'
+        ' *) echo "$l";; esac;;\n'
+        '"container exists") [ -n "$(has "$n")" ];;\n'
+        'ps*) awk \'{print $1, ($2 == "-" ? "" : $2)}\' "$t";;\n'
+        f'rm*) echo "$n" >> {work}/rm.log; grep -v "^$n " "$t" > "$t.new"; mv "$t.new" "$t";;\n'
+        f'run*) echo "$@" >> {work}/run.log;;\n'
+        "esac\n"
     )
-    # another cluster's namesake (its id label) is left alone: exit 0 before any rm
-    guard = cmd.split("; podman rm")[0]
-    assert "provisioner.cluster-id" in guard and "exit 0; fi" in guard
+    (bin_ / "podman").chmod(0o755)
+    return {"PATH": f"{bin_}:/usr/bin:/bin", "HOME": str(work)}
+
+
+def _sh(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", "-c", command], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def test_the_container_is_named_and_labelled_by_the_clusters_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    inv = make_inventory(tmp_path, runtime="podman")
+    made = token.ensure_cluster_id(inv)
+    runtime = runtime_for(inv, make_pin(image_id=PIN_ID))
+    name = f"ray-demo-{made[:8]}"
+    assert token.ray_container(inv) == name
+    assert f" --name {name} " in runtime.start_command(inv.head)
+    assert f" --label provisioner.cluster-id={made} " in runtime.start_command(inv.head)
+    assert runtime.render_section(tmp_path / "t").config["docker"]["container_name"] == name
+    for command in (runtime.state_command(), runtime.runtime_log_command(5)):
+        assert f" {name} " in command, command
+    assert runtime.python_command("x").startswith(f"podman exec -i {name} python - ")
+    # without an id (before the first `up`): no label, the name an older provisioner gave
+    assert "provisioner.cluster-id=" not in podman.run_command(inv, inv.head, PIN_ID)
+    assert " --name ray-demo " in podman.run_command(inv, inv.head, PIN_ID)
+
+
+def test_up_never_runs_into_a_container_that_is_not_provably_this_clusters(
+    tmp_path: Path,
+) -> None:
+    inv = make_inventory(tmp_path, runtime="podman")
+    run = podman.run_command(inv, inv.head, PIN_ID, cluster_id=CID)
+    cases = {
+        "empty": ({}, 0, ""),
+        "ours-unlabelled": ({OURS: ""}, 3, f"the container {OURS} of this user carries no"),
+        "namesake": ({"ray-demo-fedcba98": OTHER}, 3, "another cluster of the same name"),
+        "legacy-ours": ({"ray-demo": CID}, 0, ""),  # ours: `up` removes it before
+        "legacy-none": ({"ray-demo": ""}, 3, "cluster id none"),
+    }
+    for case, (containers, code, said) in cases.items():
+        work = tmp_path / case
+        done = _sh(run, _fake_podman(work, containers))
+        assert done.returncode == code, (case, done.stderr)
+        assert said in done.stderr, (case, done.stderr)
+        assert (work / "run.log").exists() == (code == 0), case  # positive control: runs
+        assert not (work / "rm.log").exists(), case  # nothing removed, ever
+    assert OTHER in _sh(run, _fake_podman(tmp_path / "again", {"x": OTHER})).stderr
+
+
+def test_down_removes_only_containers_carrying_this_clusters_id(tmp_path: Path) -> None:
+    remove = podman.remove_command("demo", CID)
+    assert f"podman rm -f -t 0 {OURS} >/dev/null 2>&1; " in remove  # at once
+    cases = {
+        "ours": ({OURS: CID}, [OURS], ""),
+        "legacy-ours": ({"ray-demo": CID, OURS: CID}, [OURS, "ray-demo"], ""),
+        "ours-unlabelled": ({OURS: ""}, [], f"{OURS} of this user carries no cluster id"),
+        "namesake": ({"ray-demo": OTHER}, [], f"belongs to another cluster (cluster id {OTHER})"),
+        "legacy-none": ({"ray-demo": ""}, [], "ray-demo of this user carries no cluster id"),
+        "nothing": ({}, [], ""),
+    }
+    for case, (containers, removed, said) in cases.items():
+        work = tmp_path / case
+        done = _sh(remove, _fake_podman(work, containers))
+        assert done.returncode == 0, (case, done.stderr)
+        log = work / "rm.log"
+        assert (log.read_text().split() if log.exists() else []) == removed, case
+        assert said in done.stderr and ("left alone" in done.stderr) == bool(said), case
+    # before the first `up` (no id): nothing is this cluster's, even a bare `ray-demo`
+    done = _sh(podman.remove_command("demo"), _fake_podman(tmp_path / "x", {"ray-demo": ""}))
+    assert done.returncode == 0 and not (tmp_path / "x" / "rm.log").exists()
+    assert "left alone" in done.stderr
+
+
+def test_this_clusters_sockets_are_those_of_its_labelled_containers_processes(
+    tmp_path: Path,
+) -> None:
+    """Read from this machine's /proc, as on a node (no `podman exec`): with the fake
+    container's first process this test's own, its PID namespace is this machine's, so a
+    socket this test holds is listed when the container carries this cluster's id, and
+    nothing is listed otherwise (no label, another's, gone, not running)."""
+    command = podman.sockets_command("demo", CID)
+    assert "podman exec" not in command and 'readlink "/proc/$p/ns/pid"' in command
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        inode = os.fstat(held.fileno()).st_ino
+        ours = _sh(command, _fake_podman(tmp_path / "ours", {OURS: CID}, pid=os.getpid()))
+        assert str(inode) in ours.stdout.split(), ours  # positive control
+        for case, containers, pid in (
+            ("none", {OURS: ""}, os.getpid()),
+            ("other", {OURS: OTHER}, os.getpid()),
+            ("gone", {}, os.getpid()),
+            ("stopped", {OURS: CID}, 0),
+        ):
+            theirs = _sh(command, _fake_podman(tmp_path / case, containers, pid))
+            assert theirs.returncode == 0 and theirs.stdout == "", (case, theirs)
+
+
+def test_a_process_outside_the_containers_pid_namespace_is_not_listed(tmp_path: Path) -> None:
+    """The awk filter of `sockets_command` keeps the fd folders of processes in the
+    container's PID namespace only: given `ls -l` lines of two namespaces, one."""
+    listing = (
+        "lrwxrwxrwx 1 lab lab 0 Dec  3 09:00 /proc/7/ns/pid -> pid:[4026532900]\n"
+        "lrwxrwxrwx 1 lab lab 0 Dec  3 09:00 /proc/8/ns/pid -> pid:[4026531836]\n"
+        "lrwxrwxrwx 1 root root 0 Dec  3 09:00 /proc/1/ns/pid\n"  # unreadable: another's
+        "lrwxrwxrwx 1 lab lab 0 Dec  3 09:00 /proc/12/ns/pid -> pid:[4026532900]\n"
+    )
+    awk = podman._NS_FDS.split(" | ")[1]
+    done = subprocess.run(
+        ["sh", "-c", f"ns='pid:[4026532900]'; {awk}"],
+        input=listing,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["/proc/7/fd/", "/proc/12/fd/"]
+
+
+def test_the_runtime_gives_its_commands_this_clusters_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    inv = make_inventory(tmp_path, runtime="podman")
+    cid = token.ensure_cluster_id(inv)
+    runtime = runtime_for(inv, make_pin(image_id=PIN_ID))
+    assert runtime.sockets_command() == podman.sockets_command("demo", cid)
+    assert runtime.stop_command(inv.head) == podman.remove_command("demo", cid)
+    assert runtime.running_test() == podman.running_test("demo", cid)
 
 
 def test_other_commands() -> None:
-    assert podman.log_command("demo", 50) == "podman logs --timestamps --tail 50 ray-demo 2>&1"
-    assert podman.exec_python_command("demo", "--x", "a b") == (
-        "podman exec -i ray-demo python - --x 'a b'"
+    assert podman.log_command("demo", 50, CID) == (
+        f"podman logs --timestamps --tail 50 {OURS} 2>&1"
     )
-    assert podman.running_test("demo") == (
-        "[ \"$(podman container inspect --format '{{.State.Running}}' ray-demo 2>/dev/null)\" "
+    assert podman.exec_python_command("demo", "--x", "a b", cluster_id=CID) == (
+        f"podman exec -i {OURS} python - --x 'a b'"
+    )
+    assert podman.running_test("demo", CID) == (
+        f"n={OURS}; o=$(podman container inspect --format "
+        "'{{with index .Config.Labels \"provisioner.cluster-id\"}}{{.}}{{else}}-{{end}}' "
+        f'{OURS} 2>/dev/null); [ -n "$o" ] && [ "$o" = {CID} ] && '
+        '[ "$(podman container inspect --format \'{{.State.Running}}\' "$n" 2>/dev/null)" '
         "= true ]"
     )
     assert has_image_command(PIN_ID) == (
         f"podman image inspect --format '{{{{.Id}}}}' {'d' * 64} 2>/dev/null || true"
     )
     assert bare_id(PIN_ID) == "d" * 64 and full_id("d" * 64) == PIN_ID and full_id("") == ""
+
+
+def test_the_running_test_is_true_only_for_this_clusters_running_container(
+    tmp_path: Path,
+) -> None:
+    test = podman.running_test("demo", CID)
+    assert _sh(test, _fake_podman(tmp_path / "ours", {OURS: CID})).returncode == 0
+    for case, containers in (("none", {OURS: ""}), ("other", {OURS: OTHER}), ("gone", {})):
+        assert _sh(test, _fake_podman(tmp_path / case, containers)).returncode != 0, case
 
 
 def test_state_parses_podmans_inspect_with_the_pins_id(tmp_path: Path) -> None:
@@ -114,7 +287,11 @@ def test_state_parses_podmans_inspect_with_the_pins_id(tmp_path: Path) -> None:
     runtime = runtime_for(make_inventory(tmp_path, runtime="podman"), make_pin(image_id=PIN_ID))
     assert runtime.is_current(state) is True
     assert podman.parse_state(line, "c2").status == "absent"  # another cluster's namesake
+    assert podman.parse_state(line).status == "absent"  # no id here yet: not provably ours
+    unlabelled = line.replace('"cluster_id": "c1"', '"cluster_id": null')
+    assert podman.parse_state(unlabelled, "c1").status == "absent"
     assert podman.parse_state("null").status == "absent"
+    assert f" {OURS} 2>/dev/null || echo null" in podman.state_command("demo", CID)
 
 
 def test_render_uses_rays_podman_switch(tmp_path: Path) -> None:
@@ -122,7 +299,32 @@ def test_render_uses_rays_podman_switch(tmp_path: Path) -> None:
     section = runtime_for(inv, make_pin(image_id=PIN_ID)).render_section(tmp_path / "token")
     docker = section.config["docker"]
     assert docker["use_podman"] is True and docker["image"] == "d" * 64
-    assert docker["container_name"] == "ray-demo" and docker["pull_before_run"] is False
+    assert (
+        docker["container_name"] == layout.container_name("demo", token.read_cluster_id(inv))
+        and docker["pull_before_run"] is False
+    )
+    assert section.config["file_mounts"] == {"/run/provisioner/auth_token": str(tmp_path / "token")}
+    assert not any("RAY_USE_TLS" in o for o in docker["run_options"])  # without TLS files
+
+
+def test_render_runs_ray_under_tls_with_the_clusters_ca(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As docker mode's: the launcher copies the TLS files into the container, and the
+    variables make Ray use them; the whole cluster.yaml passes Ray's own validation."""
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    inv = make_inventory(tmp_path, runtime="podman")
+    cid = token.ensure_cluster_id(inv)
+    folder = tls.render_files(inv)
+    runtime = runtime_for(inv, make_pin(image_id=PIN_ID))
+    config = yaml.safe_load(render.render(inv, tmp_path / "t", runtime, folder))
+    assert config["file_mounts"]["/run/provisioner/tls"] == str(folder.resolve())
+    docker = config["docker"]
+    assert docker["use_podman"] is True and docker["container_name"] == f"ray-demo-{cid[:8]}"
+    options = docker["run_options"]
+    for k, v in tls.ray_env(tls.CONTAINER_TLS_DIR).items():
+        assert f"-e {k}={v}" in options, k
+    assert f"--label provisioner.cluster-id={cid}" in options
 
 
 # --- the doctor's judges, on facts captured on lab nodes

@@ -21,6 +21,7 @@ import yaml
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.token import ray_container
 
 PROVISIONER = str(Path(sys.executable).parent / "provisioner")
 
@@ -184,7 +185,16 @@ def edited_inventory(inventory: Path, target: Path, **changes: Any) -> Path:
     return target
 
 
+def lab_container(lab: LabInfo) -> str:
+    """The name of the lab cluster's Ray container (`node.token.ray_container`: it carries
+    the id of the cluster's state folder on this machine)."""
+    from provisioner.inventory import load_inventory
+
+    return ray_container(load_inventory(lab.inventory))
+
+
 def container_state(lab: LabInfo, node: LabNode) -> str:
     """The cluster's Ray container on a node: its status, or `absent`."""
-    rc, out = probe(node, f"docker inspect -f '{{{{.State.Status}}}}' ray-{lab.name}")
+    name = lab_container(lab)
+    rc, out = probe(node, f"docker inspect -f '{{{{.State.Status}}}}' {name}")
     return out.strip() if rc == 0 else "absent"
