@@ -69,7 +69,8 @@ def test_dead_worker_is_restarted_alone(inventory: str, lab: LabInfo) -> None:
     from tests.e2e.helpers import ssh
 
     worker = lab.nodes[2]
-    ssh(lab, worker, "docker rm -f ray-" + load_inventory(Path(inventory)).cluster)
+    gone = ssh(lab, worker, "docker rm -f " + ray_container(load_inventory(Path(inventory))))
+    assert gone.returncode == 0, gone.stderr  # the container was there, and is removed
     code, st = cli_json("status", "-i", inventory)
     assert code == 1
     dead = next(n for n in st["nodes"] if n["host"] == worker.address)
