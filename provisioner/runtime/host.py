@@ -547,7 +547,5 @@ def own_ray(facts: NodeFacts, cluster: str) -> bool:
     return any(mark in line for line in facts.ray_processes for mark in marks)
 
 
-JUDGES = Judges(
-    node=node_judges, cluster=check_host_versions, own_ray=own_ray, label="host mode"
-)
+JUDGES = Judges(node=node_judges, cluster=check_host_versions, own_ray=own_ray, label="host mode")
 RUNTIME = HostRuntime
