@@ -27,6 +27,7 @@ from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
 from provisioner.node.commands import ray_start_args
 from provisioner.node.token import read_cluster_id
+from provisioner.runtime import containers
 from provisioner.runtime.base import Capabilities, Judges, RayState, RenderSection
 from provisioner.runtime.docker import (
     _STOP,
@@ -62,22 +63,21 @@ def _owner(name: str) -> str:
     return f"o=$({_inspect(name, label)})"
 
 
+WORDS = containers.Words(
+    owner=_owner,
+    where="of this user",
+    cli="podman",
+    remove=lambda word: f"podman rm -f -t 0 {word}",
+    exists=lambda word: f"podman container exists {word}",
+)
+
+
 def foreign_container_guard(name: str, cluster_id: str, then: str) -> str:
     """Shell: when the user's container called `name` exists and does not carry this
     cluster's id label (another cluster's, or one without any id: not provably ours), say
     so on stderr and run `then` (`exit 3`: refuse; `:`: go on, leaving it alone). Nothing
     is ever removed or run into on a name alone (as docker mode's guard)."""
-    return (
-        f"{_owner(name)}; "
-        f'if [ -n "$o" ] && [ "$o" != {shlex.quote(cluster_id or "none")} ]; then '
-        'if [ "$o" = - ]; then w="carries no cluster id"; '
-        'else w="belongs to another cluster (cluster id $o)"; fi; '
-        f"echo \"the container {name} of this user $w, not this state folder's "
-        f"(cluster id {cluster_id or 'none yet'}): left alone; if it is yours from another "
-        "state folder, take it down from there, else remove it "
-        f'(podman rm -f {name})" >&2; '
-        f"{then}; fi"
-    )
+    return containers.foreign_guard(WORDS, name, cluster_id, then)
 
 
 def namesake_guard(cluster: str, cluster_id: str) -> str:
@@ -159,30 +159,13 @@ def remove_command(cluster: str, cluster_id: str = "") -> str:
     provisioner named `ray-CLUSTER`, each only when it carries this cluster's id label;
     succeeds when there is none. One without that label is not this cluster's: left
     alone, and said so on stderr (`foreign_container_guard`)."""
-    names = dict.fromkeys(
-        (layout.container_name(cluster, cluster_id), layout.container_name(cluster))
-    )
-    steps = []
-    for name in names:
-        word = shlex.quote(name)
-        steps.append(
-            f"{foreign_container_guard(name, cluster_id, ':')}; "
-            f'if [ -n "$o" ] && [ "$o" = {shlex.quote(cluster_id or "none")} ]; then '
-            f"podman rm -f -t 0 {word} >/dev/null 2>&1; "
-            f"podman container exists {word} >/dev/null 2>&1 && "
-            f'{{ echo "the container {name} could not be removed" >&2; exit 1; }}; fi'
-        )
-    return "; ".join(steps) + "; exit 0"
+    return containers.guarded_remove(WORDS, cluster, cluster_id)
 
 
 def _ours(cluster: str, cluster_id: str, then: str) -> str:
     """Shell: run `then` (with the container's name in "$n") only when this cluster's
     container exists and carries its id label; else fail (exit 1)."""
-    name = layout.container_name(cluster, cluster_id)
-    return (
-        f"n={shlex.quote(name)}; {_owner(name)}; "
-        f'[ -n "$o" ] && [ "$o" = {shlex.quote(cluster_id or "none")} ] && {then}'
-    )
+    return containers.only_ours(WORDS, cluster, cluster_id, then)
 
 
 def running_test(cluster: str, cluster_id: str = "") -> str:

@@ -475,3 +475,13 @@ def test_the_section_names_podmans_graph_root_for_the_disk_check() -> None:
     assert p.image.startswith("sha256:")  # as the pin writes it (Podman says bare hex)
     assert "runtime_root=${BASH_REMATCH[1]}" in FACTS and "graphRoot" in FACTS
     assert PodmanFacts().usable is False  # no `podman info`: not usable as it is
+
+
+def test_both_container_runtimes_guard_with_one_builder_in_their_own_words() -> None:
+    from provisioner.runtime import docker, podman
+
+    cid = "0123456789abcdef"
+    d, p = docker.remove_container_command("demo", cid), podman.remove_command("demo", cid)
+    assert "docker rm -f" in d and "podman" not in d
+    assert "podman rm -f -t 0" in p and "docker" not in p
+    assert "on this node" in d and "of this user" in p  # where each says the container is
