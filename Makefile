@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PROV := $(BIN)/provisioner
 LAB_INVENTORY = $$($(PROV) lab up --json | $(BIN)/python -c 'import json,sys; print(json.load(sys.stdin)["inventory"])')
 
-.PHONY: help install lint typecheck unit e2e test lab lab-down demo bench bench-doctor bench-install clean prereqs \
+.PHONY: help install lint typecheck unit e2e test lab lab-down demo bench bench-doctor bench-install bench-smoke clean prereqs \
 	reliability-check reliability-table goldens soak reference
 
 help:
@@ -15,6 +15,7 @@ help:
 	@echo "make test      ruff, mypy, unit tests, end-to-end tests on the lab"
 	@echo "make lab       start a 3-node lab (make lab-down removes it)"
 	@echo "make bench     benchmarks side by side (results in bench-results/)"
+	@echo "make bench-smoke     the bench harness on its smallest sizes (not in make test)"
 	@echo "make bench-install   the control machine's venv: pip install . vs .[playbooks]"
 	@echo "make soak      one long training run under a storm of faults (bench-results/soak.json)"
 	@echo "make reliability-table   docs/reliability.md's table from the last e2e run's record"
@@ -55,10 +56,10 @@ unit: install
 e2e: install prereqs
 	rm -f build/reliability.json
 	mkdir -p build
-	@$(BIN)/pytest -q -m "e2e and apart" --durations=15 tests/e2e > build/e2e-apart.log 2>&1 & apart=$$!; \
+	@$(BIN)/pytest -q -m "e2e and apart and not bench" --durations=15 tests/e2e > build/e2e-apart.log 2>&1 & apart=$$!; \
 	trap 'kill $$apart 2>/dev/null' INT TERM; \
 	echo "e2e: the host-mode and SLURM labs' tests run beside these (build/e2e-apart.log)"; \
-	$(BIN)/pytest -q -m "e2e and not apart" --durations=40 tests/e2e; main=$$?; \
+	$(BIN)/pytest -q -m "e2e and not apart and not bench" --durations=40 tests/e2e; main=$$?; \
 	wait $$apart; rc=$$?; \
 	echo "=== the host-mode and SLURM labs' tests (build/e2e-apart.log) ==="; \
 	cat build/e2e-apart.log; \
@@ -99,6 +100,11 @@ soak: install prereqs
 	$(BIN)/python scripts/soak.py $(SOAK_ARGS)
 
 LAB ?= lab
+# the bench harness on its smallest sizes, on a lab of its own (tests/e2e/test_bench_smoke.py):
+# out of `make test` for the suite's time; run it after changing scripts/bench*.py
+bench-smoke: install prereqs
+	$(BIN)/pytest -q -m e2e tests/e2e/test_bench_smoke.py
+
 # the control machine's venv, `pip install .` against `.[playbooks]` (bench-results/install.json)
 bench-install: install
 	$(BIN)/python scripts/bench_install.py

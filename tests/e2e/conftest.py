@@ -72,8 +72,7 @@ MODULE_ORDER = (
 APART_FIXTURES = {"host_lab", "slurm_lab", "podman_lab"}
 # Modules that need none of the `e2e` lab (SageMaker's local mode runs on this machine's
 # own Docker; its one cluster test resumes on the host-mode lab) run there too.
-# The bench harness's smoke makes a lab of its own, as `make bench` does.
-APART_MODULES = {"test_sagemaker_local", "test_bench_smoke"}
+APART_MODULES = {"test_sagemaker_local"}
 
 
 def _apart(item: pytest.Item) -> bool:

@@ -1,11 +1,11 @@
 """The `make bench` harness on the smallest sizes, so it cannot rot.
 
-Every row group runs once on a lab of its own, as `make bench` makes one (3 nodes,
-started and removed by the harness; this lets it run in the second pytest process, beside
-the tests on the `e2e` lab): 3 SSH endpoints, one repeat, a 16 MB test image instead of
-the pin for the push rows, 1 and 2 env runners on a tiny training budget. The test
-asserts the harness writes every row with its figures, its target and how to re-run it;
-it asserts no timing.
+`make bench-smoke` runs it, not `make test` (it takes 6-13 minutes of the suite's 2
+cores): run it after changing scripts/bench*.py. Every row group runs once on a lab of
+its own, as `make bench` makes one (3 nodes, started and removed by the harness): 3 SSH
+endpoints, one repeat, a 16 MB test image instead of the pin for the push rows, 1 and 2
+env runners on a tiny training budget. The test asserts the harness writes every row
+with its figures, its target and how to re-run it; it asserts no timing.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from provisioner.lab.config import LabConfig
 from provisioner.lab.nodes import lab_down
 
@@ -23,6 +25,8 @@ BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
 NAME = os.environ.get("PROVISIONER_BENCH_LAB_NAME", "e2e-bench")
 SUBNET = os.environ.get("PROVISIONER_BENCH_LAB_SUBNET", "10.250.104.0/24")
 NODES = 3  # what the harness starts
+
+pytestmark = pytest.mark.bench
 
 
 def test_bench_harness_writes_every_row(image_pin: Path, tmp_path: Path) -> None:
