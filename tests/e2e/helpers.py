@@ -100,3 +100,21 @@ def record_returns(
     RETURNS_RECORD.parent.mkdir(parents=True, exist_ok=True)
     with open(RETURNS_RECORD, "a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+# An HTTP server that appends every request it gets (request line and headers) to the file
+# named by its 2nd argument and answers 200 "{}": run as `python3 -c RECORDER PORT LOG` or
+# from a file, where the token must not go (a stranger's listener on a dashboard port).
+RECORDER = """
+import http.server, sys
+class Recorder(http.server.BaseHTTPRequestHandler):
+    def answer(self):
+        with open(sys.argv[2], "a") as f:
+            f.write(self.requestline + "\\n" + str(self.headers) + "\\n")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+    do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = answer
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Recorder).serve_forever()
+"""

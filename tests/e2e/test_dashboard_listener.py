@@ -26,20 +26,8 @@ from provisioner.node.token import (
 )
 from tests.e2e.faults.lab import cli, on_node
 from tests.e2e.faults.record import scenario
+from tests.e2e.helpers import RECORDER
 
-RECORDER = """
-import http.server, sys
-class Recorder(http.server.BaseHTTPRequestHandler):
-    def answer(self):
-        with open(sys.argv[2], "a") as f:
-            f.write(self.requestline + "\\n" + str(self.headers) + "\\n")
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(b"{}")
-    do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = answer
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Recorder).serve_forever()
-"""
 DIR = "/tmp/listener-e2e"
 STRANGER = 4242
 

@@ -28,7 +28,7 @@ from provisioner.lab.config import LabNode
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo
 from provisioner.runtime import runtime_for
-from tests.e2e.helpers import cli, cli_json, ssh
+from tests.e2e.helpers import RECORDER, cli, cli_json, ssh
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 LINGER = "/var/lib/systemd/linger/lab"  # what `loginctl enable-linger lab` records
@@ -179,20 +179,6 @@ def test_up_train_status_logs_down(
         assert code == 0 and down["ok"], err[-3000:]  # twice is fine
     finally:
         cli("down", "-i", inventory, "--no-logs")
-
-
-RECORDER = """
-import http.server, sys
-class Recorder(http.server.BaseHTTPRequestHandler):
-    def answer(self):
-        with open(sys.argv[2], "a") as f:
-            f.write(self.requestline + "\\n" + str(self.headers) + "\\n")
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"{}")
-    do_GET = do_POST = answer
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Recorder).serve_forever()
-"""
 
 
 def test_the_users_own_listener_outside_the_container_gets_no_token(
