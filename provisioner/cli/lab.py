@@ -265,6 +265,35 @@ def fault_unhang(node: NodeArg, name: NameOption = None, json_: JsonOption = Fal
     _done(json_, f"{lab.node(node).name}: sshd answering")
 
 
+@fault_app.command("clock")
+def fault_clock(
+    node: NodeArg,
+    seconds: Annotated[
+        int, typer.Argument(help="Seconds ahead; behind: negative, after `--` (`-- -300`).")
+    ],
+    name: NameOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Set a node's clock off, as every SSH session sees it (libfaketime). Undo: `lab fault
+    unclock`."""
+    from provisioner.lab import faults
+
+    faults.check_clock_offset(seconds)
+    lab = _lab(name)
+    faults.clock(lab, lab.node(node), seconds)
+    _done(json_, f"{lab.node(node).name}: clock {seconds:+d}s")
+
+
+@fault_app.command("unclock")
+def fault_unclock(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
+    """Give a node's SSH sessions the machine's clock again."""
+    from provisioner.lab import faults
+
+    lab = _lab(name)
+    faults.unclock(lab, lab.node(node))
+    _done(json_, f"{lab.node(node).name}: clock restored")
+
+
 AlsoFrom = Annotated[
     list[str] | None,
     typer.Option("--also-from", help="a node whose SSH is dropped too (repeat it)"),

@@ -103,3 +103,25 @@ def test_cli_bad_input_exits_2_without_traceback() -> None:
 def test_cli_unknown_command_exits_2() -> None:
     r = cli("frobnicate")
     assert r.exit_code == 2
+
+
+def test_clock_fault_preloads_libfaketime_for_ssh_sessions_and_its_undo_removes_it() -> None:
+    from provisioner.lab.faults import clock_script, unclock_script
+
+    assert clock_script(-300) == (
+        "lib=$(dpkg -L libfaketime 2>/dev/null | grep '/libfaketime.so.1$' | head -n 1); "
+        '[ -n "$lib" ] || { echo "libfaketime is not installed (Debian: faketime)"; exit 1; }; '
+        "printf '%s\\n' \"LD_PRELOAD=$lib\" FAKETIME=-300 FAKETIME_DONT_FAKE_MONOTONIC=1 "
+        ">> /etc/environment"
+    )
+    assert unclock_script() == (
+        "[ ! -e /etc/environment ] || "
+        "sed -i -E '/^(LD_PRELOAD|FAKETIME|FAKETIME_DONT_FAKE_MONOTONIC)=/d' /etc/environment"
+    )
+
+
+@pytest.mark.parametrize("seconds", ["0", str(10**8 + 1)])
+def test_cli_clock_fault_out_of_range_exits_2(seconds: str) -> None:
+    result = cli("lab", "fault", "clock", "1", seconds, "--name", "no-such-lab-29")
+    assert result.exit_code == 2, result.stdout + result.stderr
+    assert "clock offset" in result.stderr and "Traceback" not in result.stderr
