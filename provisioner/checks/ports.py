@@ -111,6 +111,11 @@ def judge_probes(
                     f"set {target}'s `ray: {{address}}` to its address on the network the "
                     f"nodes share (`ip -o addr` on {target} lists them), or {fix}"
                 )
+            else:
+                fix += (
+                    f"; or, if Ray's traffic runs on another network, give {target} its "
+                    "address there as `ray: {address}`"
+                )
             findings.append(
                 error(
                     "net.reachability",

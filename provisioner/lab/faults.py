@@ -17,7 +17,7 @@ from provisioner.errors import InputError, LabError
 from provisioner.lab import gpusim
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import docker_cli, exec_rc
-from provisioner.lab.nodes import LabInfo, wait_ready
+from provisioner.lab.nodes import LabInfo, split_networks, wait_ready
 
 TAG = "provisioner-fault"
 
@@ -69,6 +69,8 @@ def start(lab: LabInfo, node: LabNode) -> None:
     """Power a node back on and wait for its sshd and dockerd."""
     docker_cli(["start", node.container], timeout=60)
     wait_ready(node)
+    if node.data_address:  # its firewall went with its network namespace
+        split_networks(node)
     _record(lab, Fault("stop", node.name), False)
 
 

@@ -161,8 +161,12 @@ def test_probes_go_to_the_ray_addresses_and_a_node_none_reaches_is_named(tmp_pat
     assert finding.host == victim.name and finding.severity == "error"
     assert "10.99.0.12 (its ray.address)" in finding.message
     assert "ray: {address}" in finding.fix and "ip -o addr" in finding.fix
-    (plain,) = judge_probes(outcomes, addresses)  # without a ray.address: the firewall
-    assert "ray: {address}" not in plain.fix and "firewall" in plain.fix
+    (plain,) = judge_probes(outcomes, addresses)  # without a ray.address: the firewall first
+    assert plain.fix.startswith("open TCP") and "(its ray.address)" not in plain.message
+    assert plain.fix.endswith(
+        "if Ray's traffic runs on another network, give w-2 its address "
+        "there as `ray: {address}`".replace("w-2", victim.name)
+    )
 
 
 def facts_with(addresses: tuple[str, ...], route_source: str) -> NodeFacts:
