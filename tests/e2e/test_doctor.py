@@ -193,9 +193,9 @@ def test_clock_off_on_one_node_is_named(lab: LabInfo) -> None:
         after = doctor(lab.inventory)
         assert {f.severity for f in after.findings if f.check == "clock.offset"} == {"ok"}
         s.observed = (
-            'the doctor\'s `clock.offset` warns on that node alone ("clock is 300.0s ahead", '
-            "the offset ± its bound as evidence, the fix: time synchronisation), no error; "
-            "once undone, every node's clock agrees"
+            "the doctor's `clock.offset` warns on that node alone (its clock so many seconds "
+            "ahead of this machine's, the offset within 5 s of 300 ± its bound as evidence, the "
+            "fix: time synchronisation), no error; once undone, every node's clock agrees"
         )
         s.measured = f"offset {offset:+.3f} s measured; doctor {report.elapsed_s:.1f} s"
 
