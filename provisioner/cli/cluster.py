@@ -220,18 +220,21 @@ def up(
             where=str(inv.path),
         )
     pin = _pin(inv) if inv.image_lock is not None else None
+    options = up_mod.UpOptions(
+        force=force,
+        doctor=not no_doctor,
+        join_timeout=join_timeout,
+        push=push,
+        rotate_token=rotate_token,
+        queue_timeout=queue_timeout,
+    )
     try:
         result, slurm_job = up_mod.up_cluster(
             inv,
             out.progress,
             pin=pin,
-            queue_timeout=queue_timeout,
+            options=options,
             on_nodes=lambda held: out.watch_nodes(n.name for n in held.nodes),
-            force=force,
-            doctor=not no_doctor,
-            join_timeout=join_timeout,
-            push=push,
-            rotate_token=rotate_token,
         )
     except DoctorStopped as stopped:
         if json_:

@@ -262,6 +262,7 @@ class UpOptions:
     push: str = "auto"  # runtime.base.PUSH_MODES
     rotate_token: bool = False  # a new token on every node, and every node restarted
     probe: bool = True  # the placement probe after the join
+    queue_timeout: float | None = None  # a scheduler's queue: give up after (None: wait)
 
 
 @dataclass(frozen=True)
@@ -310,26 +311,14 @@ def up_cluster(
     report: Reporter = quiet,
     *,
     pin: Pin | None = None,
-    queue_timeout: float | None = None,
+    options: UpOptions = UpOptions(),
     on_nodes: Callable[[Inventory], None] | None = None,
-    force: bool = False,
-    doctor: bool = True,
-    join_timeout: float = 120,
-    push: str = "auto",
-    rotate_token: bool = False,
 ) -> tuple[UpResult, int | None]:
     """`up` on the inventory's nodes, held first when a scheduler gives them: the one path
     of the CLI's `up` and of `jobs submit --retries`' repair. Returns the result and the
     scheduler's job that holds the nodes (None: no scheduler). `on_nodes`: told the nodes
     once they are known (the CLI watches them)."""
-    options = UpOptions(
-        force=force,
-        doctor=doctor,
-        join_timeout=join_timeout,
-        push=push,
-        rotate_token=rotate_token,
-    )
-    held, job_id = allocation.hold(inventory, report, queue_timeout=queue_timeout)
+    held, job_id = allocation.hold(inventory, report, queue_timeout=options.queue_timeout)
     if on_nodes is not None:
         on_nodes(held)
     with Pool(held) as pool:
