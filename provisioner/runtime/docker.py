@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from provisioner.errors import InputError
 from provisioner.gpu.facts import GpuFacts
-from provisioner.gpu.plan import GpuPlan, accelerator_label_env, docker_gpu_options, signature
+from provisioner.gpu.plan import GpuPlan
 from provisioner.image.lock import CLUSTER_TAG, Pin
 from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node
@@ -29,6 +29,7 @@ from provisioner.node.token import read_cluster_id
 from provisioner.runtime import containers
 from provisioner.runtime.base import Capabilities, Judges, RayState, RenderSection
 from provisioner.runtime.docker_doctor import JUDGES
+from provisioner.runtime.docker_gpu import gpu_options, run_gpu_options
 
 if TYPE_CHECKING:
     from provisioner.console import Reporter
@@ -125,12 +126,6 @@ def docker_run_command(
     another cluster of the same name (`namesake_guard`)."""
     cluster = inventory.cluster
     name = layout.container_name(cluster, cluster_id)
-    gpu_options = docker_gpu_options(gpus) if gpus else []
-    if gpus:
-        gpu_options += [
-            f"-e {shlex.quote(f'{k}={v}')}" for k, v in accelerator_label_env(gpus).items()
-        ]
-        gpu_options.append(f"--label {shlex.quote(f'{layout.LABEL_GPUS}={signature(gpus)}')}")
     parts = [
         "docker run -d",
         f"--name {shlex.quote(name)}",
@@ -153,7 +148,7 @@ def docker_run_command(
             if cluster_id
             else []
         ),
-        *gpu_options,
+        *run_gpu_options(gpus),
         shlex.quote(image),
         shlex.join(ray_start_args(inventory, node, gpus=gpus)),
     ]
@@ -287,7 +282,7 @@ def push_options(mode: str) -> PushOptions:
 def gpu_probe_command(image: str, gpus: GpuPlan) -> str:
     """The doctor's --gpu-deep round: a container of `image`, given the node's GPUs as `up`
     gives them, runs the probe script read from stdin (doctor.gpu_checks.PROBE)."""
-    words = ["docker run --rm -i --net=none", *docker_gpu_options(gpus), shlex.quote(image)]
+    words = ["docker run --rm -i --net=none", *gpu_options(gpus), shlex.quote(image)]
     return " ".join([*words, "python3", "-"])
 
 

@@ -27,7 +27,7 @@ from provisioner.checks.facts import NodeFacts, Shell
 from provisioner.checks.findings import Finding, error, ok, warning
 from provisioner.checks.plan import Plan
 from provisioner.gpu.facts import GpuFacts
-from provisioner.gpu.plan import GpuPlan, host_gpu_env
+from provisioner.gpu.plan import GpuPlan, accelerator_label_env
 from provisioner.image.lock import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
@@ -153,6 +153,12 @@ def _pids(cluster: str, cluster_id: str) -> str:
 WORKER_START_TRIES = 10  # 3 s apart
 
 
+def gpu_env(plan: GpuPlan) -> dict[str, str]:
+    """The plan's GPUs for Ray's own processes (the method "host"): the CUDA devices they
+    may see (UUIDs: no ordering doubt) and the accelerator type's label."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(plan.uuids), **accelerator_label_env(plan)}
+
+
 def start_command(
     inventory: Inventory,
     node: Node,
@@ -171,12 +177,12 @@ def start_command(
         for a in args
     )
     log = _log(cluster)
-    env = host_gpu_env(gpus) if gpus else {}
-    gpu_env = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
+    env = gpu_env(gpus) if gpus else {}
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
     tries = 1 if node.role == "head" else WORKER_START_TRIES
     mark = f"export {_id_env(cluster_id)}; " if cluster_id else ""
     script = (
-        f"set -e; {_interpreter(python)}; {_env(cluster, inventory.tls)}; {mark}{gpu_env}"
+        f"set -e; {_interpreter(python)}; {_env(cluster, inventory.tls)}; {mark}{exports}"
         f"{layout.link_short_ray_dir_command(cluster)}; "
         f"mkdir -p {layout.node_results_dir(cluster)}; "
         f'cd "$HOME"; echo "== $(date -u +%FT%TZ) ray start with $PY" >>{log}; '

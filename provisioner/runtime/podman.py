@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from provisioner.errors import InputError
 from provisioner.gpu.facts import GpuFacts
-from provisioner.gpu.plan import GpuPlan, accelerator_label_env, docker_gpu_options, signature
+from provisioner.gpu.plan import GpuPlan
 from provisioner.image.direct import NodePush, PushReport
 from provisioner.image.lock import Pin
 from provisioner.inventory import Inventory, Node
@@ -37,6 +37,7 @@ from provisioner.runtime.docker import (
     shm_size,
     tls_options,
 )
+from provisioner.runtime.docker_gpu import gpu_options, run_gpu_options
 from provisioner.runtime.podman_doctor import JUDGES, gpu_methods
 from provisioner.runtime.podman_image import bare_id, deliver, full_id
 
@@ -112,12 +113,6 @@ def run_command(
     another cluster of the same name (`namesake_guard`)."""
     cluster = inventory.cluster
     name = layout.container_name(cluster, cluster_id)
-    gpu_options = docker_gpu_options(gpus) if gpus else []
-    if gpus:
-        gpu_options += [
-            f"-e {shlex.quote(f'{k}={v}')}" for k, v in accelerator_label_env(gpus).items()
-        ]
-        gpu_options.append(f"--label {shlex.quote(f'{layout.LABEL_GPUS}={signature(gpus)}')}")
     parts = [
         "podman run -d",
         f"--name {shlex.quote(name)}",
@@ -140,7 +135,7 @@ def run_command(
             if cluster_id
             else []
         ),
-        *gpu_options,
+        *run_gpu_options(gpus),
         shlex.quote(bare_id(image)),
         shlex.join(ray_start_args(inventory, node, gpus=gpus)),
     ]
@@ -255,7 +250,7 @@ def log_command(cluster: str, lines: int | None = None, cluster_id: str = "") ->
 def gpu_probe_command(image: str, gpus: GpuPlan) -> str:
     """The doctor's --gpu-deep round: a container of `image` given the GPUs as `up` gives
     them (CDI) runs the probe script from stdin."""
-    words = ["podman run --rm -i --pull=never --network none", *docker_gpu_options(gpus)]
+    words = ["podman run --rm -i --pull=never --network none", *gpu_options(gpus)]
     return " ".join([*words, shlex.quote(bare_id(image)), "python3", "-"])
 
 
