@@ -34,13 +34,12 @@ from provisioner.doctor.gather import gather_facts
 from provisioner.errors import OperationError, ProvisionerError
 from provisioner.gpu.plan import GpuPlan, plans_for, signature
 from provisioner.image.lock import Pin
-from provisioner.image.push import PushReport
 from provisioner.inventory import Inventory, Node
 from provisioner.node import commands, layout, tls, token
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.results import GroupResult, Result
 from provisioner.runtime import runtime_for
-from provisioner.runtime.base import RayState, Runtime
+from provisioner.runtime.base import DeliveryReport, RayState, Runtime
 
 
 @dataclass
@@ -52,7 +51,7 @@ class UpResult:
     totals: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     doctor: preflight.Preflight | None = None
-    push: PushReport | None = None
+    push: DeliveryReport | None = None  # the runtime's delivery of the image (None: none)
     timings: dict[str, float] = field(default_factory=dict)
     runtime: str = ""  # the runtime's name ("": not known)
     gpus: dict[str, GpuPlan] = field(default_factory=dict)  # node name -> its GPUs for Ray
@@ -334,8 +333,8 @@ def up(
     pin: Pin | None = None,
     options: UpOptions = UpOptions(),
 ) -> UpResult:
-    """The whole `up`: doctor (stop on errors unless forced), the runtime's preparation
-    (docker: push the pin; `options.push`, runtime.base.PUSH_MODES), then bring_up."""
+    """The whole `up`: doctor (stop on errors unless forced), the runtime's delivery of the
+    image (docker: push the pin; `options.push`, runtime.base.PUSH_MODES), then bring_up."""
     t0 = time.monotonic()
     ctx = context(inventory, pool, report, pin=pin, options=options)
     result = UpResult(runtime=ctx.runtime.name)
@@ -361,12 +360,16 @@ def check(ctx: UpContext, result: UpResult) -> DoctorReport | None:
 
 
 def prepare(ctx: UpContext, result: UpResult) -> None:
-    """The runtime's preparation before any start (docker: push the pin, skipping the nodes
-    the doctor saw holding it); a node it failed on stops `up`."""
+    """The runtime's delivery of the image before any start (docker: push the pin; podman:
+    `podman load`), skipping the nodes the doctor saw holding it; a node it failed on stops
+    `up`. Nothing for a runtime without one (host)."""
     t0 = time.monotonic()
-    image_id = ctx.runtime.image_id
-    ready = result.doctor.report.holding(image_id) if result.doctor and image_id else frozenset()
-    result.push = ctx.runtime.prepare(ctx.pool, ctx.report, ready=ready)
+    delivery = ctx.runtime.delivery()
+    if delivery is not None:
+        image_id = delivery.image_id
+        doctor = result.doctor
+        ready = doctor.report.holding(image_id) if doctor and image_id else frozenset()
+        result.push = delivery.deliver(ctx.pool, ctx.report, ready=ready)
     result.timings["push"] = time.monotonic() - t0
     if result.push is not None and result.push.errors:
         _raise_first(dict(result.push.errors), "could not push the pinned image")

@@ -37,9 +37,7 @@ from provisioner.remote.commands import login_shell
 from provisioner.runtime.base import Capabilities, Judges, RayState, RenderSection
 
 if TYPE_CHECKING:
-    from provisioner.console import Reporter
-    from provisioner.image.push import PushReport
-    from provisioner.remote import Pool
+    pass
 
 START_LOG = "start.log"
 STOP_WAIT_S = 15
@@ -466,9 +464,7 @@ class HostRuntime:
         self.image_id = ""
         self.cluster_id = read_cluster_id(inventory)  # "" before the first `up`
 
-    def prepare(
-        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
-    ) -> PushReport | None:
+    def delivery(self) -> None:
         return None  # the nodes bring their own Ray; the doctor checked the versions
 
     def state_command(self) -> str:

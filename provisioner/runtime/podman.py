@@ -18,10 +18,8 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provisioner.errors import InputError
 from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan
-from provisioner.image.direct import NodePush, PushReport
 from provisioner.image.lock import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
@@ -39,11 +37,10 @@ from provisioner.runtime.docker import (
 )
 from provisioner.runtime.docker_gpu import gpu_options, run_gpu_options
 from provisioner.runtime.podman_doctor import JUDGES, gpu_methods
-from provisioner.runtime.podman_image import bare_id, deliver, full_id
+from provisioner.runtime.podman_image import PodmanDelivery, bare_id, full_id
 
 if TYPE_CHECKING:
-    from provisioner.console import Reporter
-    from provisioner.remote import Pool
+    pass
 
 
 def _inspect(name: str, template: str) -> str:
@@ -275,24 +272,10 @@ class PodmanRuntime:
         self.cluster_id = read_cluster_id(inventory)
 
     def _pin(self) -> Pin:
-        if self.pin is None:
-            raise InputError(
-                "the inventory names no image pin (image.lock), and the podman runtime runs "
-                "Ray in the pinned image",
-                "run `provisioner image build`, then set image.lock in the inventory",
-                where=str(self.inventory.path),
-            )
-        return self.pin
+        return self.delivery()._pin()
 
-    def prepare(
-        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
-    ) -> PushReport | None:
-        pin = self._pin()
-        report(f"image: making every node's Podman hold {pin.short_id()} (podman load)")
-        out = deliver(pool, [n for n in self.inventory.nodes if n.name not in ready], pin, report)
-        for name in ready:
-            out.nodes[name] = NodePush(name, "none", len(pin.layers), via="doctor")
-        return out
+    def delivery(self) -> PodmanDelivery:
+        return PodmanDelivery(self.inventory, self.pin)
 
     def state_command(self) -> str:
         return state_command(self.cluster, self.cluster_id)
