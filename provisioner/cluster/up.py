@@ -31,7 +31,7 @@ from provisioner.cluster.status import ClusterStatus
 from provisioner.console import Reporter, quiet
 from provisioner.doctor import DoctorReport
 from provisioner.doctor.gather import gather_facts
-from provisioner.errors import OperationError, ProvisionerError
+from provisioner.errors import InputError, OperationError, ProvisionerError
 from provisioner.gpu.plan import GpuPlan, plans_for, signature
 from provisioner.image.lock import Pin
 from provisioner.inventory import Inventory, Node
@@ -316,7 +316,16 @@ def up_cluster(
     """`up` on the inventory's nodes, held first when a scheduler gives them: the one path
     of the CLI's `up` and of `jobs submit --retries`' repair. Returns the result and the
     scheduler's job that holds the nodes (None: no scheduler). `on_nodes`: told the nodes
-    once they are known (the CLI watches them)."""
+    once they are known (the CLI watches them). A token rotation of a scheduler's
+    inventory is refused (InputError) before anything runs."""
+    if options.rotate_token and inventory.slurm is not None:
+        raise InputError(
+            "--rotate-token does not apply to a scheduler inventory: the allocation is the "
+            "membership, and a node leaves it only when the job ends (SLURM ends Ray there)",
+            f"run `provisioner up` without it; for a new token anyway: `provisioner down`, "
+            f"remove {token.local_token_path(inventory)}, then `provisioner up`",
+            where=str(inventory.path),
+        )
     held, job_id = allocation.hold(inventory, report, queue_timeout=options.queue_timeout)
     if on_nodes is not None:
         on_nodes(held)
