@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from provisioner.checks.facts import NodeFacts, Shell
 from provisioner.checks.findings import Finding, error, ok, warning
@@ -35,9 +34,6 @@ from provisioner.node.commands import ray_start_args
 from provisioner.node.token import read_cluster_id
 from provisioner.remote.commands import login_shell
 from provisioner.runtime.base import Capabilities, Judges, RayState, RenderSection
-
-if TYPE_CHECKING:
-    pass
 
 START_LOG = "start.log"
 STOP_WAIT_S = 15

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan
@@ -38,9 +37,6 @@ from provisioner.runtime.docker import (
 from provisioner.runtime.docker_gpu import gpu_options, run_gpu_options
 from provisioner.runtime.podman_doctor import JUDGES, gpu_methods
 from provisioner.runtime.podman_image import PodmanDelivery, bare_id, full_id
-
-if TYPE_CHECKING:
-    pass
 
 
 def _inspect(name: str, template: str) -> str:
