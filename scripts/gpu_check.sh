@@ -47,7 +47,8 @@ import json, sys, pathlib, subprocess
 from provisioner.checks.facts import parse_facts
 from provisioner.checks.gpu_checks import check_gpus
 from provisioner.checks.plan import PinFacts, Plan
-from provisioner.gpu.plan import plan_gpus, docker_gpu_options
+from provisioner.gpu.plan import plan_gpus
+from provisioner.runtime.docker_gpu import gpu_options as docker_gpu_options
 from provisioner.inventory import Node, RayPorts, SSHSettings
 from provisioner.runtime.docker import CAPS, DockerRuntime
 out, pin_path = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])

@@ -27,7 +27,7 @@ from provisioner.cluster.logs import LogMatch, collect
 from provisioner.cluster.preflight import DoctorStopped
 from provisioner.cluster.tunnel import tensorboard_port, tunnel
 from provisioner.console import Output, clean
-from provisioner.errors import InputError, OperationError, ProvisionerError
+from provisioner.errors import InputError, ProvisionerError
 from provisioner.image.lock import Pin, read_pin
 from provisioner.inventory import Inventory, load_cluster, load_inventory
 from provisioner.inventory.loader import require_nodes
@@ -211,27 +211,22 @@ def up(
         )
     out = output(json_)
     inv = load_inventory(inventory)
-    if rotate_token and inv.slurm is not None:
-        raise InputError(
-            "--rotate-token does not apply to a scheduler inventory: the allocation is the "
-            "membership, and a node leaves it only when the job ends (SLURM ends Ray there)",
-            f"run `provisioner up` without it; for a new token anyway: `provisioner down`, "
-            f"remove {token.local_token_path(inv)}, then `provisioner up`",
-            where=str(inv.path),
-        )
     pin = _pin(inv) if inv.image_lock is not None else None
+    options = up_mod.UpOptions(
+        force=force,
+        doctor=not no_doctor,
+        join_timeout=join_timeout,
+        push=push,
+        rotate_token=rotate_token,
+        queue_timeout=queue_timeout,
+    )
     try:
         result, slurm_job = up_mod.up_cluster(
             inv,
             out.progress,
             pin=pin,
-            queue_timeout=queue_timeout,
+            options=options,
             on_nodes=lambda held: out.watch_nodes(n.name for n in held.nodes),
-            force=force,
-            doctor=not no_doctor,
-            join_timeout=join_timeout,
-            push=push,
-            rotate_token=rotate_token,
         )
     except DoctorStopped as stopped:
         if json_:
@@ -339,12 +334,10 @@ def status(inventory: InventoryOption, json_: JsonOption = False) -> None:
     SLURM: the job's state, nodes and time left too (a warning when the limit is near)."""
     out = output(json_)
     inv = load_inventory(inventory)
-    job = _slurm_status(inv, out) if inv.slurm is not None else None
-    inv = require_nodes(inv)
-    with Pool(inv) as pool:
-        st = status_mod.gather(inv, pool, out.progress, runtime=_runtime(inv))
+    pin = _pin(inv) if inv.image_lock is not None else None
+    st, job = status_mod.status_cluster(inv, out.progress, pin=pin)
     if json_:
-        out.emit({**st.to_json(), **({"slurm": job} if job is not None else {})})
+        out.emit({**st.to_json(), **({"slurm": job.to_json()} if job is not None else {})})
     else:
         table = status_table(st)
         out.out.print(table)
@@ -356,50 +349,8 @@ def status(inventory: InventoryOption, json_: JsonOption = False) -> None:
             )
         if st.gcs_error:
             out.say(f"GCS: {st.gcs_error}")
-    if not st.healthy or (job is not None and job["state"] != "RUNNING"):
+    if not st.healthy or (job is not None and not job.running):
         raise typer.Exit(1)
-
-
-def _slurm_status(inv: Inventory, out: Output) -> dict[str, object] | None:
-    """The recorded SLURM job as squeue shows it (said on stderr unless --json)."""
-    from provisioner.inventory.allocation import read_allocation
-    from provisioner.slurm.allocate import queue_state
-    from provisioner.slurm.commands import time_seconds_left
-
-    recorded = read_allocation(inv)
-    if recorded is None:
-        return None
-    assert inv.login is not None
-    with Pool(inv) as pool:
-        state = queue_state(pool.session(inv.login), inv, recorded.job_id, recorded.tag)
-    left = time_seconds_left(state.time_left)
-    limit = time_seconds_left(state.time_limit)
-    near = left is not None and (left < 600 or (limit is not None and left < limit * 0.1))
-    job: dict[str, object] = {
-        "job_id": recorded.job_id,
-        "state": state.state or "GONE",
-        "reason": state.reason,
-        "nodes": state.nodelist,
-        "time_left": state.time_left,
-        "time_left_s": left,
-        "time_limit": state.time_limit,
-        "near_limit": near,
-    }
-    out.progress(
-        f"SLURM job {recorded.job_id}: {state.describe()}"
-        + (f" on {state.nodelist}, {state.time_left} left" if state.state == "RUNNING" else "")
-    )
-    if near:
-        out.progress(
-            f"warning: SLURM job {recorded.job_id} has {state.time_left} left: SLURM ends "
-            "it at its time limit (save a checkpoint; up again later resumes)"
-        )
-    if state.gone:
-        raise OperationError(
-            f"SLURM job {recorded.job_id} is no longer in the queue: the nodes are gone",
-            "run `provisioner down` to forget it, then `provisioner up` for a new allocation",
-        )
-    return job
 
 
 def down(
@@ -422,14 +373,17 @@ def down(
     inventory and could not be reached is a warning (exit 0): the next `up` changes the token."""
     out = output(json_)
     inv = load_inventory(inventory)
-    if inv.slurm is not None and not inv.allocated:  # a job still queued, or none
-        _down_slurm_queued(inv, out, json_)
-        return
-    inv = require_nodes(inv)
-    out.watch_nodes(n.name for n in inv.nodes)
-    stopped = _stop_jobs(inv, results, yes, out)
+    stopped: list[Stopped] = []
+
+    def on_nodes(held: Inventory) -> None:
+        out.watch_nodes(n.name for n in held.nodes)
+        stopped.extend(_stop_jobs(held, results, yes, out))
+
     target = None if no_logs else (logs_dir or _default_logs_dir(inv))
-    result = down_mod.down_cluster(inv, out.progress, logs_dir=target, runtime=_runtime(inv))
+    result = down_mod.down_cluster(inv, out.progress, logs_dir=target, on_nodes=on_nodes)
+    if result.queued_only:  # a job still queued, or none: nothing ran on any node
+        _say_queued(out, result, json_)
+        return
     slurm = result.slurm.to_json() if result.slurm is not None else {}
     _warn(out, result.warnings)
     if json_:
@@ -456,9 +410,8 @@ def down(
         raise typer.Exit(1)
 
 
-def _down_slurm_queued(inv: Inventory, out: Output, json_: bool) -> None:
-    """down before the allocation ran: cancel the recorded job, if any."""
-    result = down_mod.down_cluster(inv, out.progress, logs_dir=None)
+def _say_queued(out: Output, result: down_mod.DownResult, json_: bool) -> None:
+    """down before the allocation ran: the recorded job cancelled, if any."""
     assert result.slurm is not None
     job_id, gone = result.slurm.job_id, result.slurm.left_queue
     if json_:

@@ -186,7 +186,7 @@ def _with_retries(
         import time
 
         from provisioner.cli.cluster import _pin
-        from provisioner.cluster.up import up_cluster
+        from provisioner.cluster.up import UpOptions, up_cluster
         from provisioner.errors import OperationError
 
         # a node cut off or powered off for a while comes back: `up` is tried again
@@ -195,7 +195,7 @@ def _with_retries(
         for left in range(REPAIR_TRIES - 1, -1, -1):
             try:
                 pin = _pin(inv) if inv.image_lock is not None else None
-                up_cluster(inv, handlers.report, pin=pin, doctor=False)
+                up_cluster(inv, handlers.report, pin=pin, options=UpOptions(doctor=False))
                 return
             except OperationError as exc:
                 if left == 0:

@@ -4,6 +4,7 @@ Ray: the runtime's stop), check the ports."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from provisioner.cluster import allocation, logs, membership, rotation
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
 from provisioner.inventory import Inventory, Node
+from provisioner.inventory.loader import require_nodes
 from provisioner.node import commands, token
 from provisioner.remote import Pool, fan_out
 from provisioner.runtime import runtime_for
@@ -29,6 +31,8 @@ class DownResult:
     # (the cluster is down; the next `up` starts a fresh head and so rotates the token)
     exposed: list[rotation.Exposed] = field(default_factory=list)
     slurm: allocation.Released | None = None  # the scheduler's job given back
+    # before the scheduler's allocation ran: only its job given back, nothing on any node
+    queued_only: bool = False
 
     @property
     def warnings(self) -> list[str]:
@@ -127,15 +131,24 @@ def down_cluster(
     *,
     logs_dir: Path | None,
     runtime: Runtime | None = None,
+    on_nodes: Callable[[Inventory], None] | None = None,
 ) -> DownResult:
-    """`down`, and the scheduler's job given back once Ray stopped on its nodes (before the
-    allocation ever ran: the job only, nothing on any node). A job still queued is an error."""
-    with Pool(inventory) as pool:
-        if inventory.slurm is not None and not inventory.allocated:
-            result = DownResult()
-        else:
+    """`down`: Ray stopped on the inventory's nodes, then the scheduler's job given back
+    (before the allocation ever ran: the job only, nothing on any node, `queued_only`). A
+    job still queued after that is an error. `on_nodes`: told the nodes before anything is
+    stopped there, when there are nodes (the CLI watches them and stops the running jobs;
+    what it raises stops `down` before anything is stopped)."""
+    if not allocation.on_nodes(inventory):
+        with Pool(inventory) as pool:
+            result = DownResult(queued_only=True)
+            result.slurm = allocation.give_back(inventory, pool, report)
+    else:
+        inventory = require_nodes(inventory)
+        if on_nodes is not None:
+            on_nodes(inventory)
+        with Pool(inventory) as pool:
             result = bring_down(inventory, pool, report, logs_dir=logs_dir, runtime=runtime)
-        result.slurm = allocation.give_back(inventory, pool, report)
+            result.slurm = allocation.give_back(inventory, pool, report)
     if result.slurm is not None and not result.slurm.left_queue:
         result.errors["slurm"] = f"SLURM job {result.slurm.job_id} is still in the queue"
     return result

@@ -6,11 +6,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from provisioner.cluster import headprobe
+from provisioner.cluster import allocation, headprobe
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
+from provisioner.image.lock import Pin
 from provisioner.inventory import Inventory, Node
+from provisioner.inventory.loader import require_nodes
 from provisioner.node import commands
 from provisioner.remote import Pool, fan_out
 from provisioner.runtime import runtime_for
@@ -135,6 +137,19 @@ def gather(
     else:
         gcs_error = "this cluster's Ray is not running on the head"
     return assemble(inventory, runtime, states, errors, gcs, gcs_error=gcs_error)
+
+
+def status_cluster(
+    inventory: Inventory, report: Reporter = quiet, *, pin: Pin | None = None
+) -> tuple[ClusterStatus, allocation.Job | None]:
+    """`status`: the scheduler's job that holds the nodes first, as the queue shows it
+    (None: no scheduler, or none recorded; one gone from the queue is an OperationError),
+    then every node. Healthy when every node is and the job, if any, runs."""
+    job = allocation.job_status(inventory, report)
+    inventory = require_nodes(inventory)
+    with Pool(inventory) as pool:
+        found = gather(inventory, pool, report, runtime=runtime_for(inventory, pin))
+    return found, job
 
 
 def assemble(

@@ -31,16 +31,15 @@ from provisioner.cluster.status import ClusterStatus
 from provisioner.console import Reporter, quiet
 from provisioner.doctor import DoctorReport
 from provisioner.doctor.gather import gather_facts
-from provisioner.errors import OperationError, ProvisionerError
+from provisioner.errors import InputError, OperationError, ProvisionerError
 from provisioner.gpu.plan import GpuPlan, plans_for, signature
 from provisioner.image.lock import Pin
-from provisioner.image.push import PushReport
 from provisioner.inventory import Inventory, Node
 from provisioner.node import commands, layout, tls, token
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.results import GroupResult, Result
 from provisioner.runtime import runtime_for
-from provisioner.runtime.base import RayState, Runtime
+from provisioner.runtime.base import DeliveryReport, RayState, Runtime
 
 
 @dataclass
@@ -52,7 +51,7 @@ class UpResult:
     totals: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     doctor: preflight.Preflight | None = None
-    push: PushReport | None = None
+    push: DeliveryReport | None = None  # the runtime's delivery of the image (None: none)
     timings: dict[str, float] = field(default_factory=dict)
     runtime: str = ""  # the runtime's name ("": not known)
     gpus: dict[str, GpuPlan] = field(default_factory=dict)  # node name -> its GPUs for Ray
@@ -262,6 +261,7 @@ class UpOptions:
     push: str = "auto"  # runtime.base.PUSH_MODES
     rotate_token: bool = False  # a new token on every node, and every node restarted
     probe: bool = True  # the placement probe after the join
+    queue_timeout: float | None = None  # a scheduler's queue: give up after (None: wait)
 
 
 @dataclass(frozen=True)
@@ -310,26 +310,23 @@ def up_cluster(
     report: Reporter = quiet,
     *,
     pin: Pin | None = None,
-    queue_timeout: float | None = None,
+    options: UpOptions = UpOptions(),
     on_nodes: Callable[[Inventory], None] | None = None,
-    force: bool = False,
-    doctor: bool = True,
-    join_timeout: float = 120,
-    push: str = "auto",
-    rotate_token: bool = False,
 ) -> tuple[UpResult, int | None]:
     """`up` on the inventory's nodes, held first when a scheduler gives them: the one path
     of the CLI's `up` and of `jobs submit --retries`' repair. Returns the result and the
     scheduler's job that holds the nodes (None: no scheduler). `on_nodes`: told the nodes
-    once they are known (the CLI watches them)."""
-    options = UpOptions(
-        force=force,
-        doctor=doctor,
-        join_timeout=join_timeout,
-        push=push,
-        rotate_token=rotate_token,
-    )
-    held, job_id = allocation.hold(inventory, report, queue_timeout=queue_timeout)
+    once they are known (the CLI watches them). A token rotation of a scheduler's
+    inventory is refused (InputError) before anything runs."""
+    if options.rotate_token and inventory.slurm is not None:
+        raise InputError(
+            "--rotate-token does not apply to a scheduler inventory: the allocation is the "
+            "membership, and a node leaves it only when the job ends (SLURM ends Ray there)",
+            f"run `provisioner up` without it; for a new token anyway: `provisioner down`, "
+            f"remove {token.local_token_path(inventory)}, then `provisioner up`",
+            where=str(inventory.path),
+        )
+    held, job_id = allocation.hold(inventory, report, queue_timeout=options.queue_timeout)
     if on_nodes is not None:
         on_nodes(held)
     with Pool(held) as pool:
@@ -345,8 +342,8 @@ def up(
     pin: Pin | None = None,
     options: UpOptions = UpOptions(),
 ) -> UpResult:
-    """The whole `up`: doctor (stop on errors unless forced), the runtime's preparation
-    (docker: push the pin; `options.push`, runtime.base.PUSH_MODES), then bring_up."""
+    """The whole `up`: doctor (stop on errors unless forced), the runtime's delivery of the
+    image (docker: push the pin; `options.push`, runtime.base.PUSH_MODES), then bring_up."""
     t0 = time.monotonic()
     ctx = context(inventory, pool, report, pin=pin, options=options)
     result = UpResult(runtime=ctx.runtime.name)
@@ -372,12 +369,16 @@ def check(ctx: UpContext, result: UpResult) -> DoctorReport | None:
 
 
 def prepare(ctx: UpContext, result: UpResult) -> None:
-    """The runtime's preparation before any start (docker: push the pin, skipping the nodes
-    the doctor saw holding it); a node it failed on stops `up`."""
+    """The runtime's delivery of the image before any start (docker: push the pin; podman:
+    `podman load`), skipping the nodes the doctor saw holding it; a node it failed on stops
+    `up`. Nothing for a runtime without one (host)."""
     t0 = time.monotonic()
-    image_id = ctx.runtime.image_id
-    ready = result.doctor.report.holding(image_id) if result.doctor and image_id else frozenset()
-    result.push = ctx.runtime.prepare(ctx.pool, ctx.report, ready=ready)
+    delivery = ctx.runtime.delivery()
+    if delivery is not None:
+        image_id = delivery.image_id
+        doctor = result.doctor
+        ready = doctor.report.holding(image_id) if doctor and image_id else frozenset()
+        result.push = delivery.deliver(ctx.pool, ctx.report, ready=ready)
     result.timings["push"] = time.monotonic() - t0
     if result.push is not None and result.push.errors:
         _raise_first(dict(result.push.errors), "could not push the pinned image")

@@ -1,21 +1,21 @@
-"""Which GPUs of a node Ray gets, and how its container receives them: pure.
+"""Which GPUs of a node Ray gets, and the way in: pure, and the same for every runtime.
 
 The inventory says which GPUs (`gpus:` indices or UUIDs, or `resources: {GPU: n}`, or
-nothing: all the node has); the node's facts (the doctor's round) say which it has and
-which ways its Docker hands GPUs to a container. `plan_gpus` joins both into a `GpuPlan`
-that the runtime turns into `docker run` options (`docker_gpu_options`) or, in host mode,
-`CUDA_VISIBLE_DEVICES`; `ray start` gets `--num-gpus` and the accelerator type either way.
+nothing: all the node has); the node's facts (the doctor's round) say which it has; the
+runtime says which ways it can hand them to Ray (`Runtime.gpu_methods`). `plan_gpus` joins
+them into a `GpuPlan`, whose method is data (gpus, runtime, cdi or host) that the
+runtime turns into its own words (`runtime.docker_gpu.gpu_options`, `runtime.host.gpu_env`);
+`ray start` gets `--num-gpus` and the accelerator type either way.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from provisioner.gpu.facts import GPU_KIND, GpuFacts, select
+from provisioner.gpu.facts import GpuFacts, select
 from provisioner.inventory import Node
 
 # Ray's own resource and label for a node's accelerator type (ray._common.utils,
@@ -100,24 +100,6 @@ def signature(plan: GpuPlan | None) -> str:
     return f"{plan.method}:{','.join(plan.uuids)}" if plan else ""
 
 
-def docker_gpu_options(plan: GpuPlan) -> list[str]:
-    """`docker run` options that hand the plan's GPUs to the container (quoted words)."""
-    devices = ",".join(plan.uuids)
-    if plan.method == "gpus":
-        # Docker reads --gpus as CSV: a list of devices is one quoted field
-        field = '"device=' + devices + '"'
-        return [f"--gpus {shlex.quote(field)}"]
-    if plan.method == "runtime":
-        return [
-            "--runtime=nvidia",
-            f"-e NVIDIA_VISIBLE_DEVICES={shlex.quote(devices)}",
-            "-e NVIDIA_DRIVER_CAPABILITIES=compute,utility",
-        ]
-    if plan.method == "cdi":
-        return [f"--device {shlex.quote(f'{GPU_KIND}={name}')}" for name in plan.cdi_names]
-    return []
-
-
 def accelerator_label_env(plan: GpuPlan) -> dict[str, str]:
     """The environment that gives Ray the node's accelerator-type label (none when the
     type is not a valid label value)."""
@@ -125,8 +107,3 @@ def accelerator_label_env(plan: GpuPlan) -> dict[str, str]:
     if not kind or not _LABEL_VALUE.match(kind):
         return {}
     return {LABELS_ENV: json.dumps({ACCELERATOR_LABEL: kind})}
-
-
-def host_gpu_env(plan: GpuPlan) -> dict[str, str]:
-    """Host mode: the CUDA devices Ray's processes may see (UUIDs: no ordering doubt)."""
-    return {"CUDA_VISIBLE_DEVICES": ",".join(plan.uuids), **accelerator_label_env(plan)}

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal, TypeVar
+from typing import IO, TypeVar
 
 from provisioner.console import Reporter
 from provisioner.errors import OperationError, ProvisionerError, RemoteError
@@ -58,6 +58,7 @@ from provisioner.image.savestream import (
 )
 from provisioner.inventory import Node
 from provisioner.local import need, state_root
+from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote import Pool, Result, Session
 
 # A broken stream, a failed load, a command past its time, or a reconnection whose
@@ -81,73 +82,10 @@ class PushOptions:
     compress: Mode = "auto"  # auto: by the link (compress.choose); always; never
 
 
-@dataclass
-class NodePush:
-    """What the push did on one node."""
-
-    host: str
-    action: Literal["none", "tag", "send"]
-    layers_total: int
-    layers_sent: int = 0
-    bytes_sent: int = 0  # image bytes sent from this machine to the node
-    bytes_omitted: int = 0  # bytes of layers the node held, not sent
-    seconds: float = 0.0
-    attempts: int = 1
-    via: str = "control"  # "control", or the node that sent it (relay, forwarding relay)
-    bytes_forwarded: int = 0  # forwarding relay: bytes this node sent on to other nodes
-    codec: str = ""  # how the layers went from this machine: "" plain, "gz", "zst"
-    compress_reason: str = ""  # why (compress.choose's line)
-    cache_hits: int = 0  # layers taken compressed from this machine's cache
-    cache_misses: int = 0  # layers compressed for this push (and kept in the cache)
-
-    def to_json(self) -> dict[str, Any]:
-        rate = self.bytes_sent / self.seconds if self.seconds > 0 else 0.0
-        return {**self.__dict__, "rate_bytes_per_s": round(rate)}
-
-
-@dataclass
-class PushReport:
-    image_id: str
-    tag: str
-    nodes: dict[str, NodePush] = field(default_factory=dict)
-    errors: dict[str, ProvisionerError] = field(default_factory=dict)
-    seconds: float = 0.0
-    mode: str = "direct"  # how the image went: direct, relay (star) or forward (chain)
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    @property
-    def control_bytes(self) -> int:
-        """Image bytes that left this machine (relay: only those sent to the head)."""
-        return sum(n.bytes_sent for n in self.nodes.values() if n.via == "control")
-
-    @property
-    def busiest_node_bytes(self) -> int:
-        """The most bytes one node sent on to others (forwarding relay; 0 otherwise)."""
-        return max((n.bytes_forwarded for n in self.nodes.values()), default=0)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "image_id": self.image_id,
-            "tag": self.tag,
-            "mode": self.mode,
-            "ok": self.ok,
-            "control_bytes": self.control_bytes,
-            "busiest_node_bytes": self.busiest_node_bytes,
-            "seconds": round(self.seconds, 1),
-            "nodes": [n.to_json() for n in self.nodes.values()],
-            "errors": [
-                {
-                    "host": host,
-                    "message": str(err),
-                    "fix": err.fix,
-                    "kind": getattr(err, "kind", ""),
-                }
-                for host, err in self.errors.items()
-            ],
-        }
+# What a push reports is the runtimes' neutral delivery report (`node.delivery`): the
+# names the image code has always used.
+NodePush = NodeDelivery
+PushReport = DeliveryReport
 
 
 @contextmanager

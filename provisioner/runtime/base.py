@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from provisioner.checks.facts import RuntimeParser, no_runtime_facts
 from provisioner.node.capabilities import Capabilities
+from provisioner.node.delivery import DeliveryReport, NodeDelivery
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -25,9 +26,8 @@ if TYPE_CHECKING:
     from provisioner.console import Reporter
     from provisioner.gpu.facts import GpuFacts
     from provisioner.gpu.plan import GpuPlan
-    from provisioner.image.push import PushReport
     from provisioner.inventory import Inventory, Node
-    from provisioner.remote import Pool
+    from provisioner.remote import Pool, Session
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,37 @@ machine sends once into a chain of the nodes lacking layers); auto, the relay wh
 or more nodes lack layers (it then sends less over this machine's link), else direct."""
 
 
+class Delivery(Protocol):
+    """How a runtime makes every node hold the image Ray runs there: whether a node has it
+    (a command and a pure parser), delivering it, verifying it by ID. The doctor's round
+    may already have seen nodes holding it (`DoctorReport.holding`): they are `ready`."""
+
+    image_id: str  # the pinned image's ID, as the pin writes it (`sha256:` and hex)
+
+    def has_command(self) -> str:
+        """Shell: what the node's image store holds under the pinned ID (one round trip,
+        for `holds`; it succeeds when the node holds nothing)."""
+        ...
+
+    def holds(self, stdout: str) -> bool:
+        """Pure: whether `has_command`'s output shows the pinned image under exactly its ID."""
+        ...
+
+    def verify(self, session: Session) -> None:
+        """Check on the node of `session` that it holds the pinned image under exactly its
+        ID (after a load: one that left another image is a RemoteError naming what the
+        node holds)."""
+        ...
+
+    def deliver(
+        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
+    ) -> DeliveryReport:
+        """Make every node of the inventory hold the image, each verified by ID; `ready`:
+        nodes known to hold it, which are not asked again. One node's failure stops no
+        other: it is in the report's `errors`."""
+        ...
+
+
 class Runtime(Protocol):
     """How Ray runs on the nodes of one cluster."""
 
@@ -92,18 +123,15 @@ class Runtime(Protocol):
     caps: Capabilities  # what it does, for the callers that must know
     log_file: str  # the file name its own log gets in `logs`' folder of a node
     inventory: Inventory
-    push: str  # how `prepare` sends the image: one of PUSH_MODES
+    push: str  # how its delivery sends the image: one of PUSH_MODES
     starting: str  # progress line of a start, with {role}: "starting the {role} container"
     stopping: str  # progress line of a stop: "removing the Ray container"
     image_id: str  # the image ID Ray runs in ("": none, Ray runs from the node's own Python)
 
-    def prepare(
-        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
-    ) -> PushReport | None:
-        """Make every node able to run Ray (docker: push the pin); before any start.
-
-        `ready`: nodes the doctor's round already found able to (docker: holding the pin),
-        which are not asked again."""
+    def delivery(self) -> Delivery | None:
+        """How the nodes get the image Ray runs (docker: the push of the pin; podman:
+        `podman load`); None: nothing to deliver (host: the nodes bring their own Ray).
+        `up` delivers before any start."""
         ...
 
     def state_command(self) -> str:
@@ -174,4 +202,14 @@ class Runtime(Protocol):
         ...
 
 
-__all__ = ["PUSH_MODES", "Capabilities", "Judges", "RayState", "RenderSection", "Runtime"]
+__all__ = [
+    "PUSH_MODES",
+    "Capabilities",
+    "Delivery",
+    "DeliveryReport",
+    "Judges",
+    "NodeDelivery",
+    "RayState",
+    "RenderSection",
+    "Runtime",
+]

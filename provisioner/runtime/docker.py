@@ -17,22 +17,29 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provisioner.errors import InputError
+from provisioner.errors import InputError, RemoteError
 from provisioner.gpu.facts import GpuFacts
-from provisioner.gpu.plan import GpuPlan, accelerator_label_env, docker_gpu_options, signature
+from provisioner.gpu.plan import GpuPlan
 from provisioner.image.lock import CLUSTER_TAG, Pin
-from provisioner.image.push import PushOptions, PushReport, push_image
+from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
 from provisioner.node.commands import ray_start_args
 from provisioner.node.token import read_cluster_id
 from provisioner.runtime import containers
-from provisioner.runtime.base import Capabilities, Judges, RayState, RenderSection
+from provisioner.runtime.base import (
+    Capabilities,
+    DeliveryReport,
+    Judges,
+    RayState,
+    RenderSection,
+)
 from provisioner.runtime.docker_doctor import JUDGES
+from provisioner.runtime.docker_gpu import gpu_options, run_gpu_options
 
 if TYPE_CHECKING:
     from provisioner.console import Reporter
-    from provisioner.remote import Pool
+    from provisioner.remote import Pool, Session
 
 # Ray's own launcher sizes /dev/shm to 30% of available memory plus 10%, capped at 200 GB.
 _SHM_FROM_MEMINFO = (
@@ -125,12 +132,6 @@ def docker_run_command(
     another cluster of the same name (`namesake_guard`)."""
     cluster = inventory.cluster
     name = layout.container_name(cluster, cluster_id)
-    gpu_options = docker_gpu_options(gpus) if gpus else []
-    if gpus:
-        gpu_options += [
-            f"-e {shlex.quote(f'{k}={v}')}" for k, v in accelerator_label_env(gpus).items()
-        ]
-        gpu_options.append(f"--label {shlex.quote(f'{layout.LABEL_GPUS}={signature(gpus)}')}")
     parts = [
         "docker run -d",
         f"--name {shlex.quote(name)}",
@@ -153,7 +154,7 @@ def docker_run_command(
             if cluster_id
             else []
         ),
-        *gpu_options,
+        *run_gpu_options(gpus),
         shlex.quote(image),
         shlex.join(ray_start_args(inventory, node, gpus=gpus)),
     ]
@@ -287,8 +288,65 @@ def push_options(mode: str) -> PushOptions:
 def gpu_probe_command(image: str, gpus: GpuPlan) -> str:
     """The doctor's --gpu-deep round: a container of `image`, given the node's GPUs as `up`
     gives them, runs the probe script read from stdin (doctor.gpu_checks.PROBE)."""
-    words = ["docker run --rm -i --net=none", *docker_gpu_options(gpus), shlex.quote(image)]
+    words = ["docker run --rm -i --net=none", *gpu_options(gpus), shlex.quote(image)]
     return " ".join([*words, "python3", "-"])
+
+
+def has_image_command(image_id: str) -> str:
+    """Prints the ID the node's Docker holds the image `image_id` under ("": not held)."""
+    i = shlex.quote(image_id)
+    return f"docker image inspect --format '{{{{.Id}}}}' {i} 2>/dev/null || true"
+
+
+def holds_image(stdout: str, image_id: str) -> bool:
+    """Pure: `has_image_command`'s output names exactly `image_id`."""
+    return bool(image_id) and stdout.strip() == image_id
+
+
+class DockerDelivery:
+    """The docker runtime's delivery: the push of the pin (`image.push`, the way `push`
+    says: runtime.base.PUSH_MODES), which sends each node only the layers it lacks,
+    verifies the ID and only then moves the cluster tag."""
+
+    def __init__(self, inventory: Inventory, pin: Pin | None, push: str = "auto") -> None:
+        self.inventory = inventory
+        self.pin = pin
+        self.push = push
+        self.image_id = pin.image_id if pin else ""
+
+    def has_command(self) -> str:
+        return has_image_command(self.image_id)
+
+    def holds(self, stdout: str) -> bool:
+        return holds_image(stdout, self.image_id)
+
+    def verify(self, session: Session) -> None:
+        got = session.run(self.has_command(), timeout=60).stdout.strip()
+        if not self.holds(got):
+            short = self.image_id.removeprefix("sha256:")[:12]
+            raise RemoteError(
+                session.host,
+                f"the node's Docker does not hold the pinned image {short} "
+                f"(it holds: {got or 'no such image'})",
+                "run `provisioner up` again; it pushes the image again",
+                kind="load-failed",
+            )
+
+    def deliver(
+        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
+    ) -> DeliveryReport:
+        if self.pin is None:
+            raise InputError(
+                "the inventory names no image pin (image.lock), and the docker runtime runs Ray "
+                "in the pinned image",
+                "run `provisioner image build`, then set image.lock in the inventory "
+                "(or `runtime: host` to run Ray from the nodes' own Python)",
+                where=str(self.inventory.path),
+            )
+        report(f"image: making every node hold {self.pin.short_id()} (push: {self.push})")
+        return push_image(
+            self.inventory, pool, report, pin=self.pin, opts=push_options(self.push), held=ready
+        )
 
 
 # Ray in a container of the pinned image on each node.
@@ -314,21 +372,8 @@ class DockerRuntime:
         self.image_id = pin.image_id if pin else ""
         self.cluster_id = read_cluster_id(inventory)  # "" before the first `up`
 
-    def prepare(
-        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
-    ) -> PushReport | None:
-        if self.pin is None:
-            raise InputError(
-                "the inventory names no image pin (image.lock), and the docker runtime runs Ray "
-                "in the pinned image",
-                "run `provisioner image build`, then set image.lock in the inventory "
-                "(or `runtime: host` to run Ray from the nodes' own Python)",
-                where=str(self.inventory.path),
-            )
-        report(f"image: making every node hold {self.pin.short_id()} (push: {self.push})")
-        return push_image(
-            self.inventory, pool, report, pin=self.pin, opts=push_options(self.push), held=ready
-        )
+    def delivery(self) -> DockerDelivery:
+        return DockerDelivery(self.inventory, self.pin, self.push)
 
     def state_command(self) -> str:
         return container_facts_command(self.cluster, self.cluster_id)

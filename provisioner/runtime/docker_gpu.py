@@ -1,13 +1,18 @@
-"""The docker runtime's GPU check: the node's Docker can hand its GPUs to a container
-(the NVIDIA Container Toolkit: Docker's --gpus, the nvidia runtime, or CDI). Pure, on the
-facts of the doctor's one round trip."""
+"""The container runtimes' GPU hand-over: the `run` options that give a container the
+plan's GPUs (Docker's --gpus, the nvidia runtime, or CDI; Podman uses CDI's), and the
+docker runtime's GPU check: the node's Docker can hand its GPUs to a container (the NVIDIA
+Container Toolkit). Pure; the check on the facts of the doctor's one round trip."""
 
 from __future__ import annotations
 
+import shlex
+
 from provisioner.checks.findings import Finding, error, ok
 from provisioner.checks.gpu_checks import concerned, evidence
-from provisioner.gpu.facts import GpuFacts
+from provisioner.gpu.facts import GPU_KIND, GpuFacts
+from provisioner.gpu.plan import GpuPlan, accelerator_label_env, signature
 from provisioner.inventory import Node
+from provisioner.node import layout
 
 TOOLKIT_GUIDE = (
     "https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html"
@@ -18,6 +23,39 @@ WAYS = {
     "runtime": "the nvidia runtime (NVIDIA_VISIBLE_DEVICES)",
     "cdi": "CDI (--device nvidia.com/gpu=...)",
 }
+
+
+def gpu_options(plan: GpuPlan) -> list[str]:
+    """`docker run` (or `podman run`) options that hand the plan's GPUs to the container
+    (quoted words), by the plan's method: "gpus", "runtime" or "cdi"."""
+    devices = ",".join(plan.uuids)
+    if plan.method == "gpus":
+        # Docker reads --gpus as CSV: a list of devices is one quoted field
+        field = '"device=' + devices + '"'
+        return [f"--gpus {shlex.quote(field)}"]
+    if plan.method == "runtime":
+        return [
+            "--runtime=nvidia",
+            f"-e NVIDIA_VISIBLE_DEVICES={shlex.quote(devices)}",
+            "-e NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+        ]
+    if plan.method == "cdi":
+        return [f"--device {shlex.quote(f'{GPU_KIND}={name}')}" for name in plan.cdi_names]
+    return []
+
+
+def run_gpu_options(plan: GpuPlan | None) -> list[str]:
+    """The Ray container's GPU options: the plan's GPUs (`gpu_options`), the accelerator
+    type's label for Ray, and the plan's signature as the container label
+    `provisioner.gpus` (`RayState.gpus`: `up` restarts a node whose GPUs changed); none
+    without a plan."""
+    if plan is None:
+        return []
+    return [
+        *gpu_options(plan),
+        *(f"-e {shlex.quote(f'{k}={v}')}" for k, v in accelerator_label_env(plan).items()),
+        f"--label {shlex.quote(f'{layout.LABEL_GPUS}={signature(plan)}')}",
+    ]
 
 
 def toolkit_evidence(g: GpuFacts) -> str:

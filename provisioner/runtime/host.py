@@ -21,13 +21,12 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from provisioner.checks.facts import NodeFacts, Shell
 from provisioner.checks.findings import Finding, error, ok, warning
 from provisioner.checks.plan import Plan
 from provisioner.gpu.facts import GpuFacts
-from provisioner.gpu.plan import GpuPlan, host_gpu_env
+from provisioner.gpu.plan import GpuPlan, accelerator_label_env
 from provisioner.image.lock import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
@@ -35,11 +34,6 @@ from provisioner.node.commands import ray_start_args
 from provisioner.node.token import read_cluster_id
 from provisioner.remote.commands import login_shell
 from provisioner.runtime.base import Capabilities, Judges, RayState, RenderSection
-
-if TYPE_CHECKING:
-    from provisioner.console import Reporter
-    from provisioner.image.push import PushReport
-    from provisioner.remote import Pool
 
 START_LOG = "start.log"
 STOP_WAIT_S = 15
@@ -153,6 +147,12 @@ def _pids(cluster: str, cluster_id: str) -> str:
 WORKER_START_TRIES = 10  # 3 s apart
 
 
+def gpu_env(plan: GpuPlan) -> dict[str, str]:
+    """The plan's GPUs for Ray's own processes (the method "host"): the CUDA devices they
+    may see (UUIDs: no ordering doubt) and the accelerator type's label."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(plan.uuids), **accelerator_label_env(plan)}
+
+
 def start_command(
     inventory: Inventory,
     node: Node,
@@ -171,12 +171,12 @@ def start_command(
         for a in args
     )
     log = _log(cluster)
-    env = host_gpu_env(gpus) if gpus else {}
-    gpu_env = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
+    env = gpu_env(gpus) if gpus else {}
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
     tries = 1 if node.role == "head" else WORKER_START_TRIES
     mark = f"export {_id_env(cluster_id)}; " if cluster_id else ""
     script = (
-        f"set -e; {_interpreter(python)}; {_env(cluster, inventory.tls)}; {mark}{gpu_env}"
+        f"set -e; {_interpreter(python)}; {_env(cluster, inventory.tls)}; {mark}{exports}"
         f"{layout.link_short_ray_dir_command(cluster)}; "
         f"mkdir -p {layout.node_results_dir(cluster)}; "
         f'cd "$HOME"; echo "== $(date -u +%FT%TZ) ray start with $PY" >>{log}; '
@@ -460,9 +460,7 @@ class HostRuntime:
         self.image_id = ""
         self.cluster_id = read_cluster_id(inventory)  # "" before the first `up`
 
-    def prepare(
-        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
-    ) -> PushReport | None:
+    def delivery(self) -> None:
         return None  # the nodes bring their own Ray; the doctor checked the versions
 
     def state_command(self) -> str:

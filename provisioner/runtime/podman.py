@@ -16,12 +16,9 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from provisioner.errors import InputError
 from provisioner.gpu.facts import GpuFacts
-from provisioner.gpu.plan import GpuPlan, accelerator_label_env, docker_gpu_options, signature
-from provisioner.image.direct import NodePush, PushReport
+from provisioner.gpu.plan import GpuPlan
 from provisioner.image.lock import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
@@ -37,12 +34,9 @@ from provisioner.runtime.docker import (
     shm_size,
     tls_options,
 )
+from provisioner.runtime.docker_gpu import gpu_options, run_gpu_options
 from provisioner.runtime.podman_doctor import JUDGES, gpu_methods
-from provisioner.runtime.podman_image import bare_id, deliver, full_id
-
-if TYPE_CHECKING:
-    from provisioner.console import Reporter
-    from provisioner.remote import Pool
+from provisioner.runtime.podman_image import PodmanDelivery, bare_id, full_id
 
 
 def _inspect(name: str, template: str) -> str:
@@ -112,12 +106,6 @@ def run_command(
     another cluster of the same name (`namesake_guard`)."""
     cluster = inventory.cluster
     name = layout.container_name(cluster, cluster_id)
-    gpu_options = docker_gpu_options(gpus) if gpus else []
-    if gpus:
-        gpu_options += [
-            f"-e {shlex.quote(f'{k}={v}')}" for k, v in accelerator_label_env(gpus).items()
-        ]
-        gpu_options.append(f"--label {shlex.quote(f'{layout.LABEL_GPUS}={signature(gpus)}')}")
     parts = [
         "podman run -d",
         f"--name {shlex.quote(name)}",
@@ -140,7 +128,7 @@ def run_command(
             if cluster_id
             else []
         ),
-        *gpu_options,
+        *run_gpu_options(gpus),
         shlex.quote(bare_id(image)),
         shlex.join(ray_start_args(inventory, node, gpus=gpus)),
     ]
@@ -255,7 +243,7 @@ def log_command(cluster: str, lines: int | None = None, cluster_id: str = "") ->
 def gpu_probe_command(image: str, gpus: GpuPlan) -> str:
     """The doctor's --gpu-deep round: a container of `image` given the GPUs as `up` gives
     them (CDI) runs the probe script from stdin."""
-    words = ["podman run --rm -i --pull=never --network none", *docker_gpu_options(gpus)]
+    words = ["podman run --rm -i --pull=never --network none", *gpu_options(gpus)]
     return " ".join([*words, shlex.quote(bare_id(image)), "python3", "-"])
 
 
@@ -280,24 +268,10 @@ class PodmanRuntime:
         self.cluster_id = read_cluster_id(inventory)
 
     def _pin(self) -> Pin:
-        if self.pin is None:
-            raise InputError(
-                "the inventory names no image pin (image.lock), and the podman runtime runs "
-                "Ray in the pinned image",
-                "run `provisioner image build`, then set image.lock in the inventory",
-                where=str(self.inventory.path),
-            )
-        return self.pin
+        return self.delivery()._pin()
 
-    def prepare(
-        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
-    ) -> PushReport | None:
-        pin = self._pin()
-        report(f"image: making every node's Podman hold {pin.short_id()} (podman load)")
-        out = deliver(pool, [n for n in self.inventory.nodes if n.name not in ready], pin, report)
-        for name in ready:
-            out.nodes[name] = NodePush(name, "none", len(pin.layers), via="doctor")
-        return out
+    def delivery(self) -> PodmanDelivery:
+        return PodmanDelivery(self.inventory, self.pin)
 
     def state_command(self) -> str:
         return state_command(self.cluster, self.cluster_id)

@@ -13,11 +13,12 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from provisioner.errors import RemoteError
-from provisioner.image.direct import NodePush, PushReport, save_stream
+from provisioner.errors import InputError, RemoteError
+from provisioner.image.direct import save_stream
 from provisioner.image.lock import Pin
 from provisioner.image.savestream import passthrough
-from provisioner.inventory import Node
+from provisioner.inventory import Inventory, Node
+from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote import fan_out
 
 if TYPE_CHECKING:
@@ -44,12 +45,17 @@ def has_image_command(image_id: str) -> str:
     return f"podman image inspect --format '{{{{.Id}}}}' {i} 2>/dev/null || true"
 
 
+def holds_image(stdout: str, image_id: str) -> bool:
+    """Pure: `has_image_command`'s output names exactly the pin's ID (Podman's bare hex)."""
+    return bool(image_id) and stdout.strip() == bare_id(image_id)
+
+
 LOAD_COMMAND = "podman load"
 
 
 def _verify(session: Session, pin: Pin) -> None:
     got = session.run(has_image_command(pin.image_id), timeout=60).stdout.strip()
-    if got != bare_id(pin.image_id):
+    if not holds_image(got, pin.image_id):
         raise RemoteError(
             session.host,
             f"podman load did not leave the pinned image {pin.short_id()} "
@@ -105,28 +111,28 @@ def _load(session: Session, pin: Pin, report: Reporter) -> int:
     return sent
 
 
-def deliver(pool: Pool, nodes: list[Node], pin: Pin, report: Reporter) -> PushReport:
+def deliver(pool: Pool, nodes: list[Node], pin: Pin, report: Reporter) -> DeliveryReport:
     """Every node holds the pin in its user's Podman: nodes that hold it are left alone;
     the others get `docker save`'s stream into `podman load`; each is checked by ID."""
     t0 = time.monotonic()
-    out = PushReport(pin.image_id, "")
+    out = DeliveryReport(pin.image_id, "")
     lock = threading.Lock()
 
     def said(line: str) -> None:
         with lock:
             report(line)
 
-    def one(node: Node) -> NodePush:
+    def one(node: Node) -> NodeDelivery:
         started = time.monotonic()
         session = pool.session(node)
-        held = session.run(has_image_command(pin.image_id), timeout=60).stdout.strip()
-        if held == bare_id(pin.image_id):
+        held = session.run(has_image_command(pin.image_id), timeout=60).stdout
+        if holds_image(held, pin.image_id):
             said(f"{node.name}: already holds the pinned image; nothing sent")
-            return NodePush(node.name, "none", len(pin.layers))
+            return NodeDelivery(node.name, "none", len(pin.layers))
         said(f"{node.name}: podman load of {pin.short_id()}")
         sent = _load(session, pin, said)
         _verify(session, pin)
-        push = NodePush(node.name, "send", len(pin.layers), len(pin.layers), sent)
+        push = NodeDelivery(node.name, "send", len(pin.layers), len(pin.layers), sent)
         push.seconds = time.monotonic() - started
         said(f"{node.name}: loaded and verified; {sent / 1e6:,.0f} MB in {push.seconds:.0f}s")
         return push
@@ -136,3 +142,44 @@ def deliver(pool: Pool, nodes: list[Node], pin: Pin, report: Reporter) -> PushRe
     out.errors.update(group.errors)
     out.seconds = time.monotonic() - t0
     return out
+
+
+class PodmanDelivery:
+    """The podman runtime's delivery (`runtime.base.Delivery`): `docker save`'s stream of
+    the pin into each node's `podman load`, verified by ID; a node that holds it is sent
+    nothing."""
+
+    def __init__(self, inventory: Inventory, pin: Pin | None) -> None:
+        self.inventory = inventory
+        self.pin = pin
+        self.image_id = pin.image_id if pin else ""
+
+    def has_command(self) -> str:
+        return has_image_command(self.image_id)
+
+    def holds(self, stdout: str) -> bool:
+        return holds_image(stdout, self.image_id)
+
+    def verify(self, session: Session) -> None:
+        _verify(session, self._pin())
+
+    def _pin(self) -> Pin:
+        if self.pin is None:
+            raise InputError(
+                "the inventory names no image pin (image.lock), and the podman runtime runs "
+                "Ray in the pinned image",
+                "run `provisioner image build`, then set image.lock in the inventory",
+                where=str(self.inventory.path),
+            )
+        return self.pin
+
+    def deliver(
+        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
+    ) -> DeliveryReport:
+        pin = self._pin()
+        report(f"image: making every node's Podman hold {pin.short_id()} (podman load)")
+        nodes = [n for n in self.inventory.nodes if n.name not in ready]
+        out = deliver(pool, nodes, pin, report)
+        for name in ready:
+            out.nodes[name] = NodeDelivery(name, "none", len(pin.layers), via="doctor")
+        return out

@@ -24,12 +24,13 @@ from provisioner.doctor import CATALOGUE
 from provisioner.doctor.api import node_findings
 from provisioner.errors import InventoryError
 from provisioner.gpu.facts import GpuFacts, parse_cdi_spec, parse_gpu_facts
-from provisioner.gpu.plan import GpuPlan, docker_gpu_options, plan_gpus
+from provisioner.gpu.plan import GpuPlan, plan_gpus
 from provisioner.inventory import Node, RayPorts, SSHSettings, load_inventory
 from provisioner.node import commands
 from provisioner.runtime import docker, docker_doctor, host
 from provisioner.runtime.docker import CAPS as DOCKER_CAPS
 from provisioner.runtime.docker_gpu import check_toolkit
+from provisioner.runtime.docker_gpu import gpu_options as docker_gpu_options
 from provisioner.runtime.host import CAPS as HOST_CAPS
 from tests.unit.inventories import make_inventory
 
@@ -305,6 +306,24 @@ def test_docker_gpu_options_each_way() -> None:
         "--gpus",
         '"device=GPU-aaaa,GPU-bbbb"',
     ]
+
+
+def test_the_runtimes_turn_the_plans_method_into_their_own_words() -> None:
+    """The plan is data; each runtime hands it over its own way: a container's run options
+    (the GPUs, Ray's accelerator label, the signature label) or host mode's environment."""
+    from provisioner.runtime.docker_gpu import run_gpu_options
+
+    plan = GpuPlan("cdi", ("GPU-a",), (0,), "T4", ("GPU-a",))
+    assert run_gpu_options(None) == []
+    assert run_gpu_options(plan) == [
+        "--device nvidia.com/gpu=GPU-a",
+        '-e \'RAY_OVERRIDE_LABELS={"ray.io/accelerator-type": "T4"}\'',
+        "--label provisioner.gpus=cdi:GPU-a",
+    ]
+    assert host.gpu_env(dataclasses.replace(plan, method="host")) == {
+        "CUDA_VISIBLE_DEVICES": "GPU-a",
+        "RAY_OVERRIDE_LABELS": '{"ray.io/accelerator-type": "T4"}',
+    }
 
 
 def test_cdi_names_by_uuid_where_the_spec_lists_it() -> None:

@@ -3,7 +3,6 @@ order and what flows between them, and the options the CLI's flags become."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +85,37 @@ def test_bring_up_runs_its_steps_in_order_passing_what_each_decided(
     assert result.runtime == "docker"
 
 
-def test_the_clis_flags_become_the_options_with_the_same_defaults() -> None:
-    params = inspect.signature(up.up_cluster).parameters
-    defaults = up.UpOptions()
-    for name in ("force", "doctor", "join_timeout", "push", "rotate_token"):
-        assert params[name].default == getattr(defaults, name), name
-    assert defaults.probe is True
+def test_the_clis_flags_become_the_options_with_the_same_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`provisioner up` with no flag passes one UpOptions equal to UpOptions()'s defaults,
+    and each flag lands in its field."""
+    import typer
+
+    from provisioner.cli import cluster as cli_cluster
+    from provisioner.cli import run
+
+    seen: list[up.UpOptions] = []
+
+    def fake_up_cluster(*args: Any, options: up.UpOptions, **kwargs: Any) -> Any:
+        seen.append(options)
+        raise typer.Exit(0)
+
+    monkeypatch.setattr(cli_cluster.up_mod, "up_cluster", fake_up_cluster)
+    monkeypatch.setattr(cli_cluster, "load_inventory", lambda path: _FakeInventory())
+    assert run(["up", "-i", "x.yml"]) == 0
+    flags = ["--force", "--no-doctor", "--timeout", "7", "--push", "relay", "--rotate-token"]
+    assert run(["up", "-i", "x.yml", *flags, "--queue-timeout", "9"]) == 0
+    assert seen[0] == up.UpOptions()
+    assert seen[1] == up.UpOptions(
+        force=True, doctor=False, join_timeout=7, push="relay", rotate_token=True, queue_timeout=9
+    )
+    assert up.UpOptions().probe is True
+
+
+class _FakeInventory:
+    slurm = None
+    image_lock = None
 
 
 def test_the_context_refuses_an_unknown_runtime_before_anything_runs(
