@@ -12,6 +12,7 @@ from rich.text import Text
 from provisioner.cli.common import JsonOption, output
 from provisioner.inventory.models import DEFAULT_RUNTIME
 from provisioner.lab.config import LabConfig
+from provisioner.lab.flavours import DEFAULT_FLAVOUR, parse_flavours
 
 if TYPE_CHECKING:
     from provisioner.lab.nodes import LabInfo
@@ -77,11 +78,28 @@ def up(
             "login node; the inventory asks SLURM for the nodes.",
         ),
     ] = False,
+    flavours: Annotated[
+        str,
+        typer.Option(
+            "--flavours",
+            help="The kind of each node, comma-separated: one for all nodes or one per node "
+            "(head first). bookworm: Debian 12, Docker 20.10, Python 3.11; trixie: Debian 13, "
+            "Docker 26, Python 3.13; trixie+containerd: trixie with Docker's containerd image "
+            "store. Other than bookworm: --runtime docker only.",
+        ),
+    ] = DEFAULT_FLAVOUR,
     json_: JsonOption = False,
 ) -> None:
     """Create (or repair) the lab and write its inventory, key and known_hosts."""
     out = output(json_)
-    cfg = LabConfig.from_env(name=name, subnet=subnet, nodes=nodes, runtime=runtime, slurm=slurm)
+    cfg = LabConfig.from_env(
+        name=name,
+        subnet=subnet,
+        nodes=nodes,
+        runtime=runtime,
+        slurm=slurm,
+        flavours=parse_flavours(flavours),
+    )
     if image_lock is None and DEFAULT_LOCK.exists():
         image_lock = DEFAULT_LOCK
     from provisioner.lab.nodes import lab_up
@@ -94,9 +112,9 @@ def up(
     if json_:
         out.emit(lab.to_json())
         return
-    table = Table("node", "role", "address", "user", title=f"lab {lab.name}")
+    table = Table("node", "role", "address", "user", "flavour", title=f"lab {lab.name}")
     for n in lab.nodes:
-        table.add_row(n.name, n.role, n.address, n.user)
+        table.add_row(n.name, n.role, n.address, n.user, n.flavour)
     out.out.print(table)
     out.say(f"inventory:   {lab.inventory}\nkey:         {lab.key}\nknown_hosts: {lab.known_hosts}")
     out.say(f"try: provisioner doctor -i {lab.inventory}")
@@ -131,10 +149,17 @@ def status(name: NameOption = None, json_: JsonOption = False) -> None:
     if json_:
         out.emit({**lab.to_json(), "status": rows, "faults": active, "healthy": healthy})
     else:
-        table = Table("node", "address", "container", "sshd", "dockerd", title=f"lab {lab.name}")
+        table = Table(
+            "node", "address", "flavour", "container", "sshd", "dockerd", title=f"lab {lab.name}"
+        )
         for r in rows:
             table.add_row(
-                r["name"], r["address"], r["container"], _mark(r["sshd"]), _mark(r["dockerd"])
+                r["name"],
+                r["address"],
+                r["flavour"],
+                r["container"],
+                _mark(r["sshd"]),
+                _mark(r["dockerd"]),
             )
         out.out.print(table)
         if active:
