@@ -312,6 +312,9 @@ class DockerRuntime:
         # what `docker run` names: the pinned ID, else the cluster tag a push leaves
         self.image = image or (pin.image_id if pin else CLUSTER_TAG)
         self.image_id = pin.image_id if pin else ""
+        # the pin's ID on each node whose image store names it otherwise (Docker's
+        # containerd image store: its manifest's digest), as the push found it
+        self.node_ids: dict[str, str] = {}
         self.cluster_id = read_cluster_id(inventory)  # "" before the first `up`
 
     def prepare(
@@ -326,9 +329,15 @@ class DockerRuntime:
                 where=str(self.inventory.path),
             )
         report(f"image: making every node hold {self.pin.short_id()} (push: {self.push})")
-        return push_image(
+        pushed = push_image(
             self.inventory, pool, report, pin=self.pin, opts=push_options(self.push), held=ready
         )
+        self.node_ids = {
+            name: n.image_id
+            for name, n in pushed.nodes.items()
+            if n.image_id and n.image_id != self.pin.image_id
+        }
+        return pushed
 
     def state_command(self) -> str:
         return container_facts_command(self.cluster, self.cluster_id)
@@ -342,10 +351,13 @@ class DockerRuntime:
     def is_current(self, state: RayState) -> bool | None:
         if self.pin is None or state.runs is None:
             return None
-        return state.runs == self.pin.image_id
+        return state.runs == self.pin.image_id or state.runs in self.node_ids.values()
 
     def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
-        return docker_run_command(self.inventory, node, self.image, gpus, self.cluster_id)
+        image = self.image  # an image the caller named runs as named; the pin by its node's ID
+        if self.pin is not None and image == self.pin.image_id:
+            image = self.node_ids.get(node.name, image)
+        return docker_run_command(self.inventory, node, image, gpus, self.cluster_id)
 
     def gpu_probe_command(self, image: str, gpus: GpuPlan) -> str | None:
         return gpu_probe_command(image, gpus)
