@@ -17,10 +17,15 @@ import pytest
 from provisioner.errors import InputError
 from provisioner.lab import faults
 from provisioner.lab.config import LabConfig
+from provisioner.lab.flavours import parse_flavours
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up
 
 E2E_NAME = os.environ.get("PROVISIONER_LAB_NAME", "e2e")
 E2E_SUBNET = os.environ.get("PROVISIONER_LAB_SUBNET", "10.250.100.0/24")
+# The `e2e` lab is mixed, as users' clusters are: a bookworm head (Docker 20.10, Python
+# 3.11), a trixie worker (Docker 26, Python 3.13) and a worker whose Docker keeps images in
+# containerd's image store (`lab up --flavours`).
+E2E_FLAVOURS = os.environ.get("PROVISIONER_LAB_FLAVOURS", "bookworm,trixie,trixie+containerd")
 # The host-mode lab (Ray in a virtualenv on each node, no image): a lab of its own.
 HOST_NAME = os.environ.get("PROVISIONER_HOST_LAB_NAME", f"{E2E_NAME}-host")
 HOST_SUBNET = os.environ.get("PROVISIONER_HOST_LAB_SUBNET", "10.250.101.0/24")
@@ -101,7 +106,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def lab_config() -> LabConfig:
-    return LabConfig(name=E2E_NAME, subnet=E2E_SUBNET, nodes=3)
+    return LabConfig(
+        name=E2E_NAME, subnet=E2E_SUBNET, nodes=3, flavours=parse_flavours(E2E_FLAVOURS)
+    )
 
 
 @pytest.fixture(scope="session")
