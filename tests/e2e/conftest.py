@@ -152,7 +152,7 @@ def image_pin() -> Path:
 
 
 @pytest.fixture(scope="session")
-def cluster_inventory(lab: LabInfo, image_pin: Path) -> Iterator[Path]:
+def cluster_inventory(lab: LabInfo, lab_config: LabConfig, image_pin: Path) -> Iterator[Path]:
     """The lab's inventory pointing at the pin, with the pin pushed to every node.
 
     Ray is not started here: tests that need a cluster run `provisioner up` (idempotent,
@@ -163,9 +163,7 @@ def cluster_inventory(lab: LabInfo, image_pin: Path) -> Iterator[Path]:
     from provisioner.image.push import push_image
     from provisioner.inventory import load_inventory
 
-    info = lab_up(
-        LabConfig(name=lab.name, subnet=E2E_SUBNET, nodes=len(lab.nodes)), print, image_pin
-    )
+    info = lab_up(lab_config, print, image_pin)  # the same lab (its flavours), now pinned
     inv = load_inventory(info.inventory)
     report = push_image(inv, None, print, pin=read_pin(image_pin))
     assert report.ok, report.errors

@@ -451,6 +451,9 @@ def test_ctrl_c_mid_round_removes_every_relay_key(
         os.kill(os.getpid(), signal.SIGINT)
 
     opts = PushOptions(tag=pin.tag, forward=True, cache_dir=CACHE)
+    # a run started in the background (`cmd &`, nohup) inherits SIGINT ignored: restore
+    # Python's handler, so that the signal below is a KeyboardInterrupt here too
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     helper = threading.Thread(target=interrupt_mid_round, daemon=True)
     helper.start()
     try:
@@ -459,6 +462,7 @@ def test_ctrl_c_mid_round_removes_every_relay_key(
     finally:
         dockerd(last, "CONT")
         helper.join(130)
+        signal.signal(signal.SIGINT, previous)
     assert seen == {"keys": 2, "lines": 2}, seen
     for node in nodes:
         assert authorized_keys(node) == keys_before[node.name], node.name
