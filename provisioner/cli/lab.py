@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from provisioner.cli.common import JsonOption, output
+from provisioner.errors import InputError
 from provisioner.inventory.models import DEFAULT_RUNTIME
 from provisioner.lab.config import LabConfig
 from provisioner.lab.flavours import DEFAULT_FLAVOUR, parse_flavours
@@ -79,15 +80,16 @@ def up(
         ),
     ] = False,
     flavours: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--flavours",
             help="The kind of each node, comma-separated: one for all nodes or one per node "
             "(head first). bookworm: Debian 12, Docker 20.10, Python 3.11; trixie: Debian 13, "
             "Docker 26, Python 3.13; trixie+containerd: trixie with Docker's containerd image "
-            "store. Other than bookworm: --runtime docker only.",
+            "store. Other than bookworm: --runtime docker only. Default: the lab's own when "
+            "it is up (a lab up again keeps its nodes), else bookworm.",
         ),
-    ] = DEFAULT_FLAVOUR,
+    ] = None,
     json_: JsonOption = False,
 ) -> None:
     """Create (or repair) the lab and write its inventory, key and known_hosts."""
@@ -98,7 +100,7 @@ def up(
         nodes=nodes,
         runtime=runtime,
         slurm=slurm,
-        flavours=parse_flavours(flavours),
+        flavours=parse_flavours(flavours) if flavours is not None else _flavours_of(name, nodes),
     )
     if image_lock is None and DEFAULT_LOCK.exists():
         image_lock = DEFAULT_LOCK
@@ -166,6 +168,24 @@ def status(name: NameOption = None, json_: JsonOption = False) -> None:
             out.say("active faults: " + ", ".join(active))
     if not healthy:
         raise typer.Exit(1)
+
+
+def _flavours_of(name: str | None, nodes: int) -> tuple[str, ...]:
+    """The flavours of the lab of that name when it is up (so that `lab up` again keeps its
+    nodes as they are), else bookworm; a mixed lab resized names its flavours anew."""
+    from provisioner.lab.nodes import load_config
+
+    try:
+        recorded = load_config(name)
+    except InputError:
+        return (DEFAULT_FLAVOUR,)
+    if len(recorded.flavours) in (1, nodes + int(recorded.slurm)):
+        return recorded.flavours
+    raise InputError(
+        f"lab {recorded.name!r} has one flavour per node ({','.join(recorded.flavours)}); "
+        f"with --nodes {nodes} say which",
+        "add --flavours with one entry for all nodes or one per node",
+    )
 
 
 def _lab(name: str | None) -> LabInfo:

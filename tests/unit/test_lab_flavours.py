@@ -116,3 +116,26 @@ def test_the_containerd_flavour_turns_the_store_on() -> None:
     daemon = json.loads((images._recipe_dir() / "containerd-daemon.json").read_text())
     assert daemon == {"features": {"containerd-snapshotter": True}}
     assert [f.name for f in FLAVOURS.values() if f.containerd_store] == ["trixie+containerd"]
+
+
+def test_lab_up_again_keeps_the_labs_flavours(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from provisioner.cli.lab import _flavours_of
+
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path))  # not the real labs' folder
+
+    cfg = LabConfig(
+        name="kept",
+        subnet="10.250.7.0/24",
+        nodes=3,
+        flavours=("bookworm", "trixie", "trixie+containerd"),
+    )
+    assert _flavours_of("kept", 3) == ("bookworm",)  # no such lab up: the default
+    cfg.state_dir.mkdir(parents=True)
+    record = {"name": "kept", "subnet": cfg.subnet, "nodes": 3, "flavours": list(cfg.flavours)}
+    (cfg.state_dir / "lab.json").write_text(json.dumps(record))
+    assert _flavours_of("kept", 3) == cfg.flavours
+    r = cli("lab", "up", "--name", "kept", "--subnet", cfg.subnet, "--nodes", "4")
+    assert r.exit_code == 2 and "one flavour per node" in r.stderr, r.stderr
+    assert "--flavours" in r.stderr and "Traceback" not in r.stderr
