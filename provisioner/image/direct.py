@@ -232,6 +232,22 @@ class SavedCache:
         return saved
 
 
+def store_ids(pin: Pin, cache_dir: Path | None = None) -> frozenset[str]:
+    """The IDs the pin has in Docker's image stores: its own (the classic store) and, when
+    it is saved here (a push to a node with the containerd image store saves it), the one
+    that store gives it (`containerd_id`). Nothing is saved for this."""
+    cache = SavedCache(pin, cache_dir)
+    if not cache._path().exists():
+        return frozenset({pin.image_id})
+    try:
+        saved = read_saved(cache._path())
+        if saved.config != pin.image_id:
+            return frozenset({pin.image_id})
+        return frozenset({pin.image_id, containerd_id(saved, pin.layers)})
+    except OperationError:
+        return frozenset({pin.image_id})
+
+
 class _Guarded:
     """Wraps the chunk generator: an error inside it ends the stream early (so `docker
     load` sees a truncated tar and fails) and is kept to be raised afterwards."""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from provisioner.errors import InputError
 from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan, accelerator_label_env, docker_gpu_options, signature
+from provisioner.image.direct import store_ids
 from provisioner.image.lock import CLUSTER_TAG, Pin
 from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node
@@ -315,6 +316,7 @@ class DockerRuntime:
         # the pin's ID on each node whose image store names it otherwise (Docker's
         # containerd image store: its manifest's digest), as the push found it
         self.node_ids: dict[str, str] = {}
+        self._store_ids: frozenset[str] | None = None
         self.cluster_id = read_cluster_id(inventory)  # "" before the first `up`
 
     def prepare(
@@ -351,7 +353,11 @@ class DockerRuntime:
     def is_current(self, state: RayState) -> bool | None:
         if self.pin is None or state.runs is None:
             return None
-        return state.runs == self.pin.image_id or state.runs in self.node_ids.values()
+        if state.runs == self.pin.image_id or state.runs in self.node_ids.values():
+            return True
+        if self._store_ids is None:  # the pin's ID in the containerd image store, if saved here
+            self._store_ids = store_ids(self.pin)
+        return state.runs in self._store_ids
 
     def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
         image = self.image  # an image the caller named runs as named; the pin by its node's ID

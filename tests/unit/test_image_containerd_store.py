@@ -131,3 +131,18 @@ def test_the_facts_say_which_store_and_decide_uses_the_nodes_id() -> None:
     assert (plan.action, plan.first_missing) == ("send", len(DIFF_IDS))
     classic = parse_facts(out.replace("store=containerd", "store=classic"))
     assert classic.store == "classic" and parse_facts("docker=ok\n").store == "classic"
+
+
+def test_store_ids_add_the_containerd_id_only_when_the_pin_is_saved_here(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from provisioner.image.direct import store_ids
+
+    pin = replace(PIN, image_id=f"sha256:{CONFIG}")
+    assert store_ids(pin, tmp_path) == {pin.image_id}  # nothing saved: nothing is saved now
+    assert not list(tmp_path.iterdir())
+    saved = read_saved(legacy_save(tmp_path / f"{CONFIG}.tar", DIRS))
+    assert store_ids(pin, tmp_path) == {pin.image_id, containerd_id(saved, tuple(DIFF_IDS))}
+    other = replace(PIN, image_id="sha256:" + "9" * 64)  # a file of another image: not it
+    (tmp_path / f"{'9' * 64}.tar").write_bytes((tmp_path / f"{CONFIG}.tar").read_bytes())
+    assert store_ids(other, tmp_path) == {other.image_id}
