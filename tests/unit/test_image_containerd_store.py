@@ -146,3 +146,22 @@ def test_store_ids_add_the_containerd_id_only_when_the_pin_is_saved_here(tmp_pat
     other = replace(PIN, image_id="sha256:" + "9" * 64)  # a file of another image: not it
     (tmp_path / f"{'9' * 64}.tar").write_bytes((tmp_path / f"{CONFIG}.tar").read_bytes())
     assert store_ids(other, tmp_path) == {other.image_id}
+
+
+def test_the_doctor_sees_the_pin_under_either_stores_id() -> None:
+    from dataclasses import replace
+
+    from provisioner.checks.facts import NodeFacts
+    from provisioner.doctor.api import DoctorReport
+    from provisioner.runtime.docker_doctor import DockerFacts
+
+    own, alt = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+
+    def holding(image: str) -> NodeFacts:
+        return replace(NodeFacts(host="n"), runtime=DockerFacts(image=f"{image} linux/amd64"))
+
+    facts = {"classic": holding(own), "containerd": holding(alt), "neither": holding("")}
+    report = DoctorReport([], list(facts), facts=facts, pin_id=own, pin_alt=alt)
+    assert report.holding(own) == {"classic", "containerd"}
+    assert replace(report, pin_alt="").holding(own) == {"classic"}
+    assert report.holding(alt) == frozenset()  # only the pin it asked about
