@@ -54,7 +54,10 @@ def _is_loopback(address: str) -> bool:
 def check_address(node: Node, f: NodeFacts) -> list[Finding]:
     findings = []
     loopback = [a for a in f.hostname_addresses if _is_loopback(a)]
-    if loopback and not _is_loopback(node.address):
+    ray = node.ray_address  # what provisioner passes as --node-ip-address
+    # the inventory's word for it: its SSH address, or the node's `ray: {address}`
+    said = f"ray.address {ray}" if node.data_address else f"inventory address {ray}"
+    if loopback and not _is_loopback(ray):
         findings.append(
             warning(
                 "net.hostname",
@@ -62,7 +65,7 @@ def check_address(node: Node, f: NodeFacts) -> list[Finding]:
                 f"hostname {f.hostname} resolves to {', '.join(loopback)}: Ray started without "
                 "--node-ip-address may advertise it and workers never join",
                 f"getent ahosts {f.hostname}: {', '.join(f.hostname_addresses)}",
-                f"in /etc/hosts on {node.name}, map {f.hostname} to {node.address} instead of "
+                f"in /etc/hosts on {node.name}, map {f.hostname} to {ray} instead of "
                 f"{loopback[0]} (provisioner passes --node-ip-address itself)",
             )
         )
@@ -75,34 +78,37 @@ def check_address(node: Node, f: NodeFacts) -> list[Finding]:
             )
         )
     try:
-        ipaddress.ip_address(node.address)
+        ipaddress.ip_address(ray)
         literal = True
     except ValueError:
         literal = False
-    if literal and f.addresses and node.address not in f.addresses:
+    where = "the node's `ray: {address}`" if node.data_address else "the inventory"
+    if literal and f.addresses and ray not in f.addresses:
+        if node.data_address:
+            what = f"Ray would advertise {ray}, which other nodes cannot reach it at"
+        else:
+            what = f"Ray would advertise {f.route_source or 'another address'}"
         findings.append(
             warning(
                 "net.address",
                 node.name,
-                f"the inventory address {node.address} is not on any interface of {node.name} "
-                f"(NAT?): Ray would advertise {f.route_source or 'another address'}",
+                f"the {said} is not on any interface of {node.name} (NAT?): {what}",
                 f"addresses: {', '.join(a for a in f.addresses if ':' not in a)}",
-                "use the node's own address in the inventory, one the other nodes can reach",
+                f"use the node's own address in {where}, one the other nodes can reach",
             )
         )
-    elif literal and f.route_source and f.route_source != node.address:
+    elif literal and f.route_source and f.route_source != ray:
         findings.append(
             warning(
                 "net.address",
                 node.name,
-                f"toward the head this node sends from {f.route_source}, not the inventory's "
-                f"{node.address}",
+                f"toward the head this node sends from {f.route_source}, not the {said}",
                 f"ip route get <head>: src {f.route_source}",
-                "use the address on the network the nodes share in the inventory",
+                f"use the address on the network the nodes share in {where}",
             )
         )
     else:
-        findings.append(ok("net.address", node.name, f"Ray would advertise {node.address}"))
+        findings.append(ok("net.address", node.name, f"Ray would advertise {ray}"))
     return findings
 
 

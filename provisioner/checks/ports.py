@@ -59,7 +59,7 @@ def probe_plan(
                 if purpose == "dashboard_agent_grpc" and not source.is_head:
                     continue  # only the head's dashboard talks to agents
                 plan[source.name].append(
-                    Probe(source.name, target.name, target.address, port, purpose)
+                    Probe(source.name, target.name, target.ray_address, port, purpose)
                 )
     return plan
 
@@ -82,8 +82,12 @@ _WHY = {
 }
 
 
-def judge_probes(outcomes: dict[Probe, str], addresses: dict[str, str]) -> list[Finding]:
-    """Blocked pairs, named. A target no other node reaches is blamed itself (its firewall)."""
+def judge_probes(
+    outcomes: dict[Probe, str], addresses: dict[str, str], chosen: frozenset[str] = frozenset()
+) -> list[Finding]:
+    """Blocked pairs, named. A target no other node reaches is blamed itself (its firewall,
+    or, for the nodes in `chosen` whose Ray address the inventory sets, that address).
+    `addresses`: node name -> the address Ray uses there, which the probes tried."""
     blocked: dict[tuple[str, str], list[tuple[Probe, str]]] = defaultdict(list)
     sources_of: dict[str, set[str]] = defaultdict(set)
     for probe, result in outcomes.items():
@@ -97,15 +101,29 @@ def judge_probes(outcomes: dict[Probe, str], addresses: dict[str, str]) -> list[
             pairs = [item for (s, t), items in blocked.items() if t == target for item in items]
             ports = sorted({f"{p.port} ({p.purpose})" for p, _ in pairs})
             why = _WHY.get(pairs[0][1], pairs[0][1])
+            address = addresses.get(target, target)
+            fix = (
+                f"open TCP {', '.join(ports)} on {target}'s firewall to the other nodes "
+                "(e.g. ufw allow from SUBNET to any port PORT proto tcp)"
+            )
+            if target in chosen:
+                fix = (
+                    f"set {target}'s `ray: {{address}}` to its address on the network the "
+                    f"nodes share (`ip -o addr` on {target} lists them), or {fix}"
+                )
+            else:
+                fix += (
+                    f"; or, if Ray's traffic runs on another network, give {target} its "
+                    "address there as `ray: {address}`"
+                )
             findings.append(
                 error(
                     "net.reachability",
                     target,
-                    f"no other node reaches {target} on Ray's ports: {why}",
-                    f"from {', '.join(sorted(sources))} to {addresses.get(target, target)} ports "
-                    f"{', '.join(ports)}",
-                    f"open TCP {', '.join(ports)} on {target}'s firewall to the other nodes "
-                    "(e.g. ufw allow from SUBNET to any port PORT proto tcp)",
+                    f"no other node reaches {target} on Ray's ports at {address}"
+                    f"{' (its ray.address)' if target in chosen else ''}: {why}",
+                    f"from {', '.join(sorted(sources))} to {address} ports {', '.join(ports)}",
+                    fix,
                 )
             )
             for key in [k for k in blocked if k[1] == target]:

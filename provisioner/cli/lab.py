@@ -90,6 +90,15 @@ def up(
             "it is up (a lab up again keeps its nodes), else bookworm.",
         ),
     ] = None,
+    data_subnet: Annotated[
+        str | None,
+        typer.Option(
+            "--data-subnet",
+            help="A second network per node, for Ray's traffic: SSH reaches the nodes only on "
+            "--subnet, Ray's ports only on this one (iptables in each node); the inventory "
+            "gives each node's address here as its `ray: {address}`.",
+        ),
+    ] = None,
     json_: JsonOption = False,
 ) -> None:
     """Create (or repair) the lab and write its inventory, key and known_hosts."""
@@ -101,6 +110,7 @@ def up(
         runtime=runtime,
         slurm=slurm,
         flavours=parse_flavours(flavours) if flavours is not None else _flavours_of(name, nodes),
+        data_subnet=data_subnet,
     )
     if image_lock is None and DEFAULT_LOCK.exists():
         image_lock = DEFAULT_LOCK
@@ -109,14 +119,24 @@ def up(
     kind = (
         f"SLURM, a login node and {cfg.nodes} compute nodes" if cfg.slurm else f"{cfg.nodes} nodes"
     )
-    with out.step(f"lab {cfg.name}: {kind} on {cfg.subnet}"):
+    nets = f"{cfg.subnet} (SSH), {cfg.data_subnet} (Ray)" if cfg.data_subnet else cfg.subnet
+    with out.step(f"lab {cfg.name}: {kind} on {nets}"):
         lab = lab_up(cfg, out.progress, image_lock, images_dir)
     if json_:
         out.emit(lab.to_json())
         return
     table = Table("node", "role", "address", "user", "flavour", title=f"lab {lab.name}")
+    if cfg.data_subnet:
+        table.add_column("Ray address")
     for n in lab.nodes:
-        table.add_row(n.name, n.role, n.address, n.user, n.flavour)
+        table.add_row(
+            n.name,
+            n.role,
+            n.address,
+            n.user,
+            n.flavour,
+            *([n.data_address] if cfg.data_subnet else []),
+        )
     out.out.print(table)
     out.say(f"inventory:   {lab.inventory}\nkey:         {lab.key}\nknown_hosts: {lab.known_hosts}")
     out.say(f"try: provisioner doctor -i {lab.inventory}")
@@ -308,6 +328,35 @@ def fault_unhang(node: NodeArg, name: NameOption = None, json_: JsonOption = Fal
     lab = _lab(name)
     faults.unhang(lab, lab.node(node))
     _done(json_, f"{lab.node(node).name}: sshd answering")
+
+
+@fault_app.command("clock")
+def fault_clock(
+    node: NodeArg,
+    seconds: Annotated[
+        int, typer.Argument(help="Seconds ahead; behind: negative, after `--` (`-- -300`).")
+    ],
+    name: NameOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Set a node's clock off, as every SSH session sees it (libfaketime). Undo: `lab fault
+    unclock`."""
+    from provisioner.lab import faults
+
+    faults.check_clock_offset(seconds)
+    lab = _lab(name)
+    faults.clock(lab, lab.node(node), seconds)
+    _done(json_, f"{lab.node(node).name}: clock {seconds:+d}s")
+
+
+@fault_app.command("unclock")
+def fault_unclock(node: NodeArg, name: NameOption = None, json_: JsonOption = False) -> None:
+    """Give a node's SSH sessions the machine's clock again."""
+    from provisioner.lab import faults
+
+    lab = _lab(name)
+    faults.unclock(lab, lab.node(node))
+    _done(json_, f"{lab.node(node).name}: clock restored")
 
 
 AlsoFrom = Annotated[

@@ -102,7 +102,7 @@ def join(
     """
     inventory = runtime.inventory
     address = commands.head_address(inventory)
-    ips = ",".join(n.address for n in inventory.nodes)
+    ips = ",".join(n.ray_address for n in inventory.nodes)
     args = ["join", address, str(timeout), ips, ",".join(sorted(stale)), "1" if place else "0"]
     found = _run(session, runtime, args, timeout + 90)
     return Joined(

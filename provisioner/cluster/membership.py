@@ -41,6 +41,7 @@ def node_to_json(node: Node) -> dict[str, Any]:
     return {
         "name": node.name,
         "address": node.address,
+        **({"ray_address": node.data_address} if node.data_address else {}),
         "role": node.role,
         "ssh": {
             "user": s.user,
@@ -89,7 +90,8 @@ def node_from_json(data: dict[str, Any]) -> Node:
         proxy_command=s.get("proxy_command"),
     )
     role: Role = "head" if data.get("role") == "head" else "worker"
-    return Node(str(data["name"]), str(data["address"]), role, ssh)
+    data_address = str(data["ray_address"]) if data.get("ray_address") else None
+    return Node(str(data["name"]), str(data["address"]), role, ssh, data_address=data_address)
 
 
 def record_nodes(
@@ -147,7 +149,7 @@ def departed(inventory: Inventory, recorded: Iterable[Node], gcs: Iterable[GcsNo
     ones, and addresses the GCS lists alive (reached with the head's SSH settings)."""
     if inventory.slurm is not None:
         return []  # the allocation is the membership: its nodes change with every job
-    listed = {n.address for n in inventory.nodes} | {n.name for n in inventory.nodes}
+    listed = {a for n in inventory.nodes for a in (n.name, *n.addresses)}
     gone: dict[str, Node] = {}
     for node in recorded:
         if node.address not in listed and node.name not in listed:
@@ -160,7 +162,7 @@ def departed(inventory: Inventory, recorded: Iterable[Node], gcs: Iterable[GcsNo
 
 def outside_inventory(inventory: Inventory, gcs: Iterable[GcsNode]) -> list[GcsNode]:
     """Pure: the nodes the GCS lists alive at an address the inventory does not name."""
-    listed = {n.address for n in inventory.nodes}
+    listed = {n.ray_address for n in inventory.nodes}
     return [g for g in gcs if g.alive and g.ip not in listed]
 
 

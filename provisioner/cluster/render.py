@@ -90,6 +90,15 @@ def build_config(
             "use `provisioner up`, which goes through them, or reach these nodes directly",
             where=str(inventory.path),
         )
+    apart = [n.name for n in inventory.nodes if n.data_address]
+    if apart:
+        raise InputError(
+            f"{', '.join(apart)}: Ray's address apart from the SSH address (`ray: {{address}}`),"
+            " which Ray's cluster.yaml (local provider: one address per node, for SSH and Ray)"
+            " cannot say",
+            "use `provisioner up`, which tells Ray each node's own address",
+            where=str(inventory.path),
+        )
     worker = _worker_template(inventory)
     n = len(inventory.workers)
     section = runtime.render_section(

@@ -31,6 +31,7 @@ class NodeStatus:
     oom_killed: bool = False
     error: str | None = None
     reason: str | None = None  # why the node is not healthy, in words (None: healthy)
+    ray_host: str = ""  # the address Ray uses there, when not `host` (`ray: {address}`)
 
     @property
     def healthy(self) -> bool:
@@ -58,7 +59,7 @@ class ClusterStatus:
     @property
     def outside(self) -> list[GcsNode]:
         """Nodes the GCS lists alive at an address the inventory does not name."""
-        listed = {n.host for n in self.nodes}
+        listed = {n.ray_host or n.host for n in self.nodes}
         return [g for g in self.gcs if g.alive and g.ip not in listed]
 
     @property
@@ -73,7 +74,7 @@ class ClusterStatus:
         return next(n for n in self.nodes if name in (n.name, n.host))
 
     def to_json(self) -> dict[str, Any]:
-        listed = {n.host for n in self.nodes}
+        listed = {n.ray_host or n.host for n in self.nodes}
         return {
             "cluster": self.cluster,
             "runtime": self.runtime,
@@ -151,10 +152,11 @@ def assemble(
     for node in inventory.nodes:
         f = states.get(node.name)
         err = errors.get(node.name)
-        ray = alive.get(node.address)
+        ray = alive.get(node.ray_address)
         nodes.append(
             NodeStatus(
                 host=node.address,
+                ray_host=node.data_address or "",
                 name=node.name,
                 role=node.role,
                 ssh_ok=err is None,

@@ -161,7 +161,7 @@ def wait_for_gcs(session: Session, runtime: Runtime, *, timeout: float) -> None:
     inventory = runtime.inventory
     result = session.run(
         commands.wait_for_port_command(
-            inventory.head.address, inventory.ports.gcs, timeout, runtime.running_test()
+            inventory.head.ray_address, inventory.ports.gcs, timeout, runtime.running_test()
         ),
         timeout=timeout + 15,
     )
@@ -452,7 +452,7 @@ def plan(
     result.unchanged += [w.name for w in workers if w not in to_start]
     # Node IDs of the raylets being replaced (and of nodes that left): the GCS may list
     # them as alive for a while.
-    replaced = {n.address for n in to_start} | {n.address for n in gone}
+    replaced = {n.ray_address for n in to_start} | {n.ray_address for n in gone}
     stale = frozenset(n.node_id for n in before.gcs if n.alive and n.ip in replaced)
     return Plan(began, before, to_start, head_restart, stale, unreached, held, current)
 
@@ -547,9 +547,9 @@ def wait(ctx: UpContext, result: UpResult, decided: Plan) -> headprobe.Joined:
     result.timings["join.began"] = t_join - decided.began
     fresh = headprobe.fresh_nodes(joined.nodes, decided.stale)
     for node in inventory.nodes:
-        if node.address in fresh:
-            ctx.report(f"{node.name}: joined ({node.address})")
-    missing = [n for n in inventory.nodes if n.address not in fresh]
+        if node.ray_address in fresh:
+            ctx.report(f"{node.name}: joined ({node.ray_address})")
+    missing = [n for n in inventory.nodes if n.ray_address not in fresh]
     if missing:
         names = ", ".join(n.name for n in missing)
         raise OperationError(

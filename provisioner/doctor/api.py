@@ -320,8 +320,9 @@ def run_doctor(
             report(f"probing Ray's ports between {len(bound)} node(s)")
             t0 = time.monotonic()
             outcomes, probe_group = run_probes(pool, inventory, probes, parallelism=parallelism)
-            addresses = {n.name: n.address for n in inventory.nodes}
-            findings += judge_probes(outcomes, addresses)
+            addresses = {n.name: n.ray_address for n in inventory.nodes}
+            chosen = frozenset(n.name for n in inventory.nodes if n.data_address)
+            findings += judge_probes(outcomes, addresses, chosen)
             for name, exc in probe_group.errors.items():
                 findings.append(
                     warning(

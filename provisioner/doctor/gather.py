@@ -69,8 +69,8 @@ def gather_facts(
             ",".join(str(p) for p in listen_ports(node, inventory.ports)) if reachability else ""
         )
         args: list[str | int] = [
-            inventory.head.address,
-            node.address,
+            inventory.head.ray_address,
+            node.ray_address,
             image_ref,
             ports,
             LISTEN_SECONDS,

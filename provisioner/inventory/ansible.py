@@ -33,6 +33,7 @@ from provisioner.inventory.fields import (
     check_port_base,
     check_price,
     check_python,
+    check_ray_address,
     check_resource_map,
     check_runtime,
     check_user,
@@ -56,6 +57,7 @@ PROVISIONER_VARS = {
     "provisioner_resources": "Ray resources of a host",
     "provisioner_labels": "Ray labels of a host",
     "provisioner_gpus": "NVIDIA GPUs for Ray: all | none | [index or UUID, ...]",
+    "provisioner_ray_address": "the address Ray uses on a host (default: its SSH address)",
 }
 _CONNECTIONS = ("ssh", "smart")
 
@@ -214,6 +216,11 @@ def _host(path: Path, entry: dict[str, Any]) -> RawHost:
             resources,
             at("provisioner_gpus"),
             f"{name}.provisioner_gpus",
+        ),
+        data_address=check_ray_address(
+            values.get("provisioner_ray_address"),
+            at("provisioner_ray_address"),
+            f"{name}.provisioner_ray_address",
         ),
     )
 

@@ -64,6 +64,11 @@ NODE_FIELDS = {
     "resources": "Ray resources: {NAME: number}",
     "labels": "Ray labels: {NAME: text}",
     "gpus": "NVIDIA GPUs for Ray: all (default) | none | [index or UUID, ...]",
+    "ray": "Ray settings of this node: {address}",
+}
+NODE_RAY_FIELDS = {
+    "address": "the address Ray uses on this node, on the network that carries Ray's traffic "
+    "(--node-ip-address, the head's address workers join; default: the SSH address)",
 }
 IMAGE_FIELDS = {"lock": "the image lock file written by `provisioner image build`"}
 RAY_FIELDS = {
@@ -143,6 +148,22 @@ def check_address(value: Any, where: Where, field: str) -> str:
         f"expected an IP address or DNS name, got {value!r}",
         "write an address such as 10.0.0.5 or a name such as gpu-01.lab.example",
     )
+
+
+def check_ray_address(value: Any, where: Where, field: str) -> str | None:
+    """A node's Ray address (`ray: {address}`): an IP address, as Ray's --node-ip-address
+    takes (None: absent, the SSH address then)."""
+    if value is None:
+        return None
+    try:
+        return str(ipaddress.ip_address(str(value)))
+    except ValueError:
+        raise where.error(
+            field,
+            f"expected the IP address Ray uses on this node, got {value!r}",
+            "write the node's address on the network that carries Ray's traffic, e.g. "
+            "192.0.2.15 (`ip -o addr` on the node lists them)",
+        ) from None
 
 
 def check_user(value: Any, where: Where, field: str) -> str:

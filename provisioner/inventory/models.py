@@ -179,10 +179,23 @@ class Node:
     # NVIDIA GPUs given to Ray: indices ("0") or UUIDs ("GPU-..."); None: all the node has
     # (or the first `resources: {GPU: n}` of them); (): none
     gpus: tuple[str, ...] | None = None
+    # `ray: {address: ...}`: the address Ray uses on this node (--node-ip-address, the
+    # head's GCS address), on the network that carries Ray's traffic; None: the SSH address
+    data_address: str | None = None
 
     @property
     def is_head(self) -> bool:
         return self.role == "head"
+
+    @property
+    def ray_address(self) -> str:
+        """The address Ray advertises and the other nodes reach this node's Ray at."""
+        return self.data_address or self.address
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Every address the node is known by: SSH's, then Ray's when it differs."""
+        return tuple(dict.fromkeys((self.address, self.ray_address)))
 
 
 @dataclass(frozen=True)
@@ -219,9 +232,9 @@ class Inventory:
         return (self.head, *self.workers)
 
     def node(self, name: str) -> Node:
-        """The node called `name` (or with that address)."""
+        """The node called `name` (or with that address, SSH's or Ray's)."""
         for node in self.nodes:
-            if name in (node.name, node.address):
+            if name == node.name or name in node.addresses:
                 return node
         raise KeyError(name)
 

@@ -10,6 +10,7 @@ from provisioner.inventory.fields import (
     HOST_KEY_POLICIES_TEXT,
     IMAGE_FIELDS,
     NODE_FIELDS,
+    NODE_RAY_FIELDS,
     RAY_FIELDS,
     SSH_FIELDS,
     TOP_FIELDS,
@@ -27,6 +28,7 @@ from provisioner.inventory.fields import (
     check_port_base,
     check_price,
     check_python,
+    check_ray_address,
     check_resource_map,
     check_runtime,
     check_size,
@@ -82,6 +84,8 @@ def parse_host(item: Any, where: Where, path: Path, field: str) -> RawHost:
     resources = check_resource_map(
         data.get("resources"), _line(data, "resources", where), f"{field}.resources"
     )
+    ray_where = _line(data, "ray", where)
+    ray = _mapping(data.get("ray"), ray_where, f"{field}.ray", NODE_RAY_FIELDS)
     return RawHost(
         name=name,
         address=address,
@@ -90,6 +94,9 @@ def parse_host(item: Any, where: Where, path: Path, field: str) -> RawHost:
         resources=resources,
         labels=check_label_map(data.get("labels"), _line(data, "labels", where), f"{field}.labels"),
         gpus=check_gpus(data.get("gpus"), resources, _line(data, "gpus", where), f"{field}.gpus"),
+        data_address=check_ray_address(
+            ray.get("address"), _line(ray, "address", ray_where), f"{field}.ray.address"
+        ),
     )
 
 

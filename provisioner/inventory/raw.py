@@ -33,6 +33,7 @@ class RawHost:
     resources: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     gpus: tuple[str, ...] | None = None
+    data_address: str | None = None  # `ray: {address}`: Ray's address (None: SSH's)
 
 
 @dataclass

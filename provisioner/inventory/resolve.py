@@ -213,8 +213,16 @@ def _node(raw: RawInventory, host: RawHost, role: Role, resolve: _Resolver) -> N
     address, settings = _settings(raw, host, resolve)
     if settings.key is not None and (host.ssh.key or raw.ssh.key):
         check_key_file(settings.key, host.where, f"{host.name}.key")
+    data_address = host.data_address if host.data_address != address else None
     return Node(
-        host.name, address, role, settings, dict(host.resources), dict(host.labels), host.gpus
+        host.name,
+        address,
+        role,
+        settings,
+        dict(host.resources),
+        dict(host.labels),
+        host.gpus,
+        data_address,
     )
 
 
@@ -222,7 +230,16 @@ def _check_unique(nodes: list[tuple[Node, Where]]) -> None:
     head, head_where = nodes[0]
     seen_names: dict[str, Where] = {}
     seen_endpoints: dict[tuple[str, int, tuple[Hop, ...]], Where] = {}
+    # Ray addresses a `ray.address` names (nodes without one may share a machine's address)
+    seen_rays: dict[str, tuple[str, Where, bool]] = {}
     for node, where in nodes:
+        other, other_where, named = seen_rays.get(node.ray_address, ("", where, False))
+        if other and (named or node.data_address is not None):
+            raise where.error(
+                f"{node.name}.ray.address",
+                f"{node.ray_address} is also {other}'s Ray address (at {other_where})",
+                "give each node the address it has on the network that carries Ray's traffic",
+            )
         if node.role == "worker" and (
             (
                 node.address == head.address
@@ -252,6 +269,7 @@ def _check_unique(nodes: list[tuple[Node, Where]]) -> None:
             )
         seen_names[node.name] = where
         seen_endpoints[endpoint] = where
+        seen_rays.setdefault(node.ray_address, (node.name, where, node.data_address is not None))
 
 
 def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None) -> Inventory:

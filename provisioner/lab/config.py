@@ -32,18 +32,23 @@ class LabNode:
     role: str  # "head" | "worker"
     user: str = LAB_USER
     flavour: str = DEFAULT_FLAVOUR  # provisioner.lab.flavours.FLAVOURS
+    # a lab with a data network (`lab up --data-subnet`): the node's address there, the one
+    # Ray uses (its inventory's `ray: {address}`); "" without one
+    data_address: str = ""
 
     @property
     def container(self) -> str:
         return self.name
 
     def to_json(self) -> dict[str, str]:
+        data = {"data_address": self.data_address} if self.data_address else {}
         return {
             "name": self.name,
             "address": self.address,
             "user": self.user,
             "role": self.role,
             "flavour": self.flavour,
+            **data,
         }
 
 
@@ -62,6 +67,10 @@ class LabConfig:
     slurm: bool = False
     # the kind of each node (`--flavours`): one entry for all, or one per node
     flavours: tuple[str, ...] = (DEFAULT_FLAVOUR,)
+    # a second network for Ray's traffic: SSH reaches the nodes only on `subnet`, Ray's
+    # ports only on this one (iptables in each node); the inventory names each node's
+    # address here as its `ray: {address}`
+    data_subnet: str | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -75,6 +84,7 @@ class LabConfig:
         runtime: str = "docker",
         slurm: bool = False,
         flavours: tuple[str, ...] = (DEFAULT_FLAVOUR,),
+        data_subnet: str | None = None,
     ) -> LabConfig:
         return cls(
             name=name or os.environ.get("PROVISIONER_LAB_NAME") or DEFAULT_NAME,
@@ -83,6 +93,7 @@ class LabConfig:
             runtime="host" if slurm else runtime,
             slurm=slurm,
             flavours=flavours,
+            data_subnet=data_subnet,
         )
 
     @property
@@ -92,6 +103,11 @@ class LabConfig:
     @property
     def network(self) -> str:
         return self.prefix
+
+    @property
+    def data_network(self) -> str:
+        """The docker network for Ray's traffic (with `data_subnet`; `_`: no lab's name)."""
+        return f"{self.prefix}_data"
 
     @property
     def gateway(self) -> str:
@@ -144,12 +160,14 @@ class LabConfig:
     def lab_nodes(self) -> tuple[LabNode, ...]:
         net = ipaddress.ip_network(self.subnet)
         roles = ("login", "compute") if self.slurm else ("head", "worker")
+        data = ipaddress.ip_network(self.data_subnet) if self.data_subnet else None
         return tuple(
             LabNode(
                 name=f"{self.prefix}-{i}",
                 address=str(net[FIRST_HOST + i]),
                 role=roles[0] if i == 0 else roles[1],
                 flavour=flavour,
+                data_address=str(data[FIRST_HOST + i]) if data else "",
             )
             for i, flavour in enumerate(self.node_flavours())
         )
@@ -186,6 +204,26 @@ def validate(cfg: LabConfig) -> None:
     _validate_flavours(cfg)
     if net.num_addresses < FIRST_HOST + cfg.nodes + 3:
         raise InputError(f"lab subnet {cfg.subnet} is too small for {cfg.nodes} nodes", "use a /24")
+    if cfg.data_subnet is not None:
+        _validate_data_subnet(cfg, net)
+
+
+def _validate_data_subnet(cfg: LabConfig, net: ipaddress.IPv4Network) -> None:
+    fix = "use a private /24 apart from --subnet, e.g. 10.251.0.0/24"
+    try:
+        data = ipaddress.ip_network(str(cfg.data_subnet))
+    except ValueError as exc:
+        raise InputError(f"invalid --data-subnet {cfg.data_subnet!r}: {exc}", fix) from exc
+    if not isinstance(data, ipaddress.IPv4Network) or not data.is_private or data.overlaps(net):
+        raise InputError(
+            f"--data-subnet {cfg.data_subnet!r} must be a private IPv4 network apart from "
+            f"the lab's subnet {cfg.subnet}",
+            fix,
+        )
+    if data.num_addresses < FIRST_HOST + cfg.nodes + 3:
+        raise InputError(f"--data-subnet {cfg.data_subnet} is too small for {cfg.nodes} nodes", fix)
+    if cfg.slurm:
+        raise InputError("a SLURM lab has one network", "leave out --data-subnet")
 
 
 def _validate_flavours(cfg: LabConfig) -> None:
@@ -222,14 +260,34 @@ def inventory_document(cfg: LabConfig, image_lock: Path | None = None) -> dict[s
     doc: dict[str, Any] = {
         "cluster": cfg.name,
         "ssh": _ssh_section(cfg),
-        "head": {"name": nodes[0].name, "address": nodes[0].address},
-        "workers": [{"name": n.name, "address": n.address} for n in nodes[1:]],
+        "head": _inventory_node(nodes[0]),
+        "workers": [_inventory_node(n) for n in nodes[1:]],
     }
     if cfg.runtime != "docker":
         doc["runtime"] = cfg.runtime
     if cfg.runtime in ("docker", "podman") and image_lock is not None:
         doc["image"] = {"lock": str(image_lock.resolve())}
     return doc
+
+
+def _inventory_node(node: LabNode) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": node.name, "address": node.address}
+    if node.data_address:
+        entry["ray"] = {"address": node.data_address}
+    return entry
+
+
+def data_network_script(node: LabNode, tag: str) -> str:
+    """Shell (as root in the node) that keeps SSH on the lab's network and Ray's traffic on
+    the data network: new TCP connections to the SSH address other than port 22 are
+    dropped, and port 22 on the data address; idempotent (each rule checked first)."""
+    comment = f"-m comment --comment {tag}"
+    rules = [
+        f"INPUT -d {node.address} -p tcp ! --dport 22 -m conntrack --ctstate NEW "
+        f"! -i lo {comment} -j DROP",
+        f"INPUT -d {node.data_address} -p tcp --dport 22 {comment} -j DROP",
+    ]
+    return "; ".join(f"{{ iptables -C {r} 2>/dev/null || iptables -I {r}; }}" for r in rules)
 
 
 SLURM_PARTITION = "lab"

@@ -17,7 +17,7 @@ from provisioner.errors import InputError, LabError
 from provisioner.lab import gpusim
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import docker_cli, exec_rc
-from provisioner.lab.nodes import LabInfo, wait_ready
+from provisioner.lab.nodes import LabInfo, split_networks, wait_ready
 
 TAG = "provisioner-fault"
 
@@ -69,6 +69,8 @@ def start(lab: LabInfo, node: LabNode) -> None:
     """Power a node back on and wait for its sshd and dockerd."""
     docker_cli(["start", node.container], timeout=60)
     wait_ready(node)
+    if node.data_address:  # its firewall went with its network namespace
+        split_networks(node)
     _record(lab, Fault("stop", node.name), False)
 
 
@@ -237,6 +239,59 @@ def unisolate(lab: LabInfo, node: LabNode, also_from: Sequence[LabNode] = ()) ->
     for rule in _isolate_rules(node, also_from):
         _run(node, f"while iptables -C {rule} 2>/dev/null; do iptables -D {rule}; done")
     _record(lab, Fault("isolate", node.name, ",".join(n.name for n in also_from)), False)
+
+
+# --- clock / unclock: a node's clock off by some seconds ----------------------------------
+
+# The node's kernel clock is the machine's (containers share it): the offset is libfaketime's
+# (Debian's `faketime`), preloaded into every SSH session through /etc/environment (sshd's
+# pam_env), so what runs over SSH, the doctor's facts script among it, sees the clock
+# `seconds` off; processes already running, and the monotonic clock, are untouched.
+_ENVIRONMENT = "/etc/environment"
+_CLOCK_KEYS = ("LD_PRELOAD", "FAKETIME", "FAKETIME_DONT_FAKE_MONOTONIC")
+CLOCK_MAX_S = 10**8
+
+
+def clock_script(seconds: int) -> str:
+    """Shell (as root on the node) that sets its SSH sessions' clock `seconds` off."""
+    lines = ['"LD_PRELOAD=$lib"', f"FAKETIME={seconds:+d}", "FAKETIME_DONT_FAKE_MONOTONIC=1"]
+    return (
+        "lib=$(dpkg -L libfaketime 2>/dev/null | grep '/libfaketime.so.1$' | head -n 1); "
+        '[ -n "$lib" ] || { echo "libfaketime is not installed (Debian: faketime)"; exit 1; }; '
+        f"printf '%s\\n' {' '.join(lines)} >> {_ENVIRONMENT}"
+    )
+
+
+def unclock_script() -> str:
+    keys = "|".join(_CLOCK_KEYS)
+    return f"[ ! -e {_ENVIRONMENT} ] || sed -i -E '/^({keys})=/d' {_ENVIRONMENT}"
+
+
+def check_clock_offset(seconds: int) -> int:
+    """A clock fault's offset: seconds, not zero, at most CLOCK_MAX_S either way."""
+    if seconds == 0 or abs(seconds) > CLOCK_MAX_S:
+        raise InputError(
+            f"clock offset must be a non-zero number of seconds up to {CLOCK_MAX_S}, got {seconds}",
+            "e.g. 300 (ahead) or -- -300 (behind)",
+        )
+    return seconds
+
+
+def clock(lab: LabInfo, node: LabNode, seconds: int) -> None:
+    """Set a node's clock `seconds` ahead (negative: behind) for everything run over SSH.
+    Undo: `unclock`."""
+    check_clock_offset(seconds)
+    unclock(lab, node)
+    # recorded first: `clear` undoes a half-applied one
+    _record(lab, Fault("clock", node.name, str(seconds)), True)
+    _run(node, clock_script(seconds))
+
+
+def unclock(lab: LabInfo, node: LabNode) -> None:
+    _run(node, unclock_script())
+    for f in active(lab):
+        if f.kind == "clock" and f.node == node.name:
+            _record(lab, f, False)
 
 
 # --- break / mend: one doctor check's fault on a node -------------------------------------
@@ -450,5 +505,7 @@ def clear(lab: LabInfo) -> list[Fault]:
             unisolate(lab, node, [lab.node(n) for n in f.arg.split(",") if n])
         elif f.kind == "break":
             mend(lab, node, f.arg)
+        elif f.kind == "clock":
+            unclock(lab, node)
         undone.append(f)
     return undone

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from provisioner.lab.config import (
     LABEL,
     LabConfig,
     LabNode,
+    data_network_script,
     inventory_document,
     known_hosts_lines,
     node_run_args,
@@ -108,6 +110,7 @@ def load_config(name: str | None = None) -> LabConfig:
         runtime=data.get("runtime", "docker"),
         slurm=data.get("slurm", False),
         flavours=tuple(data.get("flavours", [DEFAULT_FLAVOUR])),
+        data_subnet=data.get("data_subnet"),
     )
 
 
@@ -136,12 +139,17 @@ def lab_up(
     (cfg.state_dir / "authorized_keys").write_text(pub + "\n")
     if cfg.slurm:
         _write_slurm_files(cfg)
-    _ensure_network(cfg)
+    _ensure_network(cfg, cfg.network, cfg.subnet)
+    if cfg.data_subnet:
+        _ensure_network(cfg, cfg.data_network, cfg.data_subnet)
     nodes = cfg.lab_nodes()
     for node in nodes:
         _ensure_node(cfg, node, images[node.flavour], report)
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         list(pool.map(lambda n: wait_ready(n, report), nodes))
+    for node in nodes:
+        if node.data_address:
+            split_networks(node)
     if cfg.slurm:
         wait_slurm_idle(cfg, report)
     _write_known_hosts(cfg, nodes)
@@ -158,6 +166,7 @@ def lab_up(
                 "runtime": cfg.runtime,
                 "slurm": cfg.slurm,
                 "flavours": list(cfg.flavours),
+                **({"data_subnet": cfg.data_subnet} if cfg.data_subnet else {}),
             }
         )
         + "\n"
@@ -225,24 +234,42 @@ def _check_not_resized(cfg: LabConfig) -> None:
                 f"lab {cfg.name!r} already runs on {data.get('subnet')}, not {cfg.subnet}",
                 "run `provisioner lab down` first, or use another --name",
             )
+        if data.get("data_subnet") != cfg.data_subnet:
+            raise InputError(
+                f"lab {cfg.name!r} already runs with data subnet "
+                f"{data.get('data_subnet') or 'none'}, not {cfg.data_subnet or 'none'}",
+                "run `provisioner lab down` first, or use another --name",
+            )
 
 
-def _ensure_network(cfg: LabConfig) -> None:
+def _ensure_network(cfg: LabConfig, name: str, subnet: str) -> None:
     c = client()
     try:
-        net = c.networks.get(cfg.network)
+        net = c.networks.get(name)
     except NotFound:
-        ipam = {"Driver": "default", "Config": [{"Subnet": cfg.subnet, "Gateway": cfg.gateway}]}
+        gateway = str(ipaddress.ip_network(subnet)[1])
+        ipam = {"Driver": "default", "Config": [{"Subnet": subnet, "Gateway": gateway}]}
         c.api.create_network(
-            cfg.network, driver="bridge", ipam=ipam, labels={LABEL: cfg.name}, check_duplicate=True
+            name, driver="bridge", ipam=ipam, labels={LABEL: cfg.name}, check_duplicate=True
         )
         return
     configs = net.attrs.get("IPAM", {}).get("Config") or [{}]
-    if configs[0].get("Subnet") != cfg.subnet:
+    if configs[0].get("Subnet") != subnet:
         raise LabError(
-            f"docker network {cfg.network} exists with subnet {configs[0].get('Subnet')}",
-            f"remove it (`docker network rm {cfg.network}`) or choose another lab --name",
+            f"docker network {name} exists with subnet {configs[0].get('Subnet')}",
+            f"remove it (`docker network rm {name}`) or choose another lab --name",
         )
+
+
+SPLIT_TAG = "provisioner-lab-split"
+
+
+def split_networks(node: LabNode) -> None:
+    """SSH only on the lab's network, Ray's traffic only on the data network (iptables in
+    the node; again after a restart: the rules live in the node's network namespace)."""
+    rc, out = exec_rc(node.container, data_network_script(node, SPLIT_TAG))
+    if rc != 0:
+        raise LabError(f"{node.name}: cannot split its networks: {out.strip()[-300:]}")
 
 
 def _ensure_node(cfg: LabConfig, node: LabNode, image: str, report: Reporter) -> None:
@@ -263,6 +290,11 @@ def _ensure_node(cfg: LabConfig, node: LabNode, image: str, report: Reporter) ->
     storage.mkdir(parents=True, exist_ok=True)
     report(f"{node.name}: creating at {node.address}")
     docker_cli(node_run_args(cfg, node, image), timeout=120)
+    if node.data_address:  # the data network: a second interface
+        docker_cli(
+            ["network", "connect", "--ip", node.data_address, cfg.data_network, node.container],
+            timeout=60,
+        )
 
 
 def wait_ready(node: LabNode, report: Reporter = quiet, timeout: float = READY_TIMEOUT) -> None:
@@ -319,10 +351,11 @@ def lab_down(cfg: LabConfig, report: Reporter = quiet) -> list[str]:
         report(f"removing container {container.name}")
         container.remove(force=True)
         removed.append(f"container {container.name}")
-    for net in c.networks.list(names=[cfg.network]):
-        if net.name == cfg.network and net.attrs.get("Labels", {}).get(LABEL) == cfg.name:
-            net.remove()
-            removed.append(f"network {net.name}")
+    for name in (cfg.network, cfg.data_network):
+        for net in c.networks.list(names=[name]):
+            if net.name == name and net.attrs.get("Labels", {}).get(LABEL) == cfg.name:
+                net.remove()
+                removed.append(f"network {net.name}")
     if cfg.state_dir.exists():
         shutil.rmtree(cfg.state_dir)
         removed.append(f"directory {cfg.state_dir}")

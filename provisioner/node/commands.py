@@ -62,8 +62,9 @@ def _node_flags(inventory: Inventory, node: Node, gpus: GpuPlan | None) -> list[
 
 
 def head_address(inventory: Inventory) -> str:
-    """The GCS address workers and clients connect to: HEAD_IP:GCS_PORT."""
-    return f"{inventory.head.address}:{inventory.ports.gcs}"
+    """The GCS address workers and clients connect to: HEAD_IP:GCS_PORT, on the head's Ray
+    address (`ray: {address}`; default its SSH address)."""
+    return f"{inventory.head.ray_address}:{inventory.ports.gcs}"
 
 
 def ray_start_args(
@@ -74,7 +75,7 @@ def ray_start_args(
     is_head = node.role == "head"
     args = ["ray", "start"]
     args += ["--head"] if is_head else [f"--address={head_address(inventory)}"]
-    args.append(f"--node-ip-address={node.address}")
+    args.append(f"--node-ip-address={node.ray_address}")
     args += _port_flags(inventory, head=is_head)
     args += _node_flags(inventory, node, gpus)
     args.append("--disable-usage-stats")

@@ -236,7 +236,7 @@ def finish_rotation(inventory: Inventory) -> None:
 def bundle(ca: Authority, node: Node) -> bytes:
     """What `install_command` reads on the node's stdin: the CA's certificate, the node's
     certificate and the node's key, as PEM, in that order."""
-    cert, key = issue(ca, node.address)
+    cert, key = issue(ca, *node.addresses)
     return ca.cert_pem() + cert + key
 
 
@@ -252,7 +252,7 @@ def render_files(inventory: Inventory) -> Path:
     another CA's, is refused as with `up`. Made again at every render."""
     ca = ensure_authority(inventory)
     folder = private_dir(Path(inventory.state_dir) / RENDER_TLS_DIR)
-    first, *rest = [n.address for n in inventory.nodes]
+    first, *rest = dict.fromkeys(a for n in inventory.nodes for a in n.addresses)
     cert, key = issue(ca, first, *rest)
     for name, data in zip(_NODE_FILES, (ca.cert_pem(), cert, key), strict=True):
         path = folder / name

@@ -35,6 +35,10 @@ SLURM_SUBNET = os.environ.get("PROVISIONER_SLURM_LAB_SUBNET", "10.250.102.0/24")
 # The podman lab (rootless Podman for a login user without Docker): a lab of its own.
 PODMAN_NAME = os.environ.get("PROVISIONER_PODMAN_LAB_NAME", f"{E2E_NAME}-podman")
 PODMAN_SUBNET = os.environ.get("PROVISIONER_PODMAN_LAB_SUBNET", "10.250.103.0/24")
+# The two-network lab (SSH on one network, Ray's traffic on another): a lab of its own.
+DATA_NAME = os.environ.get("PROVISIONER_DATA_LAB_NAME", f"{E2E_NAME}-data")
+DATA_SUBNET = os.environ.get("PROVISIONER_DATA_LAB_SUBNET", "10.250.105.0/24")
+DATA_DATA_SUBNET = os.environ.get("PROVISIONER_DATA_LAB_DATA_SUBNET", "10.250.106.0/24")
 
 
 # The e2e modules share one lab; this order keeps the expensive state (the image on every
@@ -65,6 +69,7 @@ MODULE_ORDER = (
     "test_slurm",
     "test_tls",
     "test_podman",
+    "test_data_network",
     # from a venv of `pip install .` alone; it ends with `down` (later tests run `up`)
     "test_light_install",
 )
@@ -74,7 +79,7 @@ MODULE_ORDER = (
 # them (marked `apart`) in a second pytest process beside the first, so the suite's time
 # is nearer the longer of the two than their sum. Image builds take a lock
 # (`provisioner.local.build_lock`), so the two never build the same image at once.
-APART_FIXTURES = {"host_lab", "slurm_lab", "podman_lab"}
+APART_FIXTURES = {"host_lab", "slurm_lab", "podman_lab", "data_lab"}
 # Modules that need none of the `e2e` lab (SageMaker's local mode runs on this machine's
 # own Docker; its one cluster test resumes on the host-mode lab) run there too.
 APART_MODULES = {"test_sagemaker_local"}
@@ -215,5 +220,23 @@ def podman_lab(image_pin: Path) -> Iterator[LabInfo]:
         lab_down(cfg)
         info = lab_up(cfg, print, image_pin)
     yield info
+    if os.environ.get("PROVISIONER_KEEP_LAB") != "1":
+        lab_down(cfg)
+
+
+@pytest.fixture(scope="session")
+def data_lab(image_pin: Path) -> Iterator[LabInfo]:
+    """A lab whose nodes have two networks (`lab up --data-subnet`): SSH only on one, Ray's
+    traffic only on the other; its inventory gives each node's `ray: {address}` there and
+    names the pin. Removed at the end unless kept."""
+    cfg = LabConfig(name=DATA_NAME, subnet=DATA_SUBNET, nodes=3, data_subnet=DATA_DATA_SUBNET)
+    try:
+        info = lab_up(cfg, print, image_pin)
+    except InputError:  # a leftover lab of that name on other subnets: start clean
+        lab_down(cfg)
+        info = lab_up(cfg, print, image_pin)
+    faults.clear(info)
+    yield info
+    faults.clear(info)
     if os.environ.get("PROVISIONER_KEEP_LAB") != "1":
         lab_down(cfg)

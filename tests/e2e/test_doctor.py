@@ -25,6 +25,7 @@ from provisioner.lab.engine import exec_rc
 from provisioner.lab.flavours import FLAVOURS
 from provisioner.lab.nodes import LabInfo
 from tests.cli import cli
+from tests.e2e.faults.record import scenario
 
 
 def sh(node: LabNode, script: str) -> str:
@@ -164,6 +165,40 @@ def test_traffic_cut_between_two_workers(lab: LabInfo) -> None:
     assert errors_by_host(report) == {a.name: {"net.reachability"}, b.name: {"net.reachability"}}
     messages = {f.host: f.message for f in report.errors}
     assert b.name in messages[a.name] and a.name in messages[b.name]
+
+
+def test_clock_off_on_one_node_is_named(lab: LabInfo) -> None:
+    """`clock.offset` end to end: one worker's clock 300 s ahead (libfaketime in its SSH
+    sessions), the other nodes' as the machine's; undone after, and then the doctor finds
+    every clock in agreement again (the positive control)."""
+    worker = lab.nodes[1]
+    with scenario(
+        "one node's clock 300 s ahead (`doctor`)",
+        "`clock.offset` warns on that node only, naming the offset and time synchronisation",
+    ) as s:
+        faults.clock(lab, worker, 300)
+        try:
+            report = doctor(lab.inventory)
+        finally:
+            faults.unclock(lab, worker)
+        warned = {f.host: f for f in report.findings if f.check == "clock.offset"}
+        assert {h for h, f in warned.items() if f.severity != "ok"} == {worker.name}, warned
+        finding = warned[worker.name]
+        assert finding.severity == "warning" and "ahead of" in finding.message, finding
+        said = re.search(r"offset ([+-][\d.]+)s", finding.evidence)
+        assert said is not None, finding.evidence
+        offset = float(said.group(1))
+        assert 295 < offset < 305, finding.evidence
+        assert "chrony" in finding.fix
+        assert not report.errors, report.errors
+        after = doctor(lab.inventory)
+        assert {f.severity for f in after.findings if f.check == "clock.offset"} == {"ok"}
+        s.observed = (
+            "the doctor's `clock.offset` warns on that node alone (its clock so many seconds "
+            "ahead of this machine's, the offset within 5 s of 300 ± its bound as evidence, the "
+            "fix: time synchronisation), no error; once undone, every node's clock agrees"
+        )
+        s.measured = f"offset {offset:+.3f} s measured; doctor {report.elapsed_s:.1f} s"
 
 
 def test_ray_only_in_login_shell(lab: LabInfo, tmp_path: Path) -> None:

@@ -85,6 +85,11 @@ def test_a_podman_lab_names_runtime_and_pin_and_stores_images_for_the_user(
         ({"subnet": "nonsense"}, "invalid lab subnet"),
         ({"nodes": 0}, "between 1 and"),
         ({"subnet": "10.250.0.0/29", "nodes": 3}, "too small"),
+        ({"subnet": "10.250.7.0/24", "data_subnet": "10.250.7.128/25"}, "apart from"),
+        ({"data_subnet": "8.8.8.0/24"}, "private IPv4"),
+        ({"data_subnet": "nonsense"}, "invalid --data-subnet"),
+        ({"data_subnet": "10.251.0.0/29", "nodes": 3}, "too small"),
+        ({"data_subnet": "10.251.0.0/24", "slurm": True, "runtime": "host"}, "SLURM"),
     ],
 )
 def test_bad_lab_settings_are_input_errors(kwargs: dict[str, object], needle: str) -> None:
@@ -103,3 +108,50 @@ def test_cli_bad_input_exits_2_without_traceback() -> None:
 def test_cli_unknown_command_exits_2() -> None:
     r = cli("frobnicate")
     assert r.exit_code == 2
+
+
+def test_clock_fault_preloads_libfaketime_for_ssh_sessions_and_its_undo_removes_it() -> None:
+    from provisioner.lab.faults import clock_script, unclock_script
+
+    assert clock_script(-300) == (
+        "lib=$(dpkg -L libfaketime 2>/dev/null | grep '/libfaketime.so.1$' | head -n 1); "
+        '[ -n "$lib" ] || { echo "libfaketime is not installed (Debian: faketime)"; exit 1; }; '
+        "printf '%s\\n' \"LD_PRELOAD=$lib\" FAKETIME=-300 FAKETIME_DONT_FAKE_MONOTONIC=1 "
+        ">> /etc/environment"
+    )
+    assert unclock_script() == (
+        "[ ! -e /etc/environment ] || "
+        "sed -i -E '/^(LD_PRELOAD|FAKETIME|FAKETIME_DONT_FAKE_MONOTONIC)=/d' /etc/environment"
+    )
+
+
+@pytest.mark.parametrize("seconds", ["0", str(10**8 + 1)])
+def test_cli_clock_fault_out_of_range_exits_2(seconds: str) -> None:
+    result = cli("lab", "fault", "clock", "1", seconds, "--name", "no-such-lab-29")
+    assert result.exit_code == 2, result.stdout + result.stderr
+    assert "clock offset" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_data_network_gives_each_node_its_ray_address() -> None:
+    from provisioner.lab.config import data_network_script
+
+    cfg = LabConfig(name="t", subnet="10.250.7.0/24", nodes=2, data_subnet="10.250.8.0/24")
+    _, worker = cfg.lab_nodes()
+    assert (worker.address, worker.data_address) == ("10.250.7.11", "10.250.8.11")
+    assert cfg.data_network == "provisioner-t_data"  # `_`: no lab's own network name
+    doc = inventory_document(cfg)
+    assert doc["head"] == {
+        "name": "provisioner-t-0",
+        "address": "10.250.7.10",
+        "ray": {"address": "10.250.8.10"},
+    }
+    assert doc["workers"][0]["ray"] == {"address": "10.250.8.11"}
+    assert "ray" not in inventory_document(LabConfig(name="t", nodes=2))["head"]
+    c = "-m comment --comment tag"
+    assert data_network_script(worker, "tag") == (
+        "{ iptables -C INPUT -d 10.250.7.11 -p tcp ! --dport 22 -m conntrack --ctstate NEW "
+        f"! -i lo {c} -j DROP 2>/dev/null || iptables -I INPUT -d 10.250.7.11 -p tcp "
+        f"! --dport 22 -m conntrack --ctstate NEW ! -i lo {c} -j DROP; }}; "
+        f"{{ iptables -C INPUT -d 10.250.8.11 -p tcp --dport 22 {c} -j DROP 2>/dev/null || "
+        f"iptables -I INPUT -d 10.250.8.11 -p tcp --dport 22 {c} -j DROP; }}"
+    )

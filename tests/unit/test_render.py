@@ -80,6 +80,17 @@ def test_nodes_behind_a_jump_host_are_refused_not_dropped(tmp_path: Path) -> Non
     assert hidden.name in str(caught.value)
 
 
+def test_a_ray_address_apart_from_ssh_is_refused_not_dropped(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    inv = make_inventory(tmp_path)
+    apart = replace(inv.workers[0], data_address="10.99.0.11")
+    inv = type(inv)(inv.path, inv.cluster, inv.head, (apart, *inv.workers[1:]))
+    with pytest.raises(InputError, match="apart from the SSH address") as caught:
+        render.build_config(inv, tmp_path / "t", docker_runtime(inv, "img"))
+    assert apart.name in str(caught.value) and "provisioner up" in (caught.value.fix or "")
+
+
 def test_ray_rejects_a_bad_config_as_input_error(inv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     config = render.build_config(inv, tmp_path / "t", docker_runtime(inv, "img"))
     config["docker"]["no_such_field"] = 1

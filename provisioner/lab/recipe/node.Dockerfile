@@ -4,7 +4,7 @@ FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openssh-server docker.io iptables sudo \
-      iputils-ping netcat-openbsd \
+      iputils-ping netcat-openbsd faketime \
  && rm -rf /var/lib/apt/lists/* \
  && rm -f /etc/ssh/ssh_host_*
 # A non-root login user in the docker group, with passwordless sudo.
