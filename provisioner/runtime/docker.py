@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -166,6 +166,22 @@ def docker_run_command(
         else ""
     )
     return f"{guard}{prepare} && " + " ".join(parts)
+
+
+def with_image_fallback(command: str, image: str, alternatives: Sequence[str]) -> str:
+    """`command` (a docker_run_command of `image`) run by the first of `image` and
+    `alternatives` the node's Docker holds: the pin's ID differs between image stores (the
+    containerd store names it by its manifest's digest), and which store a node has is
+    known only there."""
+    if not alternatives:
+        return command
+    word = f" {shlex.quote(image)} "
+    if word not in command:
+        raise ValueError(f"{image} is not a word of the command")
+    pick = f"img={shlex.quote(image)}"
+    for other in alternatives:
+        pick += f'; docker image inspect "$img" >/dev/null 2>&1 || img={shlex.quote(other)}'
+    return pick + "; " + command.replace(word, ' "$img" ', 1)
 
 
 def remove_container_command(cluster: str, cluster_id: str = "") -> str:
@@ -361,9 +377,17 @@ class DockerRuntime:
 
     def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
         image = self.image  # an image the caller named runs as named; the pin by its node's ID
-        if self.pin is not None and image == self.pin.image_id:
-            image = self.node_ids.get(node.name, image)
-        return docker_run_command(self.inventory, node, image, gpus, self.cluster_id)
+        if self.pin is None or image != self.pin.image_id:
+            return docker_run_command(self.inventory, node, image, gpus, self.cluster_id)
+        if node.name in self.node_ids:  # the push told this node's ID
+            image = self.node_ids[node.name]
+            return docker_run_command(self.inventory, node, image, gpus, self.cluster_id)
+        # not pushed now (the doctor saw the pin there): whichever ID its image store has
+        if self._store_ids is None:
+            self._store_ids = store_ids(self.pin)
+        others = sorted(self._store_ids - {image})
+        command = docker_run_command(self.inventory, node, image, gpus, self.cluster_id)
+        return with_image_fallback(command, image, others)
 
     def gpu_probe_command(self, image: str, gpus: GpuPlan) -> str | None:
         return gpu_probe_command(image, gpus)

@@ -165,3 +165,28 @@ def test_the_doctor_sees_the_pin_under_either_stores_id() -> None:
     assert report.holding(own) == {"classic", "containerd"}
     assert replace(report, pin_alt="").holding(own) == {"classic"}
     assert report.holding(alt) == frozenset()  # only the pin it asked about
+
+
+def test_a_node_not_pushed_now_runs_the_pin_under_its_stores_id(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from provisioner.runtime.docker import with_image_fallback
+
+    own, alt = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    command = f"mkdir -p {tmp_path}/x && docker run -d --name ray {own} ray start"
+    assert with_image_fallback(command, own, []) == command
+    picked = with_image_fallback(command, own, [alt])
+    assert picked.endswith('docker run -d --name ray "$img" ray start')
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text(  # a node whose store holds only `held`
+        '#!/bin/sh\nif [ "$1 $2" = "image inspect" ]; then [ "$3" = "$HELD" ]; exit; fi\n'
+        'echo "$@" >> "$LOG"\n'
+    )
+    (fake / "docker").chmod(0o755)
+    for held in (own, alt):
+        log = tmp_path / f"{held[-1]}.log"
+        env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "HELD": held, "LOG": str(log)}
+        subprocess.run(["sh", "-c", picked], env=env, check=True)
+        assert log.read_text().split()[4] == held
