@@ -10,8 +10,10 @@ from rich.table import Table
 from rich.text import Text
 
 from provisioner.cli.common import JsonOption, output
+from provisioner.errors import InputError
 from provisioner.inventory.models import DEFAULT_RUNTIME
 from provisioner.lab.config import LabConfig
+from provisioner.lab.flavours import DEFAULT_FLAVOUR, parse_flavours
 
 if TYPE_CHECKING:
     from provisioner.lab.nodes import LabInfo
@@ -77,6 +79,17 @@ def up(
             "login node; the inventory asks SLURM for the nodes.",
         ),
     ] = False,
+    flavours: Annotated[
+        str | None,
+        typer.Option(
+            "--flavours",
+            help="The kind of each node, comma-separated: one for all nodes or one per node "
+            "(head first). bookworm: Debian 12, Docker 20.10, Python 3.11; trixie: Debian 13, "
+            "Docker 26, Python 3.13; trixie+containerd: trixie with Docker's containerd image "
+            "store. Other than bookworm: --runtime docker only. Default: the lab's own when "
+            "it is up (a lab up again keeps its nodes), else bookworm.",
+        ),
+    ] = None,
     data_subnet: Annotated[
         str | None,
         typer.Option(
@@ -96,6 +109,7 @@ def up(
         nodes=nodes,
         runtime=runtime,
         slurm=slurm,
+        flavours=parse_flavours(flavours) if flavours is not None else _flavours_of(name, nodes),
         data_subnet=data_subnet,
     )
     if image_lock is None and DEFAULT_LOCK.exists():
@@ -111,12 +125,17 @@ def up(
     if json_:
         out.emit(lab.to_json())
         return
-    table = Table("node", "role", "address", "user", title=f"lab {lab.name}")
+    table = Table("node", "role", "address", "user", "flavour", title=f"lab {lab.name}")
     if cfg.data_subnet:
         table.add_column("Ray address")
     for n in lab.nodes:
         table.add_row(
-            n.name, n.role, n.address, n.user, *([n.data_address] if cfg.data_subnet else [])
+            n.name,
+            n.role,
+            n.address,
+            n.user,
+            n.flavour,
+            *([n.data_address] if cfg.data_subnet else []),
         )
     out.out.print(table)
     out.say(f"inventory:   {lab.inventory}\nkey:         {lab.key}\nknown_hosts: {lab.known_hosts}")
@@ -152,16 +171,41 @@ def status(name: NameOption = None, json_: JsonOption = False) -> None:
     if json_:
         out.emit({**lab.to_json(), "status": rows, "faults": active, "healthy": healthy})
     else:
-        table = Table("node", "address", "container", "sshd", "dockerd", title=f"lab {lab.name}")
+        table = Table(
+            "node", "address", "flavour", "container", "sshd", "dockerd", title=f"lab {lab.name}"
+        )
         for r in rows:
             table.add_row(
-                r["name"], r["address"], r["container"], _mark(r["sshd"]), _mark(r["dockerd"])
+                r["name"],
+                r["address"],
+                r["flavour"],
+                r["container"],
+                _mark(r["sshd"]),
+                _mark(r["dockerd"]),
             )
         out.out.print(table)
         if active:
             out.say("active faults: " + ", ".join(active))
     if not healthy:
         raise typer.Exit(1)
+
+
+def _flavours_of(name: str | None, nodes: int) -> tuple[str, ...]:
+    """The flavours of the lab of that name when it is up (so that `lab up` again keeps its
+    nodes as they are), else bookworm; a mixed lab resized names its flavours anew."""
+    from provisioner.lab.nodes import load_config
+
+    try:
+        recorded = load_config(name)
+    except InputError:
+        return (DEFAULT_FLAVOUR,)
+    if len(recorded.flavours) in (1, nodes + int(recorded.slurm)):
+        return recorded.flavours
+    raise InputError(
+        f"lab {recorded.name!r} has one flavour per node ({','.join(recorded.flavours)}); "
+        f"with --nodes {nodes} say which",
+        "add --flavours with one entry for all nodes or one per node",
+    )
 
 
 def _lab(name: str | None) -> LabInfo:

@@ -57,6 +57,7 @@ class DoctorReport:
     facts: dict[str, NodeFacts] = field(default_factory=dict)  # node name -> what it told
     waived: list[Finding] = field(default_factory=list)  # errors this cluster's own Ray explains
     pin_id: str = ""  # the image ID the round asked every node about ("": no pin)
+    pin_alt: str = ""  # the pin's ID in Docker's containerd image store, when known here
 
     @property
     def errors(self) -> list[Finding]:
@@ -77,8 +78,9 @@ class DoctorReport:
         """Nodes this round saw holding `image_id` (empty unless it is the pin it asked about)."""
         if not image_id or image_id != self.pin_id:
             return frozenset()
+        ids = {image_id, self.pin_alt} - {""}
         return frozenset(
-            n for n, f in self.facts.items() if f.runtime.image.partition(" ")[0] == image_id
+            n for n, f in self.facts.items() if f.runtime.image.partition(" ")[0] in ids
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -164,6 +166,21 @@ def node_findings(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
             )
         )
     return findings
+
+
+def pin_alt_id(inventory: Inventory) -> str:
+    """The pin's ID in Docker's containerd image store, when this machine can tell it (the
+    pin saved here, as a push to such a node leaves it); "" otherwise."""
+    if inventory.image_lock is None:
+        return ""
+    from provisioner.image.direct import store_ids
+    from provisioner.image.lock import read_pin
+
+    try:
+        pin = read_pin(inventory.image_lock)
+    except InputError:
+        return ""
+    return next(iter(sorted(store_ids(pin) - {pin.image_id})), "")
 
 
 def read_pin_facts(inventory: Inventory) -> tuple[PinFacts | None, list[Finding]]:
@@ -268,6 +285,7 @@ def run_doctor(
         label=runtime.judges.label,
     )
     timings: dict[str, float] = {}
+    alt = pin_alt_id(inventory) if pin else ""
     with ExitStack() as stack:
         pool = pool if pool is not None else stack.enter_context(Pool(inventory))
         report(f"gathering facts from {len(inventory.nodes)} node(s)")
@@ -275,6 +293,7 @@ def run_doctor(
             pool,
             inventory,
             pin.image_id if pin else "",
+            image_alt=alt,
             reachability=reachability,
             parallelism=parallelism,
             ray_state=runtime.state_command() if ray_state else "",
@@ -345,6 +364,7 @@ def run_doctor(
         facts=dict(group.results),
         waived=waived,
         pin_id=pin.image_id if pin else "",
+        pin_alt=alt,
     )
 
 

@@ -7,6 +7,8 @@
 set -u
 export LC_ALL=C
 head_addr=$1 node_addr=$2 image=$3 listen_ports=$4 listen_seconds=$5 ray_python=${6:-}
+# the pin's ID in Docker's containerd image store, when it is not $image ("": unknown)
+image_alt=${7:-}
 section() { printf '\n@@%s\n' "$1"; }
 has() { command -v "$1" >/dev/null 2>&1; }
 with_timeout() { if has timeout; then timeout "$@"; else shift; "$@"; fi; }

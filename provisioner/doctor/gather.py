@@ -50,6 +50,7 @@ def gather_facts(
     inventory: Inventory,
     image_ref: str,
     *,
+    image_alt: str = "",
     reachability: bool,
     parallelism: int,
     ray_state: str = "",
@@ -58,7 +59,8 @@ def gather_facts(
     """Round 1 on every node at once. `ray_state`: the runtime's state command, run in the
     same round (section `ray_state`), so that `up` asks no node twice; `judges`: the
     runtime's doctor (its facts section, run in the same round, and its parser; default:
-    the inventory's runtime's)."""
+    the inventory's runtime's); `image_alt`: the pin's ID in Docker's containerd image
+    store, asked where `image_ref` is not found."""
     own = judges if judges is not None else judges_of(inventory.runtime)
     text = facts_script(own, ray_state)
 
@@ -73,6 +75,7 @@ def gather_facts(
             ports,
             LISTEN_SECONDS,
             inventory.ray_python or "",
+            image_alt,
         ]
         result = pool.session(node).run(script("bash", args), timeout=FACTS_TIMEOUT_S, stdin=text)
         return parse_facts(

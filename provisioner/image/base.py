@@ -32,6 +32,9 @@ from provisioner.local import docker_client as client
 LABEL = "io.provisioner.lab"
 
 SUITE = "bookworm"
+# Debian releases the lab's nodes may run (`provisioner lab up --flavours`): each gets a
+# base of its own, debootstrapped from the same mirror. `image build` uses SUITE's.
+SUITES = ("bookworm", "trixie")
 BASE_PACKAGES = (
     "python3",
     "python3-venv",
@@ -55,9 +58,11 @@ def _digest(*parts: str | bytes) -> str:
     return h.hexdigest()[:12]
 
 
-def base_tag(registry_base: str | None = None) -> str:
-    source = registry_base or f"debootstrap:{SUITE}"
-    return f"provisioner-base:{SUITE}-{_digest(source, *BASE_PACKAGES)}"
+def base_tag(registry_base: str | None = None, suite: str = SUITE) -> str:
+    """The base's tag: its Debian release and a hash of where it comes from and what it holds.
+    A registry base stands in for SUITE's only (it names its own release)."""
+    source = (registry_base if suite == SUITE else None) or f"debootstrap:{suite}"
+    return f"provisioner-base:{suite}-{_digest(source, *BASE_PACKAGES)}"
 
 
 def debian_mirror() -> str:
@@ -82,10 +87,11 @@ def debian_mirror() -> str:
     )
 
 
-def ensure_base_image(report: Reporter = quiet) -> str:
-    """The tag of the local base image, building it once (debootstrap, about a minute)."""
+def ensure_base_image(report: Reporter = quiet, suite: str = SUITE) -> str:
+    """The tag of the local base image of a Debian release (SUITES), building it once
+    (debootstrap, about a minute)."""
     with build_lock(report):
-        return _ensure_base_image(report)
+        return _ensure_base_image(report, suite)
 
 
 @dataclass(frozen=True)
@@ -158,15 +164,15 @@ def build_base(report: Reporter = quiet) -> BaseChoice:
         return choice
 
 
-def _ensure_base_image(report: Reporter = quiet) -> str:
-    registry_base = os.environ.get("PROVISIONER_BASE_IMAGE")
-    tag = base_tag(registry_base)
+def _ensure_base_image(report: Reporter = quiet, suite: str = SUITE) -> str:
+    registry_base = os.environ.get("PROVISIONER_BASE_IMAGE") if suite == SUITE else None
+    tag = base_tag(registry_base, suite)
     if _exists(tag):
         return tag
     if registry_base:
         _build_from_registry(registry_base, tag, report)
     else:
-        _build_with_debootstrap(tag, report)
+        _build_with_debootstrap(tag, report, suite)
     return tag
 
 
@@ -181,7 +187,7 @@ def _build_from_registry(registry_base: str, tag: str, report: Reporter) -> None
         _build(Path(ctx), tag, report)
 
 
-def _build_with_debootstrap(tag: str, report: Reporter) -> None:
+def _build_with_debootstrap(tag: str, report: Reporter, suite: str = SUITE) -> None:
     debootstrap = need("debootstrap", "debootstrap")
     mirror = debian_mirror()
     cache = state_root() / "cache"
@@ -193,7 +199,7 @@ def _build_with_debootstrap(tag: str, report: Reporter) -> None:
             debootstrap,
             "--variant=minbase",
             f"--include={','.join(BASE_PACKAGES)}",
-            SUITE,
+            suite,
             str(rootfs),
             mirror,
         ]

@@ -16,11 +16,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TypeVar
 
-from provisioner.console import Reporter
+from provisioner.console import Reporter, quiet
 from provisioner.errors import OperationError, ProvisionerError, RemoteError
 from provisioner.image.compress import (
     DECODE_BPS,
@@ -52,6 +52,8 @@ from provisioner.image.plan import (
 from provisioner.image.savestream import (
     CHUNK,
     SavedImage,
+    containerd_id,
+    oci_layout,
     partial,
     passthrough,
     read_saved,
@@ -166,6 +168,22 @@ class SavedCache:
         return saved
 
 
+def store_ids(pin: Pin, cache_dir: Path | None = None) -> frozenset[str]:
+    """The IDs the pin has in Docker's image stores: its own (the classic store) and, when
+    it is saved here (a push to a node with the containerd image store saves it), the one
+    that store gives it (`containerd_id`). Nothing is saved for this."""
+    cache = SavedCache(pin, cache_dir)
+    if not cache._path().exists():
+        return frozenset({pin.image_id})
+    try:
+        saved = read_saved(cache._path())
+        if saved.config != pin.image_id:
+            return frozenset({pin.image_id})
+        return frozenset({pin.image_id, containerd_id(saved, pin.layers)})
+    except OperationError:
+        return frozenset({pin.image_id})
+
+
 class _Guarded:
     """Wraps the chunk generator: an error inside it ends the stream early (so `docker
     load` sees a truncated tar and fails) and is kept to be raised afterwards."""
@@ -243,6 +261,8 @@ def plan_codec(
     a sample of the image (its saved file, or else its `docker save` stream)."""
     if opts.compress == "never":
         return None, "compression off"
+    if plan.store == "containerd":
+        return None, "the node's containerd image store gets its layers as an OCI layout"
     codec = pick_codec(local_codecs(), node_reads(plan.engine))
     if codec is None:
         return None, f"the node's docker load ({plan.engine or 'unknown'}) reads no codec here"
@@ -310,7 +330,13 @@ def stream_layers(
         out.bytes_omitted += n
 
     progress = _Progress(session.host, report)
-    if out.codec is not None:
+    if plan.store == "containerd":
+        chunks = oci_layout(saved.get(report), pin.layers, plan.first_missing, on_omitted)
+        guarded = _Guarded(chunks)
+        result = session.run_streaming_stdin(
+            LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
+        )
+    elif out.codec is not None:
         chunks = compressed_stream(
             saved.get(report),
             pin.layers,
@@ -335,13 +361,14 @@ def stream_layers(
         result = session.run_streaming_stdin(
             LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
         )
-    check_load(session, pin, guarded, result)
+    check_load(session, plan.image_id or pin.image_id, guarded, result)
     out.bytes_sent = progress.sent
     return out
 
 
-def check_load(session: Session, pin: Pin, guarded: _Guarded, result: Result) -> None:
-    """Raise what a stream into `docker load` ended with, unless it loaded the pin."""
+def check_load(session: Session, image_id: str, guarded: _Guarded, result: Result) -> None:
+    """Raise what a stream into `docker load` ended with, unless it loaded `image_id` (the
+    pin's ID in the node's image store)."""
     if guarded.error is not None:
         if isinstance(guarded.error, ProvisionerError):
             raise guarded.error
@@ -360,7 +387,7 @@ def check_load(session: Session, pin: Pin, guarded: _Guarded, result: Result) ->
             "then push again",
             kind="no-space",
         )
-    if not result.ok or pin.image_id not in result.stdout:
+    if not result.ok or image_id not in result.stdout:
         raise RemoteError(
             session.host,
             f"docker load did not load the pinned image: {result.tail(3) or result.stdout[-200:]}",
@@ -388,16 +415,29 @@ def retrying(
             on_retry(exc)
 
 
-def gather_plan(session: Session, pin: Pin, opts: PushOptions) -> NodePlan:
+def gather_plan(
+    session: Session,
+    pin: Pin,
+    opts: PushOptions,
+    saved: SavedCache | None = None,
+    report: Reporter = quiet,
+) -> NodePlan:
+    """The node's plan from its facts. A node with Docker's containerd image store names
+    the pin by another ID (`containerd_id`), read from the pin saved here (`saved`)."""
     result = session.run(facts_script(opts.tag), timeout=60).check()
-    plan = decide(pin, parse_facts(result.stdout), session.host, opts.tag)
+    facts = parse_facts(result.stdout)
+    node_id = ""
+    if facts.store == "containerd":
+        node_id = containerd_id((saved or SavedCache(pin, opts.cache_dir)).get(report), pin.layers)
+    plan = decide(pin, facts, session.host, opts.tag, node_id)
     if opts.full and plan.action == "send" and plan.first_missing:
-        plan = NodePlan("send", 0, pin.layers, plan.need_bytes, plan.engine)
+        plan = replace(plan, first_missing=0, layers_to_send=pin.layers)
     return plan
 
 
-def verify_and_tag(session: Session, pin: Pin, tag: str) -> None:
-    session.run(verify_and_tag_command(pin.image_id, tag), timeout=60).check(
+def verify_and_tag(session: Session, pin: Pin, tag: str, image_id: str = "") -> None:
+    """Tag the pin on the node once its Docker names it by `image_id` (default: the pin's)."""
+    session.run(verify_and_tag_command(image_id or pin.image_id, tag), timeout=60).check(
         f"the node's Docker does not hold {pin.short_id()}; run the push again"
     )
 
@@ -416,15 +456,22 @@ def push_node(
 
     def attempt(n: int) -> NodePush:
         session = pool.session(node)
-        plan = gather_plan(session, pin, opts)
-        outcome = NodePush(node.name, plan.action, len(pin.layers), attempts=n)
+        plan = gather_plan(session, pin, opts, saved, report)
+        outcome = NodePush(
+            node.name,
+            plan.action,
+            len(pin.layers),
+            attempts=n,
+            store=plan.store,
+            image_id=plan.image_id or pin.image_id,
+        )
         if plan.action == "send":
             held = f", {plan.first_missing} held" if plan.first_missing else ""
             report(f"{node.name}: sending {len(plan.layers_to_send)} layer(s){held}")
             stream_layers(session, pin, plan, opts, report, saved).into(outcome)
             outcome.layers_sent = len(plan.layers_to_send)
         if plan.action != "none":
-            verify_and_tag(session, pin, opts.tag)
+            verify_and_tag(session, pin, opts.tag, plan.image_id)
         outcome.seconds = time.monotonic() - t0
         report(_summary(outcome))
         return outcome

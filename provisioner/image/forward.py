@@ -25,7 +25,7 @@ import shlex
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from provisioner.console import Reporter
 from provisioner.errors import ConnectError, ProvisionerError, RemoteError
@@ -148,12 +148,22 @@ def push_forwarded(
     lock = threading.Lock()
 
     def gather(node: Node) -> None:
-        plan = gather_plan(pool.session(node), pin, opts)
+        plan = gather_plan(pool.session(node), pin, opts, report=report)
+        if plan.store == "containerd" and plan.action == "send":
+            # that store refuses a `docker save` stream with a layer file left out: in a
+            # chain it takes the whole image (sent alone, it gets only what it lacks)
+            plan = replace(plan, first_missing=0, layers_to_send=pin.layers)
         with lock:
             plans[node.name] = plan
         if plan.action != "send":
-            verify_and_tag(pool.session(node), pin, opts.tag)
-            done = NodePush(node.name, plan.action, len(pin.layers))
+            verify_and_tag(pool.session(node), pin, opts.tag, plan.image_id)
+            done = NodePush(
+                node.name,
+                plan.action,
+                len(pin.layers),
+                store=plan.store,
+                image_id=plan.image_id or pin.image_id,
+            )
             done.seconds = time.monotonic() - t0
             out.nodes[node.name] = done
 
@@ -267,7 +277,7 @@ def _one_round(
         got = s.run(f"cat {shlex.quote(run.dirs[node.name])}/{RECEIVED}", timeout=30)
         with lock:
             received[node.name] = parse_received(got.stdout)
-        verify_and_tag(s, run.pin, run.opts.tag)
+        verify_and_tag(s, run.pin, run.opts.tag, run.plans[node.name].image_id)
 
     failures = run.each(names, check)
     for sender, n in sent_bytes(chain, received).items():
@@ -278,7 +288,15 @@ def _one_round(
             out.errors[name] = _failed(name, chain.sender_of(name), failures[name])
             continue
         hop = next(h for h in chain.hops if h.node == name)
-        push = NodePush(name, "send", len(run.pin.layers), attempts=attempt)
+        plan = run.plans[name]
+        push = NodePush(
+            name,
+            "send",
+            len(run.pin.layers),
+            attempts=attempt,
+            store=plan.store,
+            image_id=plan.image_id or run.pin.image_id,
+        )
         push.layers_sent = len(run.pin.layers) - hop.first_missing
         push.bytes_sent = received.get(name, 0)
         push.via = chain.sender_of(name)
@@ -341,7 +359,10 @@ def _feed(run: _Run, chain: Chain, saved: SavedImage | None) -> None:
         else:
             feeder = run.pool.session(run.nodes[chain.feeder])
             result = feeder.run(
-                feed_command(run.pin.image_id, run.ssh_to(chain.feeder, first.name)),
+                feed_command(
+                    run.plans[chain.feeder].image_id or run.pin.image_id,
+                    run.ssh_to(chain.feeder, first.name),
+                ),
                 timeout=run.opts.timeout,
             )
             if not result.ok:

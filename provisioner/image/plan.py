@@ -32,6 +32,9 @@ def facts_script(tag: str = CLUSTER_TAG) -> str:
         'echo docker=ok; echo "root=$err"\n'
         'echo "free=$(df -PB1 "$err" | awk \'NR==2 {print $4}\')"\n'
         "echo \"engine=$(docker info --format '{{.ServerVersion}} {{.Driver}}' 2>/dev/null)\"\n"
+        "if docker info --format '{{range .DriverStatus}}{{index . 1}} {{end}}' 2>/dev/null "
+        "| grep -q io.containerd.snapshotter; then echo store=containerd; "
+        "else echo store=classic; fi\n"
         f"echo \"tagged=$(docker image inspect --format '{{{{.Id}}}}' {q} 2>/dev/null)\"\n"
         "docker image ls -aq --no-trunc | sort -u | xargs -r docker image inspect "
         "--format 'image {{.Id}} {{range .RootFS.Layers}}{{.}} {{end}}'\n"
@@ -49,6 +52,9 @@ class ImageFacts:
     tagged_id: str = ""
     images: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     engine: str = ""  # "VERSION DRIVER": what the node's docker load reads (compress.node_reads)
+    # the image store: "classic" keys an image by its config's digest (the pin's ID),
+    # "containerd" (Docker's containerd image store) by its manifest's digest
+    store: Literal["classic", "containerd"] = "classic"
 
 
 def parse_facts(output: str) -> ImageFacts:
@@ -75,6 +81,7 @@ def parse_facts(output: str) -> ImageFacts:
         tagged_id=values.get("tagged", ""),
         images=images,
         engine=values.get("engine", ""),
+        store="containerd" if values.get("store") == "containerd" else "classic",
     )
 
 
@@ -87,6 +94,10 @@ class NodePlan:
     layers_to_send: tuple[str, ...] = ()
     need_bytes: int = 0
     engine: str = ""  # the node's "VERSION DRIVER", from its facts
+    store: Literal["classic", "containerd"] = "classic"
+    # the ID the node's Docker names the pin by: the pin's own, or for the containerd
+    # store the digest of the manifest `docker load` makes (savestream.containerd_id)
+    image_id: str = ""
 
 
 def shared_prefix(pin_layers: Sequence[str], images: Mapping[str, Sequence[str]]) -> int:
@@ -102,8 +113,12 @@ def shared_prefix(pin_layers: Sequence[str], images: Mapping[str, Sequence[str]]
     return best
 
 
-def decide(pin: Pin, facts: ImageFacts, host: str, tag: str = CLUSTER_TAG) -> NodePlan:
-    """The plan for one node, or a RemoteError naming what stops the push there."""
+def decide(
+    pin: Pin, facts: ImageFacts, host: str, tag: str = CLUSTER_TAG, node_id: str = ""
+) -> NodePlan:
+    """The plan for one node, or a RemoteError naming what stops the push there.
+    `node_id`: the pin's ID in the node's image store when it is not the pin's own (the
+    containerd store); the node holds the pin when it holds that ID."""
     if facts.docker == "missing":
         raise RemoteError(
             host,
@@ -119,8 +134,12 @@ def decide(pin: Pin, facts: ImageFacts, host: str, tag: str = CLUSTER_TAG) -> No
             "start dockerd on the node, and make sure the login user is in the docker group",
             kind="no-docker",
         )
-    if pin.image_id in facts.images:
-        return NodePlan("none" if facts.tagged_id == pin.image_id else "tag", len(pin.layers))
+    image_id = node_id or pin.image_id
+    if image_id in facts.images:
+        action: Literal["none", "tag"] = "none" if facts.tagged_id == image_id else "tag"
+        return NodePlan(
+            action, len(pin.layers), store=facts.store, image_id=image_id, engine=facts.engine
+        )
     k = shared_prefix(pin.layers, facts.images)
     need = pin.bytes_for(k) * LOAD_FACTOR + SPARE_BYTES
     if facts.free_bytes is not None and facts.free_bytes < need:
@@ -131,7 +150,7 @@ def decide(pin: Pin, facts: ImageFacts, host: str, tag: str = CLUSTER_TAG) -> No
             "free space on the node (`docker system prune` removes unused images) and push again",
             kind="no-space",
         )
-    return NodePlan("send", k, tuple(pin.layers[k:]), need, facts.engine)
+    return NodePlan("send", k, tuple(pin.layers[k:]), need, facts.engine, facts.store, image_id)
 
 
 def verify_and_tag_command(image_id: str, tag: str = CLUSTER_TAG) -> str:

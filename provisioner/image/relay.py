@@ -204,10 +204,13 @@ def known_host_lines(node: Node) -> list[str]:
     return lines
 
 
-def relay_command(pin: Pin, worker: Node, key_path: str, known_hosts: str) -> str:
-    """Run on the head: stream the image into the worker's docker load."""
+def relay_command(
+    pin: Pin, worker: Node, key_path: str, known_hosts: str, head_id: str = ""
+) -> str:
+    """Run on the head: stream the image into the worker's docker load. `head_id`: the
+    pin's ID in the head's image store, when that is not the pin's own (containerd)."""
     ssh = " ".join(shlex.quote(a) for a in node_ssh(worker, key_path, known_hosts, "docker load"))
-    script = f"set -o pipefail; docker save {shlex.quote(pin.image_id)} | {ssh}"
+    script = f"set -o pipefail; docker save {shlex.quote(head_id or pin.image_id)} | {ssh}"
     return f"bash -c {shlex.quote(script)}"
 
 
@@ -322,17 +325,28 @@ def _relay_worker(
     opts: PushOptions,
     creds: tuple[str, str],
     report: Reporter,
+    head_id: str = "",
 ) -> NodePush:
     t0 = time.monotonic()
 
     def attempt(n: int) -> NodePush:
         ws = pool.session(worker)
-        plan = gather_plan(ws, pin, opts)
-        out = NodePush(worker.name, plan.action, len(pin.layers), attempts=n, via=head.host)
+        plan = gather_plan(ws, pin, opts, report=report)
+        image_id = plan.image_id or pin.image_id
+        out = NodePush(
+            worker.name,
+            plan.action,
+            len(pin.layers),
+            attempts=n,
+            via=head.host,
+            store=plan.store,
+            image_id=image_id,
+        )
         if plan.action == "send":
             report(f"{worker.name}: the head sends the image ({head.host} -> {worker.name})")
-            result = head.run(relay_command(pin, worker, *creds), timeout=opts.timeout)
-            if not (result.ok and pin.image_id in result.stdout):
+            command = relay_command(pin, worker, *creds, head_id=head_id)
+            result = head.run(command, timeout=opts.timeout)
+            if not (result.ok and image_id in result.stdout):
                 raise RemoteError(
                     worker.name,
                     f"the head could not send the image: {result.tail(3)}",
@@ -341,7 +355,7 @@ def _relay_worker(
                 )
             out.layers_sent = len(pin.layers)
         if plan.action != "none":
-            verify_and_tag(ws, pin, opts.tag)
+            verify_and_tag(ws, pin, opts.tag, image_id)
         out.seconds = time.monotonic() - t0
         report(f"{worker.name}: {plan.action} done via {head.host} in {out.seconds:.0f}s")
         return out
@@ -390,7 +404,9 @@ def push_relayed(
             hs = pool.session(head)
             group = fan_out(
                 workers,
-                lambda w: _relay_worker(pool, hs, w, pin, opts, creds, safe),
+                lambda w: _relay_worker(
+                    pool, hs, w, pin, opts, creds, safe, out.nodes[head.name].image_id
+                ),
                 parallelism=opts.parallelism,
                 deadline=opts.timeout * (opts.retries + 1),
             )

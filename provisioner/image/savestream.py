@@ -15,6 +15,7 @@ OCI (`blobs/sha256/<hex>`, Docker >= 25).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 import tarfile
@@ -106,4 +107,117 @@ def partial(
                     raise OperationError(f"{saved.path} ends early; delete it and push again")
                 remaining -= len(block)
                 yield block
+    yield _END
+
+
+# Docker's containerd image store (Docker >= 24 with the containerd-snapshotter feature;
+# the default of fresh installs since Docker 29) keys an image by its manifest's digest,
+# not by its config's (the image ID of the classic store, and of the pin). `docker load` of
+# a `docker save` file makes that manifest itself, the same bytes every time: the config
+# and each layer as a plain (uncompressed) tar, whose digest is its diff ID.
+MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+CONFIG_TYPE = "application/vnd.docker.container.image.v1+json"
+LAYER_TYPE = "application/vnd.docker.image.rootfs.diff.tar"
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
+
+
+def _layer_member(saved: SavedImage, i: int) -> tarfile.TarInfo:
+    by_name = {_norm(m.name): m for m in saved.members}
+    name = saved.layer_files[i]
+    member = by_name[name]
+    while member.issym():
+        name = _norm(posixpath.normpath(posixpath.join(posixpath.dirname(name), member.linkname)))
+        member = by_name[name]
+    return member
+
+
+def _config_member(saved: SavedImage) -> tarfile.TarInfo:
+    hexd = saved.config.removeprefix("sha256:")
+    for m in saved.members:
+        if _norm(m.name) in (f"{hexd}.json", f"blobs/sha256/{hexd}"):
+            return m
+    raise OperationError(f"{saved.path} holds no config {saved.config[:19]}")
+
+
+def containerd_manifest(saved: SavedImage, diff_ids: tuple[str, ...]) -> bytes:
+    """The manifest Docker's containerd image store makes when it loads `saved` (byte for
+    byte as containerd's importer writes it); its digest is the image's ID there."""
+    if len(diff_ids) != len(saved.layer_files):
+        raise OperationError(f"{saved.path}: {len(saved.layer_files)} layers, not {len(diff_ids)}")
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "config": {
+            "mediaType": CONFIG_TYPE,
+            "digest": saved.config,
+            "size": _config_member(saved).size,
+        },
+        "layers": [
+            {"mediaType": LAYER_TYPE, "digest": d, "size": _layer_member(saved, i).size}
+            for i, d in enumerate(diff_ids)
+        ],
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def containerd_id(saved: SavedImage, diff_ids: tuple[str, ...]) -> str:
+    """The saved image's ID in Docker's containerd image store."""
+    return "sha256:" + hashlib.sha256(containerd_manifest(saved, diff_ids)).hexdigest()
+
+
+def _header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = size, 0o444
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+def _pad(n: int) -> bytes:
+    return b"\0" * (-n % tarfile.BLOCKSIZE)
+
+
+def _small(name: str, data: bytes) -> bytes:
+    return _header(name, len(data)) + data + _pad(len(data))
+
+
+def oci_layout(
+    saved: SavedImage,
+    diff_ids: tuple[str, ...],
+    omit_first: int = 0,
+    on_omitted: Callable[[int], None] | None = None,
+) -> Iterator[bytes]:
+    """The saved image as an OCI image layout for a node with the containerd image store,
+    without the blobs of its first `omit_first` layers. That store's `docker load` reads
+    a layout's index and manifest and takes a layer it holds from its own content store
+    (it refuses a `docker save` file with a layer file missing). The manifest is
+    `containerd_manifest`, so the loaded image's ID is `containerd_id` on any path."""
+    manifest = containerd_manifest(saved, diff_ids)
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    index = {
+        "schemaVersion": 2,
+        "mediaType": INDEX_TYPE,
+        "manifests": [{"mediaType": MANIFEST_TYPE, "digest": digest, "size": len(manifest)}],
+    }
+    yield _small("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+    yield _small("index.json", json.dumps(index, separators=(",", ":")).encode())
+    yield _small(f"blobs/sha256/{digest.removeprefix('sha256:')}", manifest)
+    config = _config_member(saved)
+    kept = {d: _layer_member(saved, i) for i, d in enumerate(diff_ids) if i >= omit_first}
+    omitted = {d: _layer_member(saved, i) for i, d in enumerate(diff_ids) if i < omit_first}
+    blobs = [(saved.config, config), *kept.items()]
+    if on_omitted is not None:
+        for d, member in omitted.items():
+            if d not in kept:
+                on_omitted(member.size)
+    with saved.path.open("rb") as f:
+        for d, member in blobs:
+            yield _header(f"blobs/sha256/{d.removeprefix('sha256:')}", member.size)
+            f.seek(member.offset_data)
+            remaining = member.size
+            while remaining > 0:
+                block = f.read(min(CHUNK, remaining))
+                if not block:
+                    raise OperationError(f"{saved.path} ends early; delete it and push again")
+                remaining -= len(block)
+                yield block
+            yield _pad(member.size)
     yield _END

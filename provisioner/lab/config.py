@@ -11,6 +11,7 @@ from typing import Any
 
 from provisioner.errors import InputError
 from provisioner.image.base import LABEL as LABEL  # the lab labels its nodes with it too
+from provisioner.lab.flavours import DEFAULT_FLAVOUR, FLAVOURS, per_node
 from provisioner.local import state_root
 
 LAB_USER = "lab"
@@ -30,6 +31,7 @@ class LabNode:
     address: str
     role: str  # "head" | "worker"
     user: str = LAB_USER
+    flavour: str = DEFAULT_FLAVOUR  # provisioner.lab.flavours.FLAVOURS
     # a lab with a data network (`lab up --data-subnet`): the node's address there, the one
     # Ray uses (its inventory's `ray: {address}`); "" without one
     data_address: str = ""
@@ -45,6 +47,7 @@ class LabNode:
             "address": self.address,
             "user": self.user,
             "role": self.role,
+            "flavour": self.flavour,
             **data,
         }
 
@@ -62,6 +65,8 @@ class LabConfig:
     # a SLURM cluster: node 0 is the login node (slurmctld), `nodes` compute nodes (slurmd,
     # Ray in a virtualenv as in host mode) reached only through it
     slurm: bool = False
+    # the kind of each node (`--flavours`): one entry for all, or one per node
+    flavours: tuple[str, ...] = (DEFAULT_FLAVOUR,)
     # a second network for Ray's traffic: SSH reaches the nodes only on `subnet`, Ray's
     # ports only on this one (iptables in each node); the inventory names each node's
     # address here as its `ray: {address}`
@@ -78,6 +83,7 @@ class LabConfig:
         nodes: int = 3,
         runtime: str = "docker",
         slurm: bool = False,
+        flavours: tuple[str, ...] = (DEFAULT_FLAVOUR,),
         data_subnet: str | None = None,
     ) -> LabConfig:
         return cls(
@@ -86,6 +92,7 @@ class LabConfig:
             nodes=nodes,
             runtime="host" if slurm else runtime,
             slurm=slurm,
+            flavours=flavours,
             data_subnet=data_subnet,
         )
 
@@ -142,26 +149,27 @@ class LabConfig:
     def munge_key(self) -> Path:
         return self.state_dir / "munge.key"
 
+    @property
+    def node_count(self) -> int:
+        """Containers in the lab: a SLURM lab's login node comes on top of --nodes."""
+        return self.nodes + 1 if self.slurm else self.nodes
+
+    def node_flavours(self) -> tuple[str, ...]:
+        return per_node(self.flavours, self.node_count)
+
     def lab_nodes(self) -> tuple[LabNode, ...]:
         net = ipaddress.ip_network(self.subnet)
-        if self.slurm:
-            return tuple(
-                LabNode(
-                    name=f"{self.prefix}-{i}",
-                    address=str(net[FIRST_HOST + i]),
-                    role="login" if i == 0 else "compute",
-                )
-                for i in range(self.nodes + 1)
-            )
+        roles = ("login", "compute") if self.slurm else ("head", "worker")
         data = ipaddress.ip_network(self.data_subnet) if self.data_subnet else None
         return tuple(
             LabNode(
                 name=f"{self.prefix}-{i}",
                 address=str(net[FIRST_HOST + i]),
-                role="head" if i == 0 else "worker",
+                role=roles[0] if i == 0 else roles[1],
+                flavour=flavour,
                 data_address=str(data[FIRST_HOST + i]) if data else "",
             )
-            for i in range(self.nodes)
+            for i, flavour in enumerate(self.node_flavours())
         )
 
 
@@ -193,6 +201,7 @@ def validate(cfg: LabConfig) -> None:
         raise InputError(
             "a SLURM lab runs Ray in host mode", "leave out --runtime (or say --runtime host)"
         )
+    _validate_flavours(cfg)
     if net.num_addresses < FIRST_HOST + cfg.nodes + 3:
         raise InputError(f"lab subnet {cfg.subnet} is too small for {cfg.nodes} nodes", "use a /24")
     if cfg.data_subnet is not None:
@@ -215,6 +224,21 @@ def _validate_data_subnet(cfg: LabConfig, net: ipaddress.IPv4Network) -> None:
         raise InputError(f"--data-subnet {cfg.data_subnet} is too small for {cfg.nodes} nodes", fix)
     if cfg.slurm:
         raise InputError("a SLURM lab has one network", "leave out --data-subnet")
+
+
+def _validate_flavours(cfg: LabConfig) -> None:
+    unknown = [f for f in cfg.flavours if f not in FLAVOURS]
+    if unknown or not cfg.flavours:
+        raise InputError(
+            f"unknown lab flavour {(unknown or [''])[0]!r}", f"use one of {', '.join(FLAVOURS)}"
+        )
+    cfg.node_flavours()  # one entry, or one per node
+    if cfg.runtime != "docker" and set(cfg.flavours) != {DEFAULT_FLAVOUR}:
+        what = "a SLURM lab" if cfg.slurm else f"--runtime {cfg.runtime}"
+        raise InputError(
+            f"{what} has {DEFAULT_FLAVOUR} nodes only, not {','.join(cfg.flavours)}",
+            f"leave out --flavours (or say --flavours {DEFAULT_FLAVOUR}), or use --runtime docker",
+        )
 
 
 def _ssh_section(cfg: LabConfig) -> dict[str, Any]:

@@ -1,7 +1,10 @@
 """Images for the lab, built locally without any registry, reused until their recipe changes.
 
-- the base: `provisioner.image.base` (Debian bookworm with Python 3.11, from debootstrap);
-- the node: base + sshd + dockerd + a login user;
+- the base: `provisioner.image.base` (Debian bookworm with Python 3.11, or trixie with
+  Python 3.13, from debootstrap);
+- the node: base + sshd + dockerd + a login user, one per flavour (`flavours.py`): the
+  base of its Debian release, and for the containerd flavour Docker's containerd image
+  store switched on (containerd.Dockerfile);
 - the podman node: base + sshd + rootless Podman for a login user without Docker.
 Each tag carries a hash of its recipe, so a changed recipe builds a new image.
 """
@@ -27,6 +30,7 @@ from provisioner.image.base import ensure_base_image
 from provisioner.image.lock import Pin
 from provisioner.lab.config import LABEL
 from provisioner.lab.engine import client
+from provisioner.lab.flavours import DEFAULT_FLAVOUR, FLAVOURS, RELEASE_PACKAGES
 from provisioner.local import build_lock
 
 RECIPE_FILES = ("node.Dockerfile", "sshd_config", "entrypoint.sh", "delay-proxy.py")
@@ -51,6 +55,15 @@ def node_tag(base: str) -> str:
     )
 
 
+RELEASE_RECIPE = "node-release.Dockerfile"
+
+
+def release_node_tag(node: str, packages: tuple[str, ...]) -> str:
+    """The tag of a node image of a later Debian release: `node` plus that release's packages."""
+    recipe = (_recipe_dir() / RELEASE_RECIPE).read_bytes()
+    return f"provisioner-lab-node:{_digest(node, recipe, *packages)}"
+
+
 def _exists(tag: str) -> bool:
     try:
         client().images.get(tag)
@@ -59,18 +72,42 @@ def _exists(tag: str) -> bool:
     return True
 
 
-def ensure_node_image(report: Reporter = quiet) -> str:
-    """The tag of the lab node image (sshd + dockerd + login user), built once."""
+CONTAINERD_RECIPE = ("containerd.Dockerfile", "containerd-daemon.json")
+
+
+def containerd_node_tag(node: str) -> str:
+    """The tag of a node image with Docker's containerd image store on, made from `node`."""
+    recipe = _recipe_dir()
+    files = [(recipe / f).read_bytes() for f in CONTAINERD_RECIPE]
+    return f"provisioner-lab-node:{_digest(node, *files)}"
+
+
+def ensure_node_image(report: Reporter = quiet, flavour: str = DEFAULT_FLAVOUR) -> str:
+    """The tag of the lab node image (sshd + dockerd + login user) of a flavour, built once."""
     with build_lock(report):
-        return _ensure_node_image(report)
+        return _ensure_node_image(report, flavour)
 
 
-def _ensure_node_image(report: Reporter = quiet) -> str:
-    base = ensure_base_image(report)
+def _ensure_node_image(report: Reporter = quiet, flavour: str = DEFAULT_FLAVOUR) -> str:
+    kind = FLAVOURS[flavour]
+    base = ensure_base_image(report, kind.suite)
     tag = node_tag(base)
     if not _exists(tag):
-        report(f"building the lab node image {tag} (sshd, dockerd; about a minute)")
+        report(f"building the lab node image {tag} ({kind.suite}: sshd, dockerd; a minute)")
         _docker_build(_recipe_dir(), "node.Dockerfile", tag, {"BASE_IMAGE": base}, report)
+    packages = RELEASE_PACKAGES[kind.suite]
+    if packages:
+        node, tag = tag, release_node_tag(tag, packages)
+        if not _exists(tag):
+            report(f"building the lab node image {tag} ({kind.suite}: {' '.join(packages)})")
+            args = {"NODE_IMAGE": node, "RELEASE_PACKAGES": " ".join(packages)}
+            _docker_build(_recipe_dir(), RELEASE_RECIPE, tag, args, report)
+    if not kind.containerd_store:
+        return tag
+    node, tag = tag, containerd_node_tag(tag)
+    if not _exists(tag):
+        report(f"building the lab node image {tag} ({flavour}: Docker's containerd store)")
+        _docker_build(_recipe_dir(), "containerd.Dockerfile", tag, {"NODE_IMAGE": node}, report)
     return tag
 
 

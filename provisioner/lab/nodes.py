@@ -29,6 +29,7 @@ from provisioner.lab.config import (
     slurm_conf,
 )
 from provisioner.lab.engine import client, docker_cli, exec_rc
+from provisioner.lab.flavours import DEFAULT_FLAVOUR
 from provisioner.lab.images import (
     ensure_host_node_image,
     ensure_node_image,
@@ -108,6 +109,7 @@ def load_config(name: str | None = None) -> LabConfig:
         nodes=data["nodes"],
         runtime=data.get("runtime", "docker"),
         slurm=data.get("slurm", False),
+        flavours=tuple(data.get("flavours", [DEFAULT_FLAVOUR])),
         data_subnet=data.get("data_subnet"),
     )
 
@@ -130,14 +132,7 @@ def lab_up(
     """
     _check_not_resized(cfg)
     image_lock = image_lock or _previous_image_lock(cfg)
-    if cfg.slurm:
-        image = ensure_slurm_node_image(images_dir, report)
-    elif cfg.runtime == "host":
-        image = ensure_host_node_image(images_dir, report)
-    elif cfg.runtime == "podman":
-        image = ensure_podman_node_image(report)
-    else:
-        image = ensure_node_image(report)
+    images = _node_images(cfg, images_dir, report)
     private_dir(cfg.state_dir)
     cfg.state_dir.chmod(0o700)
     pub = ensure_keypair(cfg.key, f"provisioner-{cfg.name}")
@@ -149,7 +144,7 @@ def lab_up(
         _ensure_network(cfg, cfg.data_network, cfg.data_subnet)
     nodes = cfg.lab_nodes()
     for node in nodes:
-        _ensure_node(cfg, node, image, report)
+        _ensure_node(cfg, node, images[node.flavour], report)
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         list(pool.map(lambda n: wait_ready(n, report), nodes))
     for node in nodes:
@@ -170,12 +165,24 @@ def lab_up(
                 "nodes": cfg.nodes,
                 "runtime": cfg.runtime,
                 "slurm": cfg.slurm,
+                "flavours": list(cfg.flavours),
                 **({"data_subnet": cfg.data_subnet} if cfg.data_subnet else {}),
             }
         )
         + "\n"
     )
     return info(cfg)
+
+
+def _node_images(cfg: LabConfig, images_dir: Path, report: Reporter) -> dict[str, str]:
+    """The node image of each flavour the lab has (each built once, then reused)."""
+    if cfg.slurm:
+        return {DEFAULT_FLAVOUR: ensure_slurm_node_image(images_dir, report)}
+    if cfg.runtime == "host":
+        return {DEFAULT_FLAVOUR: ensure_host_node_image(images_dir, report)}
+    if cfg.runtime == "podman":
+        return {DEFAULT_FLAVOUR: ensure_podman_node_image(report)}
+    return {f: ensure_node_image(report, f) for f in dict.fromkeys(cfg.node_flavours())}
 
 
 def _write_slurm_files(cfg: LabConfig) -> None:

@@ -30,6 +30,8 @@ class NodeDelivery:
     compress_reason: str = ""  # why (compress.choose's line)
     cache_hits: int = 0  # layers taken compressed from this machine's cache
     cache_misses: int = 0  # layers compressed for this push (and kept in the cache)
+    store: str = "classic"  # the node's image store: "classic" or "containerd"
+    image_id: str = ""  # the pin's ID in that store (the containerd store: its own)
 
     def to_json(self) -> dict[str, Any]:
         rate = self.bytes_sent / self.seconds if self.seconds > 0 else 0.0

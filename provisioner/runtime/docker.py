@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from provisioner.errors import InputError, RemoteError
 from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan
+from provisioner.image.direct import store_ids
 from provisioner.image.lock import CLUSTER_TAG, Pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import Inventory, Node
@@ -168,6 +169,22 @@ def docker_run_command(
     return f"{guard}{prepare} && " + " ".join(parts)
 
 
+def with_image_fallback(command: str, image: str, alternatives: Sequence[str]) -> str:
+    """`command` (a docker_run_command of `image`) run by the first of `image` and
+    `alternatives` the node's Docker holds: the pin's ID differs between image stores (the
+    containerd store names it by its manifest's digest), and which store a node has is
+    known only there."""
+    if not alternatives:
+        return command
+    word = f" {shlex.quote(image)} "
+    if word not in command:
+        raise ValueError(f"{image} is not a word of the command")
+    pick = f"img={shlex.quote(image)}"
+    for other in alternatives:
+        pick += f'; docker image inspect "$img" >/dev/null 2>&1 || img={shlex.quote(other)}'
+    return pick + "; " + command.replace(word, ' "$img" ', 1)
+
+
 def remove_container_command(cluster: str, cluster_id: str = "") -> str:
     """Stop and remove this cluster's Ray container (and one an older provisioner named
     `ray-CLUSTER`), each only when it carries this cluster's id label; succeeds when there
@@ -308,17 +325,28 @@ class DockerDelivery:
     says: runtime.base.PUSH_MODES), which sends each node only the layers it lacks,
     verifies the ID and only then moves the cluster tag."""
 
-    def __init__(self, inventory: Inventory, pin: Pin | None, push: str = "auto") -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        pin: Pin | None,
+        push: str = "auto",
+        *,
+        node_ids: dict[str, str] | None = None,
+    ) -> None:
         self.inventory = inventory
         self.pin = pin
         self.push = push
         self.image_id = pin.image_id if pin else ""
+        # node -> the pin's ID in its image store where that differs (Docker's containerd
+        # image store: its manifest's digest), as `deliver` found them; shared with the
+        # runtime that made this delivery, which runs the image by that ID there
+        self.node_ids: dict[str, str] = {} if node_ids is None else node_ids
 
     def has_command(self) -> str:
         return has_image_command(self.image_id)
 
     def holds(self, stdout: str) -> bool:
-        return holds_image(stdout, self.image_id)
+        return any(holds_image(stdout, i) for i in {self.image_id, *self.node_ids.values()})
 
     def verify(self, session: Session) -> None:
         got = session.run(self.has_command(), timeout=60).stdout.strip()
@@ -344,9 +372,15 @@ class DockerDelivery:
                 where=str(self.inventory.path),
             )
         report(f"image: making every node hold {self.pin.short_id()} (push: {self.push})")
-        return push_image(
+        pushed = push_image(
             self.inventory, pool, report, pin=self.pin, opts=push_options(self.push), held=ready
         )
+        self.node_ids.update(
+            (name, n.image_id)
+            for name, n in pushed.nodes.items()
+            if n.image_id and n.image_id != self.pin.image_id
+        )
+        return pushed
 
 
 # Ray in a container of the pinned image on each node.
@@ -370,10 +404,15 @@ class DockerRuntime:
         # what `docker run` names: the pinned ID, else the cluster tag a push leaves
         self.image = image or (pin.image_id if pin else CLUSTER_TAG)
         self.image_id = pin.image_id if pin else ""
+        # the pin's ID on each node whose image store names it otherwise (Docker's
+        # containerd image store: its manifest's digest), as the push found it
+        self.node_ids: dict[str, str] = {}
+        self._store_ids: frozenset[str] | None = None
         self.cluster_id = read_cluster_id(inventory)  # "" before the first `up`
 
     def delivery(self) -> DockerDelivery:
-        return DockerDelivery(self.inventory, self.pin, self.push)
+        # the push tells the pin's ID on nodes whose image store names it otherwise
+        return DockerDelivery(self.inventory, self.pin, self.push, node_ids=self.node_ids)
 
     def state_command(self) -> str:
         return container_facts_command(self.cluster, self.cluster_id)
@@ -387,10 +426,25 @@ class DockerRuntime:
     def is_current(self, state: RayState) -> bool | None:
         if self.pin is None or state.runs is None:
             return None
-        return state.runs == self.pin.image_id
+        if state.runs == self.pin.image_id or state.runs in self.node_ids.values():
+            return True
+        if self._store_ids is None:  # the pin's ID in the containerd image store, if saved here
+            self._store_ids = store_ids(self.pin)
+        return state.runs in self._store_ids
 
     def start_command(self, node: Node, gpus: GpuPlan | None = None) -> str:
-        return docker_run_command(self.inventory, node, self.image, gpus, self.cluster_id)
+        image = self.image  # an image the caller named runs as named; the pin by its node's ID
+        if self.pin is None or image != self.pin.image_id:
+            return docker_run_command(self.inventory, node, image, gpus, self.cluster_id)
+        if node.name in self.node_ids:  # the push told this node's ID
+            image = self.node_ids[node.name]
+            return docker_run_command(self.inventory, node, image, gpus, self.cluster_id)
+        # not pushed now (the doctor saw the pin there): whichever ID its image store has
+        if self._store_ids is None:
+            self._store_ids = store_ids(self.pin)
+        others = sorted(self._store_ids - {image})
+        command = docker_run_command(self.inventory, node, image, gpus, self.cluster_id)
+        return with_image_fallback(command, image, others)
 
     def gpu_probe_command(self, image: str, gpus: GpuPlan) -> str | None:
         return gpu_probe_command(image, gpus)

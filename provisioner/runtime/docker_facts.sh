@@ -45,17 +45,20 @@ for c in containers:
     ref = ref[7:19] if ref.startswith("sha256:") else ref  # as `docker ps` shows it
     out.append("%s\t%s\t%s\t%s\t%s" % (name, ref, c.get("State", ""), label, c.get("Id", "")))
 out.append("@@image")
-if sys.argv[1]:
-    status, body = get("/images/%s/json" % sys.argv[1])
+for ref in (sys.argv[1], sys.argv[3]):
+    if not ref:
+        continue
+    status, body = get("/images/%s/json" % ref)
     if status == 200:
         image = json.loads(body)
         out.append("%s %s/%s" % (image["Id"], image.get("Os", ""), image.get("Architecture", "")))
+        break
 runtimes = {"DefaultRuntime": info.get("DefaultRuntime", ""), "Runtimes": info.get("Runtimes") or {}}
 if info.get("CDISpecDirs"):
     runtimes["CDISpecDirs"] = info["CDISpecDirs"]
 out += ["@@docker_runtimes", json.dumps(runtimes, sort_keys=True)]
 print("\n".join(out))
-' "$image" "$use_api" 2>/dev/null)
+' "$image" "$use_api" "$image_alt" 2>/dev/null)
   PROVISIONER_MEMO="$REPLY|version|${api_lines[0]:-}"$'\n'
 fi
 if [ ${#api_lines[@]} -gt 2 ]; then
@@ -89,7 +92,9 @@ else
       awk -F '\t' -v OFS='\t' '$2 ~ /^sha256:/ { $2 = substr($2, 8, 12) } { print }'
     section image
     if [ -n "$image" ]; then
-      with_timeout 10 docker image inspect --format '{{.Id}} {{.Os}}/{{.Architecture}}' "$image" 2>/dev/null
+      with_timeout 10 docker image inspect --format '{{.Id}} {{.Os}}/{{.Architecture}}' "$image" 2>/dev/null ||
+        { [ -n "$image_alt" ] &&
+          with_timeout 10 docker image inspect --format '{{.Id}} {{.Os}}/{{.Architecture}}' "$image_alt" 2>/dev/null; }
     fi
   fi
 fi

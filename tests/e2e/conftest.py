@@ -17,10 +17,15 @@ import pytest
 from provisioner.errors import InputError
 from provisioner.lab import faults
 from provisioner.lab.config import LabConfig
+from provisioner.lab.flavours import parse_flavours
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up
 
 E2E_NAME = os.environ.get("PROVISIONER_LAB_NAME", "e2e")
 E2E_SUBNET = os.environ.get("PROVISIONER_LAB_SUBNET", "10.250.100.0/24")
+# The `e2e` lab is mixed, as users' clusters are: a bookworm head (Docker 20.10, Python
+# 3.11), a trixie worker (Docker 26, Python 3.13) and a worker whose Docker keeps images in
+# containerd's image store (`lab up --flavours`).
+E2E_FLAVOURS = os.environ.get("PROVISIONER_LAB_FLAVOURS", "bookworm,trixie,trixie+containerd")
 # The host-mode lab (Ray in a virtualenv on each node, no image): a lab of its own.
 HOST_NAME = os.environ.get("PROVISIONER_HOST_LAB_NAME", f"{E2E_NAME}-host")
 HOST_SUBNET = os.environ.get("PROVISIONER_HOST_LAB_SUBNET", "10.250.101.0/24")
@@ -106,7 +111,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def lab_config() -> LabConfig:
-    return LabConfig(name=E2E_NAME, subnet=E2E_SUBNET, nodes=3)
+    return LabConfig(
+        name=E2E_NAME, subnet=E2E_SUBNET, nodes=3, flavours=parse_flavours(E2E_FLAVOURS)
+    )
 
 
 @pytest.fixture(scope="session")
@@ -150,7 +157,7 @@ def image_pin() -> Path:
 
 
 @pytest.fixture(scope="session")
-def cluster_inventory(lab: LabInfo, image_pin: Path) -> Iterator[Path]:
+def cluster_inventory(lab: LabInfo, lab_config: LabConfig, image_pin: Path) -> Iterator[Path]:
     """The lab's inventory pointing at the pin, with the pin pushed to every node.
 
     Ray is not started here: tests that need a cluster run `provisioner up` (idempotent,
@@ -161,9 +168,7 @@ def cluster_inventory(lab: LabInfo, image_pin: Path) -> Iterator[Path]:
     from provisioner.image.push import push_image
     from provisioner.inventory import load_inventory
 
-    info = lab_up(
-        LabConfig(name=lab.name, subnet=E2E_SUBNET, nodes=len(lab.nodes)), print, image_pin
-    )
+    info = lab_up(lab_config, print, image_pin)  # the same lab (its flavours), now pinned
     inv = load_inventory(info.inventory)
     report = push_image(inv, None, print, pin=read_pin(image_pin))
     assert report.ok, report.errors

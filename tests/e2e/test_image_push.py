@@ -73,6 +73,21 @@ def on_node(node: Node, script: str) -> tuple[int, str]:
     return exec_rc(node.name, script, timeout=120)
 
 
+# The pin's ID on each node, as its image store names it (the push reports it): the pin's own
+# on the classic store, the digest of the manifest `docker load` made on the containerd store.
+PIN_IDS: dict[str, str] = {}
+
+
+def store_of(node: Node) -> str:
+    rc, out = on_node(node, "docker info --format '{{range .DriverStatus}}{{index . 1}} {{end}}'")
+    assert rc == 0, out
+    return "containerd" if "io.containerd.snapshotter" in out else "classic"
+
+
+def pin_id(node: Node, pin: Pin) -> str:
+    return PIN_IDS.get(node.name, pin.image_id)
+
+
 def image_on(node: Node, ref: str) -> str:
     rc, out = on_node(node, f"docker image inspect --format '{{{{.Id}}}}' {ref}")
     return out.strip() if rc == 0 else ""
@@ -104,15 +119,24 @@ def test_push_reaches_every_node_sending_only_missing_layers(
         only(inventory, third), None, print, pin=older, opts=PushOptions(tag=OLDER_TAG)
     )
     assert_ok(first)
-    assert image_on(third, OLDER_TAG) == older.image_id
+    older_id = first.nodes[third.name].image_id
+    assert image_on(third, OLDER_TAG) == older_id
 
     # plain, so the bytes compare with the image's (compressed pushes: test_image_forward)
     report = push_image(inventory, None, print, pin=pin, opts=PushOptions(compress="never"))
 
     assert_ok(report)
+    stores = {node.name: store_of(node) for node in inventory.nodes}
     for node in inventory.nodes:
-        assert image_on(node, CLUSTER_TAG) == pin.image_id
-        assert image_on(node, pin.image_id) == pin.image_id
+        pushed = report.nodes[node.name]
+        PIN_IDS[node.name] = pushed.image_id
+        assert pushed.store == stores[node.name]
+        # the classic store names the pin by its own ID, the containerd store by another
+        assert (pushed.image_id == pin.image_id) == (pushed.store == "classic"), pushed
+        assert image_on(node, CLUSTER_TAG) == pushed.image_id
+        assert image_on(node, pushed.image_id) == pushed.image_id
+    if len(inventory.nodes) > 1:  # the mixed lab: both stores met
+        assert set(stores.values()) == {"classic", "containerd"}, stores
     full = report.nodes[inventory.head.name]
     partial = report.nodes[third.name]
     assert full.layers_sent == len(pin.layers) and full.bytes_sent > 0.9 * pin.size
@@ -120,6 +144,11 @@ def test_push_reaches_every_node_sending_only_missing_layers(
     assert partial.bytes_sent < 0.7 * full.bytes_sent  # well under the full image
     assert partial.bytes_omitted > 0.9 * older.size - 1e8
     print(f"full {full.bytes_sent} bytes, partial {partial.bytes_sent} bytes")
+    for name, n in report.nodes.items():
+        print(
+            f"{name}: {n.store} store, ID {n.image_id}, {n.bytes_sent} bytes sent, "
+            f"{n.bytes_omitted} held, {n.layers_sent}/{n.layers_total} layers"
+        )
 
 
 def test_a_second_push_sends_no_image_bytes(inventory: Inventory, pin: Pin) -> None:
@@ -139,14 +168,14 @@ def test_a_different_image_under_the_cluster_tag_is_corrected(
         f"printf 'FROM {pin.image_id}\\nLABEL wrong=yes\\n' | docker build -q -t {CLUSTER_TAG} -",
     )
     assert rc == 0, out
-    assert image_on(node, CLUSTER_TAG) not in ("", pin.image_id)
+    assert image_on(node, CLUSTER_TAG) not in ("", pin_id(node, pin))
 
     report = push_image(inventory, None, print, pin=pin, opts=PushOptions())
 
     assert_ok(report)
     assert report.nodes[node.name].action == "tag"
     assert report.control_bytes == 0
-    assert image_on(node, CLUSTER_TAG) == pin.image_id
+    assert image_on(node, CLUSTER_TAG) == pin_id(node, pin)
 
 
 def push_killed_once(inventory: Inventory, pin: Pin, node: Node, retries: int) -> PushReport:
@@ -181,7 +210,7 @@ def test_an_interrupted_push_leaves_no_tagged_partial_image_and_a_rerun_complete
     interrupted = push_killed_once(only(inventory, node), pin, node, retries=0)
 
     assert node.name in interrupted.errors
-    assert image_on(node, pin.image_id) == ""
+    assert image_on(node, pin_id(node, pin)) == ""
     assert image_on(node, CLUSTER_TAG) == ""
 
     # again, all nodes, with retries: the broken node starts over, the others are untouched
@@ -191,7 +220,7 @@ def test_an_interrupted_push_leaves_no_tagged_partial_image_and_a_rerun_complete
     assert rerun.nodes[node.name].action == "send"
     assert rerun.nodes[node.name].attempts == 2
     assert all(rerun.nodes[n.name].attempts == 1 for n in inventory.nodes if n != node)
-    assert image_on(node, CLUSTER_TAG) == pin.image_id
+    assert image_on(node, CLUSTER_TAG) == pin_id(node, pin)
 
 
 def authorized_keys(node: Node) -> bytes:
@@ -221,7 +250,7 @@ def test_relay_sends_about_one_image_from_the_control_machine(
     try:
         for node in inventory.nodes:
             on_node(node, drop)
-            assert image_on(node, small.image_id) == ""
+            assert image_on(node, small.tag) == image_on(node, small.image_id) == ""
 
         report = push_image(
             inventory, None, print, pin=small, opts=PushOptions(relay=True, tag=small.tag)
@@ -229,8 +258,8 @@ def test_relay_sends_about_one_image_from_the_control_machine(
 
         assert_ok(report)
         for node in inventory.nodes:
-            assert image_on(node, small.tag) == small.image_id
-            assert image_on(node, CLUSTER_TAG) == pin.image_id  # the pin left as it was
+            assert image_on(node, small.tag) == report.nodes[node.name].image_id
+            assert image_on(node, CLUSTER_TAG) == pin_id(node, pin)  # the pin left as it was
         assert report.nodes[inventory.head.name].via == "control"
         assert all(report.nodes[w.name].via == inventory.head.name for w in inventory.workers)
         assert small.size * 0.9 < report.control_bytes < small.size * 1.1

@@ -10,7 +10,7 @@ import pytest
 
 from provisioner.lab import faults
 from provisioner.lab.config import LABEL, LabConfig
-from provisioner.lab.engine import client
+from provisioner.lab.engine import client, exec_rc
 from provisioner.lab.images import ensure_base_image
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up
 from tests.cli import cli
@@ -220,13 +220,22 @@ def test_fault_isolate_drops_ssh_from_here_only_and_clear_undoes_it(lab: LabInfo
 
 def test_lab_up_json_and_down_leaves_nothing_behind() -> None:
     cfg = LabConfig(name="e2edown", subnet="10.250.103.0/24", nodes=1)
-    r = cli("lab", "up", "--nodes", "1", "--name", cfg.name, "--subnet", cfg.subnet, "--json")
+    args = ("--nodes", "1", "--name", cfg.name, "--subnet", cfg.subnet)
+    r = cli("lab", "up", *args, "--flavours", "trixie+containerd", "--json")
     assert r.exit_code == 0, r.stderr
     doc = r.json()
     assert set(doc) >= {"inventory", "key", "known_hosts", "nodes"}
     assert doc["nodes"] == [
-        {"name": "provisioner-e2edown-0", "address": "10.250.103.10", "user": "lab", "role": "head"}
+        {
+            "name": "provisioner-e2edown-0",
+            "address": "10.250.103.10",
+            "user": "lab",
+            "role": "head",
+            "flavour": "trixie+containerd",
+        }
     ]
+    rc, out = exec_rc("provisioner-e2edown-0", "docker info --format '{{json .DriverStatus}}'")
+    assert rc == 0 and "io.containerd.snapshotter" in out, out
     r = cli("lab", "down", "--name", cfg.name)
     assert r.exit_code == 0, r.stderr
     c = client()
