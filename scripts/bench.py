@@ -41,7 +41,7 @@ import bench_up
 from bench_repeats import Attempt, Repeats, summary
 
 from provisioner.errors import InputError
-from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
+from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults

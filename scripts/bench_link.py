@@ -22,7 +22,7 @@ from typing import Any
 from bench_push import one_node, remove_pin
 
 from provisioner.console import quiet
-from provisioner.image.lock import CLUSTER_TAG, Pin
+from provisioner.image.pin import CLUSTER_TAG, Pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import Inventory, Node
 

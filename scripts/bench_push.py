@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.console import quiet
-from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
+from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.remote import Pool

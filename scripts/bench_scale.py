@@ -2,8 +2,8 @@
 
 For each N (one lab at a time: made, measured, removed), on a lab of N nodes:
 - push of a small test image (one layer of fixed pseudo-random bytes) to every node that
-  holds none of it, three ways: direct, star relay (`--relay`), forwarding relay
-  (`--forward`): total seconds, bytes the control machine sent and bytes the busiest
+  holds none of it, three ways: direct, star relay (`--star`), forwarding relay
+  (`--chain`): total seconds, bytes the control machine sent and bytes the busiest
   node sent, both counted on the wire by the kernel (provisioner.lab.wire);
 - the pin itself to every node (forwarding relay), then `provisioner up` vs `ray up` of
   the rendered file until every node is alive, with Ray's own start (bench_up.py);
@@ -29,7 +29,7 @@ import bench_up
 from bench_repeats import Repeats
 
 from provisioner.console import quiet
-from provisioner.image.lock import Pin, read_pin
+from provisioner.image.pin import Pin, read_pin
 from provisioner.image.plan import LOAD_FACTOR
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_inventory

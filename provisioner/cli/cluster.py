@@ -28,14 +28,14 @@ from provisioner.cluster.preflight import DoctorStopped
 from provisioner.cluster.tunnel import tensorboard_port, tunnel
 from provisioner.console import Output, clean
 from provisioner.errors import InputError, ProvisionerError
-from provisioner.image.lock import Pin, read_pin
+from provisioner.image.pin import Pin, read_pin
 from provisioner.inventory import Inventory, load_cluster, load_inventory
 from provisioner.inventory.loader import require_nodes
-from provisioner.jobs.manage import JobsRunning, Stopped, stop_for_down
+from provisioner.jobs.control import JobsRunning, Stopped, stop_for_down
 from provisioner.node import tls, token
 from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
-from provisioner.runtime.base import PUSH_MODES, Runtime
+from provisioner.runtime.base import PUSH_ALIASES, PUSH_MODES, Runtime
 
 ForceOption = Annotated[bool, typer.Option("--force", help="Go on despite doctor errors.")]
 
@@ -173,8 +173,9 @@ def up(
         str,
         typer.Option(
             "--push",
-            help="How the image goes: direct (every node from here), relay (this machine "
-            "sends once, each node forwards to the next), auto (relay when 2+ nodes lack it).",
+            help="How the image goes: direct (every node from here), chain (this machine "
+            "sends once, each node forwards to the next; `relay` is its old name), auto "
+            "(chain when 2+ nodes lack it).",
         ),
     ] = "auto",
     queue_timeout: Annotated[
@@ -204,6 +205,7 @@ def up(
 
     Exit 0 when every node joined, also with a warning (a node that left the inventory
     could not be reached and keeps the token: the warning names the fix); 1 otherwise."""
+    push = PUSH_ALIASES.get(push, push)
     if push not in PUSH_MODES:
         raise InputError(
             f"--push {push!r} is not a push mode",

@@ -12,14 +12,14 @@ from rich.table import Table
 from provisioner.cli.common import InventoryOption, JsonOption, output
 from provisioner.errors import InputError
 from provisioner.image.build import VARIANTS, BuildOptions, build_image, default_images_dir
-from provisioner.image.lock import BUILD_TAG, CLUSTER_TAG, pin_to_dict, read_pin
-from provisioner.image.push import PushOptions, push_image
-from provisioner.image.requirements import (
+from provisioner.image.lock import (
     format_lock,
     index_urls,
     resolve,
     resolve_without_download,
 )
+from provisioner.image.pin import BUILD_TAG, CLUSTER_TAG, pin_to_dict, read_pin
+from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_cluster
 
 app = typer.Typer(
@@ -174,14 +174,21 @@ def push_cmd(
     inventory: InventoryOption,
     relay: Annotated[
         bool,
-        typer.Option("--relay", help="Send once to the head, which sends on to the workers."),
+        typer.Option(
+            "--star",
+            "--relay",
+            help="A star: send once to the head, which sends on to every worker "
+            "(--relay: its old name).",
+        ),
     ] = False,
     forward: Annotated[
         bool,
         typer.Option(
+            "--chain",
             "--forward",
-            help="Send once into a chain of nodes; each streams on what it receives while "
-            "loading it (no node sends more than about two images).",
+            help="A chain: send once into a chain of nodes; each streams on what it receives "
+            "while loading it (no node sends more than about two images; --forward: its old "
+            "name; `up --push chain`).",
         ),
     ] = False,
     full: Annotated[
@@ -216,8 +223,8 @@ def push_cmd(
         )
     if relay and forward:
         raise InputError(
-            "--relay and --forward are two ways to relay the image; choose one",
-            "--relay: the head sends to every worker; --forward: every node sends to the next",
+            "--star and --chain are two ways to relay the image; choose one",
+            "--star: the head sends to every worker; --chain: every node sends to the next",
         )
     if compress not in ("auto", "always", "never"):
         raise InputError(

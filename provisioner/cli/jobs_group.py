@@ -25,7 +25,7 @@ from provisioner.cli.jobs import (
     progress_text,
 )
 from provisioner.errors import InputError, OperationError
-from provisioner.jobs import manage
+from provisioner.jobs import control
 from provisioner.jobs.client import JOB_LOG_CAP, job_log
 from provisioner.jobs.results import bring_home
 from provisioner.jobs.spec import check_job_id
@@ -55,7 +55,7 @@ def list_cmd(
     out = output(json_)
     target = _target(inventory, address, token_file)
     with target.link() as link:
-        rows = manage.list_jobs(link)
+        rows = control.list_jobs(link)
     now = time.time()
     if json_:
         out.emit({"jobs": [r.to_json(now) for r in rows]})
@@ -148,7 +148,7 @@ def stop_cmd(
     target = _target(inventory, address, token_file)
     with target.link() as link:
         job_info(link, job_id)
-        status, message = manage.stop(link, job_id)
+        status, message = control.stop(link, job_id)
     if json_:
         out.emit({"job_id": job_id, "status": status, "message": message})
     else:

@@ -10,7 +10,7 @@ from provisioner.cluster import allocation, headprobe
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
-from provisioner.image.lock import Pin
+from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.inventory.loader import require_nodes
 from provisioner.node import commands

@@ -33,7 +33,7 @@ from provisioner.doctor import DoctorReport
 from provisioner.doctor.gather import gather_facts
 from provisioner.errors import InputError, OperationError, ProvisionerError
 from provisioner.gpu.plan import GpuPlan, plans_for, signature
-from provisioner.image.lock import Pin
+from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import commands, layout, tls, token
 from provisioner.remote import Pool, Session, fan_out

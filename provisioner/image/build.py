@@ -22,8 +22,8 @@ from docker.errors import APIError, ImageNotFound
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError
-from provisioner.image.lock import BUILD_TAG, Pin, Versions, layer_sizes_from_history, write_pin
-from provisioner.image.requirements import index_urls, lock_sha256, parse_lock, without_indexes
+from provisioner.image.lock import index_urls, lock_sha256, parse_lock, without_indexes
+from provisioner.image.pin import BUILD_TAG, Pin, Versions, layer_sizes_from_history, write_pin
 from provisioner.image.wheelhouse import ensure_wheels
 from provisioner.local import build_lock
 from provisioner.local import docker_client as client

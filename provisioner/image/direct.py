@@ -1,5 +1,5 @@
 """One node's push from this machine, and what a push reports; shared by the direct push
-(`push.py`) and the relay (`relay.py`).
+(`push.py`) and the relay (`star.py`).
 
 One round trip gathers Docker's state; a pure decision says send nothing, only re-tag,
 or send the layers the node lacks; the layers go as a `docker save` stream (with held
@@ -41,7 +41,7 @@ from provisioner.image.compress import (
     sample_rate,
     sample_stream,
 )
-from provisioner.image.lock import CLUSTER_TAG, Pin
+from provisioner.image.pin import CLUSTER_TAG, Pin
 from provisioner.image.plan import (
     NodePlan,
     decide,

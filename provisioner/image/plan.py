@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from provisioner.errors import RemoteError
-from provisioner.image.lock import CLUSTER_TAG, Pin
+from provisioner.image.pin import CLUSTER_TAG, Pin
 
 # docker load first unpacks the whole tar into a temporary directory, then applies it:
 # it needs about twice the bytes it receives, plus room to spare.

@@ -1,9 +1,9 @@
 """`provisioner image push`: make every node hold exactly the pinned image.
 
 Every node in parallel (bounded), each from this machine (`direct.py`); or with
-`--relay` the head from this machine and the workers from the head (`relay.py`); or with
+`--relay` the head from this machine and the workers from the head (`star.py`); or with
 `--forward` along a chain in which every node streams on what it receives
-(`forward.py`). A node's failure stops no other.
+(`chain.py`). A node's failure stops no other.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Collection
 
 from provisioner.console import Reporter, quiet
+from provisioner.image.chain import push_forwarded
 from provisioner.image.direct import NodePush, PushOptions, PushReport, SavedCache, push_node
-from provisioner.image.forward import push_forwarded
-from provisioner.image.lock import Pin
-from provisioner.image.relay import push_relayed
+from provisioner.image.pin import Pin
+from provisioner.image.star import push_relayed
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, fan_out
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError
-from provisioner.image.requirements import (
+from provisioner.image.lock import (
     LockedWheel,
     pip_download_args,
     run_pip_with_indexes,

@@ -27,7 +27,7 @@ from docker.errors import BuildError, ImageNotFound
 from provisioner.console import Reporter, quiet
 from provisioner.errors import LabError, PrerequisiteError
 from provisioner.image.base import ensure_base_image
-from provisioner.image.lock import Pin
+from provisioner.image.pin import Pin
 from provisioner.lab.config import LABEL
 from provisioner.lab.engine import client
 from provisioner.lab.flavours import DEFAULT_FLAVOUR, FLAVOURS, RELEASE_PACKAGES
@@ -128,7 +128,7 @@ def ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
 
 
 def _ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
-    from provisioner.image.requirements import index_urls, parse_lock, without_indexes
+    from provisioner.image.lock import index_urls, parse_lock, without_indexes
     from provisioner.image.wheelhouse import ensure_wheels
 
     node = ensure_node_image(report)

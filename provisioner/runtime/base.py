@@ -79,10 +79,15 @@ class RenderSection:
     start_flags: tuple[str, ...] = ()  # trusted text added to `ray start`
 
 
-PUSH_MODES = ("auto", "direct", "relay")
-"""`up --push`: direct, every node from this machine; relay, the forwarding relay (this
-machine sends once into a chain of the nodes lacking layers); auto, the relay when two
-or more nodes lack layers (it then sends less over this machine's link), else direct."""
+PUSH_MODES = ("auto", "direct", "chain")
+"""`up --push`: direct, every node from this machine; chain, the forwarding relay (this
+machine sends once into a chain of the nodes lacking layers: `image push --chain`); auto,
+the chain when two or more nodes lack layers (it then sends less over this machine's
+link), else direct."""
+
+PUSH_ALIASES = {"relay": "chain"}
+"""Earlier names of a push mode, still accepted: `--push relay` was the chain (the star,
+`image push --star`, is not a mode of `up`)."""
 
 
 class Delivery(Protocol):
@@ -203,6 +208,7 @@ class Runtime(Protocol):
 
 
 __all__ = [
+    "PUSH_ALIASES",
     "PUSH_MODES",
     "Capabilities",
     "Delivery",

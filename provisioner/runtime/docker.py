@@ -21,7 +21,7 @@ from provisioner.errors import InputError, RemoteError
 from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan
 from provisioner.image.direct import store_ids
-from provisioner.image.lock import CLUSTER_TAG, Pin
+from provisioner.image.pin import CLUSTER_TAG, Pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
@@ -299,7 +299,7 @@ def push_options(mode: str) -> PushOptions:
     """The push `up --push MODE` makes (runtime.base.PUSH_MODES)."""
     if mode == "direct":
         return PushOptions()
-    return PushOptions(forward=True, chain_from=1 if mode == "relay" else 2)
+    return PushOptions(forward=True, chain_from=1 if mode == "chain" else 2)
 
 
 def gpu_probe_command(image: str, gpus: GpuPlan) -> str:

@@ -27,7 +27,7 @@ from provisioner.checks.findings import Finding, error, ok, warning
 from provisioner.checks.plan import Plan
 from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan, accelerator_label_env
-from provisioner.image.lock import Pin
+from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
 from provisioner.node.commands import ray_start_args

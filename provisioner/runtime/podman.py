@@ -19,7 +19,7 @@ from pathlib import Path
 
 from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan
-from provisioner.image.lock import Pin
+from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
 from provisioner.node.commands import ray_start_args

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from provisioner.errors import InputError, RemoteError
 from provisioner.image.direct import save_stream
-from provisioner.image.lock import Pin
+from provisioner.image.pin import Pin
 from provisioner.image.savestream import passthrough
 from provisioner.inventory import Inventory, Node
 from provisioner.node.delivery import DeliveryReport, NodeDelivery

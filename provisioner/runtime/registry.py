@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from provisioner.errors import InventoryError
 
 if TYPE_CHECKING:
-    from provisioner.image.lock import Pin
+    from provisioner.image.pin import Pin
     from provisioner.inventory import Inventory
     from provisioner.runtime.base import Judges, Runtime
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError
-from provisioner.image.lock import Pin
+from provisioner.image.pin import Pin
 from provisioner.local import docker_client as client
 
 REPOSITORY = "provisioner/ray-sagemaker"

@@ -40,7 +40,7 @@ from typing import Any
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError, PrerequisiteError
-from provisioner.image.lock import read_pin
+from provisioner.image.pin import read_pin
 from provisioner.jobs.plots import plot_results
 from provisioner.jobs.resume import SEEDS, find_source
 from provisioner.jobs.spec import job_id_for

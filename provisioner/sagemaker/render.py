@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError
-from provisioner.image.lock import read_pin
+from provisioner.image.pin import read_pin
 from provisioner.sagemaker import plan
 from provisioner.sagemaker.image import context_files, tag_for
 

@@ -164,7 +164,7 @@ def cluster_inventory(lab: LabInfo, lab_config: LabConfig, image_pin: Path) -> I
     so the first one starts it and the others find it healthy). `down` at the end.
     """
     from provisioner.cli import run
-    from provisioner.image.lock import read_pin
+    from provisioner.image.pin import read_pin
     from provisioner.image.push import push_image
     from provisioner.inventory import load_inventory
 

@@ -95,7 +95,7 @@ def test_facts_fallbacks_tell_the_same_docker_facts(inventory: str, lab: LabInfo
     cluster's container and the pinned image, all three must tell the same facts."""
 
     from provisioner.doctor.gather import facts_script
-    from provisioner.image.lock import read_pin
+    from provisioner.image.pin import read_pin
     from provisioner.runtime import judges
     from provisioner.runtime.docker_doctor import DockerFacts
     from tests.e2e.helpers import ssh_args

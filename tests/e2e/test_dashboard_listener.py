@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from provisioner.image.lock import read_pin
+from provisioner.image.pin import read_pin
 from provisioner.inventory import load_inventory
 from provisioner.lab.config import LabNode
 from provisioner.lab.nodes import LabInfo

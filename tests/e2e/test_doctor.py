@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from provisioner.doctor import DoctorReport, run_doctor
-from provisioner.image.lock import Pin, Versions, write_pin
+from provisioner.image.pin import Pin, Versions, write_pin
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.config import LabNode

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin, write_pin
+from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin, write_pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults

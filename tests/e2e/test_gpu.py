@@ -21,7 +21,7 @@ import yaml
 
 from provisioner.cluster import headprobe
 from provisioner.doctor import DoctorReport, run_doctor
-from provisioner.image.lock import read_pin, write_pin
+from provisioner.image.pin import read_pin, write_pin
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.engine import exec_rc

@@ -1,4 +1,4 @@
-"""End to end: the forwarding relay (`image push --forward`) on the lab's real sshd and dockerd.
+"""End to end: the forwarding relay (`image push --chain`) on the lab's real sshd and dockerd.
 
 Small test images (fixed pseudo-random bytes, one or two layers) keep it cheap. Bytes
 are counted on the wire by the kernel (provisioner.lab.wire: iptables counters in each
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.image.direct import SavedCache
-from provisioner.image.lock import Pin, read_pin
+from provisioner.image.pin import Pin, read_pin
 from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.image.savestream import containerd_id
 from provisioner.inventory import Inventory, Node, load_inventory

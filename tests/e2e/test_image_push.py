@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.image.build import BuildOptions, build_image
-from provisioner.image.lock import CLUSTER_TAG, Pin, read_pin
+from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin
 from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.lab.engine import client, exec_rc
@@ -234,7 +234,7 @@ def authorized_keys(node: Node) -> bytes:
 def test_relay_sends_about_one_image_from_the_control_machine(
     inventory: Inventory, pin: Pin
 ) -> None:
-    """The star relay (`image push --relay`) of a 48 MB test image that no node holds: the
+    """The star relay (`image push --star`) of a 48 MB test image that no node holds: the
     control machine sends it once, to the head, which sends it on to each worker. The
     claim does not depend on the size (the pin's relay is measured by `make bench`'s scale
     rows), and the nodes keep the pin."""

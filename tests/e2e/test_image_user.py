@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from docker.errors import ImageNotFound
 
-from provisioner.image.lock import read_pin
+from provisioner.image.pin import read_pin
 from provisioner.local import docker_client
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.cluster.tunnel import listeners_command, parse_listeners_output, refusal
-from provisioner.image.lock import read_pin
+from provisioner.image.pin import read_pin
 from provisioner.inventory import load_inventory
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import exec_rc

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner.image.lock import read_pin
+from provisioner.image.pin import read_pin
 from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
 from provisioner.node import layout

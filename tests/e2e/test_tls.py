@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.image.lock import read_pin
+from provisioner.image.pin import read_pin
 from provisioner.inventory import Inventory, RayPorts, load_inventory
 from provisioner.lab.config import LabNode
 from provisioner.lab.nodes import LabInfo

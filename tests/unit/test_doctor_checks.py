@@ -18,7 +18,7 @@ from provisioner.checks.facts import NodeFacts, parse_facts
 from provisioner.checks.findings import Finding, ordered
 from provisioner.checks.plan import PinFacts, Plan
 from provisioner.doctor import CATALOGUE
-from provisioner.doctor.api import node_findings
+from provisioner.doctor.run import node_findings
 from provisioner.inventory import Node, RayPorts, SSHSettings
 from provisioner.runtime.docker import CAPS as DOCKER_CAPS
 from provisioner.runtime.docker_doctor import parse as docker_parse

@@ -18,7 +18,7 @@ from provisioner.checks.findings import Finding
 from provisioner.checks.neighbours import free_base, port_owner, rays_on_node
 from provisioner.checks.plan import Plan
 from provisioner.cluster.up import _refuse_foreign_gcs
-from provisioner.doctor.api import DoctorReport, node_findings
+from provisioner.doctor.run import DoctorReport, node_findings
 from provisioner.errors import OperationError
 from provisioner.inventory import Inventory, Node, RayPorts, SSHSettings
 from provisioner.runtime.base import RayState

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from provisioner.checks.facts import Container, NodeFacts, RuntimeFacts
 from provisioner.checks.findings import Finding, error
-from provisioner.doctor.api import explained_by_own_ray
+from provisioner.doctor.run import explained_by_own_ray
 
 BUSY = [
     error("ports.free", "n0", "port 6379 (gcs) is in use by gcs_server", "", "stop it"),

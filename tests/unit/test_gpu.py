@@ -21,7 +21,7 @@ from provisioner.checks.findings import Finding
 from provisioner.checks.gpu_checks import check_gpus, check_inside, check_models, parse_inside
 from provisioner.checks.plan import PinFacts, Plan
 from provisioner.doctor import CATALOGUE
-from provisioner.doctor.api import node_findings
+from provisioner.doctor.run import node_findings
 from provisioner.errors import InventoryError
 from provisioner.gpu.facts import GpuFacts, parse_cdi_spec, parse_gpu_facts
 from provisioner.gpu.plan import GpuPlan, plan_gpus

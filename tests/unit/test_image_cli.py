@@ -12,8 +12,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from provisioner.image.lock import pin_to_dict, write_pin
-from provisioner.image.relay import (
+from provisioner.image.pin import pin_to_dict, write_pin
+from provisioner.image.star import (
     add_key_command,
     authorized_line,
     make_relay_key,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.image.lock import Pin, Versions
+from provisioner.image.pin import Pin, Versions
 from provisioner.image.plan import decide, facts_script, parse_facts
 from provisioner.image.savestream import (
     SavedImage,
@@ -152,7 +152,7 @@ def test_the_doctor_sees_the_pin_under_either_stores_id() -> None:
     from dataclasses import replace
 
     from provisioner.checks.facts import NodeFacts
-    from provisioner.doctor.api import DoctorReport
+    from provisioner.doctor.run import DoctorReport
     from provisioner.runtime.docker_doctor import DockerFacts
 
     own, alt = "sha256:" + "1" * 64, "sha256:" + "2" * 64

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from provisioner.errors import InputError
-from provisioner.image.lock import (
+from provisioner.image.lock import LockedWheel, format_lock, lock_sha256, parse_lock
+from provisioner.image.pin import (
     EMPTY_LAYER,
     Pin,
     Versions,
@@ -18,7 +19,6 @@ from provisioner.image.lock import (
     read_pin,
     write_pin,
 )
-from provisioner.image.requirements import LockedWheel, format_lock, lock_sha256, parse_lock
 
 D = "sha256:" + "a" * 64
 L1, L2, L3 = ("sha256:" + c * 64 for c in "123")
@@ -158,7 +158,7 @@ def test_a_missing_requirements_file_is_named_with_its_fix(tmp_path: Path) -> No
     import pytest
 
     from provisioner.errors import InputError
-    from provisioner.image.requirements import resolve, resolve_without_download
+    from provisioner.image.lock import resolve, resolve_without_download
 
     missing = tmp_path / "requirements.in"
     for call in (lambda: resolve(missing, tmp_path), lambda: resolve_without_download(missing)):
@@ -168,7 +168,7 @@ def test_a_missing_requirements_file_is_named_with_its_fix(tmp_path: Path) -> No
 
 
 def test_the_lock_names_its_indexes_and_they_do_not_change_what_it_pins() -> None:
-    from provisioner.image.requirements import index_urls, without_indexes
+    from provisioner.image.lock import index_urls, without_indexes
 
     wheels = [LockedWheel("torch", "2.13.0+cpu", "1" * 64)]
     cpu = "https://download.pytorch.org/whl/cpu"
@@ -232,7 +232,7 @@ def test_a_wheel_pips_own_configuration_lacks_comes_from_the_index_the_lock_name
 
 
 def test_a_percent_encoded_wheel_url_in_pips_report_is_read_as_its_file_name() -> None:
-    from provisioner.image.requirements import wheels_in_report
+    from provisioner.image.lock import wheels_in_report
 
     url = (
         "https://download.pytorch.org/whl/cpu/torch-2.13.0%2Bcpu-cp311-cp311-"

@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from provisioner.errors import RemoteError
-from provisioner.image.lock import CLUSTER_TAG
+from provisioner.image.pin import CLUSTER_TAG
 from provisioner.image.plan import (
     SPARE_BYTES,
     ImageFacts,

@@ -17,7 +17,7 @@ import pytest
 from provisioner.cli.cluster import ray_env_lines
 from provisioner.cli.jobs import duration_text, progress_text
 from provisioner.errors import InputError, ReceiveError
-from provisioner.jobs.manage import parse_progress, progress_command
+from provisioner.jobs.control import parse_progress, progress_command
 from provisioner.jobs.results import Results, capped_log, finish, tail
 from provisioner.jobs.resume import find_source, head_copy_command, latest_checkpoint
 from provisioner.jobs.submit import JobOutcome, lost_a_node, shows_a_lost_node

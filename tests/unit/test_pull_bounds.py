@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.errors import InputError, ReceiveError, TooLargeError
-from provisioner.jobs.manage import progress_command, record_status_command
+from provisioner.jobs.control import progress_command, record_status_command
 from provisioner.jobs.resume import head_copy_command
 from provisioner.jobs.tables import read_json, read_rows
 from provisioner.jobs.upload import sendable_files

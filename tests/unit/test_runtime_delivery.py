@@ -58,10 +58,10 @@ def test_the_report_as_json_keeps_its_keys() -> None:
 
 def test_each_runtime_says_how_its_image_is_delivered(tmp_path: Path) -> None:
     pin = make_pin(image_id=PIN_ID)
-    docker = runtime_for(make_inventory(tmp_path), pin, push="relay").delivery()
+    docker = runtime_for(make_inventory(tmp_path), pin, push="chain").delivery()
     podman = runtime_for(make_inventory(tmp_path, runtime="podman"), pin).delivery()
     host = runtime_for(make_inventory(tmp_path, runtime="host"), pin).delivery()
-    assert isinstance(docker, DockerDelivery) and docker.push == "relay"
+    assert isinstance(docker, DockerDelivery) and docker.push == "chain"
     assert isinstance(podman, PodmanDelivery)
     assert host is None  # the nodes bring their own Ray
     assert docker.image_id == podman.image_id == PIN_ID

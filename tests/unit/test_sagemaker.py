@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.errors import InputError
-from provisioner.image.lock import Pin, Versions, write_pin
+from provisioner.image.pin import Pin, Versions, write_pin
 from provisioner.sagemaker import plan
 from provisioner.sagemaker.container import contract, train
 from provisioner.sagemaker.image import context_files, dockerfile, tag_for

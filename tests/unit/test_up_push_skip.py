@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from provisioner.checks.facts import parse_facts
-from provisioner.doctor.api import DoctorReport
+from provisioner.doctor.run import DoctorReport
 from provisioner.image.push import push_image
 from provisioner.runtime.docker_doctor import parse as docker_parse
 from tests.unit.inventories import make_inventory

@@ -104,11 +104,19 @@ def test_the_clis_flags_become_the_options_with_the_same_defaults(
     monkeypatch.setattr(cli_cluster.up_mod, "up_cluster", fake_up_cluster)
     monkeypatch.setattr(cli_cluster, "load_inventory", lambda path: _FakeInventory())
     assert run(["up", "-i", "x.yml"]) == 0
-    flags = ["--force", "--no-doctor", "--timeout", "7", "--push", "relay", "--rotate-token"]
+    flags = [
+        "--force",
+        "--no-doctor",
+        "--timeout",
+        "7",
+        "--push",
+        "relay",
+        "--rotate-token",
+    ]  # relay: chain's old name
     assert run(["up", "-i", "x.yml", *flags, "--queue-timeout", "9"]) == 0
     assert seen[0] == up.UpOptions()
     assert seen[1] == up.UpOptions(
-        force=True, doctor=False, join_timeout=7, push="relay", rotate_token=True, queue_timeout=9
+        force=True, doctor=False, join_timeout=7, push="chain", rotate_token=True, queue_timeout=9
     )
     assert up.UpOptions().probe is True
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.image.direct import PushOptions
-from provisioner.image.forward_plan import (
+from provisioner.image.chain_plan import (
     Chain,
     Hop,
     chain_order,
@@ -29,6 +28,7 @@ from provisioner.image.forward_plan import (
     sent_bytes,
     write_hop_command,
 )
+from provisioner.image.direct import PushOptions
 from provisioner.image.plan import NodePlan
 from provisioner.image.savestream import read_saved
 
@@ -217,7 +217,7 @@ def test_up_push_modes_choose_the_push() -> None:
 
     assert push_options("direct") == PushOptions()
     assert push_options("auto") == PushOptions(forward=True, chain_from=2)
-    assert push_options("relay") == PushOptions(forward=True, chain_from=1)
+    assert push_options("chain") == PushOptions(forward=True, chain_from=1)
 
 
 def test_up_with_an_unknown_push_mode_is_exit_2(tmp_path: Path) -> None:
@@ -228,7 +228,7 @@ def test_up_with_an_unknown_push_mode_is_exit_2(tmp_path: Path) -> None:
     )
     result = cli("up", "-i", str(tmp_path / "inv.yaml"), "--push", "star")
     assert result.exit_code == 2
-    assert "not a push mode" in result.stderr and "auto, direct, relay" in result.stderr
+    assert "not a push mode" in result.stderr and "auto, direct, chain" in result.stderr
 
 
 def test_image_push_with_both_relays_is_exit_2(tmp_path: Path) -> None:
@@ -238,6 +238,7 @@ def test_image_push_with_both_relays_is_exit_2(tmp_path: Path) -> None:
         "cluster: t\nimage: {lock: x.json}\nhead: {name: h, address: 10.250.9.10}\nworkers: []\n"
     )
     (tmp_path / "x.json").write_text("{}")
-    result = cli("image", "push", "-i", str(tmp_path / "inv.yaml"), "--relay", "--forward")
-    assert result.exit_code == 2
-    assert "choose one" in result.stderr
+    for both in (["--star", "--chain"], ["--relay", "--forward"]):  # the old names too
+        result = cli("image", "push", "-i", str(tmp_path / "inv.yaml"), *both)
+        assert result.exit_code == 2
+        assert "choose one" in result.stderr

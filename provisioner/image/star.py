@@ -39,7 +39,7 @@ from provisioner.image.direct import (
     retrying,
     verify_and_tag,
 )
-from provisioner.image.lock import Pin
+from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.hostkeys import read_known_hosts

@@ -1,6 +1,6 @@
 """The forwarding relay, planned: who feeds whom, what each hop drops, the hop script.
 
-Pure functions only (forward.py runs them). The nodes that lack layers form one chain,
+Pure functions only (chain.py runs them). The nodes that lack layers form one chain,
 ordered by how many of the pin's first layers each holds (fewest first, then inventory
 order): the control machine sends the first node the layers it lacks, and every node
 streams what it receives on to the next one while its own `docker load` reads it. A

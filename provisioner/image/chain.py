@@ -1,20 +1,20 @@
 """Forwarding relay: the control machine sends the image once, and every node streams what
 it receives on to the next node while it loads it (`image push --forward`, `up --push`).
 
-The plan is forward_plan.py's. Here: one round trip per node gathers what it holds
+The plan is chain_plan.py's. Here: one round trip per node gathers what it holds
 (nodes that hold the pin are only verified and tagged); every node of the chain gets a
 private directory. Each round, every node of it gets its hop script, and every edge of
 the round (sender -> receiver) a key of its own, made for that edge and round: the
 private half only on the sender (with the receiver's host keys as this machine trusts
 them; no trust on first use), the public half only in the receiver's authorized_keys,
 accepted only from the sender's address, only to run the receiver's hop script (which
-runs once per round) and only for a few minutes (relay.py's add/remove: the file ends
+runs once per round) and only for a few minutes (star.py's add/remove: the file ends
 byte for byte as it began). So a node holds no key that any node but its own receiver
 accepts. The control machine streams into the first node's hop; each hop forwards with
 OpenSSH to the next. Every node counts the bytes it receives, so the bytes each sender
 put on the wire are read, not estimated. The round's keys are removed as soon as its
 stream ends, whatever happened (a failure, Ctrl-C); the control machine then verifies
-and tags every node; nodes that fail are re-fed (forward_plan.refeed_chain), at most
+and tags every node; nodes that fail are re-fed (chain_plan.refeed_chain), at most
 `retries` more rounds. Directories, and any key whose removal failed, are removed
 again at the end; a removal that fails is an error of the push.
 """
@@ -29,22 +29,7 @@ from dataclasses import dataclass, replace
 
 from provisioner.console import Reporter
 from provisioner.errors import ConnectError, ProvisionerError, RemoteError
-from provisioner.image.compress import compressed_stream
-from provisioner.image.direct import (
-    NodePush,
-    PushOptions,
-    PushReport,
-    SavedCache,
-    Sent,
-    _Guarded,
-    check_codec_all,
-    gather_plan,
-    plan_codec,
-    push_node,
-    save_stream,
-    verify_and_tag,
-)
-from provisioner.image.forward_plan import (
+from provisioner.image.chain_plan import (
     ALIVE_S,
     HOP_SCRIPT,
     RECEIVED,
@@ -64,9 +49,25 @@ from provisioner.image.forward_plan import (
     sent_bytes,
     write_hop_command,
 )
-from provisioner.image.lock import Pin
+from provisioner.image.compress import compressed_stream
+from provisioner.image.direct import (
+    NodePush,
+    PushOptions,
+    PushReport,
+    SavedCache,
+    Sent,
+    _Guarded,
+    check_codec_all,
+    gather_plan,
+    plan_codec,
+    push_node,
+    save_stream,
+    verify_and_tag,
+)
+from provisioner.image.pin import Pin
 from provisioner.image.plan import NodePlan
-from provisioner.image.relay import (
+from provisioner.image.savestream import SavedImage, partial, passthrough
+from provisioner.image.star import (
     Added,
     RelayKey,
     add_key_command,
@@ -77,7 +78,6 @@ from provisioner.image.relay import (
     remove_failed,
     remove_key_command,
 )
-from provisioner.image.savestream import SavedImage, partial, passthrough
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, fan_out
 

@@ -174,7 +174,7 @@ def pin_alt_id(inventory: Inventory) -> str:
     if inventory.image_lock is None:
         return ""
     from provisioner.image.direct import store_ids
-    from provisioner.image.lock import read_pin
+    from provisioner.image.pin import read_pin
 
     try:
         pin = read_pin(inventory.image_lock)
@@ -186,7 +186,7 @@ def pin_alt_id(inventory: Inventory) -> str:
 def read_pin_facts(inventory: Inventory) -> tuple[PinFacts | None, list[Finding]]:
     if inventory.image_lock is None:
         return None, []
-    from provisioner.image.lock import read_pin
+    from provisioner.image.pin import read_pin
 
     try:
         pin = read_pin(inventory.image_lock)
