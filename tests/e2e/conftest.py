@@ -8,11 +8,13 @@ at the end unless PROVISIONER_KEEP_LAB=1 (then the next run starts in seconds).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from provisioner.errors import InputError
 from provisioner.lab import faults
@@ -74,7 +76,7 @@ MODULE_ORDER = (
 # them (marked `apart`) in a second pytest process beside the first, so the suite's time
 # is nearer the longer of the two than their sum. Image builds take a lock
 # (`provisioner.local.build_lock`), so the two never build the same image at once.
-APART_FIXTURES = {"host_lab", "slurm_lab", "podman_lab"}
+APART_FIXTURES = {"host_lab", "host_lab_mixed", "slurm_lab", "podman_lab"}
 # Modules that need none of the `e2e` lab (SageMaker's local mode runs on this machine's
 # own Docker; its one cluster test resumes on the host-mode lab) run there too.
 APART_MODULES = {"test_sagemaker_local"}
@@ -173,14 +175,23 @@ def cluster_inventory(lab: LabInfo, image_pin: Path) -> Iterator[Path]:
     run(["down", "-i", str(info.inventory), "--no-logs"])
 
 
+# Its nodes: three bookworm nodes (Python 3.11), on which every host-mode test runs, and one
+# trixie node (Python 3.13, the same Ray), which only the mixed-Python test's inventory names.
+HOST_FLAVOURS = ("bookworm", "bookworm", "bookworm", "trixie")
+
+
 @pytest.fixture(scope="session")
-def host_lab() -> Iterator[LabInfo]:
-    """A lab whose nodes run Ray from their own virtualenv (`lab up --runtime host`), with
-    an inventory that says `runtime: host`; removed at the end unless kept."""
-    cfg = LabConfig(name=HOST_NAME, subnet=HOST_SUBNET, nodes=3, runtime="host")
+def host_lab_mixed() -> Iterator[LabInfo]:
+    """A lab whose nodes run Ray from their own virtualenv (`lab up --runtime host
+    --flavours HOST_FLAVOURS`), with an inventory of all its nodes that says `runtime:
+    host`; removed at the end unless kept."""
+    cfg = LabConfig(
+        name=HOST_NAME, subnet=HOST_SUBNET, nodes=len(HOST_FLAVOURS), runtime="host",
+        flavours=HOST_FLAVOURS,
+    )  # fmt: skip
     try:
         info = lab_up(cfg, print, images_dir=IMAGES)
-    except InputError:  # a leftover lab of that name on another subnet: start clean
+    except InputError:  # a leftover lab of that name on another subnet or size: start clean
         lab_down(cfg)
         info = lab_up(cfg, print, images_dir=IMAGES)
     faults.clear(info)
@@ -188,6 +199,19 @@ def host_lab() -> Iterator[LabInfo]:
     faults.clear(info)
     if os.environ.get("PROVISIONER_KEEP_LAB") != "1":
         lab_down(cfg)
+
+
+@pytest.fixture(scope="session")
+def host_lab(host_lab_mixed: LabInfo) -> LabInfo:
+    """The host-mode lab's nodes of one Python (its bookworm nodes), with an inventory of
+    those alone (beside the lab's own, in its state folder)."""
+    nodes = tuple(n for n in host_lab_mixed.nodes if n.flavour == HOST_FLAVOURS[0])
+    names = {n.name for n in nodes}
+    document = yaml.safe_load(host_lab_mixed.inventory.read_text())
+    document["workers"] = [w for w in document["workers"] if w["name"] in names]
+    inventory = host_lab_mixed.inventory.with_name("inventory-bookworm.yaml")
+    inventory.write_text(yaml.safe_dump(document, sort_keys=False))
+    return dataclasses.replace(host_lab_mixed, inventory=inventory, nodes=nodes)
 
 
 @pytest.fixture(scope="session")
