@@ -44,6 +44,10 @@ DEFAULT_FLAVOUR = "bookworm"
 # then node-release.Dockerfile): from trixie on, the docker client is a package of its own
 # (docker.io only recommends it).
 RELEASE_PACKAGES: dict[str, tuple[str, ...]] = {"bookworm": (), "trixie": ("docker-cli",)}
+# What a host-mode node of each Debian release adds to its virtualenv from Debian's packages
+# (host-release.Dockerfile): trixie's Python 3.13 has no CPU build of torch on the lab's
+# package indexes, so Debian's own torch (2.6) is linked in.
+HOST_PACKAGES: dict[str, tuple[str, ...]] = {"bookworm": (), "trixie": ("python3-torch",)}
 
 
 def _fix() -> str:

@@ -30,7 +30,7 @@ from provisioner.image.base import ensure_base_image
 from provisioner.image.lock import Pin
 from provisioner.lab.config import LABEL
 from provisioner.lab.engine import client
-from provisioner.lab.flavours import DEFAULT_FLAVOUR, FLAVOURS, RELEASE_PACKAGES
+from provisioner.lab.flavours import DEFAULT_FLAVOUR, FLAVOURS, HOST_PACKAGES, RELEASE_PACKAGES
 from provisioner.local import build_lock
 
 RECIPE_FILES = ("node.Dockerfile", "sshd_config", "entrypoint.sh", "delay-proxy.py")
@@ -121,7 +121,8 @@ def host_node_tag(node: str, lock_text: str) -> str:
 
 # The host-mode virtualenv of a node whose Python is not the cluster lock's (3.11): the
 # lock's Ray, RLlib and their packages for that Python, without torch (no CPU build of
-# torch for CPython 3.13 on the indexes the lab uses), in the lab's recipe.
+# torch for CPython 3.13 on the indexes the lab uses: Debian's own is linked in, see
+# HOST_PACKAGES), in the lab's recipe.
 HOST_LOCKS = {"3.13": "host-py3.13.lock"}
 
 
@@ -145,8 +146,7 @@ def _host_lock(images_dir: Path, python: str) -> Path:
 def _ensure_host_node_image(
     images_dir: Path, report: Reporter = quiet, flavour: str = DEFAULT_FLAVOUR
 ) -> str:
-    from provisioner.image.requirements import index_urls, parse_lock, without_indexes
-    from provisioner.image.wheelhouse import ensure_wheels
+    from provisioner.image.requirements import without_indexes
 
     node = _ensure_node_image(report, flavour)
     python = FLAVOURS[flavour].python
@@ -159,8 +159,42 @@ def _ensure_host_node_image(
     full = lock.read_text()
     text = without_indexes(full)  # the packages: the index lines only say where they come from
     tag = host_node_tag(node, text)
-    if _exists(tag):
+    if not _exists(tag):
+        _build_host_node_image(images_dir, full, text, lock, node, tag, flavour, report)
+    packages = HOST_PACKAGES[FLAVOURS[flavour].suite]
+    if not packages:
         return tag
+    host, tag = tag, host_release_tag(tag, packages)
+    if not _exists(tag):
+        report(f"building the host-mode lab node image {tag} ({' '.join(packages)})")
+        args = {"HOST_IMAGE": host, "PYTHON": python, "HOST_PACKAGES": " ".join(packages)}
+        _docker_build(_recipe_dir(), HOST_RELEASE_RECIPE, tag, args, report)
+    return tag
+
+
+HOST_RELEASE_RECIPE = "host-release.Dockerfile"
+
+
+def host_release_tag(host: str, packages: tuple[str, ...]) -> str:
+    """The tag of a host-mode node image plus its Debian release's packages for Ray."""
+    recipe = (_recipe_dir() / HOST_RELEASE_RECIPE).read_bytes()
+    return f"provisioner-lab-host:{_digest(host, recipe, *packages)}"
+
+
+def _build_host_node_image(
+    images_dir: Path,
+    full: str,
+    text: str,
+    lock: Path,
+    node: str,
+    tag: str,
+    flavour: str,
+    report: Reporter,
+) -> None:
+    from provisioner.image.requirements import index_urls, parse_lock
+    from provisioner.image.wheelhouse import ensure_wheels
+
+    python = FLAVOURS[flavour].python
     wheels = ensure_wheels(
         parse_lock(text, str(lock)),
         images_dir / ".wheelhouse",
@@ -180,7 +214,6 @@ def _ensure_host_node_image(
         (ctx / "requirements.lock").write_text(text)
         shutil.copy2(_recipe_dir() / HOST_DOCKERFILE, ctx / "Dockerfile")
         _docker_build(ctx, "Dockerfile", tag, {"NODE_IMAGE": node}, report)
-    return tag
 
 
 PODMAN_RECIPE = ("podman.Dockerfile", "podman-entrypoint.sh", "sshd_config")
