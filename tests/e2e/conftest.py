@@ -34,6 +34,9 @@ HOST_SUBNET = os.environ.get("PROVISIONER_HOST_LAB_SUBNET", "10.250.101.0/24")
 # The SLURM lab (a login node with slurmctld, compute nodes with slurmd): a lab of its own.
 SLURM_NAME = os.environ.get("PROVISIONER_SLURM_LAB_NAME", f"{E2E_NAME}-slurm")
 SLURM_SUBNET = os.environ.get("PROVISIONER_SLURM_LAB_SUBNET", "10.250.102.0/24")
+# Its nodes' kind, one for all (slurmctld and slurmd of one release): bookworm (Slurm
+# 22.05) or trixie (Slurm 24.11).
+SLURM_FLAVOUR = os.environ.get("PROVISIONER_SLURM_LAB_FLAVOUR", "bookworm")
 # The podman lab (rootless Podman for a login user without Docker): a lab of its own.
 PODMAN_NAME = os.environ.get("PROVISIONER_PODMAN_LAB_NAME", f"{E2E_NAME}-podman")
 PODMAN_SUBNET = os.environ.get("PROVISIONER_PODMAN_LAB_SUBNET", "10.250.103.0/24")
@@ -218,7 +221,10 @@ def host_lab(host_lab_mixed: LabInfo) -> LabInfo:
 def slurm_lab() -> Iterator[LabInfo]:
     """A SLURM cluster (`lab up --slurm`): a login node and 3 compute nodes reached only
     through it, whose inventory asks SLURM for the nodes; removed at the end unless kept."""
-    cfg = LabConfig(name=SLURM_NAME, subnet=SLURM_SUBNET, nodes=3, runtime="host", slurm=True)
+    cfg = LabConfig(
+        name=SLURM_NAME, subnet=SLURM_SUBNET, nodes=3, runtime="host", slurm=True,
+        flavours=parse_flavours(SLURM_FLAVOUR),
+    )  # fmt: skip
     try:
         info = lab_up(cfg, print, images_dir=IMAGES)
     except InputError:  # a leftover lab of that name on another subnet: start clean
