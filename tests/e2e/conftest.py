@@ -168,8 +168,12 @@ def cluster_inventory(lab: LabInfo, image_pin: Path) -> Iterator[Path]:
     from provisioner.image.push import push_image
     from provisioner.inventory import load_inventory
 
+    # the lab's own flavours: without them, lab_up would remake every node as bookworm
+    flavours = tuple(n.flavour for n in lab.nodes)
     info = lab_up(
-        LabConfig(name=lab.name, subnet=E2E_SUBNET, nodes=len(lab.nodes)), print, image_pin
+        LabConfig(name=lab.name, subnet=E2E_SUBNET, nodes=len(lab.nodes), flavours=flavours),
+        print,
+        image_pin,
     )
     inv = load_inventory(info.inventory)
     report = push_image(inv, None, print, pin=read_pin(image_pin))

@@ -193,6 +193,8 @@ def test_up_hands_the_simulated_gpus_through_cdi_on_a_docker_26_node(
     if not odd:
         pytest.skip("no worker of Docker >= 25 (a trixie flavour) in this lab")
     node = odd[0]
+    rc, version = exec_rc(node.container, "docker version --format '{{.Server.Version}}'")
+    assert rc == 0 and int(version.split(".")[0]) >= 25, version  # CDI: Docker >= 25
     inv = load_inventory(inventory)
     container = ray_container(inv)
     uuids = [uuid_for(node.name, i) for i in range(2)]
