@@ -4,7 +4,7 @@
 host_head, host_worker: a clean node (Ray 2.60 in ~/ray-venv, on the login PATH only);
 host_other_ray: that virtualenv with Ray 2.59.0 installed over it (pip, --no-deps);
 host_trixie: a trixie node (Debian 13, Python 3.13.5) of a lab also holding bookworm
-nodes (`lab up --runtime host --flavours ...`): the same Ray, without torch;
+nodes (`lab up --runtime host --flavours ...`): the same Ray, with Debian's torch 2.6;
 host_running_head: the head of lab `lead-host` while this cluster (`lead-host`) ran on it in
 host mode (Ray's temp dir the short link /tmp/prov-lead-host).
 """
@@ -108,7 +108,7 @@ def test_a_node_of_another_python_is_named_with_both_versions_and_the_fix() -> N
         W2.name: facts("host_trixie", W2),
     }
     found = judges("host").cluster(all_facts, PLAN)
-    # the same Ray 2.60.0 everywhere; Python 3.13 on W2, and its stack without torch
+    # the same Ray 2.60.0 everywhere; Python 3.13 on W2, and its stack with another torch
     assert bad(found) == {
         ("python.version", "error", W2.name),
         ("rllib.version", "error", W2.name),
