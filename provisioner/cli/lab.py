@@ -86,8 +86,9 @@ def up(
             help="The kind of each node, comma-separated: one for all nodes or one per node "
             "(head first). bookworm: Debian 12, Docker 20.10, Python 3.11; trixie: Debian 13, "
             "Docker 26, Python 3.13; trixie+containerd: trixie with Docker's containerd image "
-            "store. Other than bookworm: --runtime docker only. Default: the lab's own when "
-            "it is up (a lab up again keeps its nodes), else bookworm.",
+            "store. --runtime docker or host; with --slurm one flavour for all nodes (bookworm: "
+            "Slurm 22.05, trixie: Slurm 24.11); --runtime podman: bookworm only. Default: the "
+            "lab's own when it is up (a lab up again keeps its nodes), else bookworm.",
         ),
     ] = None,
     data_subnet: Annotated[

@@ -150,12 +150,13 @@ def wheels_in(directory: Path) -> list[LockedWheel]:
     return found
 
 
-def pip_download_args(dest: Path) -> list[str]:
-    """`pip download` for the image's platform (binary wheels only), into `dest`."""
+def pip_download_args(dest: Path, python_version: str = PYTHON_VERSION) -> list[str]:
+    """`pip download` for the image's platform (binary wheels only), into `dest`; for
+    another CPython release with `python_version` (the lab's host-mode nodes of Debian 13)."""
     args = [sys.executable, "-m", "pip", "download", "--dest", str(dest), "--only-binary=:all:"]
     for platform in PLATFORMS:
         args += ["--platform", platform]
-    return [*args, "--python-version", PYTHON_VERSION, "--implementation", "cp"]
+    return [*args, "--python-version", python_version, "--implementation", "cp"]
 
 
 def run_pip(args: Sequence[str], report: Reporter, what: str) -> None:

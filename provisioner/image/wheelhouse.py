@@ -14,6 +14,7 @@ from pathlib import Path
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError
 from provisioner.image.lock import (
+    PYTHON_VERSION,
     LockedWheel,
     pip_download_args,
     run_pip_with_indexes,
@@ -44,9 +45,11 @@ def ensure_wheels(
     offline: bool = False,
     indexes: Sequence[str] = (),
     report: Reporter = quiet,
+    python_version: str = PYTHON_VERSION,
 ) -> list[Path]:
     """The wheel file of every locked package, downloading the missing ones (unless offline):
-    from pip's own configuration, then from the `indexes` the lock names."""
+    from pip's own configuration, then from the `indexes` the lock names; wheels for
+    CPython `python_version`."""
     wheelhouse.mkdir(parents=True, exist_ok=True)
     _, missing = match(locked, wheels_in(wheelhouse))
     if missing and offline:
@@ -60,7 +63,7 @@ def ensure_wheels(
         )
     if missing:
         run_pip_with_indexes(
-            [*pip_download_args(wheelhouse), "--no-deps", "--require-hashes"],
+            [*pip_download_args(wheelhouse, python_version), "--no-deps", "--require-hashes"],
             "\n".join(w.requirement() for w in missing) + "\n",
             indexes,
             report,

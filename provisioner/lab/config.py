@@ -233,11 +233,21 @@ def _validate_flavours(cfg: LabConfig) -> None:
             f"unknown lab flavour {(unknown or [''])[0]!r}", f"use one of {', '.join(FLAVOURS)}"
         )
     cfg.node_flavours()  # one entry, or one per node
-    if cfg.runtime != "docker" and set(cfg.flavours) != {DEFAULT_FLAVOUR}:
-        what = "a SLURM lab" if cfg.slurm else f"--runtime {cfg.runtime}"
+    if cfg.slurm and len(set(cfg.flavours)) > 1:
+        # slurmctld talks to slurmd of its own release and the two before it only: 24.11
+        # (trixie) is four releases past 22.05 (bookworm)
+        raise InputError(
+            f"a SLURM lab's nodes are of one Debian release (one Slurm), not "
+            f"{','.join(cfg.flavours)}",
+            "give one flavour for all nodes (--flavours bookworm: Slurm 22.05, or "
+            "--flavours trixie: Slurm 24.11)",
+        )
+    if cfg.runtime == "podman" and set(cfg.flavours) != {DEFAULT_FLAVOUR}:
+        what = f"--runtime {cfg.runtime}"
         raise InputError(
             f"{what} has {DEFAULT_FLAVOUR} nodes only, not {','.join(cfg.flavours)}",
-            f"leave out --flavours (or say --flavours {DEFAULT_FLAVOUR}), or use --runtime docker",
+            f"leave out --flavours (or say --flavours {DEFAULT_FLAVOUR}), or use --runtime "
+            "docker or host",
         )
 
 

@@ -444,6 +444,11 @@ _GPU_VARIANTS = {
         "2 Tesla T4 and their driver, no container toolkit",
         gpusim.SimulatedGpus(toolkit=False),
     ),
+    "gpu-cdi": (
+        "2 Tesla T4 through CDI: a spec of stand-in device nodes, Docker's cdi feature on "
+        "(Docker >= 25), no nvidia runtime",
+        gpusim.SimulatedGpus(toolkit=False, cdi=True),
+    ),
     "gpu-no-driver": (
         "the container toolkit and device files, nvidia-smi failing (no driver loaded)",
         gpusim.SimulatedGpus(driver_ok=False),

@@ -17,6 +17,7 @@ class Flavour:
     # Docker's containerd image store on (/etc/docker/daemon.json), not the classic one
     containerd_store: bool
     about: str
+    python: str = "3.11"  # the system Python (host mode's virtualenv is made from it)
 
 
 FLAVOURS: dict[str, Flavour] = {
@@ -28,12 +29,13 @@ FLAVOURS: dict[str, Flavour] = {
             False,
             "Debian 12: Docker 20.10, Python 3.11, Slurm 22.05, Podman 4.3",
         ),
-        Flavour("trixie", "trixie", False, "Debian 13: Docker 26, Python 3.13"),
+        Flavour("trixie", "trixie", False, "Debian 13: Docker 26, Python 3.13", "3.13"),
         Flavour(
             "trixie+containerd",
             "trixie",
             True,
             "Debian 13 with Docker's containerd image store on",
+            "3.13",
         ),
     )
 }
@@ -42,6 +44,10 @@ DEFAULT_FLAVOUR = "bookworm"
 # then node-release.Dockerfile): from trixie on, the docker client is a package of its own
 # (docker.io only recommends it).
 RELEASE_PACKAGES: dict[str, tuple[str, ...]] = {"bookworm": (), "trixie": ("docker-cli",)}
+# What a host-mode node of each Debian release adds to its virtualenv from Debian's packages
+# (host-release.Dockerfile): trixie's Python 3.13 has no CPU build of torch on the lab's
+# package indexes, so Debian's own torch (2.6) is linked in.
+HOST_PACKAGES: dict[str, tuple[str, ...]] = {"bookworm": (), "trixie": ("python3-torch",)}
 
 
 def _fix() -> str:

@@ -10,8 +10,14 @@ What it puts on a lab node (root, `docker exec`), every file marked as a simulat
 - a Docker runtime named `nvidia` (`/etc/docker/daemon.json`, dockerd reloaded with
   SIGHUP) whose program, `/usr/local/bin/nvidia-container-runtime`, runs runc: a
   container started with it gets no GPU; and `/usr/local/bin/nvidia-ctk` printing a
-  toolkit version, as NVIDIA's does.
-Everything is removed again by the undo (daemon.json as it was, dockerd reloaded).
+  toolkit version, as NVIDIA's does;
+- or, with `cdi` (Docker >= 25), a CDI spec (`/etc/cdi/`, kind nvidia.com/gpu, each GPU
+  by index and by UUID, as `nvidia-ctk cdi generate` names them) whose device nodes
+  `/dev/nvidiaN` are stand-ins with /dev/null's numbers (char 1:3: nothing to read, writes
+  go nowhere), and Docker's `cdi` feature on in daemon.json (merged into the node's own),
+  dockerd restarted: features are read at start only.
+Everything is removed again by the undo (daemon.json as it was, dockerd reloaded or
+restarted).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class SimulatedGpus:
     driver: str = "550.54.15"
     toolkit: bool = True  # the `nvidia` runtime and nvidia-ctk
     driver_ok: bool = True  # False: nvidia-smi fails as without a loaded driver
+    cdi: bool = False  # a CDI spec of the GPUs, and Docker's `cdi` feature on
 
 
 def uuid_for(node: str, index: int) -> str:
@@ -83,6 +90,57 @@ def _smi_script(node: str, sim: SimulatedGpus) -> str:
     )
 
 
+CDI_DIR = "/etc/cdi"
+CDI_SPEC = f"{CDI_DIR}/provisioner-simulation.yaml"
+
+
+def cdi_spec(node: str, sim: SimulatedGpus) -> str:
+    """The CDI spec (YAML, CDI 0.5.0) of the simulated GPUs: each by index and by UUID,
+    its device node `/dev/nvidiaN`."""
+    devices = []
+    for i in range(sim.count):
+        for name in (str(i), uuid_for(node, i)):
+            devices.append(
+                f'- name: "{name}"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia{i}'
+            )
+    return f'# {MARK}\ncdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n' + "\n".join(devices)
+
+
+# daemon.json with Docker's `cdi` feature on, the node's own settings kept (python3: every
+# lab node has it)
+_CDI_ON = (
+    "python3 -c 'import json, os, sys; p = sys.argv[1]; "
+    "d = json.load(open(p)) if os.path.exists(p) else {}; "
+    'd.setdefault("features", {})["cdi"] = True; '
+    'json.dump(d, open(p, "w"))\' ' + DAEMON_JSON
+)
+
+
+def _restart_dockerd(cdi: bool) -> str:
+    """Stop dockerd, start it again as the lab node does, and wait until it answers and
+    its CDI spec dirs are listed (or not): `features` are read at start only."""
+    listed = "docker info --format '{{json .CDISpecDirs}}' 2>/dev/null | grep -q /etc/cdi"
+    test = listed if cdi else f"! {listed}"
+    return (
+        "kill $(cat /var/run/docker.pid) && "
+        "{ for i in $(seq 150); do [ -e /var/run/docker.pid ] || break; sleep 0.2; done; } && "
+        "{ dockerd >>/var/log/dockerd.log 2>&1 & } && "
+        f"{{ for i in $(seq 150); do {test} && break; sleep 0.2; done; {test}; }}"
+    )
+
+
+def _cdi_steps(node: str, sim: SimulatedGpus) -> list[str]:
+    return [
+        *(f"rm -f /dev/nvidia{i} && mknod -m 666 /dev/nvidia{i} c 1 3" for i in range(sim.count)),
+        f"{{ [ -d {CDI_DIR} ] || touch {STATE}/cdi-dir; }}",
+        f"mkdir -p {CDI_DIR}",
+        _write(CDI_SPEC, cdi_spec(node, sim), "644"),
+        f"touch {STATE}/cdi",
+        _CDI_ON,
+        _restart_dockerd(True),
+    ]
+
+
 def apply_script(node: str, sim: SimulatedGpus) -> str:
     """Root shell script that makes the lab node look like an NVIDIA GPU node."""
     steps = [
@@ -96,6 +154,8 @@ def apply_script(node: str, sim: SimulatedGpus) -> str:
         f"echo {' '.join(f'/dev/nvidia{i}' for i in range(sim.count))} "
         f"/dev/nvidiactl /dev/nvidia-uvm > {STATE}/devices",
     ]
+    if sim.cdi:
+        steps += _cdi_steps(node, sim)
     if sim.toolkit:
         steps += [
             _write(
@@ -135,7 +195,11 @@ def undo_script() -> str:
     return (
         f"rm -f {' '.join(_FILES)}; "
         f"[ -e {STATE}/devices ] && rm -f $(cat {STATE}/devices); "
-        f"if [ -e {STATE}/ours ]; then "
+        f"if [ -e {STATE}/cdi ]; then rm -f {CDI_SPEC}; "
+        f"[ -e {STATE}/cdi-dir ] && rmdir {CDI_DIR}; "
+        f"if [ -e {STATE}/daemon.json ]; then cp {STATE}/daemon.json {DAEMON_JSON}; "
+        f"else rm -f {DAEMON_JSON}; fi; {_restart_dockerd(False)}; rm -rf {STATE}; "
+        f"elif [ -e {STATE}/ours ]; then "
         # dockerd keeps runtimes that a reload does not name: an empty list drops ours
         f"if [ -e {STATE}/daemon.json ]; then cp {STATE}/daemon.json {DAEMON_JSON}; "
         f"else echo '{{\"runtimes\": {{}}}}' > {DAEMON_JSON}; fi; "

@@ -30,7 +30,7 @@ from provisioner.image.base import ensure_base_image
 from provisioner.image.pin import Pin
 from provisioner.lab.config import LABEL
 from provisioner.lab.engine import client
-from provisioner.lab.flavours import DEFAULT_FLAVOUR, FLAVOURS, RELEASE_PACKAGES
+from provisioner.lab.flavours import DEFAULT_FLAVOUR, FLAVOURS, HOST_PACKAGES, RELEASE_PACKAGES
 from provisioner.local import build_lock
 
 RECIPE_FILES = ("node.Dockerfile", "sshd_config", "entrypoint.sh", "delay-proxy.py")
@@ -119,20 +119,38 @@ def host_node_tag(node: str, lock_text: str) -> str:
     return f"provisioner-lab-host:{_digest(node, recipe, lock_text)}"
 
 
-def ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
-    """The tag of the host-mode lab node image: the node image plus a virtualenv built
-    offline from images/requirements.lock and the wheelhouse (images/.wheelhouse), on
-    the login shell's PATH only. Built once per lock."""
+# The host-mode virtualenv of a node whose Python is not the cluster lock's (3.11): the
+# lock's Ray, RLlib and their packages for that Python, without torch (no CPU build of
+# torch for CPython 3.13 on the indexes the lab uses: Debian's own is linked in, see
+# HOST_PACKAGES), in the lab's recipe.
+HOST_LOCKS = {"3.13": "host-py3.13.lock"}
+
+
+def ensure_host_node_image(
+    images_dir: Path, report: Reporter = quiet, flavour: str = DEFAULT_FLAVOUR
+) -> str:
+    """The tag of the host-mode lab node image of a flavour: its node image plus a
+    virtualenv built offline from the node's own Python, the locked wheels (images/
+    requirements.lock, or for another Python the lab's lock for it, HOST_LOCKS) and the
+    wheelhouse (images/.wheelhouse), on the login shell's PATH only. Built once per lock."""
     with build_lock(report):
-        return _ensure_host_node_image(images_dir, report)
+        return _ensure_host_node_image(images_dir, report, flavour)
 
 
-def _ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
-    from provisioner.image.lock import index_urls, parse_lock, without_indexes
-    from provisioner.image.wheelhouse import ensure_wheels
+def _host_lock(images_dir: Path, python: str) -> Path:
+    if python in HOST_LOCKS:
+        return _recipe_dir() / HOST_LOCKS[python]
+    return images_dir / "requirements.lock"
 
-    node = ensure_node_image(report)
-    lock = images_dir / "requirements.lock"
+
+def _ensure_host_node_image(
+    images_dir: Path, report: Reporter = quiet, flavour: str = DEFAULT_FLAVOUR
+) -> str:
+    from provisioner.image.lock import without_indexes
+
+    node = _ensure_node_image(report, flavour)
+    python = FLAVOURS[flavour].python
+    lock = _host_lock(images_dir, python)
     if not lock.is_file():
         raise PrerequisiteError(
             f"no requirements lock at {lock}: host-mode nodes get their virtualenv from it",
@@ -141,15 +159,50 @@ def _ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
     full = lock.read_text()
     text = without_indexes(full)  # the packages: the index lines only say where they come from
     tag = host_node_tag(node, text)
-    if _exists(tag):
+    if not _exists(tag):
+        _build_host_node_image(images_dir, full, text, lock, node, tag, flavour, report)
+    packages = HOST_PACKAGES[FLAVOURS[flavour].suite]
+    if not packages:
         return tag
+    host, tag = tag, host_release_tag(tag, packages)
+    if not _exists(tag):
+        report(f"building the host-mode lab node image {tag} ({' '.join(packages)})")
+        args = {"HOST_IMAGE": host, "PYTHON": python, "HOST_PACKAGES": " ".join(packages)}
+        _docker_build(_recipe_dir(), HOST_RELEASE_RECIPE, tag, args, report)
+    return tag
+
+
+HOST_RELEASE_RECIPE = "host-release.Dockerfile"
+
+
+def host_release_tag(host: str, packages: tuple[str, ...]) -> str:
+    """The tag of a host-mode node image plus its Debian release's packages for Ray."""
+    recipe = (_recipe_dir() / HOST_RELEASE_RECIPE).read_bytes()
+    return f"provisioner-lab-host:{_digest(host, recipe, *packages)}"
+
+
+def _build_host_node_image(
+    images_dir: Path,
+    full: str,
+    text: str,
+    lock: Path,
+    node: str,
+    tag: str,
+    flavour: str,
+    report: Reporter,
+) -> None:
+    from provisioner.image.lock import index_urls, parse_lock
+    from provisioner.image.wheelhouse import ensure_wheels
+
+    python = FLAVOURS[flavour].python
     wheels = ensure_wheels(
         parse_lock(text, str(lock)),
         images_dir / ".wheelhouse",
         indexes=index_urls(full),
         report=report,
+        python_version=python,
     )
-    report(f"building the host-mode lab node image {tag} (a virtualenv with Ray; minutes)")
+    report(f"building the host-mode lab node image {tag} ({flavour}: a virtualenv with Ray)")
     with tempfile.TemporaryDirectory(prefix="lab-host-") as tmp:
         ctx = Path(tmp)
         (ctx / "wheels").mkdir()
@@ -161,7 +214,6 @@ def _ensure_host_node_image(images_dir: Path, report: Reporter = quiet) -> str:
         (ctx / "requirements.lock").write_text(text)
         shutil.copy2(_recipe_dir() / HOST_DOCKERFILE, ctx / "Dockerfile")
         _docker_build(ctx, "Dockerfile", tag, {"NODE_IMAGE": node}, report)
-    return tag
 
 
 PODMAN_RECIPE = ("podman.Dockerfile", "podman-entrypoint.sh", "sshd_config")
@@ -195,18 +247,23 @@ def slurm_node_tag(host: str) -> str:
     )
 
 
-def ensure_slurm_node_image(images_dir: Path, report: Reporter = quiet) -> str:
-    """The tag of the SLURM lab node image: the host-mode node image plus Debian's
-    slurm-wlm and munge packages (from the Debian mirror at build time). Built once."""
+def ensure_slurm_node_image(
+    images_dir: Path, report: Reporter = quiet, flavour: str = DEFAULT_FLAVOUR
+) -> str:
+    """The tag of the SLURM lab node image of a flavour: its host-mode node image plus
+    Debian's slurm-wlm and munge packages (from the Debian mirror at build time: Slurm
+    22.05 on bookworm, 24.11 on trixie). Built once."""
     with build_lock(report):
-        return _ensure_slurm_node_image(images_dir, report)
+        return _ensure_slurm_node_image(images_dir, report, flavour)
 
 
-def _ensure_slurm_node_image(images_dir: Path, report: Reporter = quiet) -> str:
-    host = ensure_host_node_image(images_dir, report)
+def _ensure_slurm_node_image(
+    images_dir: Path, report: Reporter = quiet, flavour: str = DEFAULT_FLAVOUR
+) -> str:
+    host = _ensure_host_node_image(images_dir, report, flavour)
     tag = slurm_node_tag(host)
     if not _exists(tag):
-        report(f"building the SLURM lab node image {tag} (slurm-wlm, munge; a minute)")
+        report(f"building the SLURM lab node image {tag} ({flavour}: slurm-wlm, munge)")
         _docker_build(_recipe_dir(), "slurm.Dockerfile", tag, {"HOST_IMAGE": host}, report)
     return tag
 

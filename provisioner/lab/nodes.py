@@ -177,9 +177,11 @@ def lab_up(
 def _node_images(cfg: LabConfig, images_dir: Path, report: Reporter) -> dict[str, str]:
     """The node image of each flavour the lab has (each built once, then reused)."""
     if cfg.slurm:
-        return {DEFAULT_FLAVOUR: ensure_slurm_node_image(images_dir, report)}
+        flavours = dict.fromkeys(cfg.node_flavours())
+        return {f: ensure_slurm_node_image(images_dir, report, f) for f in flavours}
     if cfg.runtime == "host":
-        return {DEFAULT_FLAVOUR: ensure_host_node_image(images_dir, report)}
+        flavours = dict.fromkeys(cfg.node_flavours())
+        return {f: ensure_host_node_image(images_dir, report, f) for f in flavours}
     if cfg.runtime == "podman":
         return {DEFAULT_FLAVOUR: ensure_podman_node_image(report)}
     return {f: ensure_node_image(report, f) for f in dict.fromkeys(cfg.node_flavours())}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 from provisioner.checks.facts import NodeFacts, Shell
@@ -340,7 +341,12 @@ def check_host_python(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]
 
 
 def _same_everywhere(
-    values: dict[str, str], head: str, check: str, what: str, where: dict[str, str]
+    values: dict[str, str],
+    head: str,
+    check: str,
+    what: str,
+    where: dict[str, str],
+    fix: Callable[[str, str, str], str] | None = None,
 ) -> list[Finding]:
     if not values:
         return []
@@ -359,7 +365,9 @@ def _same_everywhere(
                 f"{what} {value} here ({where.get(host, '?')}), {reference} on the head "
                 f"({where.get(head, '?')}): Ray refuses nodes whose versions differ",
                 "; ".join(f"{h}: {v}" for h, v in values.items()),
-                f"install {what} {reference} into {where.get(host, 'the environment')} on "
+                fix(host, value, reference)
+                if fix is not None
+                else f"install {what} {reference} into {where.get(host, 'the environment')} on "
                 f"{host} (or make every node match this one)",
             )
         )
@@ -368,6 +376,25 @@ def _same_everywhere(
 
 def _major_minor(version: str) -> tuple[str, ...]:
     return tuple(version.split(".")[:2])
+
+
+def _python_fix(shells: dict[str, Shell]) -> Callable[[str, str, str], str]:
+    """The fix for a node whose Python differs from the head's: a Python is the
+    environment itself, so the node needs an environment made from the head's Python
+    (its minor release; Debian 12 has 3.11, Debian 13 3.13) with the same Ray."""
+
+    def fix(host: str, value: str, reference: str) -> str:
+        minor = ".".join(_major_minor(reference))
+        ray = pip_requirement("default,rllib", shells[host].ray_version)
+        return (
+            f"on {host}, make the environment Ray runs from out of Python {minor}, as on the "
+            f"head (a virtualenv from python{minor}, or uv/conda/pyenv where the system "
+            f"Python is {value}), install {ray} into it and activate it from ~/.profile "
+            "or name it in the inventory (ray: {python: PATH}); or give every node Python "
+            f"{'.'.join(_major_minor(value))}"
+        )
+
+    return fix
 
 
 def check_host_versions(facts: dict[str, NodeFacts], plan: Plan) -> list[Finding]:
@@ -383,6 +410,7 @@ def check_host_versions(facts: dict[str, NodeFacts], plan: Plan) -> list[Finding
             "python.version",
             "Python",
             where,
+            _python_fix(shells),
         ),
         *_same_everywhere(
             {h: s.ray_version or "?" for h, s in shells.items()},

@@ -8,11 +8,13 @@ at the end unless PROVISIONER_KEEP_LAB=1 (then the next run starts in seconds).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from provisioner.errors import InputError
 from provisioner.lab import faults
@@ -32,6 +34,9 @@ HOST_SUBNET = os.environ.get("PROVISIONER_HOST_LAB_SUBNET", "10.250.101.0/24")
 # The SLURM lab (a login node with slurmctld, compute nodes with slurmd): a lab of its own.
 SLURM_NAME = os.environ.get("PROVISIONER_SLURM_LAB_NAME", f"{E2E_NAME}-slurm")
 SLURM_SUBNET = os.environ.get("PROVISIONER_SLURM_LAB_SUBNET", "10.250.102.0/24")
+# Its nodes' kind, one for all (slurmctld and slurmd of one release): bookworm (Slurm
+# 22.05) or trixie (Slurm 24.11).
+SLURM_FLAVOUR = os.environ.get("PROVISIONER_SLURM_LAB_FLAVOUR", "bookworm")
 # The podman lab (rootless Podman for a login user without Docker): a lab of its own.
 PODMAN_NAME = os.environ.get("PROVISIONER_PODMAN_LAB_NAME", f"{E2E_NAME}-podman")
 PODMAN_SUBNET = os.environ.get("PROVISIONER_PODMAN_LAB_SUBNET", "10.250.103.0/24")
@@ -79,7 +84,7 @@ MODULE_ORDER = (
 # them (marked `apart`) in a second pytest process beside the first, so the suite's time
 # is nearer the longer of the two than their sum. Image builds take a lock
 # (`provisioner.local.build_lock`), so the two never build the same image at once.
-APART_FIXTURES = {"host_lab", "slurm_lab", "podman_lab", "data_lab"}
+APART_FIXTURES = {"host_lab", "host_lab_mixed", "slurm_lab", "podman_lab", "data_lab"}
 # Modules that need none of the `e2e` lab (SageMaker's local mode runs on this machine's
 # own Docker; its one cluster test resumes on the host-mode lab) run there too.
 APART_MODULES = {"test_sagemaker_local"}
@@ -176,14 +181,23 @@ def cluster_inventory(lab: LabInfo, lab_config: LabConfig, image_pin: Path) -> I
     run(["down", "-i", str(info.inventory), "--no-logs"])
 
 
+# Its nodes: three bookworm nodes (Python 3.11), on which every host-mode test runs, and one
+# trixie node (Python 3.13, the same Ray), which only the mixed-Python test's inventory names.
+HOST_FLAVOURS = ("bookworm", "bookworm", "bookworm", "trixie")
+
+
 @pytest.fixture(scope="session")
-def host_lab() -> Iterator[LabInfo]:
-    """A lab whose nodes run Ray from their own virtualenv (`lab up --runtime host`), with
-    an inventory that says `runtime: host`; removed at the end unless kept."""
-    cfg = LabConfig(name=HOST_NAME, subnet=HOST_SUBNET, nodes=3, runtime="host")
+def host_lab_mixed() -> Iterator[LabInfo]:
+    """A lab whose nodes run Ray from their own virtualenv (`lab up --runtime host
+    --flavours HOST_FLAVOURS`), with an inventory of all its nodes that says `runtime:
+    host`; removed at the end unless kept."""
+    cfg = LabConfig(
+        name=HOST_NAME, subnet=HOST_SUBNET, nodes=len(HOST_FLAVOURS), runtime="host",
+        flavours=HOST_FLAVOURS,
+    )  # fmt: skip
     try:
         info = lab_up(cfg, print, images_dir=IMAGES)
-    except InputError:  # a leftover lab of that name on another subnet: start clean
+    except InputError:  # a leftover lab of that name on another subnet or size: start clean
         lab_down(cfg)
         info = lab_up(cfg, print, images_dir=IMAGES)
     faults.clear(info)
@@ -194,10 +208,26 @@ def host_lab() -> Iterator[LabInfo]:
 
 
 @pytest.fixture(scope="session")
+def host_lab(host_lab_mixed: LabInfo) -> LabInfo:
+    """The host-mode lab's nodes of one Python (its bookworm nodes), with an inventory of
+    those alone (beside the lab's own, in its state folder)."""
+    nodes = tuple(n for n in host_lab_mixed.nodes if n.flavour == HOST_FLAVOURS[0])
+    names = {n.name for n in nodes}
+    document = yaml.safe_load(host_lab_mixed.inventory.read_text())
+    document["workers"] = [w for w in document["workers"] if w["name"] in names]
+    inventory = host_lab_mixed.inventory.with_name("inventory-bookworm.yaml")
+    inventory.write_text(yaml.safe_dump(document, sort_keys=False))
+    return dataclasses.replace(host_lab_mixed, inventory=inventory, nodes=nodes)
+
+
+@pytest.fixture(scope="session")
 def slurm_lab() -> Iterator[LabInfo]:
     """A SLURM cluster (`lab up --slurm`): a login node and 3 compute nodes reached only
     through it, whose inventory asks SLURM for the nodes; removed at the end unless kept."""
-    cfg = LabConfig(name=SLURM_NAME, subnet=SLURM_SUBNET, nodes=3, runtime="host", slurm=True)
+    cfg = LabConfig(
+        name=SLURM_NAME, subnet=SLURM_SUBNET, nodes=3, runtime="host", slurm=True,
+        flavours=parse_flavours(SLURM_FLAVOUR),
+    )  # fmt: skip
     try:
         info = lab_up(cfg, print, images_dir=IMAGES)
     except InputError:  # a leftover lab of that name on another subnet: start clean

@@ -20,9 +20,10 @@ import pytest
 import yaml
 
 from provisioner.cluster import headprobe
+from provisioner.cluster.headprobe import GcsNode
 from provisioner.doctor import DoctorReport, run_doctor
 from provisioner.image.pin import read_pin, write_pin
-from provisioner.inventory import load_inventory
+from provisioner.inventory import Inventory, load_inventory
 from provisioner.lab import faults
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.gpusim import uuid_for
@@ -161,3 +162,74 @@ def test_up_hands_the_simulated_gpus_to_that_nodes_container_and_ray(
     finally:
         faults.clear(lab)
         exec_rc(w1.container, f"docker rm -f {container}")
+
+
+def alive_gpus(inv: Inventory, count: int) -> dict[str, GcsNode]:
+    """The cluster's alive Ray nodes by address, once there is one per address (`count`).
+    The raylet reports its resources a moment after joining, and a replaced container's
+    raylet stays listed alive (no GPUs) beside the new one until its health checks fail:
+    wait up to 120 s."""
+    alive: dict[str, GcsNode] = {}
+    with Pool(inv) as pool:
+        for _ in range(240):
+            nodes = headprobe.gcs_nodes(pool.session(inv.head), runtime_for(inv))
+            listed = [n for n in nodes if n.alive]
+            alive = {n.ip: n for n in listed}
+            if len(alive) == len(listed) == count:
+                break
+            time.sleep(0.5)
+    return alive
+
+
+def test_up_hands_the_simulated_gpus_through_cdi_on_a_docker_26_node(
+    lab: LabInfo, inventory: Path
+) -> None:
+    """A trixie node (Docker 26) with Docker's `cdi` feature on and a CDI spec of its two
+    SIMULATED GPUs (stand-in device nodes), no nvidia runtime: `up` hands them over by CDI
+    (`--device nvidia.com/gpu=UUID`), the container's configuration says so (device
+    requests of driver cdi) and holds the spec's device nodes; Ray lists 2 GPUs on that
+    node only."""
+    odd = [n for n in lab.nodes[:3] if n.flavour.startswith("trixie") and n.role == "worker"]
+    if not odd:
+        pytest.skip("no worker of Docker >= 25 (a trixie flavour) in this lab")
+    node = odd[0]
+    rc, version = exec_rc(node.container, "docker version --format '{{.Server.Version}}'")
+    assert rc == 0 and int(version.split(".")[0]) >= 25, version  # CDI: Docker >= 25
+    inv = load_inventory(inventory)
+    container = ray_container(inv)
+    uuids = [uuid_for(node.name, i) for i in range(2)]
+    before = cli("up", "-i", str(inventory), "--json")  # the cluster, without GPUs
+    assert before.exit_code == 0, before.stdout + before.stderr
+    try:
+        with broken(lab, (node, "gpu-cdi")):
+            result = cli("up", "-i", str(inventory), "--json")
+            assert result.exit_code == 0, result.stdout + result.stderr
+            assert result.json()["gpus"][node.name]["method"] == "cdi"
+            asked = {}
+            for n in lab.nodes[:3]:
+                rc, out = exec_rc(
+                    n.container,
+                    f"docker inspect --format '{{{{json .HostConfig.DeviceRequests}}}}' "
+                    f"{container} && docker exec {container} sh -c "
+                    "'for d in /dev/nvidia0 /dev/nvidia1; do [ -c $d ] && "
+                    'stat -c "$d %t:%T" $d; done; true\'',
+                )
+                assert rc == 0, out
+                requests, _, devices = out.strip().partition("\n")
+                asked[n.name] = (json.loads(requests) or [], devices.split("\n"))
+            (request,) = asked[node.name][0]
+            assert request["Driver"] == "cdi", request
+            assert request["DeviceIDs"] == [f"nvidia.com/gpu={u}" for u in uuids], request
+            # the spec's device nodes, as CDI made them: the stand-ins' numbers (1:3)
+            assert asked[node.name][1] == ["/dev/nvidia0 1:3", "/dev/nvidia1 1:3"], asked
+            for name, (requests, devices) in asked.items():
+                if name != node.name:
+                    assert requests == [] and devices == [""], (name, requests, devices)
+            alive = alive_gpus(inv, 3)
+            gpus = {ip: n.resources.get("GPU", 0) for ip, n in alive.items()}
+            assert gpus == {n.address: (2.0 if n is node else 0) for n in lab.nodes[:3]}
+            assert alive[node.address].resources.get("accelerator_type:T4") == 1.0
+            exec_rc(node.container, f"docker rm -f {container}")
+    finally:
+        faults.clear(lab)
+        exec_rc(node.container, f"docker rm -f {container}")

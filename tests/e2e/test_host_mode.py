@@ -150,6 +150,35 @@ def test_doctor_names_both_ray_versions(
     assert LOCKED_RAY in again.stdout
 
 
+def test_doctor_names_each_nodes_python_on_a_lab_of_two_debian_releases(
+    host_lab_mixed: LabInfo,
+) -> None:
+    """The lab's trixie node (Debian 13, Python 3.13) holds the same Ray in a virtualenv of
+    its own Python, beside bookworm nodes (Python 3.11): the doctor names 3.13 against 3.11
+    on that node, with its fix, and `up` stops there before anything starts."""
+    inventory = str(host_lab_mixed.inventory)
+    odd = {n.name for n in host_lab_mixed.nodes if n.flavour == "trixie"}
+    same = {n.name for n in host_lab_mixed.nodes} - odd
+    assert odd and same
+    code, doc, err = cli_json("doctor", "-i", inventory)
+    assert code == 1, err[-3000:]
+    pythons = {f["host"]: f for f in doc["findings"] if f["check"] == "python.version"}
+    assert {h for h, f in pythons.items() if f["severity"] == "error"} == odd
+    assert {h for h, f in pythons.items() if f["severity"] == "ok"} == same  # positive control
+    for host in odd:
+        found = pythons[host]
+        assert "Python 3.13." in found["message"] and "3.11." in found["message"], found
+        assert f"{VENV}/bin/python" in found["message"]
+        assert "Python 3.11" in found["fix"] and f"ray[default,rllib]=={LOCKED_RAY}" in found["fix"]
+    # the same Ray on every node: only the Python (and what depends on it) differs
+    rays = {f["host"]: f["severity"] for f in doc["findings"] if f["check"] == "ray.version"}
+    assert rays == dict.fromkeys(odd | same, "ok")
+    code, up, err = cli_json("up", "-i", inventory)
+    assert code != 0 and up.get("stopped_by") == "doctor", (code, err[-2000:])
+    for node in host_lab_mixed.nodes:
+        assert cluster_processes(host_lab_mixed, node, host_lab_mixed.name) == []
+
+
 def test_up_train_status_logs_down(inventory: str, host_lab: LabInfo, tmp_path: Path) -> None:
     cluster = host_lab.name
     head = host_lab.nodes[0]

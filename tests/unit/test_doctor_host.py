@@ -3,6 +3,8 @@
 
 host_head, host_worker: a clean node (Ray 2.60 in ~/ray-venv, on the login PATH only);
 host_other_ray: that virtualenv with Ray 2.59.0 installed over it (pip, --no-deps);
+host_trixie: a trixie node (Debian 13, Python 3.13.5) of a lab also holding bookworm
+nodes (`lab up --runtime host --flavours ...`): the same Ray, with Debian's torch 2.6;
 host_running_head: the head of lab `lead-host` while this cluster (`lead-host`) ran on it in
 host mode (Ray's temp dir the short link /tmp/prov-lead-host).
 """
@@ -97,6 +99,27 @@ def test_another_ray_on_one_node_is_an_error_naming_both_versions() -> None:
     (ray,) = [f for f in found if f.check == "ray.version" and f.severity == "error"]
     assert "2.59.0" in ray.message and "2.60.0" in ray.message
     assert "/home/lab/ray-venv/bin/python" in ray.message and "2.60.0" in ray.fix
+
+
+def test_a_node_of_another_python_is_named_with_both_versions_and_the_fix() -> None:
+    all_facts = {
+        HEAD.name: facts("host_head", HEAD),
+        W1.name: facts("host_worker", W1),
+        W2.name: facts("host_trixie", W2),
+    }
+    found = judges("host").cluster(all_facts, PLAN)
+    # the same Ray 2.60.0 everywhere; Python 3.13 on W2, and its stack with another torch
+    assert bad(found) == {
+        ("python.version", "error", W2.name),
+        ("rllib.version", "error", W2.name),
+    }
+    pythons = {f.host: f for f in found if f.check == "python.version"}
+    assert {h for h, f in pythons.items() if f.severity == "ok"} == {HEAD.name, W1.name}
+    odd = pythons[W2.name]
+    assert "Python 3.13.5 here" in odd.message and "3.11.2 on the head" in odd.message
+    assert "3.13.5" in odd.evidence and "3.11.2" in odd.evidence
+    assert "Python 3.11" in odd.fix and "'ray[default,rllib]==2.60.0'" in odd.fix
+    assert "every node Python 3.13" in odd.fix
 
 
 def test_the_control_machines_ray_must_match_the_clusters() -> None:

@@ -441,6 +441,27 @@ def test_simulated_nvidia_smi_rows_are_nvidia_smis_csv() -> None:
     assert uuid_for("node-1", 0) != uuid_for("node-2", 0)
 
 
+def test_the_simulated_cdi_spec_is_read_as_the_doctor_reads_one_and_plans_cdi_by_uuid() -> None:
+    from provisioner.lab.gpusim import SimulatedGpus, cdi_spec, uuid_for
+
+    spec = parse_cdi_spec("/etc/cdi/x.yaml", cdi_spec("node-1", SimulatedGpus(count=2)))
+    uuids = tuple(uuid_for("node-1", i) for i in (0, 1))
+    assert spec.kind == "nvidia.com/gpu" and not spec.error
+    assert set(spec.devices) == {"0", "1", *uuids}
+    # the simulated node's facts (nvidia-smi's GPUs), with that spec where Docker reads
+    # CDI specs and neither the nvidia runtime nor the toolkit's hook: CDI is the way in
+    captured = node_facts("simulated_gpu").gpu
+    gpus = tuple(dataclasses.replace(g, uuid=u) for g, u in zip(captured.gpus, uuids, strict=True))
+    sim = dataclasses.replace(
+        captured, gpus=gpus, runtimes={}, tools=(), cdi=(spec,),
+        cdi_dirs=("/etc/cdi", "/var/run/cdi"),
+    )  # fmt: skip
+    assert sim.methods() == ("cdi",)
+    plan = plan_gpus(node(), sim, docker.RUNTIME.gpu_methods)
+    assert plan is not None and plan.method == "cdi" and plan.uuids == uuids
+    assert docker_gpu_options(plan) == [f"--device nvidia.com/gpu={u}" for u in uuids]
+
+
 def test_the_container_records_its_gpus_for_up_to_compare() -> None:
     from provisioner.gpu.plan import signature
 

@@ -64,12 +64,28 @@ def test_each_node_gets_its_flavour_head_first() -> None:
     assert {n.flavour for n in default.lab_nodes()} == {"bookworm"}
 
 
-@pytest.mark.parametrize("kwargs", [{"runtime": "podman"}, {"runtime": "host"}, {"slurm": True}])
-def test_other_runtimes_keep_bookworm_nodes(kwargs: dict[str, object]) -> None:
+def test_podman_keeps_bookworm_nodes() -> None:
+    kwargs = {"name": "t", "subnet": "10.250.7.0/24", "runtime": "podman"}
     with pytest.raises(InputError, match="bookworm nodes only"):
-        LabConfig.from_env(name="t", subnet="10.250.7.0/24", flavours=("trixie",), **kwargs)  # type: ignore[arg-type]
-    ok = LabConfig.from_env(name="t", subnet="10.250.7.0/24", flavours=("bookworm",), **kwargs)  # type: ignore[arg-type]
+        LabConfig.from_env(flavours=("trixie",), **kwargs)  # type: ignore[arg-type]
+    ok = LabConfig.from_env(flavours=("bookworm",), **kwargs)  # type: ignore[arg-type]
     assert {n.flavour for n in ok.lab_nodes()} == {"bookworm"}
+
+
+def test_host_mode_nodes_take_flavours_one_per_node() -> None:
+    flavours = ("bookworm", "bookworm", "trixie")
+    cfg = LabConfig.from_env(name="t", subnet="10.250.7.0/24", runtime="host", flavours=flavours)
+    assert tuple(n.flavour for n in cfg.lab_nodes()) == flavours
+    assert [FLAVOURS[f].python for f in flavours] == ["3.11", "3.11", "3.13"]
+
+
+def test_a_slurm_lab_is_of_one_release() -> None:
+    kwargs = {"name": "t", "subnet": "10.250.7.0/24", "nodes": 2, "slurm": True}
+    trixie = LabConfig.from_env(flavours=("trixie",), **kwargs)  # type: ignore[arg-type]
+    assert {n.flavour for n in trixie.lab_nodes()} == {"trixie"}  # login node too
+    with pytest.raises(InputError, match="one Debian release") as caught:
+        LabConfig.from_env(flavours=("bookworm", "trixie", "trixie"), **kwargs)  # type: ignore[arg-type]
+    assert "--flavours trixie" in caught.value.fix
 
 
 def test_cli_bad_flavours_exit_2_with_the_fix() -> None:
