@@ -3,10 +3,10 @@ judges of its facts section: golden/doctor/podman_*.txt.
 
 podman_head: facts.sh with this runtime's section, captured on the head of the podman lab
 after test_podman (rootless Podman 4.3, overlay storage, cgroup v1 with controllers on the
-v2 mount, runc, lingering on, the pin loaded, no container). podman_running_head: the
-captured host-mode head running its cluster (host_running_head), with that runtime section
-and one `podman ps` line of the cluster's running container in Podman 4.3's words (as
-seen on a probe node). Other cases are those files with one fact changed.
+v2 mount, runc, lingering on, the pin loaded, no container). podman_running_head: the same
+script on the head of a podman lab (`e2e-podman`) while `provisioner up` had its cluster
+running there (Podman 4.3.1: the Ray container "Up 27 seconds ago", Ray's listeners and
+processes, rootless as the login user). Other cases are those files with one fact changed.
 """
 
 from __future__ import annotations
