@@ -11,24 +11,24 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from provisioner.console import Reporter, quiet
-from provisioner.errors import InventoryError
+from provisioner.errors import CommandFailed, InventoryError
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, fan_out
 
-# every address of every interface, one a line ("2: eth1    inet 10.10.0.3/24 brd ...")
-ADDRESSES_COMMAND = "ip -o addr show"
+# every address of every interface, one a line ("2: eth1    inet 10.10.0.3/24 brd ..."); a
+# node without iproute2: `hostname -I`'s list
+ADDRESSES_COMMAND = "ip -o addr show 2>/dev/null || hostname -I"
 _INET = re.compile(r"\binet6?\s+([0-9A-Fa-f:.]+)(?:/\d+)?")
 
 
 def parse_addresses(stdout: str) -> list[str]:
-    """The addresses `ip -o addr show` lists, in its order (IPv4 and IPv6)."""
+    """The addresses `ip -o addr show` lists, in its order (IPv4 and IPv6); without an
+    `inet` line, the words of `hostname -I` that are addresses."""
+    matches = [m.group(1) for m in map(_INET.search, stdout.splitlines()) if m is not None]
     found: list[str] = []
-    for line in stdout.splitlines():
-        match = _INET.search(line)
-        if match is None:
-            continue
+    for word in matches if matches else stdout.split():
         try:
-            found.append(str(ipaddress.ip_address(match.group(1))))
+            found.append(str(ipaddress.ip_address(word)))
         except ValueError:
             continue
     return found
@@ -71,7 +71,8 @@ def with_ray_addresses(inventory: Inventory, found: Mapping[str, str]) -> Invent
 def resolve_ray_subnet(inventory: Inventory, pool: Pool, report: Reporter = quiet) -> Inventory:
     """The inventory with each node's Ray address in `ray.subnet` (a node's own
     `ray: {address}` wins); unchanged without a subnet. A node not reached keeps its SSH
-    address (the verb then names it as it names any node it cannot reach)."""
+    address (the verb then names it as it names any node it cannot reach); a node reached
+    that could not list its addresses is that error."""
     if inventory.ray_subnet is None or not inventory.allocated:
         return inventory
     subnet = inventory.ray_subnet
@@ -82,6 +83,9 @@ def resolve_ray_subnet(inventory: Inventory, pool: Pool, report: Reporter = quie
         lambda n: pool.session(n).run(ADDRESSES_COMMAND, timeout=15).check().stdout,
         deadline=30,
     )
+    for error in group.errors.values():
+        if isinstance(error, CommandFailed):  # reached, but the node could not say
+            raise error
     found = {
         name: pick(name, subnet, parse_addresses(stdout), inventory.ray_subnet_where)
         for name, stdout in group.results.items()

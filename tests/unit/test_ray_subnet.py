@@ -17,7 +17,7 @@ from provisioner.cluster.subnet import (
     resolve_ray_subnet,
     with_ray_addresses,
 )
-from provisioner.errors import InputError, InventoryError
+from provisioner.errors import CommandFailed, InputError, InventoryError
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.remote import Pool, Result
 from tests.unit.inventories import docker_runtime
@@ -62,6 +62,11 @@ def test_parse_addresses_lists_every_inet_in_order() -> None:
         "fe80::42:c6ff:fe33:640a",
     ]
     assert parse_addresses("") == []
+    assert parse_addresses("192.0.2.10 198.51.100.10 fe80::1 \n") == [  # hostname -I
+        "192.0.2.10",
+        "198.51.100.10",
+        "fe80::1",
+    ]
     assert parse_addresses("garbage\n3: eth2    link/ether 02:42:ac:11:00:02\n") == []
 
 
@@ -191,3 +196,18 @@ def test_render_refuses_a_ray_subnet(tmp_path: Path) -> None:
     assert "ray.subnet 198.51.100.0/24" in str(caught.value)
     assert "provisioner up" in (caught.value.fix or "")
     assert str(caught.value).startswith(f"{tmp_path / 'inv.yaml'}:4")
+
+
+def test_a_node_that_cannot_list_its_addresses_is_that_error(tmp_path: Path) -> None:
+    inv = load(tmp_path, NATIVE)
+
+    class Failing(_Session):
+        def run(self, command: str, timeout: float) -> Result:
+            return Result(self.node.name, command, "", "sh: ip: not found", 127)
+
+    class FailingPool(_Pool):
+        def session(self, node: Node) -> _Session:
+            return Failing(node, self.outputs, self.asked)
+
+    with pytest.raises(CommandFailed):
+        resolve_ray_subnet(inv, cast(Pool, cast(Any, FailingPool({}))))
