@@ -10,9 +10,11 @@ from rich.table import Table
 from rich.text import Text
 
 from provisioner.cli.common import InventoryOption, JsonOption, output
+from provisioner.cluster.subnet import resolve_ray_subnet
 from provisioner.console import Output, clean
 from provisioner.doctor import DoctorReport, Finding, run_doctor
 from provisioner.inventory import load_cluster
+from provisioner.remote import Pool
 
 _STYLE = {"error": "bold red", "warning": "yellow", "ok": "green"}
 
@@ -75,14 +77,17 @@ def doctor(
     """Diagnose every node before anything starts; exit 1 when any finding is an error."""
     out = output(json_)
     inv = load_cluster(inventory)
-    report = run_doctor(
-        inv,
-        report=out.progress,
-        ray_up=ray_up,
-        reachability=reachability,
-        parallelism=parallel,
-        gpu_deep=gpu_deep,
-    )
+    with Pool(inv) as pool:
+        inv = resolve_ray_subnet(inv, pool, out.progress)
+        report = run_doctor(
+            inv,
+            pool,
+            report=out.progress,
+            ray_up=ray_up,
+            reachability=reachability,
+            parallelism=parallel,
+            gpu_deep=gpu_deep,
+        )
     if json_:
         out.emit(report.to_json())
     else:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import allocation, logs, membership, rotation
+from provisioner.cluster import allocation, logs, membership, rotation, subnet
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
 from provisioner.inventory import Inventory, Node
@@ -147,6 +147,7 @@ def down_cluster(
         if on_nodes is not None:
             on_nodes(inventory)
         with Pool(inventory) as pool:
+            inventory = subnet.resolve_ray_subnet(inventory, pool, report)
             result = bring_down(inventory, pool, report, logs_dir=logs_dir, runtime=runtime)
             result.slurm = allocation.give_back(inventory, pool, report)
     if result.slurm is not None and not result.slurm.left_queue:

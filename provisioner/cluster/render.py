@@ -90,6 +90,14 @@ def build_config(
             "use `provisioner up`, which goes through them, or reach these nodes directly",
             where=str(inventory.path),
         )
+    if inventory.ray_subnet is not None:
+        raise InputError(
+            f"ray.subnet {inventory.ray_subnet}: each node's Ray address is asked of the node,"
+            " which Ray's cluster.yaml (local provider: one address per node, for SSH and Ray)"
+            " cannot say",
+            "use `provisioner up`, which tells Ray each node's own address",
+            where=inventory.ray_subnet_where or str(inventory.path),
+        )
     apart = [n.name for n in inventory.nodes if n.data_address]
     if apart:
         raise InputError(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from provisioner.cluster import allocation, headprobe
+from provisioner.cluster import allocation, headprobe, subnet
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
@@ -148,6 +148,7 @@ def status_cluster(
     job = allocation.job_status(inventory, report)
     inventory = require_nodes(inventory)
     with Pool(inventory) as pool:
+        inventory = subnet.resolve_ray_subnet(inventory, pool, report)
         found = gather(inventory, pool, report, runtime=runtime_for(inventory, pin))
     return found, job
 

@@ -25,6 +25,7 @@ from provisioner.cluster import (
     preflight,
     rotation,
     status,
+    subnet,
 )
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.cluster.status import ClusterStatus
@@ -330,6 +331,7 @@ def up_cluster(
     if on_nodes is not None:
         on_nodes(held)
     with Pool(held) as pool:
+        held = subnet.resolve_ray_subnet(held, pool, report)
         result = up(held, pool, report, pin=pin, options=options)
     return result, job_id
 

@@ -34,6 +34,7 @@ from provisioner.inventory.fields import (
     check_price,
     check_python,
     check_ray_address,
+    check_ray_subnet,
     check_resource_map,
     check_runtime,
     check_user,
@@ -58,6 +59,8 @@ PROVISIONER_VARS = {
     "provisioner_labels": "Ray labels of a host",
     "provisioner_gpus": "NVIDIA GPUs for Ray: all | none | [index or UUID, ...]",
     "provisioner_ray_address": "the address Ray uses on a host (default: its SSH address)",
+    "provisioner_ray_subnet": "the network that carries Ray's traffic, a CIDR (all's var): "
+    "each host's Ray address is its own address there (a host's provisioner_ray_address wins)",
 }
 _CONNECTIONS = ("ssh", "smart")
 
@@ -300,6 +303,12 @@ def to_raw(path: Path, document: dict[str, Any]) -> RawInventory:
             "provisioner_ray_tls",
             default=True,
         ),
+        ray_subnet=check_ray_subnet(
+            common.get("provisioner_ray_subnet"),
+            at("provisioner_ray_subnet"),
+            "provisioner_ray_subnet",
+        ),
+        ray_subnet_where=str(at("provisioner_ray_subnet")),
         price_per_node_hour=check_price(
             common.get("provisioner_price_per_node_hour"),
             at("provisioner_price_per_node_hour"),

@@ -81,6 +81,8 @@ RAY_FIELDS = {
     "shell's `ray`)",
     "tls": "TLS on Ray's channels between nodes, with a CA of the cluster's own (true, the "
     "default | false)",
+    "subnet": "the network that carries Ray's traffic, as a CIDR: each node's Ray address is "
+    "its own address inside it, asked of the node (a node's `ray: {address}` wins)",
 }
 
 
@@ -163,6 +165,22 @@ def check_ray_address(value: Any, where: Where, field: str) -> str | None:
             f"expected the IP address Ray uses on this node, got {value!r}",
             "write the node's address on the network that carries Ray's traffic, e.g. "
             "192.0.2.15 (`ip -o addr` on the node lists them)",
+        ) from None
+
+
+def check_ray_subnet(value: Any, where: Where, field: str) -> str | None:
+    """The cluster-wide `ray: {subnet}`: a network as a CIDR, e.g. 10.10.0.0/24 (None:
+    absent)."""
+    if value is None:
+        return None
+    try:
+        return str(ipaddress.ip_network(str(value), strict=False))
+    except ValueError:
+        raise where.error(
+            field,
+            f"expected the network that carries Ray's traffic as a CIDR, got {value!r}",
+            "write it as ADDRESS/PREFIX, e.g. 10.10.0.0/24 (`ip -o addr` on a node lists "
+            "its networks)",
         ) from None
 
 

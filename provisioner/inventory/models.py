@@ -224,6 +224,11 @@ class Inventory:
     login: Node | None = None
     allocated: bool = True
     runtime_where: str = ""  # where the inventory names its runtime (FILE:LINE)
+    # `ray: {subnet: CIDR}`: each node's Ray address is its own address in that network, asked
+    # of the node (cluster.subnet.resolve_ray_subnet gives the nodes their data_address, and
+    # returns the inventory without it); a node's own `ray: {address}` wins
+    ray_subnet: str | None = None
+    ray_subnet_where: str = ""  # where the inventory names it (FILE:LINE)
     runtime_field: str = "runtime"  # and by what name (Ansible: provisioner_runtime)
 
     @property

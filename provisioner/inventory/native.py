@@ -29,6 +29,7 @@ from provisioner.inventory.fields import (
     check_price,
     check_python,
     check_ray_address,
+    check_ray_subnet,
     check_resource_map,
     check_runtime,
     check_size,
@@ -210,6 +211,10 @@ def parse_native(path: Path, document: Any) -> RawInventory:
         runtime_field="runtime",
         ray_python=check_python(ray.get("python"), _line(ray, "python", ray_where), "ray.python"),
         tls=check_flag(ray.get("tls"), _line(ray, "tls", ray_where), "ray.tls", default=True),
+        ray_subnet=check_ray_subnet(
+            ray.get("subnet"), _line(ray, "subnet", ray_where), "ray.subnet"
+        ),
+        ray_subnet_where=str(_line(ray, "subnet", ray_where)),
         price_per_node_hour=check_price(
             document.get("price_per_node_hour"),
             _line(document, "price_per_node_hour", top),

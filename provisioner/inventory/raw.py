@@ -56,6 +56,8 @@ class RawInventory:
     ray_python: str | None = None
     tls: bool = True  # TLS on Ray's channels (node.tls)
     price_per_node_hour: float | None = None  # for a job's cost (summary.json)
+    ray_subnet: str | None = None  # `ray: {subnet}`: each node's Ray address is its own there
+    ray_subnet_where: str = ""  # FILE:LINE of it
     # SLURM (`scheduler:`): the login node (also `head` until the allocation is known)
     slurm: Slurm | None = None
 

@@ -291,6 +291,8 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
             ray_python=raw.ray_python,
             tls=raw.tls,
             price_per_node_hour=raw.price_per_node_hour,
+            ray_subnet=raw.ray_subnet,
+            ray_subnet_where=raw.ray_subnet_where,
             slurm=raw.slurm,
             login=login,
             allocated=False,
@@ -313,4 +315,6 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
         ray_python=raw.ray_python,
         tls=raw.tls,
         price_per_node_hour=raw.price_per_node_hour,
+        ray_subnet=raw.ray_subnet,
+        ray_subnet_where=raw.ray_subnet_where,
     )
