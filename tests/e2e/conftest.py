@@ -37,6 +37,12 @@ SLURM_SUBNET = os.environ.get("PROVISIONER_SLURM_LAB_SUBNET", "10.250.102.0/24")
 # Its nodes' kind, one for all (slurmctld and slurmd of one release): bookworm (Slurm
 # 22.05) or trixie (Slurm 24.11).
 SLURM_FLAVOUR = os.environ.get("PROVISIONER_SLURM_LAB_FLAVOUR", "bookworm")
+# The other Slurm release, for the path a user takes (up on an allocation, submit, down):
+# a second SLURM lab of the other flavour (trixie, Slurm 24.11, unless SLURM_FLAVOUR is
+# trixie: then bookworm, 22.05), so `make test` runs SLURM on both releases.
+SLURM_OTHER_NAME = os.environ.get("PROVISIONER_SLURM_OTHER_LAB_NAME", f"{E2E_NAME}-slurm2")
+SLURM_OTHER_SUBNET = os.environ.get("PROVISIONER_SLURM_OTHER_LAB_SUBNET", "10.250.107.0/24")
+SLURM_OTHER_FLAVOUR = "bookworm" if SLURM_FLAVOUR == "trixie" else "trixie"
 # The podman lab (rootless Podman for a login user without Docker): a lab of its own.
 PODMAN_NAME = os.environ.get("PROVISIONER_PODMAN_LAB_NAME", f"{E2E_NAME}-podman")
 PODMAN_SUBNET = os.environ.get("PROVISIONER_PODMAN_LAB_SUBNET", "10.250.103.0/24")
@@ -84,7 +90,9 @@ MODULE_ORDER = (
 # them (marked `apart`) in a second pytest process beside the first, so the suite's time
 # is nearer the longer of the two than their sum. Image builds take a lock
 # (`provisioner.local.build_lock`), so the two never build the same image at once.
-APART_FIXTURES = {"host_lab", "host_lab_mixed", "slurm_lab", "podman_lab", "data_lab"}
+APART_FIXTURES = {
+    "host_lab", "host_lab_mixed", "slurm_lab", "slurm_lab_other", "podman_lab", "data_lab"
+}  # fmt: skip
 # Modules that need none of the `e2e` lab (SageMaker's local mode runs on this machine's
 # own Docker; its one cluster test resumes on the host-mode lab) run there too.
 APART_MODULES = {"test_sagemaker_local"}
@@ -224,9 +232,19 @@ def host_lab(host_lab_mixed: LabInfo) -> LabInfo:
 def slurm_lab() -> Iterator[LabInfo]:
     """A SLURM cluster (`lab up --slurm`): a login node and 3 compute nodes reached only
     through it, whose inventory asks SLURM for the nodes; removed at the end unless kept."""
+    yield from _slurm_lab(SLURM_NAME, SLURM_SUBNET, SLURM_FLAVOUR)
+
+
+@pytest.fixture(scope="session")
+def slurm_lab_other() -> Iterator[LabInfo]:
+    """The SLURM lab of the other Slurm release (SLURM_OTHER_FLAVOUR)."""
+    yield from _slurm_lab(SLURM_OTHER_NAME, SLURM_OTHER_SUBNET, SLURM_OTHER_FLAVOUR)
+
+
+def _slurm_lab(name: str, subnet: str, flavour: str) -> Iterator[LabInfo]:
     cfg = LabConfig(
-        name=SLURM_NAME, subnet=SLURM_SUBNET, nodes=3, runtime="host", slurm=True,
-        flavours=parse_flavours(SLURM_FLAVOUR),
+        name=name, subnet=subnet, nodes=3, runtime="host", slurm=True,
+        flavours=parse_flavours(flavour),
     )  # fmt: skip
     try:
         info = lab_up(cfg, print, images_dir=IMAGES)

@@ -155,6 +155,20 @@ def inventory_for(lab: LabInfo, suffix: str, nodes: int) -> str:
 def test_up_trains_on_the_allocation_and_down_gives_it_back(
     slurm_lab: LabInfo, tmp_path: Path
 ) -> None:
+    up_train_down(slurm_lab, tmp_path)
+
+
+def test_up_trains_on_the_other_slurm_release_too(slurm_lab_other: LabInfo, tmp_path: Path) -> None:
+    """The same path on the other Slurm release (conftest.SLURM_OTHER_FLAVOUR: Slurm 24.11
+    from Debian 13 by default): its sbatch, squeue and scontrol as the code reads them."""
+    login = slurm_lab_other.nodes[0]
+    _, said = exec_rc(login.container, "sinfo --version")
+    release = "24.11" if login.flavour == "trixie" else "22.05"
+    assert said.strip().startswith(f"slurm {release}"), said  # the release this test is for
+    up_train_down(slurm_lab_other, tmp_path)
+
+
+def up_train_down(slurm_lab: LabInfo, tmp_path: Path) -> None:
     inventory = str(slurm_lab.inventory)
     compute = slurm_lab.nodes[1:]
     try:
