@@ -134,7 +134,10 @@ def build_config(
         "rsync_exclude": [],
         "rsync_filter": [],
         # As the SSH user, before Docker would create the mounted directory as root.
-        "initialization_commands": [f"mkdir -p {layout.node_ray_dir(inventory.cluster)}"],
+        "initialization_commands": [
+            f"mkdir -p {layout.node_ray_dir(inventory.cluster)}",
+            *section.initialization,
+        ],
         "setup_commands": [],
         "head_setup_commands": [],
         "worker_setup_commands": [],

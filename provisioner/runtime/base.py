@@ -77,6 +77,7 @@ class RenderSection:
     head_before_start: tuple[str, ...] = ()  # on the head, after those
     env: str = ""  # `VAR=value ` words before `ray start`
     start_flags: tuple[str, ...] = ()  # trusted text added to `ray start`
+    initialization: tuple[str, ...] = ()  # on every node's host, before anything of Ray
 
 
 PUSH_MODES = ("auto", "direct", "chain")

@@ -315,6 +315,20 @@ def has_image_command(image_id: str) -> str:
     return f"docker image inspect --format '{{{{.Id}}}}' {i} 2>/dev/null || true"
 
 
+def tag_holds_pin_command(pin: Pin) -> str:
+    """Shell on a node: fails, saying so, unless the cluster tag names an image of exactly
+    the pin's layers (their diff IDs, which Docker's classic and containerd image stores
+    both report, where the image's own ID differs between them)."""
+    layers = "{{range .RootFS.Layers}}{{.}} {{end}}"
+    got = f"docker image inspect --format {shlex.quote(layers)} {shlex.quote(CLUSTER_TAG)}"
+    want = shlex.quote("".join(f"{d} " for d in pin.layers))
+    why = shlex.quote(
+        f"{CLUSTER_TAG} on this node is not the pinned image {pin.short_id()}: "
+        "run `provisioner image push -i INVENTORY` first"
+    )
+    return f'test "$({got} 2>/dev/null)" = {want} || {{ echo {why} >&2; exit 1; }}'
+
+
 def holds_image(stdout: str, image_id: str) -> bool:
     """Pure: `has_image_command`'s output names exactly `image_id`."""
     return bool(image_id) and stdout.strip() == image_id
@@ -473,12 +487,18 @@ class DockerRuntime:
         return container_log_command(self.cluster, lines, self.cluster_id)
 
     def render_section(self, token_path: Path, tls_dir: Path | None = None) -> RenderSection:
+        # Ray's launcher names one image for every node, and Docker's containerd image
+        # store does not know the pin by its ID (it names it by its manifest's digest): the
+        # pinned image goes by the cluster tag a push leaves, checked on each node first.
+        image, initialization = self.image, tuple[str, ...]()
+        if self.pin is not None and self.image == self.pin.image_id:
+            image, initialization = CLUSTER_TAG, (tag_holds_pin_command(self.pin),)
         mounts = {layout.CONTAINER_TOKEN_PATH: str(token_path)}
         if tls_dir is not None:
             mounts[tls.CONTAINER_TLS_DIR] = str(tls_dir)
         config = {
             "docker": {
-                "image": self.image,
+                "image": image,
                 "container_name": layout.container_name(self.cluster, self.cluster_id),
                 "pull_before_run": False,
                 "run_options": run_options(
@@ -490,7 +510,10 @@ class DockerRuntime:
         # Inside the container: a stale Ray there never holds a port; the launcher's state
         # on the node's disk (/tmp/ray is mounted) is this cluster's own.
         return RenderSection(
-            config, before_start=(_STOP,), head_before_start=(_forget_state(self.cluster),)
+            config,
+            before_start=(_STOP,),
+            head_before_start=(_forget_state(self.cluster),),
+            initialization=initialization,
         )
 
 

@@ -154,3 +154,45 @@ def test_with_tls_every_node_gets_the_clusters_ca_and_a_certificate_naming_every
             'RAY_USE_TLS=1 RAY_TLS_SERVER_CERT="$HOME"/.provisioner/clusters/demo/tls/node.crt'
             in (start)
         )
+
+
+def test_the_pinned_image_goes_by_the_cluster_tag_checked_by_its_layers_on_each_node(
+    inv,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """Ray's launcher names one image for all nodes, and Docker's containerd image store
+    does not know the pin by its ID: the file names the cluster tag, and each node first
+    checks that the tag is the pin by its layers (run here against a stand-in docker)."""
+    import subprocess
+
+    from provisioner.image.pin import CLUSTER_TAG, Pin, Versions
+    from provisioner.runtime.docker import DockerRuntime
+
+    layers = ("sha256:" + "1" * 64, "sha256:" + "2" * 64)
+    pin = Pin(
+        image_id="sha256:" + "9" * 64,
+        layers=layers,
+        base_image="base",
+        base_image_id="sha256:" + "3" * 64,
+        requirements_sha256="4" * 64,
+        versions=Versions(python="3.11", ray="2.60.0", torch="2.13.0", gymnasium="1.0"),
+        size=1 << 20,
+    )
+    config = yaml.safe_load(render.render(inv, tmp_path / "auth_token", DockerRuntime(inv, pin)))
+    assert config["docker"]["image"] == CLUSTER_TAG
+    check = config["initialization_commands"][-1]
+
+    def on_node(tag_layers: str | None) -> subprocess.CompletedProcess[str]:
+        bin_ = tmp_path / "bin"
+        bin_.mkdir(exist_ok=True)
+        answer = f"echo '{tag_layers}'" if tag_layers is not None else "exit 1"
+        (bin_ / "docker").write_text(f'#!/bin/sh\n[ "$5" = "{CLUSTER_TAG}" ] || exit 3\n{answer}\n')
+        (bin_ / "docker").chmod(0o755)
+        env = {"PATH": f"{bin_}:/usr/bin:/bin"}
+        return subprocess.run(["bash", "-c", check], env=env, capture_output=True, text=True)
+
+    assert on_node(" ".join(layers) + " ").returncode == 0  # the pin: both stores say this
+    for wrong in (layers[0] + " ", " ".join(reversed(layers)) + " ", None):  # other, or no tag
+        done = on_node(wrong)
+        assert done.returncode == 1 and "not the pinned image" in done.stderr
+        assert "image push" in done.stderr
