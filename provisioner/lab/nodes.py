@@ -289,6 +289,12 @@ def _ensure_node(cfg: LabConfig, node: LabNode, image: str, report: Reporter) ->
         report(f"{node.name}: recipe changed, recreating")
         existing.remove(force=True)
     storage = cfg.node_storage(node)
+    if storage.exists():
+        # a store left by a node that is gone (a run killed before `lab down`): its
+        # containers restart by their policy (a cluster's Ray, answering on its ports) and
+        # its engine's files may be another release's; a new node starts empty
+        report(f"{node.name}: clearing the store a removed node left")
+        shutil.rmtree(storage)
     storage.mkdir(parents=True, exist_ok=True)
     report(f"{node.name}: creating at {node.address}")
     docker_cli(node_run_args(cfg, node, image), timeout=120)

@@ -2,7 +2,7 @@
 
 Name and subnet come from PROVISIONER_LAB_NAME / PROVISIONER_LAB_SUBNET (default: a lab
 named `e2e` on 10.250.100.0/24, apart from a user's `make lab`). Tests undo the faults
-they inject; leftovers from an aborted run are cleared at the start. The lab is removed
+they inject; a lab an aborted run left is removed at the start. The lab is removed
 at the end unless PROVISIONER_KEEP_LAB=1 (then the next run starts in seconds).
 """
 
@@ -12,6 +12,7 @@ import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -129,13 +130,23 @@ def lab_config() -> LabConfig:
     )
 
 
+def _start(cfg: LabConfig, *args: Any, **kwargs: Any) -> LabInfo:
+    """`lab up` for a test session. Unless PROVISIONER_KEEP_LAB=1 (reuse a kept lab), a lab
+    of that name an earlier run left is removed first: a run killed before its `lab down`
+    leaves nodes with clusters still running, whose ports and containers the tests would
+    meet. A leftover on another subnet or size is removed either way."""
+    if os.environ.get("PROVISIONER_KEEP_LAB") != "1":
+        lab_down(cfg)
+    try:
+        return lab_up(cfg, print, *args, **kwargs)
+    except InputError:
+        lab_down(cfg)
+        return lab_up(cfg, print, *args, **kwargs)
+
+
 @pytest.fixture(scope="session")
 def lab(lab_config: LabConfig) -> Iterator[LabInfo]:
-    try:
-        info = lab_up(lab_config, print)
-    except InputError:  # a leftover lab of that name on another subnet: start clean
-        lab_down(lab_config)
-        info = lab_up(lab_config, print)
+    info = _start(lab_config)
     faults.clear(info)
     yield info
     faults.clear(info)
@@ -155,8 +166,8 @@ IMAGES = Path(__file__).resolve().parents[2] / "images"
 def image_pin() -> Path:
     """The cluster image built from images/ (the build cache makes a rebuild take seconds)
     and its pin written to images/image.lock.json, as `provisioner image build` does."""
+    from provisioner.image.base import ensure_base_image
     from provisioner.image.build import BuildOptions, build_image
-    from provisioner.lab.images import ensure_base_image
 
     opts = BuildOptions(
         images_dir=IMAGES,
@@ -203,11 +214,7 @@ def host_lab_mixed() -> Iterator[LabInfo]:
         name=HOST_NAME, subnet=HOST_SUBNET, nodes=len(HOST_FLAVOURS), runtime="host",
         flavours=HOST_FLAVOURS,
     )  # fmt: skip
-    try:
-        info = lab_up(cfg, print, images_dir=IMAGES)
-    except InputError:  # a leftover lab of that name on another subnet or size: start clean
-        lab_down(cfg)
-        info = lab_up(cfg, print, images_dir=IMAGES)
+    info = _start(cfg, images_dir=IMAGES)
     faults.clear(info)
     yield info
     faults.clear(info)
@@ -246,11 +253,7 @@ def _slurm_lab(name: str, subnet: str, flavour: str) -> Iterator[LabInfo]:
         name=name, subnet=subnet, nodes=3, runtime="host", slurm=True,
         flavours=parse_flavours(flavour),
     )  # fmt: skip
-    try:
-        info = lab_up(cfg, print, images_dir=IMAGES)
-    except InputError:  # a leftover lab of that name on another subnet: start clean
-        lab_down(cfg)
-        info = lab_up(cfg, print, images_dir=IMAGES)
+    info = _start(cfg, images_dir=IMAGES)
     yield info
     if os.environ.get("PROVISIONER_KEEP_LAB") != "1":
         lab_down(cfg)
@@ -262,11 +265,7 @@ def podman_lab(image_pin: Path) -> Iterator[LabInfo]:
     (`lab up --runtime podman`), with an inventory that says `runtime: podman` and names
     the pin; removed at the end unless kept."""
     cfg = LabConfig(name=PODMAN_NAME, subnet=PODMAN_SUBNET, nodes=3, runtime="podman")
-    try:
-        info = lab_up(cfg, print, image_pin)
-    except InputError:  # a leftover lab of that name on another subnet: start clean
-        lab_down(cfg)
-        info = lab_up(cfg, print, image_pin)
+    info = _start(cfg, image_pin)
     yield info
     if os.environ.get("PROVISIONER_KEEP_LAB") != "1":
         lab_down(cfg)
@@ -278,11 +277,7 @@ def data_lab(image_pin: Path) -> Iterator[LabInfo]:
     traffic only on the other; its inventory gives each node's `ray: {address}` there and
     names the pin. Removed at the end unless kept."""
     cfg = LabConfig(name=DATA_NAME, subnet=DATA_SUBNET, nodes=3, data_subnet=DATA_DATA_SUBNET)
-    try:
-        info = lab_up(cfg, print, image_pin)
-    except InputError:  # a leftover lab of that name on other subnets: start clean
-        lab_down(cfg)
-        info = lab_up(cfg, print, image_pin)
+    info = _start(cfg, image_pin)
     faults.clear(info)
     yield info
     faults.clear(info)

@@ -10,6 +10,7 @@ during `up`, a node dying during `up`, a worker cut off during a job, Ctrl-C dur
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -71,14 +72,79 @@ def blob(tmp_path_factory: pytest.TempPathFactory, inv: str) -> Pin:
     )
 
 
+def store_of(node: object) -> str:
+    """The node's image store: "containerd" (Docker's containerd image store) or "classic"."""
+    rc, out = probe(node, "docker info --format '{{range .DriverStatus}}{{index . 1}} {{end}}'")  # type: ignore[arg-type]
+    assert rc == 0, out
+    return "containerd" if "io.containerd.snapshotter" in out else "classic"
+
+
+def holding(node: object, pin: Pin) -> set[str]:
+    """The IDs of the images on the node that are the pin: by ID on the classic store; on
+    the containerd store (which names an image by its manifest's digest) by the layers'
+    diff IDs, which are the same in both stores."""
+    rc, out = probe(
+        node,  # type: ignore[arg-type]
+        "docker image ls -aq --no-trunc | sort -u | xargs -r docker image inspect "
+        "--format '{{.Id}} {{json .RootFS.Layers}}'",
+    )
+    assert rc == 0, out
+    by_layers = store_of(node) == "containerd"
+    found = set()
+    for line in out.splitlines():
+        image_id, _, layers = line.strip().partition(" ")
+        if image_id == pin.image_id or (by_layers and tuple(json.loads(layers)) == pin.layers):
+            found.add(image_id)
+    return found
+
+
+def pin_under(node: object, ref: str, pin: Pin) -> bool:
+    """The node's `ref` names the pin (see `holding`)."""
+    return image_on(node, ref) in holding(node, pin)
+
+
 def drop_blob(lab: LabInfo, blob: Pin) -> None:
     for node in lab.nodes:
-        probe(node, f"docker image rm -f {blob.image_id} >/dev/null 2>&1; true")
+        ids = " ".join(sorted(holding(node, blob)))
+        probe(node, f"docker image rm -f {BLOB_TAG} {ids} >/dev/null 2>&1; true")
+        assert not holding(node, blob), node.name
 
 
 def image_on(node: object, ref: str) -> str:
     rc, out = probe(node, f"docker image inspect --format '{{{{.Id}}}}' {ref}")  # type: ignore[arg-type]
     return out.strip() if rc == 0 else ""
+
+
+# Where `docker load` first writes what it receives: the classic store unpacks under Docker's
+# tmp dir; the containerd store ingests into containerd's content store, and then renames
+# within it (so the fault is an overlay on it whose upper layer is the small filesystem:
+# what is there stays readable, what is new fills 8 MiB).
+CONTENT = "/var/lib/docker/containerd/daemon/io.containerd.content.v1.content"
+
+
+def fill_disk(node: object) -> None:
+    if store_of(node) == "classic":
+        on_node(node, "mount -t tmpfs -o size=8m faults-full /var/lib/docker/tmp")  # type: ignore[arg-type]
+        return
+    on_node(
+        node,  # type: ignore[arg-type]
+        f"mkdir -p {CONTENT}/ingest /run/faults-full && "
+        "mount -t tmpfs -o size=8m faults-full /run/faults-full && "
+        "mkdir -p /run/faults-full/u /run/faults-full/w && "
+        f"mount -t overlay faults-full -o lowerdir={CONTENT},upperdir=/run/faults-full/u,"
+        f"workdir=/run/faults-full/w {CONTENT}",
+    )
+
+
+def unfill_disk(node: object) -> None:
+    if store_of(node) == "classic":
+        on_node(node, "umount /var/lib/docker/tmp || umount -l /var/lib/docker/tmp")  # type: ignore[arg-type]
+        return
+    on_node(
+        node,  # type: ignore[arg-type]
+        f"umount {CONTENT} || umount -l {CONTENT}; "
+        "umount /run/faults-full || umount -l /run/faults-full",
+    )
 
 
 def names_node(run: Run, name: str) -> bool:
@@ -191,25 +257,25 @@ def test_disk_filling_during_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
         "a clear no-space error for that node with the fix, nothing half-loaded left "
         "tagged there, the other nodes loaded; a push after freeing space completes",
     ) as s:
-        # `docker load` unpacks what it receives under Docker's tmp dir first: an 8 MiB
-        # filesystem there fills up part way through the 48 MB layer.
-        on_node(worker, "mount -t tmpfs -o size=8m faults-full /var/lib/docker/tmp")
+        # `docker load` writes what it receives to an 8 MiB filesystem (`fill_disk`): it
+        # fills up part way through the 48 MB layer.
+        fill_disk(worker)
         try:
             report = push_image(inventory, None, print, pin=blob, opts=opts)
         finally:
-            on_node(worker, "umount /var/lib/docker/tmp || umount -l /var/lib/docker/tmp")
+            unfill_disk(worker)
         assert set(report.errors) == {worker.name}, report.errors
         err = report.errors[worker.name]
         assert getattr(err, "kind", "") == "no-space", (err, err.fix)
         assert "disk" in str(err) and err.fix and "docker system prune" in err.fix
         assert report.nodes[lab.nodes[0].name].action == "send"
-        assert image_on(worker, blob.image_id) == "" and image_on(worker, BLOB_TAG) == ""
-        for node in lab.nodes[:2]:
-            assert image_on(node, BLOB_TAG) == blob.image_id
+        assert not holding(worker, blob) and image_on(worker, BLOB_TAG) == ""
+        for node in lab.nodes[:2]:  # the positive control: the same check finds it there
+            assert pin_under(node, BLOB_TAG, blob), node.name
         t_again = time.monotonic()
         again = push_image(inventory, None, print, pin=blob, opts=opts)
         assert again.ok, again.errors
-        assert image_on(worker, BLOB_TAG) == blob.image_id
+        assert pin_under(worker, BLOB_TAG, blob)
         s.observed = (
             "a `no-space` error for that node naming the disk, with the fix (free space, "
             "`docker system prune`); no image or tag left there; the 2 other nodes loaded; "
@@ -233,7 +299,7 @@ def test_image_push_through_a_jump_host(inv: str, lab: LabInfo, blob: Pin, tmp_p
         assert report.ok, report.errors
         sent = report.nodes[worker.name]
         assert sent.action == "send" and sent.bytes_sent > 40 << 20, sent
-        assert image_on(worker, BLOB_TAG) == blob.image_id
+        assert pin_under(worker, BLOB_TAG, blob)
     finally:
         drop_blob(lab, blob)
 
@@ -254,12 +320,12 @@ def test_ctrl_c_during_image_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
             assert run.code == 130, run.stderr[-2000:]
             assert run.after_signal is not None and run.after_signal < 10, run.after_signal
             assert states_said(run, lab), run.stderr[-2000:]
-            tagged = {n.name for n in lab.nodes if image_on(n, CLUSTER_TAG) == blob.image_id}
-            loaded = {n.name for n in lab.nodes if image_on(n, blob.image_id)}
+            tagged = {n.name for n in lab.nodes if pin_under(n, CLUSTER_TAG, blob)}
+            loaded = {n.name for n in lab.nodes if holding(n, blob)}
             assert tagged == loaded  # a node holds the image under the tag only when whole
             rerun = cli("image", "push", "-i", blob_inv, "--json")
             assert rerun.code == 0, rerun.stderr[-2000:]
-            assert all(image_on(n, CLUSTER_TAG) == blob.image_id for n in lab.nodes)
+            assert all(pin_under(n, CLUSTER_TAG, blob) for n in lab.nodes)
             s.observed = (
                 "exit 130 within the 10 s bound after SIGINT; each node's last step shown; "
                 "a node holds the image under the tag only when it is whole; re-run exit 0, "
@@ -273,7 +339,7 @@ def test_ctrl_c_during_image_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
             restore = cli("image", "push", "-i", inv)
             assert restore.code == 0, restore.stderr[-2000:]
             drop_blob(lab, blob)
-            assert all(image_on(n, CLUSTER_TAG) == real.image_id for n in lab.nodes)
+            assert all(pin_under(n, CLUSTER_TAG, real) for n in lab.nodes)
 
 
 # --- faults with Ray running --------------------------------------------------------------

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from provisioner.image.base import ensure_base_image
 from provisioner.lab import faults
 from provisioner.lab.config import LABEL, LabConfig
 from provisioner.lab.engine import client, exec_rc
-from provisioner.lab.images import ensure_base_image
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up
 from tests.cli import cli
 from tests.e2e.helpers import ssh, ssh_args
@@ -122,6 +122,24 @@ def test_lab_up_twice_changes_nothing(lab: LabInfo, lab_config: LabConfig) -> No
     }
     assert before == after and len(after) == 3
     assert again.known_hosts.read_text() == known
+
+
+def test_a_node_recreated_over_a_left_store_starts_empty(
+    lab: LabInfo, lab_config: LabConfig
+) -> None:
+    """A run killed before `lab down` leaves a node's engine store behind, with a cluster's
+    containers that would restart by their policy; the node `lab up` makes anew starts empty."""
+    node = lab.nodes[1]
+    store = lab_config.node_storage(node)
+    marker = store / "left-by-a-killed-run"
+    marker.write_text("x")
+    client().containers.get(node.container).remove(force=True)
+    assert marker.exists()  # the store outlives its node
+    lab_up(lab_config)
+    assert not marker.exists()
+    rc, out = exec_rc(node.container, "docker ps -aq | wc -l")
+    assert rc == 0 and out.strip() == "0", out
+    assert ssh(lab, node, "docker info --format '{{.ServerVersion}}'").returncode == 0
 
 
 def test_lab_status_json(lab: LabInfo) -> None:
