@@ -1,6 +1,6 @@
-"""Long runs on the lab: jobs that outlive `submit`, results from the head's disk over SSH,
-checkpoints home during the run, resume after the head's Ray container died, `down` with
-a job running.
+"""Long runs on the two-network lab: jobs that outlive `submit`, results from the head's
+disk over SSH, checkpoints home during the run, resume after the head's Ray container died,
+`down` with a job running.
 
 `submit` runs as a real process here when the test kills it (SIGKILL, as when a laptop
 sleeps). Budgets stay small: the lab's nodes share two cores.
@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,11 +92,22 @@ def latest_home(home: Path) -> int:
     return int(found[-1].split("-")[1]) if found else 0
 
 
+# These run on the two-network lab (conftest.data_lab: SSH on one network, Ray's traffic on
+# the other), in the second e2e process beside the `e2e` lab's tests: the longest module,
+# and the user's whole path (jobs that outlive submit, results, resume, repair) on a
+# cluster whose Ray addresses are not its SSH addresses.
 @pytest.fixture(scope="module")
-def inventory(cluster_inventory: Path) -> str:
-    code, _, err = cli("up", "-i", str(cluster_inventory))
+def lab(data_lab: LabInfo) -> LabInfo:
+    return data_lab
+
+
+@pytest.fixture(scope="module")
+def inventory(data_lab: LabInfo) -> Iterator[str]:
+    path = str(data_lab.inventory)
+    code, _, err = cli("up", "-i", path)
     assert code == 0, err[-3000:]
-    return str(cluster_inventory)
+    yield path
+    cli("down", "-i", path, "--no-logs")  # the data network's own tests start from no cluster
 
 
 def provisioner_process(*args: str, log: Path) -> subprocess.Popen[bytes]:

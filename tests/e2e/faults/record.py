@@ -12,6 +12,7 @@ first line of the error.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -35,11 +36,14 @@ class Scenario:
 
 def _write(entry: dict[str, object]) -> None:
     RECORD.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(RECORD.read_text()) if RECORD.exists() else {}
-    data[str(entry["scenario"])] = entry
-    tmp = RECORD.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(RECORD)
+    # the two e2e processes record side by side: one read-modify-write at a time
+    with open(RECORD.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+        data[str(entry["scenario"])] = entry
+        tmp = RECORD.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(RECORD)
 
 
 @contextmanager
