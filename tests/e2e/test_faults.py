@@ -24,6 +24,7 @@ from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin, write_pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
+from provisioner.lab.config import LabNode
 from provisioner.lab.engine import client
 from provisioner.lab.nodes import LabInfo
 from provisioner.node.token import read_token
@@ -33,6 +34,7 @@ from tests.e2e.faults.lab import (
     container_state,
     during,
     edited_inventory,
+    image_store,
     interrupt,
     lab_container,
     new_host_keys,
@@ -72,24 +74,17 @@ def blob(tmp_path_factory: pytest.TempPathFactory, inv: str) -> Pin:
     )
 
 
-def store_of(node: object) -> str:
-    """The node's image store: "containerd" (Docker's containerd image store) or "classic"."""
-    rc, out = probe(node, "docker info --format '{{range .DriverStatus}}{{index . 1}} {{end}}'")  # type: ignore[arg-type]
-    assert rc == 0, out
-    return "containerd" if "io.containerd.snapshotter" in out else "classic"
-
-
-def holding(node: object, pin: Pin) -> set[str]:
+def holding(node: LabNode, pin: Pin) -> set[str]:
     """The IDs of the images on the node that are the pin: by ID on the classic store; on
     the containerd store (which names an image by its manifest's digest) by the layers'
     diff IDs, which are the same in both stores."""
     rc, out = probe(
-        node,  # type: ignore[arg-type]
+        node,
         "docker image ls -aq --no-trunc | sort -u | xargs -r docker image inspect "
         "--format '{{.Id}} {{json .RootFS.Layers}}'",
     )
     assert rc == 0, out
-    by_layers = store_of(node) == "containerd"
+    by_layers = image_store(node.container) == "containerd"
     found = set()
     for line in out.splitlines():
         image_id, _, layers = line.strip().partition(" ")
@@ -98,7 +93,7 @@ def holding(node: object, pin: Pin) -> set[str]:
     return found
 
 
-def pin_under(node: object, ref: str, pin: Pin) -> bool:
+def pin_under(node: LabNode, ref: str, pin: Pin) -> bool:
     """The node's `ref` names the pin (see `holding`)."""
     return image_on(node, ref) in holding(node, pin)
 
@@ -115,36 +110,27 @@ def image_on(node: object, ref: str) -> str:
     return out.strip() if rc == 0 else ""
 
 
-# Where `docker load` first writes what it receives: the classic store unpacks under Docker's
-# tmp dir; the containerd store ingests into containerd's content store, and then renames
-# within it (so the fault is an overlay on it whose upper layer is the small filesystem:
-# what is there stays readable, what is new fills 8 MiB).
+# Where `docker load` first writes what it receives, made an 8 MiB filesystem, and its
+# undo, per image store. The classic store unpacks under Docker's tmp dir. The containerd
+# store ingests into containerd's content store and then renames within it, so there the
+# fault is an overlay on that store whose upper layer is the small filesystem: what is
+# there stays readable, what is new fills 8 MiB.
 CONTENT = "/var/lib/docker/containerd/daemon/io.containerd.content.v1.content"
-
-
-def fill_disk(node: object) -> None:
-    if store_of(node) == "classic":
-        on_node(node, "mount -t tmpfs -o size=8m faults-full /var/lib/docker/tmp")  # type: ignore[arg-type]
-        return
-    on_node(
-        node,  # type: ignore[arg-type]
+FULL_DISK = {
+    "classic": (
+        "mount -t tmpfs -o size=8m faults-full /var/lib/docker/tmp",
+        "umount /var/lib/docker/tmp || umount -l /var/lib/docker/tmp",
+    ),
+    "containerd": (
         f"mkdir -p {CONTENT}/ingest /run/faults-full && "
         "mount -t tmpfs -o size=8m faults-full /run/faults-full && "
         "mkdir -p /run/faults-full/u /run/faults-full/w && "
         f"mount -t overlay faults-full -o lowerdir={CONTENT},upperdir=/run/faults-full/u,"
         f"workdir=/run/faults-full/w {CONTENT}",
-    )
-
-
-def unfill_disk(node: object) -> None:
-    if store_of(node) == "classic":
-        on_node(node, "umount /var/lib/docker/tmp || umount -l /var/lib/docker/tmp")  # type: ignore[arg-type]
-        return
-    on_node(
-        node,  # type: ignore[arg-type]
         f"umount {CONTENT} || umount -l {CONTENT}; "
         "umount /run/faults-full || umount -l /run/faults-full",
-    )
+    ),
+}
 
 
 def names_node(run: Run, name: str) -> bool:
@@ -257,13 +243,14 @@ def test_disk_filling_during_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
         "a clear no-space error for that node with the fix, nothing half-loaded left "
         "tagged there, the other nodes loaded; a push after freeing space completes",
     ) as s:
-        # `docker load` writes what it receives to an 8 MiB filesystem (`fill_disk`): it
+        # `docker load` writes what it receives to an 8 MiB filesystem (`FULL_DISK`): it
         # fills up part way through the 48 MB layer.
-        fill_disk(worker)
+        fill, unfill = FULL_DISK[image_store(worker.container)]
+        on_node(worker, fill)
         try:
             report = push_image(inventory, None, print, pin=blob, opts=opts)
         finally:
-            unfill_disk(worker)
+            on_node(worker, unfill)
         assert set(report.errors) == {worker.name}, report.errors
         err = report.errors[worker.name]
         assert getattr(err, "kind", "") == "no-space", (err, err.fix)

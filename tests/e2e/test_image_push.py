@@ -25,6 +25,7 @@ from provisioner.lab.engine import client, exec_rc
 from provisioner.lab.images import filler_image
 from provisioner.lab.nodes import LabInfo
 from provisioner.remote import Session
+from tests.e2e.faults.lab import image_store
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
 OLDER_TAG = "provisioner/ray:torch-stage"
@@ -79,12 +80,6 @@ def on_node(node: Node, script: str) -> tuple[int, str]:
 PIN_IDS: dict[str, str] = {}
 
 
-def store_of(node: Node) -> str:
-    rc, out = on_node(node, "docker info --format '{{range .DriverStatus}}{{index . 1}} {{end}}'")
-    assert rc == 0, out
-    return "containerd" if "io.containerd.snapshotter" in out else "classic"
-
-
 def pin_id(node: Node, pin: Pin) -> str:
     return PIN_IDS.get(node.name, pin.image_id)
 
@@ -127,7 +122,7 @@ def test_push_reaches_every_node_sending_only_missing_layers(
     report = push_image(inventory, None, print, pin=pin, opts=PushOptions(compress="never"))
 
     assert_ok(report)
-    stores = {node.name: store_of(node) for node in inventory.nodes}
+    stores = {node.name: image_store(node.name) for node in inventory.nodes}
     for node in inventory.nodes:
         pushed = report.nodes[node.name]
         PIN_IDS[node.name] = pushed.image_id

@@ -142,6 +142,16 @@ def probe(node: LabNode, script: str) -> tuple[int, str]:
     return exec_rc(node.container, script, timeout=60)
 
 
+def image_store(container: str) -> str:
+    """A lab node's Docker image store: "containerd" (Docker's containerd image store) or
+    "classic" (a graph driver's)."""
+    rc, out = exec_rc(
+        container, "docker info --format '{{range .DriverStatus}}{{index . 1}} {{end}}'", timeout=60
+    )
+    assert rc == 0, out
+    return "containerd" if "io.containerd.snapshotter" in out else "classic"
+
+
 # After SIGHUP sshd re-executes itself: wait until it answers with a banner again.
 _SSHD_BACK = (
     "for i in $(seq 100); do sleep 0.1; "
