@@ -74,7 +74,17 @@ reference: install
 reliability-table: install
 	$(BIN)/python scripts/reliability_table.py --write
 
-test: prereqs lint typecheck unit e2e reliability-check
+# `make test`: ruff, mypy and the unit tests while the cluster image (the e2e tests' pin)
+# builds beside them (build/image-build.log; the e2e fixture's own build then finds it
+# cached, or builds it again and shows why it failed); then the e2e tests; then the
+# reliability table's check.
+test: prereqs install
+	@mkdir -p build; \
+	$(PROV) image build --images-dir images > build/image-build.log 2>&1 & build=$$!; \
+	trap 'kill $$build 2>/dev/null' INT TERM; \
+	$(MAKE) --no-print-directory lint typecheck unit; rc=$$?; \
+	wait $$build || echo "the image build beside the unit tests failed: build/image-build.log"; \
+	[ $$rc -eq 0 ] && $(MAKE) --no-print-directory e2e reliability-check
 
 # The doctor's golden facts (tests/unit/golden/doctor/), captured from a real lab.
 goldens: install prereqs

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from provisioner.cluster.tunnel import NotThisCluster
 from provisioner.console import Reporter, quiet
@@ -29,6 +29,9 @@ from provisioner.jobs.client import AuthRefused
 from provisioner.jobs.link import Link, Target
 from provisioner.jobs.pull import pull
 from provisioner.remote.pull import Pulled
+
+if TYPE_CHECKING:
+    from provisioner.runtime.base import RayState
 
 PROGRESS_MARK = "PROVISIONER-PROGRESS"
 QUIET_CHECK_S = 15.0  # a silent stream: check the job (and the link) this often
@@ -205,19 +208,35 @@ def job_info(link: Link, job_id: str) -> Any:
         raise
 
 
-def _cluster_gone(target: Target) -> bool:
-    """True when the head answers SSH and has no Ray of the cluster (`down`)."""
+# A head whose Ray is in one of these states has lost every job it ran: the driver and
+# Ray's job supervisor ran there (a restarted container is a fresh Ray that forgets them).
+HEAD_LOST = frozenset({"exited", "dead", "restarting", "removing"})
+
+
+def head_verdict(state: RayState) -> str | None:
+    """Pure: why a job followed on this head cannot go on, from the head's Ray as its
+    runtime reports it; None while it may (running, paused, or not known)."""
+    if state.status == "absent":
+        return "the cluster was taken down"
+    if state.status in HEAD_LOST:
+        return f"the head's Ray is not running ({state.status}): the job was lost with it"
+    return None
+
+
+def _head_verdict(target: Target) -> str | None:
+    """`head_verdict` of the head's Ray, asked over SSH; None when the head does not
+    answer (a link that drops is waited for, up to `give_up_after`)."""
     from provisioner.runtime import runtime_for
 
     if target.inventory is None:
-        return False
+        return None
     runtime = runtime_for(target.inventory)
     try:
         with target.ssh() as session:
             facts = session.run(runtime.state_command(), timeout=30)
     except ProvisionerError:
-        return False
-    return facts.ok and runtime.parse_state(facts.stdout).status == "absent"
+        return None
+    return head_verdict(runtime.parse_state(facts.stdout)) if facts.ok else None
 
 
 def follow(
@@ -232,7 +251,9 @@ def follow(
     """Follow `job_id` until it ends; reconnect whenever the stream or the link breaks.
 
     After `give_up_after` seconds without a working link, return the last known state
-    (status "UNKNOWN"): the job itself is never touched."""
+    (status "UNKNOWN"): the job itself is never touched. When the head answers and its
+    Ray is gone or not running (a crashed or killed head container), return that at once:
+    no job outlives its head, and `submit --retries` can repair and resume without waiting."""
     h = handlers or Handlers()
     state = _State()
     failing_since: float | None = None
@@ -267,10 +288,11 @@ def follow(
         errors.append(why)
         now = time.monotonic()
         failing_since = failing_since or now
-        if _cluster_gone(target):
+        verdict = _head_verdict(target)
+        if verdict is not None:
             return Followed(
                 "UNKNOWN",
-                "the cluster was taken down",
+                verdict,
                 state.seen,
                 reconnects,
                 state.progress,

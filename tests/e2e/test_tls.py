@@ -22,6 +22,7 @@ import shlex
 import socket
 import ssl
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -295,9 +296,12 @@ def test_ray_traffic_runs_tls_with_the_cluster_ca(
                 "RAY_TLS_CA_CERT": f"{tls.CONTAINER_TLS_DIR}/ca.crt",
             },
         }
-        for name, env in refused.items():
-            rc, out = driver(worker, container, head, env)
-            assert "CONNECTED" not in out, (name, rc, out)
+        # side by side: a refused driver retries until `timeout` ends it
+        with ThreadPoolExecutor(len(refused)) as pool:
+            tries = {n: pool.submit(driver, worker, container, head, e) for n, e in refused.items()}
+            for name, future in tries.items():
+                rc, out = future.result()
+                assert "CONNECTED" not in out, (name, rc, out)
 
         # A raylet joining from a worker: with the cluster's files it joins; with no TLS,
         # or another CA's certificate beside the cluster's CA, it never appears alive

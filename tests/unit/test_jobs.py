@@ -291,3 +291,25 @@ def test_job_log_goes_through_rays_own_client_with_a_bound() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_followed_job_ends_at_once_when_its_heads_ray_is_gone_or_not_running() -> None:
+    from provisioner.jobs.stream import head_verdict
+    from provisioner.runtime.base import RayState
+    from provisioner.runtime.docker import parse_container_facts
+
+    # what `docker inspect` says of a head container that `docker kill` stopped
+    killed = parse_container_facts(
+        '{"running": false, "status": "exited", "image": "sha256:ab", "started_at": "x", '
+        '"restarts": 0, "exit_code": 137, "oom_killed": false, "cluster_id": "c1", '
+        '"gpus": ""}',
+        "c1",
+    )
+    assert head_verdict(killed) == (
+        "the head's Ray is not running (exited): the job was lost with it"
+    )
+    assert head_verdict(RayState(status="restarting")) is not None
+    assert head_verdict(RayState()) == "the cluster was taken down"
+    # the control: a running (or paused, or unknown) head is waited for, never given up
+    for status in ("running", "paused", "unknown"):
+        assert head_verdict(RayState(status=status)) is None, status
