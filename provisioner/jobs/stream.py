@@ -208,17 +208,12 @@ def job_info(link: Link, job_id: str) -> Any:
         raise
 
 
-# A head whose Ray is in one of these states has lost every job it ran: the driver and
-# Ray's job supervisor ran there (a restarted container is a fresh Ray that forgets them).
-HEAD_LOST = frozenset({"exited", "dead", "restarting", "removing"})
-
-
 def head_verdict(state: RayState) -> str | None:
     """Pure: why a job followed on this head cannot go on, from the head's Ray as its
     runtime reports it; None while it may (running, paused, or not known)."""
     if state.status == "absent":
         return "the cluster was taken down"
-    if state.status in HEAD_LOST:
+    if state.ended:  # no job outlives its head: the driver and Ray's supervisor ran there
         return f"the head's Ray is not running ({state.status}): the job was lost with it"
     return None
 

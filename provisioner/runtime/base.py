@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from provisioner.remote import Pool, Session
 
 
+# The states (Docker's and Podman's container states) of a Ray that is present but gone.
+ENDED = frozenset({"exited", "dead", "restarting", "removing"})
+
+
 @dataclass(frozen=True)
 class RayState:
     """This cluster's Ray on one node, as its runtime sees it."""
@@ -45,6 +49,12 @@ class RayState:
     @property
     def running(self) -> bool:
         return self.status == "running"
+
+    @property
+    def ended(self) -> bool:
+        """Present but stopped for good, or coming back as a fresh Ray: whatever ran in
+        it (a job's driver, Ray's job supervisor) is lost."""
+        return self.status in ENDED
 
 
 @dataclass(frozen=True)

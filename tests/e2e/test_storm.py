@@ -68,6 +68,12 @@ def test_a_run_goes_on_through_a_short_storm_of_faults(
     # a lost runner fails its attempt (FAILED); a lost head leaves it UNKNOWN
     assert [a["status"] in ("FAILED", "UNKNOWN") for a in attempts] == [True, True, False]
     assert attempts[-1]["status"] == "SUCCEEDED" and len({a["job_id"] for a in attempts}) == 3
+    # the head's attempt says why it ended: its Ray container was found stopped (not a
+    # link given up after two minutes)
+    head_lost = attempts[1]
+    assert head_lost["status"] == "FAILED" or "head's Ray is not running" in head_lost["message"], (
+        head_lost
+    )
     by_kind = {r["kind"]: r for r in storm.to_json()}
     # the two container kills failed an attempt each; the client's death cost nothing
     assert by_kind["client_kill"]["resumed_from"] is None
