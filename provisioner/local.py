@@ -11,12 +11,13 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from functools import cache
 from pathlib import Path
-
-import docker
-from docker.errors import DockerException
+from typing import TYPE_CHECKING
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import PrerequisiteError
+
+if TYPE_CHECKING:
+    import docker
 
 
 def state_root() -> Path:
@@ -43,7 +44,12 @@ def private_dir(path: Path) -> Path:
 
 @cache
 def docker_client() -> docker.DockerClient:
-    """A docker SDK client for the local engine, or a PrerequisiteError saying how to start one."""
+    """A docker SDK client for the local engine, or a PrerequisiteError saying how to start one.
+    The SDK is imported here, not with this module: most commands never talk to the local
+    engine, and it costs every command's start a fifth of a second."""
+    import docker
+    from docker.errors import DockerException
+
     try:
         c = docker.from_env(timeout=300)
         c.ping()

@@ -125,12 +125,22 @@ class Row:
     what: str  # what was measured, on what
     extra: dict[str, Any] = field(default_factory=dict)
     id: str = ""  # a stable name for the row (bench.json's rows[].id)
+    # a plain figure instead of a ratio (bench.json's rows[].value, in value_unit); ratio
+    # is then None and ratio_text says what the value is
+    value: float | None = None
+    value_unit: str = ""
 
     @property
     def rerun(self) -> str:
         return f"{SCRIPT} --rows {self.group}"
 
     def to_json(self) -> dict[str, Any]:
+        plain = (
+            {"value": None if self.value is None else round(self.value, 3),
+             "value_unit": self.value_unit}
+            if self.value_unit
+            else {}
+        )  # fmt: skip
         return {
             **({"id": self.id} if self.id else {}),
             "group": self.group,
@@ -138,6 +148,7 @@ class Row:
             "ours": self.ours.to_json(),
             "baseline": self.baseline.to_json() if self.baseline else None,
             "ratio": None if self.ratio is None else round(self.ratio, 3),
+            **plain,
             "ratio_is": self.ratio_text,
             "target": self.target,
             "met": self.met,
@@ -207,27 +218,47 @@ def failures_section(rows: list[dict[str, Any]]) -> list[str]:
     )
 
 
-def markdown(doc: dict[str, Any]) -> str:
-    """bench.md from bench.json's document."""
+def run_line(doc: dict[str, Any]) -> str:
+    """One run's header: when, the command, the machine, its load, the lab, the repeats."""
     m = doc["machine"]
-    lines = [
-        "# Benchmarks",
-        "",
+    return (
         f"{doc['finished']} · `{doc['command']}` · {m['cores']} cores ({m['cpu']}), "
         f"{m['memory_gib']} GiB memory, load average at start "
         f"{', '.join(str(x) for x in m['load_average_at_start'])} · lab: "
         f"{doc['lab_nodes']} nodes (containers with sshd and dockerd on this machine) · "
         f"repeats: {doc['repeat']} (push: {doc['push_repeat']}); "
-        "figures are the median (min–max).",
+        "figures are the median (min–max)."
+    )
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """bench.md from bench.json's document: one run's, or several runs' rows merged
+    (`scripts/bench_merge.py`: `runs`, and each row's `run`, an index into it)."""
+    runs = doc.get("runs")
+    if runs:
+        head = [f"Run {i + 1}: {run_line(r)}" for i, r in enumerate(runs)]
+        head = [line for pair in zip(head, [""] * len(head), strict=True) for line in pair][:-1]
+    else:
+        head = [run_line(doc)]
+    lines = [
+        "# Benchmarks",
         "",
-        "| Benchmark | provisioner | Baseline | Ratio | Target | Met | What, on what | Re-run |",
-        "|---|---|---|---|---|---|---|---|",
+        *head,
+        "",
+        "| Benchmark | provisioner | Baseline | Ratio | Target | Met | What, on what | Re-run |"
+        + (" Run |" if runs else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if runs else ""),
     ]
     for r in doc["rows"]:
         ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f} ({r['ratio_is']})"
+        if r.get("value_unit"):  # a plain figure
+            shown = "—" if r["value"] is None else f"{r['value']:.2f} {r['value_unit']}"
+            ratio = f"{shown} ({r['ratio_is']})"
         met = "—" if r["met"] is None else ("yes" if r["met"] else "**no**")
         cells = [r["benchmark"], cell(r["ours"]), cell(r["baseline"]), ratio, r["target"], met]
         cells += [r["what"], f"`{r['rerun']}`"]
+        if runs:
+            cells.append(str(r.get("run", 0) + 1))
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines += failures_section(doc["rows"])
     lines += ["", "Everything: `make bench` (options: `" + SCRIPT + " --help`).", ""]
@@ -291,6 +322,14 @@ def rows_bring_up(ctx: Context) -> list[Row]:
     ray_a, ray_b = fig("provisioner up", ours, "ray_start"), fig("ray up", theirs, "ray_start")
     floor = ratio(ray_a, alive_b)
     r_alive = ratio(alive_a, alive_b)
+
+    def added(t: bench_up.Timing | None) -> float | None:  # up's part of one run
+        return None if t is None or not math.isfinite(t.alive) else t.alive - t.ray_start
+
+    adds = ctx.fig("what `up` adds", "s", "bring-up/up", [added(t) for t in ours])
+    add = None if math.isnan(adds.median) else adds.median
+    own = Figure("Ray's own start under `up`", "s", ray_a.runs, ray_a.failures, ray_a.repeats,
+                 ray_a.retries)  # fmt: skip
     same = (
         f"`provisioner up` vs `ray up` of the file `provisioner render` wrote, same {n}-node "
         "lab, image present on every node, all down between runs"
@@ -336,6 +375,23 @@ def rows_bring_up(ctx: Context) -> list[Row]:
             "node alive it gives the best ratio any launcher could reach here: "
             + ("—" if floor is None else f"{floor:.2f}"),
             {"floor_ratio": None if floor is None else round(floor, 3)},
+        ),
+        Row(
+            "bring-up",
+            f"bring-up, {n} nodes: what `up` adds to Ray's own start",
+            adds,
+            own,
+            None,
+            "s that `up` adds: its time to every node alive less Ray's own start, per run",
+            "≤ 1.0 s",
+            meets(add, lambda v: v <= 1.0),
+            f"{same}; each run of `provisioner up`: from the command's start until the last "
+            "node registered alive, less Ray's own part of it (the head container's start "
+            "to the last node registered): the doctor, the image check, the token, the old "
+            "containers' removal and the start commands, Python's own start included",
+            id="up-overhead-s",
+            value=add,
+            value_unit="s",
         ),
     ]
 
@@ -386,6 +442,12 @@ def rows_fan_out(ctx: Context) -> list[Row]:
     )
     r1 = ratio(doctor, ssh)
     r2 = ratio(ansible, facts)
+    r3 = ratio(facts, floor)
+    paired = [  # each repeat's own ratio: its two runs were made one after the other
+        round(a / b, 3)
+        for a, b in zip(facts_runs, floor_runs, strict=True)
+        if a is not None and b is not None and b > 0
+    ]
     return [
         Row(
             "fan-out",
@@ -412,6 +474,22 @@ def rows_fan_out(ctx: Context) -> list[Row]:
             f"`ansible all -f {par} -m script` running the doctor's own facts.sh (ansible-core, "
             f"its default SSH connection with ControlPersist, no pty); {on}. Both wait for "
             "the same 100 runs of facts.sh on the endpoints' shared CPUs",
+        ),
+        Row(
+            "fan-out",
+            f"fan-out, {n} endpoints: doctor's facts round vs facts.sh alone",
+            facts,
+            floor,
+            r3,
+            "doctor facts round / facts.sh alone",
+            "≤ 1.3",
+            meets(r3, lambda r: r <= 1.3),
+            f"the doctor's facts round (no reachability listener: one SSH session and one "
+            f"facts.sh per endpoint, parsed) vs facts.sh run {n} times, {par} at a time, on "
+            "the endpoints' lab node itself without SSH (its floor: the same work, no SSH, "
+            f"no parse); {on}",
+            {"paired_ratios": paired},
+            id="doctor-facts-vs-floor",
         ),
         Row(
             "fan-out",
@@ -1091,6 +1169,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--lab", default=os.environ.get("PROVISIONER_LAB_NAME", "bench"))
     p.add_argument("--subnet", default=os.environ.get("PROVISIONER_LAB_SUBNET", "10.250.60.0/24"))
+    p.add_argument(
+        "--flavours",
+        default="bookworm,trixie,trixie",
+        help="a new lab's node flavours (`provisioner lab up --flavours`): the link rows "
+        "push to the first worker, a Docker 26 node by default (its docker load reads zstd)",
+    )
     p.add_argument("--lock", type=Path, default=ROOT / "images" / "image.lock.json")
     p.add_argument("--repeat", type=int, default=3, help="repeats of every figure")
     p.add_argument(
@@ -1190,7 +1274,9 @@ def main(argv: list[str]) -> int:
     try:
         cfg, existed = load_config(args.lab), True  # an existing lab, on its own subnet
     except InputError:
-        cfg, existed = LabConfig(name=args.lab, subnet=args.subnet, nodes=3), False
+        flavours = tuple(args.flavours.split(","))
+        cfg = LabConfig(name=args.lab, subnet=args.subnet, nodes=3, flavours=flavours)
+        existed = False
     needs_lab = any(g != "scale" for g in args.groups)  # scale makes labs of its own
     if needs_lab:
         log(f"lab {args.lab}: {'reusing' if existed else 'starting'}")

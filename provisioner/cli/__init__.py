@@ -6,31 +6,69 @@ Exit codes: 0 ok, 1 the operation failed or the cluster is unhealthy,
 
 from __future__ import annotations
 
+import functools
+import importlib
 import sys
 import tempfile
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
 from typer.exceptions import TyperException
 
-from provisioner.cli import cluster, doctor, image, jobs, jobs_group, sagemaker
 from provisioner.cli import lab as lab_cli
 from provisioner.cli.common import state
 from provisioner.errors import ProvisionerError
 
-app = typer.Typer(
-    name="provisioner",
-    help="From an inventory of machines you own to a verified Ray cluster for RLlib training.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-app.add_typer(lab_cli.app, name="lab")
-# Each command group adds its commands, in the order `--help` lists them.
-for group in (doctor, image, cluster, jobs, jobs_group, sagemaker):
-    group.register(app)
+# The command groups (modules of this package), in the order `--help` lists them, and the
+# commands each registers: `provisioner CMD ...` imports only CMD's group, not every
+# group's library (a command's start was a fifth of a second longer).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "doctor": ("doctor",),
+    "image": ("image",),
+    "cluster": ("render", "up", "status", "down", "logs", "tunnel"),
+    "jobs": ("submit",),
+    "jobs_group": ("jobs",),
+    "sagemaker": ("sagemaker",),
+}
+
+
+def build_app(groups: Sequence[str] = tuple(GROUPS)) -> typer.Typer:
+    """The command line with the lab's commands and those of `groups`."""
+    built = typer.Typer(
+        name="provisioner",
+        help="From an inventory of machines you own to a verified Ray cluster for RLlib training.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    built.add_typer(lab_cli.app, name="lab")
+    for name in groups:
+        importlib.import_module(f"provisioner.cli.{name}").register(built)
+    return built
+
+
+def app_for(argv: Sequence[str]) -> typer.Typer:
+    """The command line `argv` needs: its command's group only (every group for --help,
+    no command, or a word that is no command)."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    group = next((g for g, commands in GROUPS.items() if first in commands), None)
+    return build_app((group,)) if group is not None else whole_app()
+
+
+@functools.cache
+def whole_app() -> typer.Typer:
+    """Every command (one object: scripts/reference.py renders it, tests extend it)."""
+    return build_app()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # `provisioner.cli.app`: the whole command line
+        return whole_app()
+    raise AttributeError(name)
 
 
 def _report_bug(exc: BaseException) -> Path:
@@ -64,7 +102,8 @@ def run(argv: list[str] | None = None) -> int:
     """Run the CLI in-process and return its exit code (tests call this)."""
     state.output = None  # set by the command once it parsed its options
     try:
-        result = app(args=argv, prog_name="provisioner", standalone_mode=False)
+        args = sys.argv[1:] if argv is None else argv
+        result = app_for(args)(args=args, prog_name="provisioner", standalone_mode=False)
         if result == 130:  # typer turns Ctrl-C into a silent Exit(130)
             _interrupted()
         return result if isinstance(result, int) else 0

@@ -11,7 +11,6 @@ from rich.table import Table
 
 from provisioner.cli.common import InventoryOption, JsonOption, output
 from provisioner.errors import InputError
-from provisioner.image.build import VARIANTS, BuildOptions, build_image, default_images_dir
 from provisioner.image.lock import (
     format_lock,
     index_urls,
@@ -48,8 +47,16 @@ LockFileOption = Annotated[
 ]
 
 
+def _default_images_dir() -> Path:
+    # image.build (and with it Docker's SDK, a fifth of a second) only for the image
+    # commands: every other command starts without it
+    from provisioner.image.build import default_images_dir
+
+    return default_images_dir()
+
+
 def _dirs(images_dir: Path | None, wheelhouse: Path | None) -> tuple[Path, Path]:
-    images = images_dir or default_images_dir()
+    images = images_dir or _default_images_dir()
     return images, wheelhouse or images / ".wheelhouse"
 
 
@@ -81,6 +88,8 @@ def lock_cmd(
     """Resolve requirements.in with pip into requirements.lock (exact versions and hashes)."""
     out = output(json_)
     images, wheels_dir = _dirs(images_dir, wheelhouse)
+    from provisioner.image.build import VARIANTS
+
     stem = VARIANTS["cuda" if cuda else "cpu"]
     source = images / f"{stem}.in"
     with out.step(f"resolving {source.name}"):
@@ -138,6 +147,8 @@ def build_cmd(
 
         choice = build_base(out.progress)
         base, chosen = choice.tag, choice.how
+    from provisioner.image.build import BuildOptions, build_image
+
     opts = BuildOptions(
         images_dir=images,
         wheelhouse=wheels_dir,
@@ -283,7 +294,7 @@ def show_cmd(
 ) -> None:
     """Print the pin: image ID, layers, base, versions."""
     out = output(json_)
-    pin = read_pin(lock or default_images_dir() / "image.lock.json")
+    pin = read_pin(lock or _default_images_dir() / "image.lock.json")
     if json_:
         out.emit(pin_to_dict(pin))
         return

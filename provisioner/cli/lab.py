@@ -12,14 +12,13 @@ from rich.text import Text
 from provisioner.cli.common import JsonOption, output
 from provisioner.errors import InputError
 from provisioner.inventory.models import DEFAULT_RUNTIME
-from provisioner.lab.config import LabConfig
 from provisioner.lab.flavours import DEFAULT_FLAVOUR, parse_flavours
 
 if TYPE_CHECKING:
     from provisioner.lab.nodes import LabInfo
 
-# The lab's modules import the docker SDK; they are imported when a lab command runs,
-# so that every other command starts fast.
+# The lab's modules import the docker SDK (lab.config too, through image.base); they are
+# imported when a lab command runs, so that every other command starts fast.
 
 app = typer.Typer(
     help="A local lab: N simulated nodes (containers with sshd and dockerd).", no_args_is_help=True
@@ -87,8 +86,9 @@ def up(
             "(head first). bookworm: Debian 12, Docker 20.10, Python 3.11; trixie: Debian 13, "
             "Docker 26, Python 3.13; trixie+containerd: trixie with Docker's containerd image "
             "store. --runtime docker or host; with --slurm one flavour for all nodes (bookworm: "
-            "Slurm 22.05, trixie: Slurm 24.11); --runtime podman: bookworm only. Default: the "
-            "lab's own when it is up (a lab up again keeps its nodes), else bookworm.",
+            "Slurm 22.05, trixie: Slurm 24.11); --runtime podman: bookworm (Podman 4.3) or "
+            "trixie (Podman 5.4). Default: the lab's own when it is up (a lab up again keeps "
+            "its nodes), else bookworm.",
         ),
     ] = None,
     data_subnet: Annotated[
@@ -104,6 +104,8 @@ def up(
 ) -> None:
     """Create (or repair) the lab and write its inventory, key and known_hosts."""
     out = output(json_)
+    from provisioner.lab.config import LabConfig
+
     cfg = LabConfig.from_env(
         name=name,
         subnet=subnet,
@@ -147,6 +149,7 @@ def up(
 def down(name: NameOption = None, json_: JsonOption = False) -> None:
     """Remove every container, network and directory the lab made."""
     out = output(json_)
+    from provisioner.lab.config import LabConfig
     from provisioner.lab.nodes import lab_down
 
     cfg = LabConfig.from_env(name=name)

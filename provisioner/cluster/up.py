@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,20 @@ def install_tls(
             f"the SSH user must own ~/{layout.node_dir(inventory.cluster)} on those nodes: "
             f"sudo chown -R {inventory.head.ssh.user} ~/.provisioner there",
         )
+
+
+def install_token_and_tls(inventory: Inventory, pool: Pool) -> None:
+    """The token and the TLS files on every node, side by side (two commands on each node's
+    connection at once, where one after the other cost two round trips); the token's
+    error first when both fail."""
+    with ThreadPoolExecutor(1) as side:
+        tls_done = side.submit(install_tls, inventory, pool)
+        try:
+            install_token(inventory, pool)
+        finally:
+            tls_error = tls_done.exception()
+    if tls_error is not None:
+        raise tls_error
 
 
 def _raise_first(errors: dict[str, ProvisionerError], what: str) -> None:
@@ -422,8 +437,7 @@ def plan(
     own reasons), its new token installed before anything restarts."""
     began = time.monotonic()
     inventory, pool = ctx.inventory, ctx.pool
-    install_token(inventory, pool)
-    install_tls(inventory, pool)
+    install_token_and_tls(inventory, pool)
     current = token.fingerprint(token.local_token_path(inventory))
     result.gpus = gpu_plans(pool, inventory, ctx.runtime, facts)
     before = status.gather(inventory, pool, ctx.report, runtime=ctx.runtime, states=states)
@@ -496,15 +510,21 @@ def _begin_rotation(ctx: UpContext, result: UpResult) -> None:
         ) from exc
 
 
-def stop(ctx: UpContext, decided: Plan) -> GroupResult[Result]:
+def stop(ctx: UpContext, decided: Plan) -> GroupResult[Result | None]:
     """Every old Ray of the nodes to start goes first, so that no new worker meets the old
-    head. A node that fails is named after the others have started."""
+    head. A node where the status round saw none of this cluster's Ray (absent) has
+    nothing to remove: no round trip there (None). A node that fails is named after the
+    others have started."""
     runtime, pool = ctx.runtime, ctx.pool
-    return fan_out(
-        decided.to_start,
+    states = decided.before.states
+    empty = {n.name for n in decided.to_start if (s := states.get(n.name)) and s.absent}
+    group: GroupResult[Result | None] = fan_out(
+        [n for n in decided.to_start if n.name not in empty],
         lambda n: pool.session(n).run(runtime.stop_command(n), timeout=60).check(),
         deadline=90,
     )
+    group.results.update(dict.fromkeys(empty))
+    return group
 
 
 def start(ctx: UpContext, result: UpResult, decided: Plan, stopped: GroupResult[Any]) -> None:

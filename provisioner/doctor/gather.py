@@ -21,6 +21,7 @@ from provisioner.runtime.base import Judges
 
 FACTS_TIMEOUT_S = 60.0
 RUNTIME_MARK = b"\n#@runtime-facts\n"  # where facts.sh takes the runtime's own section
+STATE_MARK = b"\n#@ray-state\n"  # where it takes the runtime's state command, if asked
 PROBE_CONNECT_S = 3.0
 LISTEN_SECONDS = 120  # the listener's own end, should round 3 never come
 GPU_PROBE_S = 120.0  # a container start and `import torch` with CUDA
@@ -32,12 +33,11 @@ def _script(name: str) -> bytes:
 
 def facts_script(judges: Judges, ray_state: str = "") -> bytes:
     """facts.sh with the runtime's own section in its place (before the disks are told, so
-    that it may name its root), and `ray_state` (the runtime's state command) at the end."""
+    that it may name its root), and `ray_state` (the runtime's state command) last."""
     text = _script("facts.sh")
     text = text.replace(RUNTIME_MARK, f"\n{judges.facts.strip()}\n".encode())
-    if ray_state:
-        text += f"\nsection ray_state\n{{ {ray_state}\n}} 2>&1\n".encode()
-    return text
+    state = f"\nsection ray_state\n{{ {ray_state}\n}} 2>&1\n" if ray_state else "\n"
+    return text.replace(STATE_MARK, state.encode())
 
 
 def _deadline(inventory: Inventory, command_timeout: float) -> float:

@@ -411,7 +411,9 @@ def _feed_from_control(run: _Run, chain: Chain, first: Node, saved: SavedImage |
     cache = SavedCache(run.pin, run.opts.cache_dir)
     plan = run.plans[first.name]
     sent = run.control = Sent()
-    sent.codec, sent.reason = plan_codec(session, run.pin, plan, run.opts, run.report, cache)
+    sent.codec, sent.reason = plan_codec(
+        session, run.pin, plan, run.opts, run.report, cache, whole=False
+    )
     if sent.codec is not None and not check_codec_all(
         sent.codec, [run.plans[h.node] for h in chain.hops]
     ):

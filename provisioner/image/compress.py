@@ -17,13 +17,20 @@ once per codec into a cache on this machine (`<saved images dir>/layers/<diff-id
 so a second cluster's push of the same pin compresses nothing.
 
 Whether to compress: `choose` compares the estimated times, from a measured link rate
-(a few MB sent to the node) and a measured compressor rate and ratio (a sample of the
-largest layer): plain takes S/link; compressed takes
-max(S_uncached/cpu, S/decode, ratio*S/link), since a layer is sent while the next is
-compressed and the node decompresses as it applies
+(the best of two probes, random data sent to the node for about PROBE_SECONDS each, timed
+from the first chunk) and a
+measured compressor rate and ratio (a sample of the image): plain takes S/link;
+compressed takes max(S_uncached/cpu, S/decode, ratio*S/link), since the stages overlap
 (decode: an assumed rate of Docker's decompressor, DECODE_BPS). Compression is chosen
-when it is at least 1/MARGIN faster: on a link faster than the compressor (or than
-the node's decompressor, for cached layers), plain goes.
+when it is at least 1/MARGIN faster: on a link faster than the compressor (or than the
+node's decompressor, for cached layers), plain goes.
+
+A node that holds none of the image gets it as one stream, `docker save` piped through
+the compressor (`savepipe`), which `docker load` decompresses whole. For it the rule
+weighs zstd's levels (`levels`, `best_level`): -9 sends about a tenth fewer bytes than -3
+at a third of its speed, so it wins only where the link, not the CPU, is the limit. Its
+compressor rate is one core's, measured, times the cores the push leaves it
+(`sender_cores`): SSH's encryption and `docker save` run beside it.
 """
 
 from __future__ import annotations
@@ -43,20 +50,22 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Literal, Protocol
 
 from provisioner.errors import OperationError
 from provisioner.image.savestream import CHUNK, SavedImage, omitted_members
-from provisioner.local import need
 
 Mode = Literal["auto", "always", "never"]
 CODECS = ("zstd", "pigz", "zlib")  # preference order on this machine; zlib is built in
 SUFFIX = {"zstd": "zst", "pigz": "gz", "zlib": "gz"}  # pigz and zlib write gzip: one entry
 LEVEL = {"zstd": 3, "pigz": 1, "zlib": 1}
+DENSE_ZSTD = 9  # the level a cold push over a slow link may take instead of zstd's 3
 ZLIB_CHUNK = 8 << 20  # zlib: each thread compresses this much into one gzip member
 MARGIN = 0.9  # compressed must be estimated at least 10% faster than plain
+LEVEL_MARGIN = 0.97  # a slower level must be estimated at least 3% faster
 SAMPLE_BYTES = 16 << 20  # of the largest layer, to measure the compressor
-PROBE_BYTES = 4 << 20  # sent to the node to measure the link
+PROBE_BYTES = 32 << 20  # at most this much is sent to the node to measure the link
+PROBE_SECONDS = 1.0  # ... for at most about this long (each of two probes)
 CALIBRATE_BYTES = 8 << 20  # compressed here once, to bound the compressor's rate
 MIN_AUTO_BYTES = 256 << 20  # auto leaves smaller sends plain: little to win, a probe to pay
 DECODE_BPS = {"gz": 100e6, "zst": 400e6}  # the node's docker load decompressing (assumed)
@@ -77,13 +86,18 @@ class Codec:
         return SUFFIX[self.name]
 
 
-def compress_argv(codec: Codec) -> list[str]:
-    """The local compressor, stdin to stdout, on every core (zlib: none, it runs here)."""
+def compress_argv(codec: Codec, threads: int = 0) -> list[str]:
+    """The local compressor, stdin to stdout, on every core (`threads` 0) or on that many
+    (zlib: none, it runs here)."""
     level = f"-{int(codec.level)}"
     if codec.name == "zstd":
-        return ["zstd", "-T0", level, "-q", "-c"]
+        return ["zstd", f"-T{int(threads)}", level, "-q", "-c"]
     if codec.name == "pigz":
-        return ["pigz", level, "-c"]
+        return (
+            ["pigz", level, "-c"]
+            if threads <= 0
+            else ["pigz", "-p", str(int(threads)), level, "-c"]
+        )
     return []
 
 
@@ -182,6 +196,7 @@ class LayerCache:
         line = json.dumps(
             {"diff_id": diff_id, "codec": codec.family, "event": event, "at": round(time.time(), 3)}
         )
+        self.directory.mkdir(parents=True, exist_ok=True)
         with self._lock, (self.directory / "record.jsonl").open("a") as f:
             f.write(line + "\n")
 
@@ -223,15 +238,20 @@ def compress_range(path: Path, offset: int, size: int, codec: Codec, sink: IO[by
         compress_file(src, size, codec, sink)
 
 
-def compress_file(src: IO[bytes], size: int, codec: Codec, sink: IO[bytes]) -> None:
-    """The next `size` bytes of `src`, compressed with `codec`, into `sink`."""
+def compress_file(
+    src: IO[bytes], size: int, codec: Codec, sink: IO[bytes], threads: int = 0
+) -> None:
+    """The next `size` bytes of `src`, compressed with `codec`, into `sink`, on every core
+    (`threads` 0) or on that many."""
     if codec.name == "zlib":
-        _zlib_threads(src, size, codec.level, sink)
+        _zlib_threads(src, size, codec.level, sink, threads)
         return
     try:
         sink.fileno()
     except (AttributeError, io.UnsupportedOperation):  # in memory (a sample): no pipe to it
-        done = subprocess.run(compress_argv(codec), input=src.read(size), capture_output=True)
+        done = subprocess.run(
+            compress_argv(codec, threads), input=src.read(size), capture_output=True
+        )
         if done.returncode != 0:
             raise OperationError(
                 f"compressing with {codec.name} failed: {done.stderr.decode()[-300:]}"
@@ -239,7 +259,7 @@ def compress_file(src: IO[bytes], size: int, codec: Codec, sink: IO[bytes]) -> N
         sink.write(done.stdout)
         return
     proc = subprocess.Popen(
-        compress_argv(codec), stdin=subprocess.PIPE, stdout=sink, stderr=subprocess.PIPE
+        compress_argv(codec, threads), stdin=subprocess.PIPE, stdout=sink, stderr=subprocess.PIPE
     )
     assert proc.stdin is not None and proc.stderr is not None
     left = size
@@ -264,23 +284,54 @@ def _gzip_member(data: bytes, level: int) -> bytes:
     return z.compress(data) + z.flush()
 
 
-def _zlib_threads(src: IO[bytes], size: int, level: int, sink: IO[bytes]) -> None:
-    """gzip on every core without pigz: the data in ZLIB_CHUNK pieces, each compressed
-    by its own thread (zlib lets go of the GIL) into one gzip member, written in order.
-    Concatenated members are one valid gzip stream (RFC 1952), read whole by Go's
-    gzip reader and by unpigz, which `docker load` uses."""
-    threads = max(1, os.cpu_count() or 1)
+def _zlib_threads(src: IO[bytes], size: int, level: int, sink: IO[bytes], threads: int = 0) -> None:
+    """The next `size` bytes of `src` as gzip (`stream_zlib`); the source ending early
+    is an error."""
+    if stream_zlib(src, level, sink, size, threads) < size:
+        raise OperationError("the saved image ends early; delete it and push again")
+
+
+class Readable(Protocol):
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+def stream_zlib(
+    src: Readable, level: int, sink: IO[bytes], size: int | None = None, threads: int = 0
+) -> int:
+    """gzip on every core without pigz: `src` (its next `size` bytes, or up to its end)
+    in ZLIB_CHUNK pieces, each compressed by its own thread (zlib lets go of the GIL)
+    into one gzip member, written in order; returns the bytes read. Concatenated members
+    are one valid gzip stream (RFC 1952), read whole by Go's gzip reader and by unpigz,
+    which `docker load` uses. `threads` 0: one per core."""
+    threads = threads if threads > 0 else max(1, os.cpu_count() or 1)
     left = size
+    done = 0
+    ended = False
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zlib") as pool:
         pending: list[Future[bytes]] = []
-        while left > 0 or pending:
-            while left > 0 and len(pending) < 2 * threads:
-                block = src.read(min(ZLIB_CHUNK, left))
+        while not ended or pending:
+            while not ended and len(pending) < 2 * threads:
+                want = ZLIB_CHUNK if left is None else min(ZLIB_CHUNK, left)
+                block = _read_full(src, want) if want > 0 else b""
                 if not block:
-                    raise OperationError("the saved image ends early; delete it and push again")
-                left -= len(block)
+                    ended = True
+                    break
+                done += len(block)
+                if left is not None:
+                    left -= len(block)
                 pending.append(pool.submit(_gzip_member, block, level))
-            sink.write(pending.pop(0).result())
+            if pending:
+                sink.write(pending.pop(0).result())
+    return done
+
+
+def _read_full(src: Readable, n: int) -> bytes:
+    """Up to `n` bytes of `src`, fewer only at its end (a pipe returns what it has)."""
+    parts: list[bytes] = []
+    while n > 0 and (block := src.read(n)):
+        parts.append(block)
+        n -= len(block)
+    return b"".join(parts)
 
 
 def layer_ids(saved: SavedImage, diff_ids: Sequence[str]) -> dict[str, str]:
@@ -324,37 +375,48 @@ def calibrate(codec: Codec) -> float:
     return _CALIBRATED[codec]
 
 
-def sample_stream(image_id: str, codec: Codec) -> tuple[float, float]:
-    """(bytes per second, ratio) of the codec on SAMPLE_BYTES of the first layer file
-    of at least 1 MB in the local `docker save` stream (which then stops): a sample for
-    the rule before the image is saved to a file, which a plain send never needs."""
-    proc = subprocess.Popen(
-        [need("docker", "docker.io"), "save", image_id],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    assert proc.stdout is not None
-    data = b""
-    try:
-        with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-            for member in tar:
-                if member.isfile() and member.size >= 1 << 20:
-                    f = tar.extractfile(member)
-                    data = f.read(SAMPLE_BYTES) if f is not None else b""
-                    break
-    except (tarfile.TarError, OSError):
-        data = b""
-    finally:
-        proc.kill()
-        proc.stdout.close()
-        proc.wait()
+def measure(data: bytes, codec: Codec, threads: int = 0) -> tuple[float, float]:
+    """(bytes per second, ratio) of the codec on `data` ((1, 1) for no data), on every
+    core (`threads` 0) or on that many."""
     if not data:
         return 1.0, 1.0
     sink = io.BytesIO()
     t0 = time.monotonic()
-    compress_file(io.BytesIO(data), len(data), codec, sink)
+    compress_file(io.BytesIO(data), len(data), codec, sink, threads)
     dt = max(time.monotonic() - t0, 1e-6)
     return len(data) / dt, len(sink.getvalue()) / len(data)
+
+
+def sender_cores(cores: int | None = None) -> int:
+    """The cores a cold push leaves its compressor: SSH's encryption and `docker save`
+    take one of their own while it runs (one core: that one, shared)."""
+    n = cores if cores is not None else (os.cpu_count() or 1)
+    return max(1, n - 1)
+
+
+def levels(codec: Codec) -> tuple[Codec, ...]:
+    """The levels a cold push weighs for a codec: zstd's fast default and a denser one
+    for slow links (zstd -9 is about a third of -3's speed for a tenth fewer bytes)."""
+    if codec.name == "zstd":
+        return (codec, Codec("zstd", DENSE_ZSTD))
+    return (codec,)
+
+
+def best_level(
+    data: bytes, codec: Codec, link_bps: float, total: int, cores: int
+) -> tuple[Codec, Estimate]:
+    """Of `levels(codec)`, the one with the shortest estimated compressed push of
+    `total` bytes over a link of `link_bps`, each measured on `data` on one core and
+    counted at `cores` times that (a sample too small to keep several threads busy would
+    otherwise read as one core's rate); a slower level must win by LEVEL_MARGIN."""
+    best: tuple[Codec, Estimate] | None = None
+    for level in levels(codec):
+        rate, ratio = measure(data, level, threads=1)
+        est = Estimate(link_bps, rate * cores, ratio, total, total, DECODE_BPS[level.family])
+        if best is None or est.compressed_s() < best[1].compressed_s() * LEVEL_MARGIN:
+            best = (level, est)
+    assert best is not None
+    return best
 
 
 def compressed_stream(

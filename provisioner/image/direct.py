@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TypeVar
@@ -26,20 +26,23 @@ from provisioner.image.compress import (
     DECODE_BPS,
     MIN_AUTO_BYTES,
     PROBE_BYTES,
+    PROBE_SECONDS,
     CacheRecord,
     Codec,
     Estimate,
     LayerCache,
     Mode,
+    best_level,
     calibrate,
     choose,
     compressed_stream,
     layer_ids,
     local_codecs,
+    measure,
     node_reads,
     pick_codec,
     sample_rate,
-    sample_stream,
+    sender_cores,
 )
 from provisioner.image.pin import CLUSTER_TAG, Pin
 from provisioner.image.plan import (
@@ -49,13 +52,21 @@ from provisioner.image.plan import (
     parse_facts,
     verify_and_tag_command,
 )
+from provisioner.image.savepipe import (
+    SavePipe,
+    SaveSource,
+    cached_stream,
+    from_file,
+    kept_any,
+    sample_save,
+    save_argv,
+)
 from provisioner.image.savestream import (
     CHUNK,
     SavedImage,
     containerd_id,
     oci_layout,
     partial,
-    passthrough,
     read_saved,
 )
 from provisioner.inventory import Node
@@ -95,10 +106,7 @@ def save_stream(image_id: str) -> Iterator[IO[bytes]]:
     """`docker save IMAGE_ID` from the local engine, as a file; the process ends with the
     block, even when the stream is abandoned half-way."""
     proc = subprocess.Popen(
-        [need("docker", "docker.io"), "save", image_id],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        bufsize=CHUNK,
+        save_argv(image_id), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=CHUNK
     )
     assert proc.stdout is not None
     try:
@@ -235,14 +243,39 @@ class Sent:
         out.cache_hits, out.cache_misses = len(self.record.hits), len(self.record.misses)
 
 
-def probe_link(session: Session, nbytes: int = PROBE_BYTES) -> float:
-    """The node's link from here, in bytes per second: `nbytes` of random data into
-    `cat` over the node's SSH session (encryption included, as a push has it)."""
-    data = os.urandom(nbytes)
-    chunks = [data[i : i + CHUNK] for i in range(0, nbytes, CHUNK)]
-    t0 = time.monotonic()
-    session.run_streaming_stdin("cat > /dev/null", iter(chunks), timeout=60).check()
-    return nbytes / max(time.monotonic() - t0, 1e-6)
+def probe_link(session: Session, tries: int = 2) -> float:
+    """The node's link from here, bytes per second: the best of `tries` probes
+    (`probe_once`). A busy moment on either end only ever reads slower than the link,
+    so the fastest probe is the nearest to it."""
+    return max(probe_once(session) for _ in range(max(1, tries)))
+
+
+def probe_once(
+    session: Session, nbytes: int = PROBE_BYTES, seconds: float = PROBE_SECONDS
+) -> float:
+    """The node's link from here, in bytes per second: random data into `cat` over the
+    node's SSH session (encryption included, as a push has it), up to `nbytes` or for
+    about `seconds`. Timed from the first chunk sent to the command's end, over the
+    bytes after that chunk, so opening the channel is not counted against the link."""
+    block = os.urandom(CHUNK)
+    first: list[float] = []
+    total = [0]
+
+    def on_bytes(sent: int) -> None:
+        total[0] = sent
+        if not first:
+            first.append(time.monotonic())
+
+    def chunks() -> Iterator[bytes]:
+        sent = 0
+        while sent < nbytes and not (first and time.monotonic() - first[0] > seconds):
+            sent += len(block)
+            yield block
+
+    session.run_streaming_stdin("cat > /dev/null", chunks(), on_bytes=on_bytes, timeout=60).check()
+    if not first or total[0] <= len(block):
+        return 1.0
+    return (total[0] - len(block)) / max(time.monotonic() - first[0], 1e-6)
 
 
 def plan_codec(
@@ -252,6 +285,8 @@ def plan_codec(
     opts: PushOptions,
     report: Reporter,
     saved: SavedCache,
+    whole: bool = True,
+    source: SaveSource | None = None,
 ) -> tuple[Codec | None, str]:
     """Whether to send the node's layers compressed, with which codec, and why.
 
@@ -266,6 +301,11 @@ def plan_codec(
     codec = pick_codec(local_codecs(), node_reads(plan.engine))
     if codec is None:
         return None, f"the node's docker load ({plan.engine or 'unknown'}) reads no codec here"
+    # the whole image as one stream, `docker save | compressor` (savepipe): a node that
+    # holds none of it, fed by a caller that can send it so (`whole`; not the chain,
+    # whose hops take layers out of the tar)
+    if whole and plan.first_missing == 0:
+        return whole_codec(session, pin, codec, opts.compress, saved.directory, source)
     if opts.compress == "always":
         saved.get(report)
         return codec, "compression forced"
@@ -298,9 +338,49 @@ def plan_codec(
         biggest = max((m for m in image.members if m.name in ids), key=lambda m: m.size)
         _, ratio = sample_rate(image, biggest, codec)
     else:
-        _, ratio = sample_stream(pin.image_id, codec)
+        _, ratio = measure(sample_save(pin.image_id), codec)
     use, why = choose("auto", Estimate(link, cpu, ratio, total, uncached, decode))
     return (codec if use else None), why
+
+
+def whole_codec(
+    session: Session,
+    pin: Pin,
+    codec: Codec,
+    mode: Mode,
+    directory: Path,
+    source: SaveSource | None = None,
+) -> tuple[Codec | None, str]:
+    """Whether the whole image, one `docker save` stream for a node that holds none of it
+    (`send_whole`), goes through `codec` (a family the node's loader reads), at which
+    level, and why. auto: a send big enough to matter; the link probed; with the stream
+    kept here from an earlier push, that file's own ratio; else the compressor's rate
+    (one core's, times the cores the push leaves it), and only when even a perfect ratio
+    would beat plain, zstd's levels weighed on a sample of the save (`source`'s, when
+    given, so the save that is sent is the one sampled)."""
+    if mode == "never":
+        return None, "compression off"
+    if mode == "always":
+        return codec, "compression forced"
+    total = pin.bytes_for(0)
+    if total < MIN_AUTO_BYTES:
+        return None, f"{total / 1e6:,.0f} MB: too little to be worth compressing"
+    decode = DECODE_BPS[codec.family]
+    kept = cached_stream(directory, pin.image_id, codec.family)
+    link = probe_link(session)
+    if kept is not None:  # a cold push sent before: its compressed stream, kept here
+        ratio = kept.stat().st_size / max(total, 1)
+        use, why = choose("auto", Estimate(link, float("inf"), ratio, total, 0, decode))
+        return (codec if use else None), why
+    cores = sender_cores()
+    cpu = calibrate(codec) * cores / (os.cpu_count() or 1)
+    best, why = choose("auto", Estimate(link, cpu, 0.0, total, total, decode))
+    if not best:
+        return None, f"plain even at any ratio: {why}"
+    data = source.sample() if source is not None else sample_save(pin.image_id)
+    level, est = best_level(data, codec, link, total, cores)
+    use, why = choose("auto", est)
+    return (level if use else None), why
 
 
 def check_codec_all(codec: Codec, plans: list[NodePlan]) -> bool:
@@ -317,53 +397,124 @@ def stream_layers(
     saved: SavedCache,
 ) -> Sent:
     """Send the layers of `plan` into the node's `docker load`, compressed when
-    plan_codec says so. A whole plain image streams straight from `docker save`; a
-    partial or compressed one from the saved file."""
-    out = Sent()
-    out.codec, out.reason = plan_codec(session, pin, plan, opts, report, saved)
-    report(
-        f"{session.host}: {'compressed: ' + out.codec.name if out.codec else 'plain'} "
-        f"({out.reason})"
-    )
+    plan_codec says so. A whole image streams from one `docker save` (whose start the
+    rule samples first), plain or through the compressor (`cold_stream`); a partial one
+    from the saved file, its layers compressed there one by one when compressed."""
+    with closing(SaveSource(pin.image_id)) as source:
+        cold = plan.first_missing == 0 and plan.store != "containerd"
+        if cold and not kept_any(saved.directory, pin.image_id):
+            source.start()  # its 13 s before the first byte overlap the probe and sample
+        out = Sent()
+        out.codec, out.reason = plan_codec(session, pin, plan, opts, report, saved, source=source)
+        how = f"compressed: {out.codec.name} -{out.codec.level}" if out.codec else "plain"
+        report(f"{session.host}: {how} ({out.reason})")
 
-    def on_omitted(n: int) -> None:
-        out.bytes_omitted += n
+        def on_omitted(n: int) -> None:
+            out.bytes_omitted += n
 
-    progress = _Progress(session.host, report)
-    if plan.store == "containerd":
-        chunks = oci_layout(saved.get(report), pin.layers, plan.first_missing, on_omitted)
-        guarded = _Guarded(chunks)
-        result = session.run_streaming_stdin(
-            LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
-        )
-    elif out.codec is not None:
-        chunks = compressed_stream(
-            saved.get(report),
-            pin.layers,
-            plan.first_missing,
-            out.codec,
-            saved.layers,
-            out.record,
-            on_omitted,
-        )
-        guarded = _Guarded(chunks)
-        result = session.run_streaming_stdin(
-            LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
-        )
-    elif plan.first_missing == 0:
-        with save_stream(pin.image_id) as source:
-            guarded = _Guarded(passthrough(source))
+        progress = _Progress(session.host, report)
+        if plan.store == "containerd":
+            chunks = oci_layout(saved.get(report), pin.layers, plan.first_missing, on_omitted)
+            guarded = _Guarded(chunks)
             result = session.run_streaming_stdin(
                 LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
             )
+        elif out.codec is not None and plan.first_missing == 0:
+            cold_stream(session, pin, out, opts, saved, progress, source)
+            out.bytes_sent = progress.sent
+            return out
+        elif out.codec is not None:
+            chunks = compressed_stream(
+                saved.get(report),
+                pin.layers,
+                plan.first_missing,
+                out.codec,
+                saved.layers,
+                out.record,
+                on_omitted,
+            )
+            guarded = _Guarded(chunks)
+            result = session.run_streaming_stdin(
+                LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
+            )
+        elif plan.first_missing == 0:
+            guarded = _Guarded(source.chunks())
+            result = session.run_streaming_stdin(
+                LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
+            )
+        else:
+            guarded = _Guarded(partial(saved.get(report), plan.first_missing, on_omitted))
+            result = session.run_streaming_stdin(
+                LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
+            )
+        check_load(session, plan.image_id or pin.image_id, guarded, result)
+        out.bytes_sent = progress.sent
+        return out
+
+
+def cold_stream(
+    session: Session,
+    pin: Pin,
+    out: Sent,
+    opts: PushOptions,
+    saved: SavedCache,
+    progress: _Progress,
+    source: SaveSource,
+) -> None:
+    """The whole image compressed into the node's `docker load` (`send_whole`), checked
+    by the pin's ID."""
+    assert out.codec is not None
+    hit = send_whole(
+        session,
+        pin,
+        out.codec,
+        saved,
+        source,
+        LOAD_COMMAND,
+        progress,
+        opts.timeout,
+        lambda guarded, result: check_load(session, pin.image_id, guarded, result),
+    )
+    (out.record.hits if hit else out.record.misses).append(pin.image_id)
+
+
+def send_whole(
+    session: Session,
+    pin: Pin,
+    codec: Codec,
+    saved: SavedCache,
+    source: SaveSource,
+    command: str,
+    progress: Callable[[int], None],
+    timeout: float,
+    check: Callable[[_Guarded, Result], None],
+) -> bool:
+    """The whole image compressed into `command` on the node (a loader that decompresses
+    its input: `docker load`, `podman load`): the stream kept from an earlier cold push
+    when there is one (nothing saved or compressed), else `docker save` piped through the
+    compressor (savepipe), kept once `check` (which raises unless the node loaded the
+    pin) passed. Whether the kept stream was sent (a hit, noted in the cache's record)."""
+    directory = saved.directory
+    kept = cached_stream(directory, pin.image_id, codec.family)
+    pipe: SavePipe | None = None
+    if kept is not None:
+        chunks = from_file(kept)
     else:
-        guarded = _Guarded(partial(saved.get(report), plan.first_missing, on_omitted))
+        pipe = SavePipe(source, codec, directory)
+        chunks = pipe.chunks()
+    try:
+        guarded = _Guarded(chunks)
         result = session.run_streaming_stdin(
-            LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
+            command, iter(guarded), on_bytes=progress, timeout=timeout
         )
-    check_load(session, plan.image_id or pin.image_id, guarded, result)
-    out.bytes_sent = progress.sent
-    return out
+        check(guarded, result)
+        if pipe is not None:
+            pipe.keep()
+    finally:
+        if pipe is not None:
+            pipe.close()
+    saved.layers.note(f"stream:{pin.image_id}", codec, "hit" if kept is not None else "miss")
+    return kept is not None
 
 
 def check_load(session: Session, image_id: str, guarded: _Guarded, result: Result) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import getpass
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from provisioner.errors import InventoryError
@@ -31,6 +32,7 @@ from provisioner.inventory.sshconfig import (
 from provisioner.local import state_root
 
 MAX_HOPS = 8
+RESOLVERS = 32  # nodes whose ssh_config is looked up at once (`ssh -G` processes)
 
 
 def check_key_file(key: Path, where: Where, field: str) -> None:
@@ -297,8 +299,14 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
             login=login,
             allocated=False,
         )
-    nodes = [(_node(raw, raw.head, "head", resolve), raw.head.where)]
-    nodes += [(_node(raw, w, "worker", resolve), w.where) for w in raw.workers]
+    hosts: list[tuple[RawHost, Role]] = [(raw.head, "head"), *((w, "worker") for w in raw.workers)]
+    if len(hosts) <= 2:
+        built = [_node(raw, host, role, resolve) for host, role in hosts]
+    else:  # each node's `ssh -G` is a process of its own: asked side by side (the first
+        # node's error in the file's order is the one raised, as one by one)
+        with ThreadPoolExecutor(min(RESOLVERS, len(hosts))) as pool:
+            built = list(pool.map(lambda hr: _node(raw, hr[0], hr[1], resolve), hosts))
+    nodes = [(node, host.where) for node, (host, _) in zip(built, hosts, strict=True)]
     _check_unique(nodes)
     return Inventory(
         path=raw.path,

@@ -242,12 +242,12 @@ def _validate_flavours(cfg: LabConfig) -> None:
             "give one flavour for all nodes (--flavours bookworm: Slurm 22.05, or "
             "--flavours trixie: Slurm 24.11)",
         )
-    if cfg.runtime == "podman" and set(cfg.flavours) != {DEFAULT_FLAVOUR}:
-        what = f"--runtime {cfg.runtime}"
+    stores = [f for f in cfg.flavours if FLAVOURS[f].containerd_store]
+    if cfg.runtime == "podman" and stores:
         raise InputError(
-            f"{what} has {DEFAULT_FLAVOUR} nodes only, not {','.join(cfg.flavours)}",
-            f"leave out --flavours (or say --flavours {DEFAULT_FLAVOUR}), or use --runtime "
-            "docker or host",
+            f"--runtime podman nodes have no Docker, so no {stores[0]} image store",
+            "give bookworm (Podman 4.3) or trixie (Podman 5.4) nodes, e.g. --flavours "
+            "bookworm,trixie",
         )
 
 

@@ -225,14 +225,16 @@ def podman_node_tag(base: str) -> str:
     return f"provisioner-lab-podman:{_digest(base, *files)}"
 
 
-def ensure_podman_node_image(report: Reporter = quiet) -> str:
-    """The tag of the podman lab node image: the base plus sshd and rootless Podman for a
-    login user with no Docker and no sudo. Built once."""
+def ensure_podman_node_image(report: Reporter = quiet, flavour: str = DEFAULT_FLAVOUR) -> str:
+    """The tag of the podman lab node image of a flavour: its Debian release's base plus
+    sshd and that release's rootless Podman (4.3 on bookworm, 5.4 on trixie) for a login
+    user with no Docker and no sudo. Built once."""
+    suite = FLAVOURS[flavour].suite
     with build_lock(report):
-        base = ensure_base_image(report)
+        base = ensure_base_image(report, suite)
         tag = podman_node_tag(base)
         if not _exists(tag):
-            report(f"building the podman lab node image {tag} (sshd, podman; about a minute)")
+            report(f"building the podman lab node image {tag} ({suite}: sshd, podman; a minute)")
             _docker_build(_recipe_dir(), "podman.Dockerfile", tag, {"BASE_IMAGE": base}, report)
         return tag
 

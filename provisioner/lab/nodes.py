@@ -183,7 +183,8 @@ def _node_images(cfg: LabConfig, images_dir: Path, report: Reporter) -> dict[str
         flavours = dict.fromkeys(cfg.node_flavours())
         return {f: ensure_host_node_image(images_dir, report, f) for f in flavours}
     if cfg.runtime == "podman":
-        return {DEFAULT_FLAVOUR: ensure_podman_node_image(report)}
+        flavours = dict.fromkeys(cfg.node_flavours())
+        return {f: ensure_podman_node_image(report, f) for f in flavours}
     return {f: ensure_node_image(report, f) for f in dict.fromkeys(cfg.node_flavours())}
 
 

@@ -18,6 +18,12 @@ from provisioner.errors import ConnectError
 from provisioner.local import private_dir
 
 _record_lock = threading.Lock()
+# Each known_hosts file parsed once per process and version of the file (path, device,
+# inode, mtime, size; a key recorded under accept-new changes it): a fan-out's
+# connections all read the same files, and parsing every line into a key for every
+# connection cost O(nodes²) on a large cluster.
+_parsed: dict[tuple[Path, int, int, int, int], KnownHosts] = {}
+_parsed_lock = threading.Lock()
 
 
 def host_key_name(address: str, port: int) -> str:
@@ -38,6 +44,8 @@ class KnownHosts:
 
     def trusted(self) -> list[HostKeyEntry]:
         """The entries whose key is not revoked (a revoked key is never trusted)."""
+        if not self.revoked:
+            return [e for e in self.entries if e.key is not None]
         return [
             e
             for e in self.entries
@@ -79,13 +87,28 @@ def read_known_hosts(path: Path, into: KnownHosts | None = None) -> KnownHosts:
     return known
 
 
+def _read_once(path: Path) -> KnownHosts:
+    """One file's entries and revocations, parsed once per version of the file."""
+    info = path.stat()
+    version = (path, info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size)
+    with _parsed_lock:
+        found = _parsed.get(version)
+    if found is None:
+        found = read_known_hosts(path)
+        with _parsed_lock:
+            _parsed[version] = found
+    return found
+
+
 def read_all(files: tuple[Path, ...]) -> KnownHosts:
     """~/.ssh/known_hosts and the project's files, together."""
     known = KnownHosts()
     for path in (user_known_hosts(), *files):
         if path.is_file():
             try:
-                read_known_hosts(path, known)
+                one = _read_once(path)
+                known.entries += one.entries
+                known.revoked |= one.revoked
             except OSError as exc:
                 raise ConnectError(
                     str(path),
@@ -97,16 +120,23 @@ def read_all(files: tuple[Path, ...]) -> KnownHosts:
 
 
 def load_known_hosts(
-    client: paramiko.SSHClient, files: tuple[Path, ...], *, alias: tuple[str, str] | None = None
+    client: paramiko.SSHClient,
+    files: tuple[Path, ...],
+    *,
+    alias: tuple[str, str] | None = None,
+    name: str | None = None,
 ) -> KnownHosts:
-    """Teach the client every trusted key in ~/.ssh/known_hosts and the project files.
-    `alias` (jumped name, plain name): the keys trusted for the plain name are trusted
-    under the jumped name too (see `jumped_name`)."""
+    """Teach the client every trusted key in ~/.ssh/known_hosts and the project files;
+    with `name` (the host key name the client connects to: `host_key_name`), only the
+    entries for that name, the only ones paramiko looks up (a connection then costs the
+    same however many hosts the files list). `alias` (jumped name, plain name): the keys
+    trusted for the plain name are trusted under the jumped name too (see `jumped_name`)."""
     known = read_all(files)
     keys = client.get_host_keys()
     for entry in known.trusted():
-        for name in entry.hostnames:
-            keys.add(name, entry.key.get_name(), entry.key)
+        for pattern in entry.hostnames:
+            if name is None or _matches(pattern, name):
+                keys.add(pattern, entry.key.get_name(), entry.key)
     if alias is not None:
         for key in known.lookup(alias[1]):
             keys.add(alias[0], key.get_name(), key)

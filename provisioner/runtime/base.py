@@ -51,6 +51,11 @@ class RayState:
         return self.status == "running"
 
     @property
+    def absent(self) -> bool:
+        """Nothing of this cluster's Ray on the node: nothing for its stop to remove."""
+        return self.status == "absent"
+
+    @property
     def ended(self) -> bool:
         """Present but stopped for good, or coming back as a fresh Ray: whatever ran in
         it (a job's driver, Ray's job supervisor) is lost."""

@@ -3,6 +3,13 @@ machine's Docker, where `image build` made it) into each node's `podman load` as
 user, and is verified by ID. Podman keeps a docker-archive under the ID Docker gives it
 (the digest of the image's config), written bare, without `sha256:`. A node whose Podman
 holds the pin already is sent nothing.
+
+Compressed when the link says so, by the same rule and the same kept stream as Docker's
+cold push (`image.direct.whole_codec`, `send_whole`): `podman load` decompresses its
+input itself. Which codecs it reads, tried in the lab with the pin's stream
+(`podman_reads`): Podman 4.3 (Debian 12) loads zstd but refuses gzip ("loading tar
+component manifest.json: archive/tar: invalid tar header", from gzip -1 and pigz alike);
+Podman 5.4 (Debian 13) loads both.
 """
 
 from __future__ import annotations
@@ -10,20 +17,24 @@ from __future__ import annotations
 import shlex
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provisioner.errors import InputError, RemoteError
-from provisioner.image.direct import save_stream
+from provisioner.errors import InputError, ProvisionerError, RemoteError
+from provisioner.image.compress import Codec, Mode, local_codecs, pick_codec
+from provisioner.image.direct import SavedCache, send_whole, whole_codec
 from provisioner.image.pin import Pin
-from provisioner.image.savestream import passthrough
+from provisioner.image.savepipe import SaveSource, kept_any
 from provisioner.inventory import Inventory, Node
 from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote import fan_out
 
 if TYPE_CHECKING:
     from provisioner.console import Reporter
-    from provisioner.remote import Pool, Session
+    from provisioner.remote import Pool, Result, Session
 
 LOAD_TIMEOUT_S = 1800.0
 LOAD_PARALLELISM = 4
@@ -51,6 +62,32 @@ def holds_image(stdout: str, image_id: str) -> bool:
 
 
 LOAD_COMMAND = "podman load"
+ZSTD_SINCE = (4, 3)  # the oldest Podman seen loading a zstd stream (Debian 12's 4.3.1)
+GZIP_SINCE = (5, 0)  # Podman 4.3.1 refused a gzip stream; 5.4.2 (Debian 13) loads it
+
+
+def state_command(image_id: str) -> str:
+    """Two lines: the ID Podman holds the pin under ("": not held), then Podman's version."""
+    return (
+        has_image_command(image_id)
+        + "; echo; podman version --format '{{.Client.Version}}' 2>/dev/null || true"
+    )
+
+
+def parse_state(stdout: str) -> tuple[str, str]:
+    """Pure: `state_command`'s output as (held ID, Podman's version)."""
+    lines = [*stdout.splitlines(), "", ""]
+    return lines[0].strip(), lines[1].strip()
+
+
+def podman_reads(version: str) -> tuple[str, ...]:
+    """Pure: the compressed streams (codec families) a Podman of `version` loads."""
+    try:
+        major, minor = (int(p) for p in version.split(".")[:2])
+    except ValueError:
+        return ()
+    reads = ("zst",) if (major, minor) >= ZSTD_SINCE else ()
+    return (*reads, "gz") if (major, minor) >= GZIP_SINCE else reads
 
 
 def _verify(session: Session, pin: Pin) -> None:
@@ -65,8 +102,45 @@ def _verify(session: Session, pin: Pin) -> None:
         )
 
 
-def _load(session: Session, pin: Pin, report: Reporter) -> int:
-    """Stream `docker save` of the pin into the node's `podman load`; the bytes sent."""
+def _failed(session: Session, result: Result) -> RemoteError:
+    space = "no space left on device" in (result.stderr + result.stdout).lower()
+    return RemoteError(
+        session.host,
+        f"podman load failed: {result.tail(3)}",
+        "free space under the user's Podman storage (`podman info --format "
+        "'{{.Store.GraphRoot}}'`; `podman image prune -a` removes unused images), then "
+        "run `provisioner up` again"
+        if space
+        else "run `provisioner up` again; `podman load` on the node shows the error",
+        kind="no-space" if space else "load-failed",
+    )
+
+
+def _check(session: Session, pin: Pin, failure: BaseException | None, result: Result) -> None:
+    """Raise what a stream into `podman load` ended with, unless it loaded the pin."""
+    if failure is not None:
+        if isinstance(failure, ProvisionerError):
+            raise failure
+        raise RemoteError(
+            session.host,
+            f"reading the local image failed: {failure}",
+            "check the local Docker engine (`docker image inspect` the pinned ID)",
+            kind="save-failed",
+        )
+    if not result.ok:
+        raise _failed(session, result)
+    _verify(session, pin)
+
+
+def _load(
+    session: Session,
+    pin: Pin,
+    report: Reporter,
+    reads: Sequence[str],
+    opts: LoadOptions,
+) -> tuple[int, Codec | None, str]:
+    """Stream `docker save` of the pin into the node's `podman load`, compressed when
+    `whole_codec` says so; checked by ID. The bytes sent, the codec (None: plain), why."""
     sent = 0
     last = time.monotonic()
 
@@ -77,43 +151,66 @@ def _load(session: Session, pin: Pin, report: Reporter) -> int:
             last = time.monotonic()
             report(f"{session.host}: {total / 1e6:,.0f} MB sent")
 
-    failure: list[BaseException] = []
+    saved = SavedCache(pin, opts.cache_dir)
+    with closing(SaveSource(pin.image_id)) as source:
+        if not kept_any(saved.directory, pin.image_id):
+            source.start()  # its seconds before the first byte overlap the probe
+        codec = pick_codec(opts.codecs or local_codecs(), reads)
+        if codec is None:
+            why = (
+                "compression off"
+                if opts.compress == "never"
+                else ("the node's podman load reads none of the streams this machine can compress")
+            )
+        else:
+            codec, why = whole_codec(session, pin, codec, opts.compress, saved.directory, source)
+        how = f"compressed: {codec.name} -{codec.level}" if codec else "plain"
+        report(f"{session.host}: {how} ({why})")
+        if codec is not None:
+            send_whole(
+                session,
+                pin,
+                codec,
+                saved,
+                source,
+                LOAD_COMMAND,
+                progress,
+                LOAD_TIMEOUT_S,
+                lambda guarded, result: _check(session, pin, guarded.error, result),
+            )
+            return sent, codec, why
+        failure: list[BaseException] = []
 
-    def guarded(chunks: Iterator[bytes]) -> Iterator[bytes]:
-        try:
-            yield from chunks
-        except Exception as exc:  # a broken local save: the load sees a short tar
-            failure.append(exc)
+        def guarded(chunks: Iterator[bytes]) -> Iterator[bytes]:
+            try:
+                yield from chunks
+            except Exception as exc:  # a broken local save: the load sees a short tar
+                failure.append(exc)
 
-    with save_stream(pin.image_id) as source:
         result = session.run_streaming_stdin(
-            LOAD_COMMAND, guarded(passthrough(source)), on_bytes=progress, timeout=LOAD_TIMEOUT_S
+            LOAD_COMMAND, guarded(source.chunks()), on_bytes=progress, timeout=LOAD_TIMEOUT_S
         )
-    if failure:
-        raise RemoteError(
-            session.host,
-            f"reading the local image failed: {failure[0]}",
-            "check the local Docker engine (`docker image inspect` the pinned ID)",
-            kind="save-failed",
-        )
-    if not result.ok:
-        space = "no space left on device" in (result.stderr + result.stdout).lower()
-        raise RemoteError(
-            session.host,
-            f"podman load failed: {result.tail(3)}",
-            "free space under the user's Podman storage (`podman info --format "
-            "'{{.Store.GraphRoot}}'`; `podman image prune -a` removes unused images), then "
-            "run `provisioner up` again"
-            if space
-            else "run `provisioner up` again; `podman load` on the node shows the error",
-            kind="no-space" if space else "load-failed",
-        )
-    return sent
+        _check(session, pin, failure[0] if failure else None, result)
+    return sent, None, why
 
 
-def deliver(pool: Pool, nodes: list[Node], pin: Pin, report: Reporter) -> DeliveryReport:
+@dataclass(frozen=True)
+class LoadOptions:
+    """How the pin goes into `podman load`: `compress` as a push's (auto: by the link);
+    `codecs`: the compressors this machine may use (default: those it has); `cache_dir`:
+    where the kept compressed stream lives (default: the state dir's saved images)."""
+
+    compress: Mode = "auto"
+    codecs: tuple[str, ...] = ()
+    cache_dir: Path | None = None
+
+
+def deliver(
+    pool: Pool, nodes: list[Node], pin: Pin, report: Reporter, opts: LoadOptions = LoadOptions()
+) -> DeliveryReport:
     """Every node holds the pin in its user's Podman: nodes that hold it are left alone;
-    the others get `docker save`'s stream into `podman load`; each is checked by ID."""
+    the others get `docker save`'s stream into `podman load` (compressed in a codec the
+    node's Podman reads, when the link says so); each is checked by ID."""
     t0 = time.monotonic()
     out = DeliveryReport(pin.image_id, "")
     lock = threading.Lock()
@@ -125,14 +222,14 @@ def deliver(pool: Pool, nodes: list[Node], pin: Pin, report: Reporter) -> Delive
     def one(node: Node) -> NodeDelivery:
         started = time.monotonic()
         session = pool.session(node)
-        held = session.run(has_image_command(pin.image_id), timeout=60).stdout
+        held, version = parse_state(session.run(state_command(pin.image_id), timeout=60).stdout)
         if holds_image(held, pin.image_id):
             said(f"{node.name}: already holds the pinned image; nothing sent")
             return NodeDelivery(node.name, "none", len(pin.layers))
-        said(f"{node.name}: podman load of {pin.short_id()}")
-        sent = _load(session, pin, said)
-        _verify(session, pin)
+        said(f"{node.name}: podman load of {pin.short_id()} (Podman {version or 'unknown'})")
+        sent, codec, why = _load(session, pin, said, podman_reads(version), opts)
         push = NodeDelivery(node.name, "send", len(pin.layers), len(pin.layers), sent)
+        push.codec, push.compress_reason = (codec.family if codec else ""), why
         push.seconds = time.monotonic() - started
         said(f"{node.name}: loaded and verified; {sent / 1e6:,.0f} MB in {push.seconds:.0f}s")
         return push

@@ -47,6 +47,8 @@ SLURM_OTHER_FLAVOUR = "bookworm" if SLURM_FLAVOUR == "trixie" else "trixie"
 # The podman lab (rootless Podman for a login user without Docker): a lab of its own.
 PODMAN_NAME = os.environ.get("PROVISIONER_PODMAN_LAB_NAME", f"{E2E_NAME}-podman")
 PODMAN_SUBNET = os.environ.get("PROVISIONER_PODMAN_LAB_SUBNET", "10.250.103.0/24")
+# Podman 4.3 (Debian 12) and 5.4 (Debian 13) side by side: each loads other compressed streams
+PODMAN_FLAVOURS = ("bookworm", "trixie", "bookworm")
 # The two-network lab (SSH on one network, Ray's traffic on another): a lab of its own.
 DATA_NAME = os.environ.get("PROVISIONER_DATA_LAB_NAME", f"{E2E_NAME}-data")
 DATA_SUBNET = os.environ.get("PROVISIONER_DATA_LAB_SUBNET", "10.250.105.0/24")
@@ -262,9 +264,15 @@ def _slurm_lab(name: str, subnet: str, flavour: str) -> Iterator[LabInfo]:
 @pytest.fixture(scope="session")
 def podman_lab(image_pin: Path) -> Iterator[LabInfo]:
     """A lab whose nodes run rootless Podman for a login user without Docker or sudo
-    (`lab up --runtime podman`), with an inventory that says `runtime: podman` and names
-    the pin; removed at the end unless kept."""
-    cfg = LabConfig(name=PODMAN_NAME, subnet=PODMAN_SUBNET, nodes=3, runtime="podman")
+    (`lab up --runtime podman`; PODMAN_FLAVOURS: Podman 4.3 and 5.4), with an inventory
+    that says `runtime: podman` and names the pin; removed at the end unless kept."""
+    cfg = LabConfig(
+        name=PODMAN_NAME,
+        subnet=PODMAN_SUBNET,
+        nodes=3,
+        runtime="podman",
+        flavours=PODMAN_FLAVOURS,
+    )
     info = _start(cfg, image_pin)
     yield info
     if os.environ.get("PROVISIONER_KEEP_LAB") != "1":

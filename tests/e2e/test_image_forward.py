@@ -161,13 +161,22 @@ def test_a_compressed_push_direct_and_chained_sends_fewer_bytes_and_compresses_o
     plain, plain_bytes = counted_push(single, "never")
     assert plain.nodes[first.name].codec == "" and plain_bytes > pin.size
 
+    # the node holds none of the image: `docker save | compressor` into its docker load
     direct, direct_bytes = counted_push(single, "always")
     done = direct.nodes[first.name]
-    assert done.codec == "gz"  # Docker 20.10's load reads gzip layers (not zstd)
+    assert done.codec == "gz"  # Docker 20.10's load reads gzip (not zstd)
     assert (done.cache_misses, done.cache_hits) == (1, 0)  # positive control: compressed now
     assert cache_events(cache) == ["miss"]
+    kept = cache / f"{pin.image_id.removeprefix('sha256:')}.tar.gz"
+    assert kept.is_file() and not list(cache.glob("*.partial"))
     print(f"plain {plain_bytes} B on the wire, compressed {direct_bytes} B")
     assert direct_bytes < 0.7 * plain_bytes
+
+    # the next cluster's cold push sends the kept stream: nothing saved or compressed
+    again, again_bytes = counted_push(single, "always")
+    assert (again.nodes[first.name].cache_hits, again.nodes[first.name].cache_misses) == (1, 0)
+    assert cache_events(cache) == ["miss", "hit"]
+    assert kept.stat().st_size < again_bytes < 0.7 * plain_bytes
 
     # the chain over the nodes whose docker load reads compressed layers: a node with the
     # containerd image store gets plain layers (its ID is the plain image's manifest)
@@ -177,11 +186,42 @@ def test_a_compressed_push_direct_and_chained_sends_fewer_bytes_and_compresses_o
     chain, chain_bytes = counted_push(classic, "always", forward=True)
     assert chain.mode == "forward"
     head = chain.nodes[first.name]
-    assert head.codec == "gz" and (head.cache_hits, head.cache_misses) == (1, 0)
-    assert cache_events(cache) == ["miss", "hit"]  # the second push compressed nothing
+    assert head.codec == "gz" and (head.cache_hits, head.cache_misses) == (0, 1)
+    chain_again, _ = counted_push(classic, "always", forward=True)
+    assert (
+        chain_again.nodes[first.name].cache_hits,
+        chain_again.nodes[first.name].cache_misses,
+    ) == (1, 0)
+    assert cache_events(cache) == ["miss", "hit", "miss", "hit"]  # each compressed once
     assert chain_bytes < 0.7 * plain_bytes
     hops = wire.read(lab)  # the chain forwards the compressed stream: fewer bytes per hop
     assert all(hops[n.name].to_nodes < 0.7 * plain_bytes for n in classic.nodes[:2])
+    remove(list(inventory.nodes), pin)
+
+
+def test_a_cold_compressed_push_gives_each_docker_the_codec_its_load_reads(
+    lab: LabInfo, inventory: Inventory, base_pin: Pin, tmp_path: Path
+) -> None:
+    """Every node at once, holding none of the image: Docker 20.10 gets gzip, Docker 26
+    zstd (its load reads it from Docker 23), the containerd image store its OCI layout,
+    plain; each is verified by its ID. The codec is the node's, not the first node's."""
+    pin = filler_image(base_pin, f"{REPO}:text24", 24, text=True)
+    remove(list(inventory.nodes), pin)
+    cache = tmp_path / "cache"
+    opts = PushOptions(tag=pin.tag, cache_dir=cache, compress="always")
+    report = push_image(inventory, None, print, pin=pin, opts=opts)
+    assert report.ok, report.errors
+    got: dict[str, str] = {}
+    for node in inventory.nodes:
+        assert image_on(node, pin.tag) == pin_id(node, pin), node.name
+        _, version = on_node(node, "docker version --format '{{.Server.Version}}'")
+        store = "containerd" if pin_id(node, pin) != pin.image_id else "classic"
+        major = int(version.strip().split(".")[0])
+        want = "" if store == "containerd" else ("zst" if major >= 23 else "gz")
+        got[node.name] = report.nodes[node.name].codec
+        assert got[node.name] == want, (node.name, version, store, got)
+    assert {"gz", "zst"} <= set(got.values())  # both Docker releases were met
+    assert {p.name.rsplit(".", 1)[1] for p in cache.glob("*.tar.*")} == {"gz", "zst"}
     remove(list(inventory.nodes), pin)
 
 

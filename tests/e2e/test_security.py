@@ -281,7 +281,8 @@ def test_dashboard_and_jobs_api_not_reachable_from_another_node(inv: str, lab: L
 NODE_LABELS = """
 import json, ray
 ray.init(address="auto", logging_level="ERROR")
-print(json.dumps([[n["NodeManagerAddress"], n["Labels"]] for n in ray.nodes() if n["Alive"]]))
+alive = [[n["NodeManagerAddress"], n["Labels"]] for n in ray.nodes() if n["Alive"]]
+print("NODES=" + json.dumps(alive))
 """
 
 
@@ -327,14 +328,14 @@ def test_labels_reach_ray_as_one_label_each(inv: str, lab: LabInfo, tmp_path: Pa
         # no labels) until its health checks fail, beside the new one. Wait for one per node.
         deadline = time.monotonic() + 120
         while True:
-            listed = json.loads(
-                on_node(
-                    head,
-                    f"docker exec {ray_container(inventory)} python -c {shlex.quote(NODE_LABELS)}",
-                )
-                .strip()
-                .splitlines()[-1]
+            # Ray may log warnings (a lagging raylet's heartbeats) on the same output: the
+            # answer is the one line that carries the marker.
+            printed = on_node(
+                head, f"docker exec {ray_container(inventory)} python -c {shlex.quote(NODE_LABELS)}"
             )
+            marked = [line for line in printed.splitlines() if line.startswith("NODES=")]
+            assert marked, printed[-2000:]
+            listed = json.loads(marked[-1].removeprefix("NODES="))
             addresses = [address for address, _ in listed]
             if len(addresses) == len(set(addresses)) or time.monotonic() > deadline:
                 break

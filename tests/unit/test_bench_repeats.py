@@ -160,3 +160,31 @@ def test_scale_rows_are_asked_for_not_run_by_default(bench: ModuleType) -> None:
     assert bench.parse(["--rows", "all"]).groups[-1] == "scale"
     args = bench.parse(["--rows", "scale", "--scale-nodes", "3,6,10", "--scale-only", "10"])
     assert (args.scale_nodes, args.scale_only) == ([3, 6, 10], [10])
+
+
+def test_a_row_measured_again_replaces_its_older_self_in_the_merged_record() -> None:
+    """bench_merge: a later run's row replaces the earlier one of the same id, or (rows
+    without one) of the same group and name wherever each run placed it; the run whose
+    rows were all replaced leaves the record."""
+    sys.path.insert(0, str(SCRIPTS))
+    import bench_merge
+
+    def row(group: str, name: str, ours: float, id: str = "") -> dict[str, object]:
+        return {"group": group, "benchmark": name, "ours": ours, **({"id": id} if id else {})}
+
+    old = {
+        "command": "old",
+        "rows": [row("link", "push", 1.0, "push-x"), row("up", "a", 2.0), row("up", "b", 3.0)],
+    }
+    new = {"command": "new", "rows": [row("up", "b", 30.0), row("up", "a", 20.0)]}
+    merged = bench_merge.merge([old, new])
+    assert [(r["benchmark"], r["ours"], r["run"]) for r in merged["rows"]] == [
+        ("push", 1.0, 0),
+        ("a", 20.0, 1),
+        ("b", 30.0, 1),
+    ]
+    assert [r["command"] for r in merged["runs"]] == ["old", "new"]
+    again = bench_merge.merge(
+        [merged, {"command": "newer", "rows": [row("link", "push", 9.0, "push-x")]}]
+    )
+    assert [r["command"] for r in again["runs"]] == ["new", "newer"]  # "old" has no row left

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from provisioner.image.compress import (
     Codec,
     Estimate,
     LayerCache,
+    best_level,
     choose,
     compress_argv,
     compress_range,
@@ -26,6 +28,8 @@ from provisioner.image.compress import (
     node_reads,
     pick_codec,
     render_argv,
+    sender_cores,
+    stream_zlib,
 )
 from provisioner.image.plan import facts_script, parse_facts
 from provisioner.image.savestream import read_saved
@@ -149,3 +153,44 @@ def test_the_stream_is_the_saved_tar_with_each_sent_layer_gzipped_and_cached_onc
         json.loads(x)["event"] for x in (tmp_path / "layers/record.jsonl").read_text().splitlines()
     ]
     assert events == ["miss", "miss", "hit"]
+
+
+def test_gzip_of_a_pipe_read_to_its_end_is_one_valid_gzip_stream() -> None:
+    """The cold push's zlib fallback reads `docker save` to its end (no size known): a
+    source that returns short reads, as a pipe does, still gives every byte once."""
+    data = bytes(range(256)) * (ZLIB_CHUNK // 256 + 5000)
+
+    class Pipe(io.BytesIO):
+        def read(self, n: int | None = -1) -> bytes:  # at most 64 KiB a read, as a pipe
+            return super().read(min(n if n is not None and n >= 0 else 1 << 16, 1 << 16))
+
+    sink = io.BytesIO()
+    assert stream_zlib(Pipe(data), 1, sink) == len(data)
+    assert gzip.decompress(sink.getvalue()) == data
+
+
+def test_the_sender_keeps_a_core_for_ssh_and_docker_save() -> None:
+    assert (sender_cores(1), sender_cores(2), sender_cores(16)) == (1, 1, 15)
+    assert compress_argv(Codec("zstd", 9), threads=1) == ["zstd", "-T1", "-9", "-q", "-c"]
+    assert compress_argv(Codec("pigz", 1), threads=1) == ["pigz", "-p", "1", "-1", "-c"]
+
+
+def layer_like(n: int) -> bytes:
+    """Bytes that compress as the pin's layers do: Python's own sources (the pin is
+    mostly Python packages)."""
+    files = sorted(Path(os.__file__).parent.rglob("*.py"))
+    return b"".join(p.read_bytes() for p in files)[:n]
+
+
+def test_a_cold_push_over_a_slow_link_takes_the_denser_zstd_level_and_a_fast_one_the_faster() -> (
+    None
+):
+    data = layer_like(8 << 20)
+    zstd = Codec("zstd", 3)
+    slow, slow_est = best_level(data, zstd, 1e6, PIN_BYTES, 1)  # 8 Mbit/s
+    assert slow == Codec("zstd", 9)  # the link, not the CPU, bounds it: fewer bytes win
+    fast, fast_est = best_level(data, zstd, 10e9, PIN_BYTES, 1)
+    assert fast == zstd  # the compressor bounds it: the faster level wins
+    assert slow_est.ratio < fast_est.ratio  # positive control: -9 is the denser
+    # pigz and zlib have one level
+    assert best_level(data, Codec("zlib", 1), MBIT_50, PIN_BYTES, 1)[0] == Codec("zlib", 1)

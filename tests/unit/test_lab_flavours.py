@@ -64,12 +64,13 @@ def test_each_node_gets_its_flavour_head_first() -> None:
     assert {n.flavour for n in default.lab_nodes()} == {"bookworm"}
 
 
-def test_podman_keeps_bookworm_nodes() -> None:
-    kwargs = {"name": "t", "subnet": "10.250.7.0/24", "runtime": "podman"}
-    with pytest.raises(InputError, match="bookworm nodes only"):
-        LabConfig.from_env(flavours=("trixie",), **kwargs)  # type: ignore[arg-type]
-    ok = LabConfig.from_env(flavours=("bookworm",), **kwargs)  # type: ignore[arg-type]
-    assert {n.flavour for n in ok.lab_nodes()} == {"bookworm"}
+def test_podman_nodes_are_of_either_release_and_have_no_docker_image_store() -> None:
+    kwargs = {"name": "t", "subnet": "10.250.7.0/24", "runtime": "podman", "nodes": 3}
+    with pytest.raises(InputError, match="no trixie\\+containerd image store"):
+        LabConfig.from_env(flavours=("trixie+containerd",), **kwargs)  # type: ignore[arg-type]
+    mixed = ("bookworm", "trixie", "bookworm")
+    ok = LabConfig.from_env(flavours=mixed, **kwargs)  # type: ignore[arg-type]
+    assert tuple(n.flavour for n in ok.lab_nodes()) == mixed
 
 
 def test_host_mode_nodes_take_flavours_one_per_node() -> None:

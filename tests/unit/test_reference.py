@@ -55,3 +55,20 @@ def test_an_undescribed_environment_variable_fails_it(monkeypatch: pytest.Monkey
     named = ref.names_in_code()
     monkeypatch.setattr(ref, "names_in_code", lambda: named | {"PROVISIONER_NEW_THING"})
     assert ref.problems() == ["PROVISIONER_NEW_THING: named in the code, not in ENVIRONMENT"]
+
+
+def test_every_command_runs_with_only_its_own_group_imported() -> None:
+    """`provisioner CMD` builds the command line of CMD's group alone: each command of the
+    whole command line is there, with the same options."""
+    import typer
+
+    from provisioner.cli import app_for, whole_app
+
+    whole = typer.main.get_command(whole_app())
+    names = list(whole.commands)  # type: ignore[attr-defined]
+    assert {"up", "doctor", "image", "jobs", "lab", "submit"} <= set(names)
+    for name in names:
+        part = typer.main.get_command(app_for([name, "--help"]))
+        mine = part.commands[name]  # type: ignore[attr-defined]
+        options = [p.opts for p in mine.params]
+        assert options == [p.opts for p in whole.commands[name].params], name  # type: ignore[attr-defined]

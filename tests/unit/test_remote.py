@@ -195,6 +195,41 @@ def test_known_hosts_markers_are_read_not_fatal(
     assert not (tmp_path / "record").exists()
 
 
+def test_known_hosts_and_key_files_changed_between_connections_are_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files are read once per version: a key recorded (accept-new) or a file edited after
+    an earlier connection of the same process is what the next connection sees."""
+    import os
+
+    from provisioner.remote.auth import load_key
+    from provisioner.remote.hostkeys import load_known_hosts, record
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    first, second = _keys()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"10.0.0.1 ssh-ed25519 {first.get_base64()}\n")
+    before = paramiko.SSHClient()
+    load_known_hosts(before, (known,), name="10.0.0.2")
+    assert before.get_host_keys().lookup("10.0.0.2") is None
+    record(known, "10.0.0.2", second)
+    after = paramiko.SSHClient()
+    load_known_hosts(after, (known,), name="10.0.0.2")
+    found = after.get_host_keys().lookup("10.0.0.2")
+    assert found is not None and found["ssh-ed25519"].get_base64() == second.get_base64()
+
+    key = tmp_path / "id_ed25519"
+    key.write_bytes(Path(_keyfile("c")).read_bytes())
+    key.chmod(0o600)
+    old = load_key(key)
+    assert isinstance(old, paramiko.PKey)
+    key.write_bytes(Path(_keyfile("d")).read_bytes())  # the user put another key there
+    later = key.stat().st_mtime_ns + 10**9
+    os.utime(key, ns=(later, later))
+    new = load_key(key)
+    assert isinstance(new, paramiko.PKey) and new.get_base64() != old.get_base64()
+
+
 def test_a_key_learned_through_a_jump_host_is_not_trusted_directly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -53,7 +53,8 @@ def test_the_section_runs_inside_the_one_round_trip_before_the_disks() -> None:
         text = facts_script(judges(name), "echo state").decode()
         assert text.count("\nsection end\n") == 1 and "#@runtime-facts" not in text
         assert text.index(judges(name).facts.strip()) < text.index("section disk")
-        assert text.rstrip().endswith("} 2>&1") and "section ray_state" in text
+        assert "section ray_state\n{ echo state\n} 2>&1\nsection end\n" in text  # last
+        assert "#@ray-state" not in facts_script(judges(name)).decode()
     docker_text = facts_script(judges("docker")).decode()
     assert "runtime_root=$docker_root" in docker_text
     assert "section docker_socket" not in facts_script(judges("host")).decode()

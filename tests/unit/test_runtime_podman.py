@@ -33,7 +33,14 @@ from provisioner.node import layout, tls, token
 from provisioner.runtime import judges, podman, runtime_for
 from provisioner.runtime.podman_doctor import CHECKS, FACTS, PodmanFacts
 from provisioner.runtime.podman_doctor import parse_facts as parse_podman
-from provisioner.runtime.podman_image import bare_id, full_id, has_image_command
+from provisioner.runtime.podman_image import (
+    bare_id,
+    full_id,
+    has_image_command,
+    parse_state,
+    podman_reads,
+    state_command,
+)
 from tests.unit.inventories import make_inventory
 from tests.unit.test_image_lock import make_pin
 
@@ -485,3 +492,23 @@ def test_both_container_runtimes_guard_with_one_builder_in_their_own_words() -> 
     assert "docker rm -f" in d and "podman" not in d
     assert "podman rm -f -t 0" in p and "docker" not in p
     assert "on this node" in d and "of this user" in p  # where each says the container is
+
+
+def test_which_compressed_streams_each_podman_loads() -> None:
+    """As tried in the lab with the pin's stream: 4.3.1 loads zstd and refuses gzip, 5.4.2
+    loads both; an unreadable version gets no compressed stream."""
+    assert podman_reads("4.3.1") == ("zst",)
+    assert podman_reads("4.9.3") == ("zst",)
+    assert podman_reads("5.4.2") == ("zst", "gz")
+    assert podman_reads("4.2.0") == ()
+    assert podman_reads("") == ()
+    assert podman_reads("podman") == ()
+
+
+def test_the_state_round_tells_the_held_id_and_the_version() -> None:
+    cmd = state_command("sha256:" + "ab" * 32)
+    assert cmd.startswith(has_image_command("sha256:" + "ab" * 32))
+    assert "podman version --format '{{.Client.Version}}'" in cmd
+    assert parse_state("ab12\n5.4.2\n") == ("ab12", "5.4.2")
+    assert parse_state("\n4.3.1\n") == ("", "4.3.1")  # not held
+    assert parse_state("") == ("", "")
