@@ -51,12 +51,12 @@ from provisioner.image.chain_plan import (
 )
 from provisioner.image.compress import compressed_stream
 from provisioner.image.direct import (
+    Guarded,
     NodePush,
     PushOptions,
     PushReport,
     SavedCache,
     Sent,
-    _Guarded,
     check_codec_all,
     gather_plan,
     plan_codec,
@@ -426,7 +426,7 @@ def _feed_from_control(run: _Run, chain: Chain, first: Node, saved: SavedImage |
         total[0] = n
 
     if sent.codec is not None:
-        guarded = _Guarded(
+        guarded = Guarded(
             compressed_stream(
                 cache.get(run.report),
                 run.pin.layers,
@@ -441,12 +441,12 @@ def _feed_from_control(run: _Run, chain: Chain, first: Node, saved: SavedImage |
         )
     elif saved is None:
         with save_stream(run.pin.image_id) as source:
-            guarded = _Guarded(passthrough(source))
+            guarded = Guarded(passthrough(source))
             session.run_streaming_stdin(
                 command, iter(guarded), on_bytes=count, timeout=run.opts.timeout
             )
     else:
-        guarded = _Guarded(partial(saved, chain.first_missing))
+        guarded = Guarded(partial(saved, chain.first_missing))
         session.run_streaming_stdin(
             command, iter(guarded), on_bytes=count, timeout=run.opts.timeout
         )

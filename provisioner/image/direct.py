@@ -192,7 +192,7 @@ def store_ids(pin: Pin, cache_dir: Path | None = None) -> frozenset[str]:
         return frozenset({pin.image_id})
 
 
-class _Guarded:
+class Guarded:
     """Wraps the chunk generator: an error inside it ends the stream early (so `docker
     load` sees a truncated tar and fails) and is kept to be raised afterwards."""
 
@@ -415,7 +415,7 @@ def stream_layers(
         progress = _Progress(session.host, report)
         if plan.store == "containerd":
             chunks = oci_layout(saved.get(report), pin.layers, plan.first_missing, on_omitted)
-            guarded = _Guarded(chunks)
+            guarded = Guarded(chunks)
             result = session.run_streaming_stdin(
                 LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
             )
@@ -433,17 +433,17 @@ def stream_layers(
                 out.record,
                 on_omitted,
             )
-            guarded = _Guarded(chunks)
+            guarded = Guarded(chunks)
             result = session.run_streaming_stdin(
                 LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
             )
         elif plan.first_missing == 0:
-            guarded = _Guarded(source.chunks())
+            guarded = Guarded(source.chunks())
             result = session.run_streaming_stdin(
                 LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
             )
         else:
-            guarded = _Guarded(partial(saved.get(report), plan.first_missing, on_omitted))
+            guarded = Guarded(partial(saved.get(report), plan.first_missing, on_omitted))
             result = session.run_streaming_stdin(
                 LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
             )
@@ -487,7 +487,7 @@ def send_whole(
     command: str,
     progress: Callable[[int], None],
     timeout: float,
-    check: Callable[[_Guarded, Result], None],
+    check: Callable[[Guarded, Result], None],
 ) -> bool:
     """The whole image compressed into `command` on the node (a loader that decompresses
     its input: `docker load`, `podman load`): the stream kept from an earlier cold push
@@ -503,7 +503,7 @@ def send_whole(
         pipe = SavePipe(source, codec, directory)
         chunks = pipe.chunks()
     try:
-        guarded = _Guarded(chunks)
+        guarded = Guarded(chunks)
         result = session.run_streaming_stdin(
             command, iter(guarded), on_bytes=progress, timeout=timeout
         )
@@ -517,18 +517,25 @@ def send_whole(
     return kept is not None
 
 
-def check_load(session: Session, image_id: str, guarded: _Guarded, result: Result) -> None:
+def raise_save_failure(host: str, error: BaseException | None) -> None:
+    """Raise what broke the local side of a stream (a Guarded's error), if anything did:
+    a ProvisionerError as it is, anything else as the local save having failed."""
+    if error is None:
+        return
+    if isinstance(error, ProvisionerError):
+        raise error
+    raise RemoteError(
+        host,
+        f"reading the local image failed: {error}",
+        "check the local Docker engine (`docker image inspect` the pinned ID)",
+        kind="save-failed",
+    )
+
+
+def check_load(session: Session, image_id: str, guarded: Guarded, result: Result) -> None:
     """Raise what a stream into `docker load` ended with, unless it loaded `image_id` (the
     pin's ID in the node's image store)."""
-    if guarded.error is not None:
-        if isinstance(guarded.error, ProvisionerError):
-            raise guarded.error
-        raise RemoteError(
-            session.host,
-            f"reading the local image failed: {guarded.error}",
-            "check the local Docker engine (`docker image inspect` the pinned ID)",
-            kind="save-failed",
-        )
+    raise_save_failure(session.host, guarded.error)
     if not result.ok and "no space left on device" in (result.stderr + result.stdout).lower():
         raise RemoteError(
             session.host,

@@ -17,15 +17,21 @@ from __future__ import annotations
 import shlex
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provisioner.errors import InputError, ProvisionerError, RemoteError
+from provisioner.errors import InputError, RemoteError
 from provisioner.image.compress import Codec, Mode, local_codecs, pick_codec
-from provisioner.image.direct import SavedCache, send_whole, whole_codec
+from provisioner.image.direct import (
+    Guarded,
+    SavedCache,
+    raise_save_failure,
+    send_whole,
+    whole_codec,
+)
 from provisioner.image.pin import Pin
 from provisioner.image.savepipe import SaveSource, kept_any
 from provisioner.inventory import Inventory, Node
@@ -118,15 +124,7 @@ def _failed(session: Session, result: Result) -> RemoteError:
 
 def _check(session: Session, pin: Pin, failure: BaseException | None, result: Result) -> None:
     """Raise what a stream into `podman load` ended with, unless it loaded the pin."""
-    if failure is not None:
-        if isinstance(failure, ProvisionerError):
-            raise failure
-        raise RemoteError(
-            session.host,
-            f"reading the local image failed: {failure}",
-            "check the local Docker engine (`docker image inspect` the pinned ID)",
-            kind="save-failed",
-        )
+    raise_save_failure(session.host, failure)
     if not result.ok:
         raise _failed(session, result)
     _verify(session, pin)
@@ -179,18 +177,11 @@ def _load(
                 lambda guarded, result: _check(session, pin, guarded.error, result),
             )
             return sent, codec, why
-        failure: list[BaseException] = []
-
-        def guarded(chunks: Iterator[bytes]) -> Iterator[bytes]:
-            try:
-                yield from chunks
-            except Exception as exc:  # a broken local save: the load sees a short tar
-                failure.append(exc)
-
+        guarded = Guarded(source.chunks())  # a broken local save: the load sees a short tar
         result = session.run_streaming_stdin(
-            LOAD_COMMAND, guarded(source.chunks()), on_bytes=progress, timeout=LOAD_TIMEOUT_S
+            LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=LOAD_TIMEOUT_S
         )
-        _check(session, pin, failure[0] if failure else None, result)
+        _check(session, pin, guarded.error, result)
     return sent, None, why
 
 
