@@ -4,6 +4,7 @@ Exit codes: 0 ok, 1 the operation failed or the cluster is unhealthy,
 2 bad input (usage, inventory, configuration), 130 interrupted.
 """
 
+# ruff: noqa: E402 (invoke is kept out before the imports that bring paramiko)
 from __future__ import annotations
 
 import functools
@@ -14,6 +15,12 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+# paramiko imports invoke (and with it unittest.mock: 75 ms of every command's
+# start) only to run ssh_config's `Match exec`, which provisioner reads with OpenSSH's own
+# `ssh -G` (its paramiko fallback refuses Match). A None entry makes that optional import
+# fail at once, as paramiko allows; a process that already imported invoke keeps it.
+sys.modules.setdefault("invoke", None)  # type: ignore[arg-type]
 
 import typer
 from rich.markup import escape

@@ -1,0 +1,36 @@
+"""What a command's start imports: paramiko's optional invoke stays out of the CLI process,
+and paramiko still reads ssh_config without it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+PROBE = """
+import sys
+import provisioner.cli
+from provisioner.cli import app_for
+app_for(["up"])
+import paramiko
+config = paramiko.SSHConfig.from_text("Host n1\\n  HostName 10.0.0.5\\n  Port 2222\\n")
+found = config.lookup("n1")
+print(sys.modules.get("invoke", "absent"), "unittest.mock" in sys.modules)
+print(found["hostname"], found["port"])
+"""
+
+
+def test_the_cli_keeps_invoke_out_and_paramiko_reads_ssh_config_without_it() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["None", "False", "10.0.0.5", "2222"], out
+
+
+def test_positive_control_paramiko_alone_imports_invoke() -> None:
+    """Without the CLI, importing paramiko brings invoke in: the CLI's entry is what stops it."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, paramiko; print('invoke' in sys.modules and "
+         "sys.modules['invoke'] is not None)"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert out == "True"
