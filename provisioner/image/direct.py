@@ -207,7 +207,7 @@ class Guarded:
             self.error = exc
 
 
-class _Progress:
+class Progress:
     """Bytes and rate for one node, reported every few seconds."""
 
     def __init__(self, host: str, report: Reporter, every: float = 3.0) -> None:
@@ -412,7 +412,7 @@ def stream_layers(
         def on_omitted(n: int) -> None:
             out.bytes_omitted += n
 
-        progress = _Progress(session.host, report)
+        progress = Progress(session.host, report)
         if plan.store == "containerd":
             chunks = oci_layout(saved.get(report), pin.layers, plan.first_missing, on_omitted)
             guarded = Guarded(chunks)
@@ -458,7 +458,7 @@ def cold_stream(
     out: Sent,
     opts: PushOptions,
     saved: SavedCache,
-    progress: _Progress,
+    progress: Progress,
     source: SaveSource,
 ) -> None:
     """The whole image compressed into the node's `docker load` (`send_whole`), checked

@@ -27,6 +27,7 @@ from provisioner.errors import InputError, RemoteError
 from provisioner.image.compress import Codec, Mode, local_codecs, pick_codec
 from provisioner.image.direct import (
     Guarded,
+    Progress,
     SavedCache,
     raise_save_failure,
     send_whole,
@@ -139,16 +140,7 @@ def _load(
 ) -> tuple[int, Codec | None, str]:
     """Stream `docker save` of the pin into the node's `podman load`, compressed when
     `whole_codec` says so; checked by ID. The bytes sent, the codec (None: plain), why."""
-    sent = 0
-    last = time.monotonic()
-
-    def progress(total: int) -> None:
-        nonlocal sent, last
-        sent = total
-        if time.monotonic() - last >= 10:
-            last = time.monotonic()
-            report(f"{session.host}: {total / 1e6:,.0f} MB sent")
-
+    progress = Progress(session.host, report, every=10.0)
     saved = SavedCache(pin, opts.cache_dir)
     with closing(SaveSource(pin.image_id)) as source:
         if not kept_any(saved.directory, pin.image_id):
@@ -158,7 +150,7 @@ def _load(
             why = (
                 "compression off"
                 if opts.compress == "never"
-                else ("the node's podman load reads none of the streams this machine can compress")
+                else "the node's podman load reads none of the streams this machine can compress"
             )
         else:
             codec, why = whole_codec(session, pin, codec, opts.compress, saved.directory, source)
@@ -176,13 +168,13 @@ def _load(
                 LOAD_TIMEOUT_S,
                 lambda guarded, result: _check(session, pin, guarded.error, result),
             )
-            return sent, codec, why
+            return progress.sent, codec, why
         guarded = Guarded(source.chunks())  # a broken local save: the load sees a short tar
         result = session.run_streaming_stdin(
             LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=LOAD_TIMEOUT_S
         )
         _check(session, pin, guarded.error, result)
-    return sent, None, why
+    return progress.sent, None, why
 
 
 @dataclass(frozen=True)
