@@ -34,6 +34,25 @@ _QUIET_WAKE_S = 1.0
 # the middle says how much was left out (Result.dropped counts it).
 MAX_OUTPUT = 16 * 1024 * 1024
 _KEEP_TAIL = 64 * 1024
+# AES-GCM first where both ends have it (OpenSSH since 6.2): one AEAD pass per packet
+# instead of AES-CTR and a separate HMAC, about a quarter less of this machine's CPU per
+# byte pushed (docs/benchmarks.md); a server without it gets paramiko's own order.
+_GCM_SUFFIX = "-gcm@openssh.com"
+
+
+def preferred_ciphers(order: tuple[str, ...]) -> tuple[str, ...]:
+    """`order` (paramiko's, less what is disabled) with its AES-GCM ciphers moved first,
+    in their own order (aes128 before aes256); nothing added, nothing removed."""
+    gcm = tuple(c for c in order if c.endswith(_GCM_SUFFIX))
+    return gcm + tuple(c for c in order if c not in gcm)
+
+
+def _transport(sock: object, **kwargs: object) -> paramiko.Transport:
+    """SSHClient's transport (its `transport_factory`), with AES-GCM preferred."""
+    transport = paramiko.Transport(sock, **kwargs)  # type: ignore[arg-type]
+    options = transport.get_security_options()
+    options.ciphers = preferred_ciphers(tuple(options.ciphers))
+    return transport
 
 
 def _client(
@@ -80,6 +99,7 @@ def _open(
             auth_timeout=t,
             channel_timeout=t,
             sock=sock,
+            transport_factory=_transport,
         )
     except CONNECT_ERRORS as exc:
         # paramiko's own thread may hold the real cause (e.g. no banner) behind a vaguer one

@@ -293,3 +293,30 @@ def test_an_authentication_cut_short_is_not_a_refusal_and_a_push_retries_it() ->
         assert error.kind == "auth-timeout", cut
         assert "refused" not in str(error) and "did not finish authenticating" in str(error)
     assert "auth-timeout" in RETRYABLE and "auth" not in RETRYABLE
+
+
+def test_aes_gcm_goes_first_and_nothing_else_changes() -> None:
+    from provisioner.remote.session import preferred_ciphers
+
+    theirs = paramiko.Transport._preferred_ciphers
+    ours = preferred_ciphers(theirs)
+    assert ours[:2] == ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+    assert sorted(ours) == sorted(theirs)
+    rest = [c for c in theirs if "gcm" not in c]
+    assert list(ours[2:]) == rest  # paramiko's own order after them
+    # a paramiko without GCM (or with it disabled): its order, untouched
+    assert preferred_ciphers(tuple(rest)) == tuple(rest)
+
+
+def test_a_client_transport_offers_aes_gcm_first() -> None:
+    from provisioner.remote.session import _transport
+
+    a, b = socket.socketpair()
+    try:
+        transport = _transport(a)
+        assert transport.get_security_options().ciphers[0] == "aes128-gcm@openssh.com"
+        disabled = _transport(b, disabled_algorithms={"ciphers": ["aes128-gcm@openssh.com"]})
+        assert disabled.preferred_ciphers[0] == "aes256-gcm@openssh.com"
+    finally:
+        a.close()
+        b.close()
