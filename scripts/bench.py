@@ -1326,7 +1326,7 @@ def run_group(ctx: Context, group: str) -> list[Row]:
     return [Row(group, f"{group}: every attempt failed", failed, None, None, "", "—", None, "")]
 
 
-def _shown(path: Path) -> str:
+def shown_path(path: Path) -> str:
     """A path as the record keeps it: relative to the repository, else its name only (no
     machine path in a committed record)."""
     try:
@@ -1345,7 +1345,7 @@ def write(
         lab_nodes=nodes,
         repeat=args.repeat,
         push_repeat=args.push_repeat,
-        options={k: (_shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        options={k: (shown_path(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     )
     done = sorted(rows, key=lambda r: GROUPS.index(r.group))
     args.out.mkdir(parents=True, exist_ok=True)

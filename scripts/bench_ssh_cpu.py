@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from bench import shown_path
 from bench_link import ssh_argv
 
 from provisioner.inventory import Inventory, Node, load_inventory
@@ -100,9 +101,12 @@ def main() -> int:
         }
 
     doc = {
-        # the inventory by its name only: no machine path in a committed record
+        # no machine path in a committed record: the inventory as bench.py keeps paths
         "command": " ".join(
-            ["python", *(args.inventory.name if a == str(args.inventory) else a for a in sys.argv)]
+            [
+                "python",
+                *(shown_path(args.inventory) if a == str(args.inventory) else a for a in sys.argv),
+            ]
         ),
         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "machine": {"cores": os.cpu_count(), "python": platform.python_version()},

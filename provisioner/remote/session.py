@@ -35,8 +35,8 @@ _QUIET_WAKE_S = 1.0
 MAX_OUTPUT = 16 * 1024 * 1024
 _KEEP_TAIL = 64 * 1024
 # AES-GCM first where both ends have it (OpenSSH since 6.2): one AEAD pass per packet
-# instead of AES-CTR and a separate HMAC, about a quarter less of this machine's CPU per
-# byte pushed (docs/benchmarks.md); a server without it gets paramiko's own order.
+# instead of AES-CTR and a separate HMAC: about a fifth less of this machine's CPU per
+# byte pushed (bench-results/ssh-cpu.json); a server without it gets paramiko's own order.
 _GCM_SUFFIX = "-gcm@openssh.com"
 
 
