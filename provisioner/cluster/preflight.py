@@ -14,6 +14,7 @@ from typing import Any
 
 from provisioner.console import Reporter, quiet
 from provisioner.doctor import DoctorReport, Finding, run_doctor
+from provisioner.doctor.gather import stop_listeners
 from provisioner.errors import OperationError
 from provisioner.inventory import Inventory
 from provisioner.remote import Pool
@@ -70,11 +71,15 @@ def check(
     report: Reporter = quiet,
     *,
     force: bool = False,
+    keep_listeners: bool = False,
 ) -> Preflight:
     """Run the doctor; raise DoctorStopped on errors `up` cannot fix (unless `force`).
 
-    What this cluster's own running Ray explains is waived by the doctor (one waiver)."""
-    doctor = run_doctor(inventory, pool, report, ray_state=True)
+    What this cluster's own running Ray explains is waived by the doctor (one waiver).
+    `keep_listeners` (with a `pool`): the doctor's listeners are left for the caller to end
+    (the report's `listeners`), except when this raises: then they are ended here."""
+    keep = keep_listeners and pool is not None
+    doctor = run_doctor(inventory, pool, report, ray_state=True, keep_listeners=keep)
     blocking = blocking_errors(doctor.findings)
     waived = list(doctor.waived)
     result = Preflight(doctor, blocking, waived, forced=force and bool(blocking))
@@ -86,6 +91,8 @@ def check(
     others = [f for f in blocking if f.check in NEVER_FORCED]
     if blocking and (not force or others):
         result.forced = False
+        if pool is not None and doctor.listeners:
+            stop_listeners(pool, inventory, doctor.listeners)
         raise DoctorStopped(result, others if force else [])
     for f in blocking:
         report(f"{f.host}: {f.check}: {f.message} (going on: --force)")

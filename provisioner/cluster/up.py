@@ -32,7 +32,7 @@ from provisioner.cluster.headprobe import GcsNode
 from provisioner.cluster.status import ClusterStatus
 from provisioner.console import Reporter, quiet
 from provisioner.doctor import DoctorReport
-from provisioner.doctor.gather import gather_facts
+from provisioner.doctor.gather import gather_facts, stop_listener_command, stop_listeners
 from provisioner.errors import InputError, OperationError, ProvisionerError
 from provisioner.gpu.plan import GpuPlan, plans_for, signature
 from provisioner.image.pin import Pin
@@ -364,12 +364,27 @@ def up(
     t0 = time.monotonic()
     ctx = context(inventory, pool, report, pin=pin, options=options)
     result = UpResult(runtime=ctx.runtime.name)
-    found = check(ctx, result)
-    prepare(ctx, result)
-    states = found.ray_states(ctx.runtime) if found else None
-    if found is not None:
-        _refuse_foreign_gcs(inventory, found, states)
-    bring_up(ctx, result, states=states, facts=found.facts if found else None)
+    # The token and the TLS files go beside the doctor's round (on the same connections,
+    # each its own channel): they do not depend on its verdict, and the files are this
+    # cluster's own (0600, in the SSH user's ~/.provisioner), the same any `up` writes. The
+    # doctor's findings come first; the install's error only after a doctor that passed.
+    with ThreadPoolExecutor(1) as side:
+        installing = side.submit(install_token_and_tls, inventory, pool)
+        found = check(ctx, result)
+        # the doctor's listeners on Ray's ports: each ends with its node's start command
+        # (one round trip fewer before Ray starts); what no start took, ends below
+        listeners = dict(found.listeners) if found else {}
+        try:
+            installing.result()
+            prepare(ctx, result)
+            states = found.ray_states(ctx.runtime) if found else None
+            if found is not None:
+                _refuse_foreign_gcs(inventory, found, states)
+            facts = found.facts if found else None
+            bring_up(ctx, result, states=states, facts=facts, installed=True, listeners=listeners)
+        finally:
+            if listeners:
+                stop_listeners(pool, inventory, listeners)
     result.seconds = time.monotonic() - t0
     return result
 
@@ -380,7 +395,9 @@ def check(ctx: UpContext, result: UpResult) -> DoctorReport | None:
         return None
     t0 = time.monotonic()
     ctx.report(f"doctor: checking {len(ctx.inventory.nodes)} node(s)")
-    result.doctor = preflight.check(ctx.inventory, ctx.pool, ctx.report, force=ctx.options.force)
+    result.doctor = preflight.check(
+        ctx.inventory, ctx.pool, ctx.report, force=ctx.options.force, keep_listeners=True
+    )
     result.timings["doctor"] = time.monotonic() - t0
     return result.doctor.report
 
@@ -407,17 +424,22 @@ def bring_up(
     *,
     states: dict[str, RayState] | None = None,
     facts: Mapping[str, NodeFacts] | None = None,
+    installed: bool = False,
+    listeners: dict[str, int] | None = None,
 ) -> UpResult:
     """Start what is missing, wait until every node joined, run the placement probe, in
     steps: plan, stop, start, wait, probe, record.
 
     `states`: this cluster's Ray on every node as the doctor's round found it (then no
     node is asked again); without them, one round trip asks. `facts`: the doctor's facts
-    (the nodes' GPUs); without them, one round trip asks."""
+    (the nodes' GPUs); without them, one round trip asks. `installed`: the token and the
+    TLS files are on every node already (`up` installs them beside the doctor's round).
+    `listeners`: the doctor's listeners still running (node name -> PID), ended by the start
+    round (taken out of the dict as they are)."""
     result = result if result is not None else UpResult(runtime=ctx.runtime.name)
-    decided = plan(ctx, result, states=states, facts=facts)
+    decided = plan(ctx, result, states=states, facts=facts, installed=installed)
     stopped = stop(ctx, decided)
-    start(ctx, result, decided, stopped)
+    start(ctx, result, decided, stopped, listeners if listeners is not None else {})
     joined = wait(ctx, result, decided)
     probe(ctx, result, decided, joined)
     record(ctx, result, decided, joined)
@@ -430,6 +452,7 @@ def plan(
     *,
     states: dict[str, RayState] | None,
     facts: Mapping[str, NodeFacts] | None,
+    installed: bool = False,
 ) -> Plan:
     """Token and TLS on every node, each node's GPUs, one status round; nodes that left the
     inventory lose this cluster's Ray (so that none meets the new head); then which nodes
@@ -437,7 +460,8 @@ def plan(
     own reasons), its new token installed before anything restarts."""
     began = time.monotonic()
     inventory, pool = ctx.inventory, ctx.pool
-    install_token_and_tls(inventory, pool)
+    if not installed:
+        install_token_and_tls(inventory, pool)
     current = token.fingerprint(token.local_token_path(inventory))
     result.gpus = gpu_plans(pool, inventory, ctx.runtime, facts)
     before = status.gather(inventory, pool, ctx.report, runtime=ctx.runtime, states=states)
@@ -527,19 +551,39 @@ def stop(ctx: UpContext, decided: Plan) -> GroupResult[Result | None]:
     return group
 
 
-def start(ctx: UpContext, result: UpResult, decided: Plan, stopped: GroupResult[Any]) -> None:
+def start(
+    ctx: UpContext,
+    result: UpResult,
+    decided: Plan,
+    stopped: GroupResult[Any],
+    listeners: dict[str, int] | None = None,
+) -> None:
     """The head and the workers stopped start together (a worker's Ray waits for the
     head's by itself); a node that failed to stop or start stops `up`, named. A rotation
-    finishes here: every node runs with the new token."""
+    finishes here: every node runs with the new token. `listeners`: the doctor's listeners
+    (node name -> PID): each node's ends first in its start command, and those of nodes
+    not started end in the same round; each is taken out of the dict once sent."""
     runtime, pool = ctx.runtime, ctx.pool
+    pending = listeners if listeners is not None else {}
+
+    def ending(node: Node) -> str:
+        pid = pending.pop(node.name, None)
+        return "" if pid is None else stop_listener_command(pid) + "; "
 
     def one(node: Node) -> None:
         ctx.report(f"{node.name}: " + runtime.starting.format(role=node.role))
-        command = runtime.start_command(node, result.gpus.get(node.name))
+        command = ending(node) + runtime.start_command(node, result.gpus.get(node.name))
         pool.session(node).run(command, timeout=90).check()
 
     ready = [n for n in decided.to_start if n.name in stopped.results]
-    group = fan_out(ready, one, deadline=120)
+    # the listeners of the nodes not started end in the same round, beside the starts
+    rest = [n for n in ctx.inventory.nodes if n.name in pending and n not in ready]
+    with ThreadPoolExecutor(1) as side:
+        if rest:
+            side.submit(
+                stop_listeners, pool, ctx.inventory, {n.name: pending.pop(n.name) for n in rest}
+            )
+        group = fan_out(ready, one, deadline=120)
     result.started += [n.name for n in decided.to_start if n.name in group.results]
     _raise_first({**stopped.errors, **group.errors}, "could not start Ray")
     if result.token.rotate:  # every node now runs with the new token: it is the cluster's

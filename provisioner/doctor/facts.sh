@@ -3,7 +3,8 @@
 # Fed on stdin: bash -s -- HEAD_ADDRESS NODE_ADDRESS IMAGE_REF LISTEN_PORTS LISTEN_SECONDS [RAY_PYTHON]
 # Prints sections "@@name" followed by raw command output; the control machine judges them.
 # Reads only, except for one temporary listener (python3) on LISTEN_PORTS for the
-# reachability probes, which exits after LISTEN_SECONDS or when killed.
+# reachability probes, which exits after LISTEN_SECONDS or when killed (its command line
+# ends with the word provisioner-doctor-listener, which the kill checks first).
 set -u
 export LC_ALL=C
 head_addr=$1 node_addr=$2 image=$3 listen_ports=$4 listen_seconds=$5 ray_python=${6:-}
@@ -256,7 +257,7 @@ while time.monotonic() < end:
             s.accept()[0].close()
         except OSError:
             pass
-' "$node_addr" "$listen_ports" "$listen_seconds"
+' "$node_addr" "$listen_ports" "$listen_seconds" provisioner-doctor-listener
 fi
 #@ray-state
 section end

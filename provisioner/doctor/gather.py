@@ -3,11 +3,12 @@
 Round 1: facts.sh (all facts, the runtime's own section inside it, then a temporary
 listener on Ray's ports).
 Round 2: probe.sh (TCP connections to the other nodes' listeners).
-Round 3: stop the listener.
+Round 3: stop the listener (`up` sends it with each node's start instead).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import resources
 
 from provisioner.checks.facts import NodeFacts, parse_facts
@@ -15,7 +16,7 @@ from provisioner.checks.gpu_checks import PROBE
 from provisioner.checks.ports import Probe, listen_ports, parse_probe_output
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import GroupResult, Pool, fan_out
-from provisioner.remote.commands import command, script
+from provisioner.remote.commands import script
 from provisioner.runtime import judges as judges_of
 from provisioner.runtime.base import Judges
 
@@ -24,6 +25,7 @@ RUNTIME_MARK = b"\n#@runtime-facts\n"  # where facts.sh takes the runtime's own 
 STATE_MARK = b"\n#@ray-state\n"  # where it takes the runtime's state command, if asked
 PROBE_CONNECT_S = 3.0
 LISTEN_SECONDS = 120  # the listener's own end, should round 3 never come
+LISTENER_MARK = "provisioner-doctor-listener"  # the last word of the listener's command line
 GPU_PROBE_S = 120.0  # a container start and `import torch` with CUDA
 
 
@@ -132,14 +134,27 @@ def run_probes(
     return outcomes, group
 
 
+def stop_listener_command(pid: int) -> str:
+    """End the doctor's listener PID if that process is still it (its command line carries
+    LISTENER_MARK; a PID the node has given to another process since is left alone). Exits
+    0 either way, so that it may go first in another command (`up`'s start)."""
+    proc = f"/proc/{int(pid)}/cmdline"
+    return f"{{ grep -qaF {LISTENER_MARK} {proc} && kill {int(pid)}; }} 2>/dev/null; true"
+
+
+def listeners_of(facts: Mapping[str, NodeFacts]) -> dict[str, int]:
+    """Node name -> the PID of its temporary listener, for the nodes that started one."""
+    return {name: f.listener_pid for name, f in facts.items() if f.listener_pid}
+
+
 def stop_listeners(
-    pool: Pool, inventory: Inventory, facts: dict[str, NodeFacts], *, parallelism: int
+    pool: Pool, inventory: Inventory, pids: Mapping[str, int], *, parallelism: int = 32
 ) -> None:
-    """Round 3: end the temporary listeners (they also end by themselves)."""
-    nodes = [n for n in inventory.nodes if n.name in facts and facts[n.name].listener_pid]
+    """Round 3: end the temporary listeners (node name -> PID; they also end by
+    themselves)."""
+    nodes = [n for n in inventory.nodes if n.name in pids]
 
     def one(node: Node) -> None:
-        pid = facts[node.name].listener_pid
-        pool.session(node).run(command("kill", str(pid)), timeout=10)
+        pool.session(node).run(stop_listener_command(pids[node.name]), timeout=10)
 
     fan_out(nodes, one, parallelism=parallelism, deadline=_deadline(inventory, 10))

@@ -25,6 +25,7 @@ from provisioner.checks.ports import judge_probes, probe_plan
 from provisioner.console import Reporter, quiet
 from provisioner.doctor.gather import (
     gather_facts,
+    listeners_of,
     run_gpu_probes,
     run_probes,
     stop_listeners,
@@ -58,6 +59,9 @@ class DoctorReport:
     waived: list[Finding] = field(default_factory=list)  # errors this cluster's own Ray explains
     pin_id: str = ""  # the image ID the round asked every node about ("": no pin)
     pin_alt: str = ""  # the pin's ID in Docker's containerd image store, when known here
+    # node name -> PID of the temporary listener left running for the caller to end
+    # (`keep_listeners`: gather.stop_listener_command); empty otherwise
+    listeners: dict[str, int] = field(default_factory=dict)
 
     @property
     def errors(self) -> list[Finding]:
@@ -266,13 +270,17 @@ def run_doctor(
     parallelism: int = 32,
     ray_state: bool = False,
     gpu_deep: bool = False,
+    keep_listeners: bool = False,
 ) -> DoctorReport:
     """Diagnose every node; never raises for a node's failure (it becomes a finding).
 
     `pool`: SSH sessions to reuse (and leave open), as `up` does; otherwise its own.
     `ray_state`: also ask each node for this cluster's Ray in the same round (for `up`).
     `gpu_deep`: one more round on the nodes whose GPUs go to Ray: a container of the pinned
-    image, with the GPU options `up` would use, must see them (gpu.container)."""
+    image, with the GPU options `up` would use, must see them (gpu.container).
+    `keep_listeners`: no round 3; the listeners are left running, named in the report's
+    `listeners`, for the caller to end in its own next command on each node (`up`: the
+    start), one round trip fewer before Ray starts."""
     started = time.monotonic()
     runtime = runtime_for(inventory)  # an unknown runtime is refused before any round
     pin, findings = read_pin_facts(inventory)
@@ -301,6 +309,7 @@ def run_doctor(
         )
         timings["facts"] = time.monotonic() - started
         rounds = 1
+        left: dict[str, int] = {}  # the listeners the caller ends (keep_listeners)
         waived: list[Finding] = []
         plan = replace(plan, free_base=free_base(list(group.results.values()), inventory.ports))
         for node in inventory.nodes:
@@ -344,9 +353,14 @@ def run_doctor(
                         f"{len(outcomes)} probes between {len(bound)} nodes all connected",
                     )
                 )
-            stop_listeners(pool, inventory, group.results, parallelism=parallelism)
+            if keep_listeners:
+                left = listeners_of(group.results)
+            else:
+                stop_listeners(
+                    pool, inventory, listeners_of(group.results), parallelism=parallelism
+                )
             timings["probes"] = time.monotonic() - t0
-            rounds = 3
+            rounds = 3 if not keep_listeners else 2
         if gpu_deep:
             t0 = time.monotonic()
             findings += deep_gpu_check(
@@ -365,6 +379,7 @@ def run_doctor(
         waived=waived,
         pin_id=pin.image_id if pin else "",
         pin_alt=alt,
+        listeners=left,
     )
 
 

@@ -47,9 +47,22 @@ def inventory(cluster_inventory: Path) -> Iterator[str]:
     cli("down", "-i", str(cluster_inventory), "--no-logs")
 
 
-def test_up_from_nothing_then_second_up_changes_nothing(inventory: str) -> None:
+LISTENERS = 'pgrep -u "$(id -u)" -f provisioner-doctor-listener'  # the doctor's, on a node
+
+
+def doctor_listeners(lab: LabInfo) -> dict[str, str]:
+    """Node name -> the PIDs of the doctor's temporary listeners running there."""
+    from tests.e2e.helpers import ssh
+
+    found = {n.name: ssh(lab, n, LISTENERS).stdout.split() for n in lab.nodes}
+    return {name: " ".join(pids) for name, pids in found.items() if pids}
+
+
+def test_up_from_nothing_then_second_up_changes_nothing(inventory: str, lab: LabInfo) -> None:
     code, first = cli_json("up", "-i", inventory)
     assert code == 0, first
+    # the doctor's listeners on Ray's ports ended with each node's start (no round 3)
+    assert doctor_listeners(lab) == {}
     assert first["status"]["alive_nodes"] == first["status"]["expected_nodes"] == 3
     assert all(p["ok"] for p in first["placement"]) and len(first["placement"]) == 3
     # every node held the pin (the session pushed it): the doctor's round saw that, and
@@ -237,3 +250,44 @@ def test_cut_between_worker_and_head_stops_up_within_seconds(inventory: str, lab
     assert worker.name in named or worker.address in named, named
     code, st = cli_json("status", "-i", inventory)
     assert code == 1 and all(n["container"] == "absent" for n in st["nodes"]), st
+    assert doctor_listeners(lab) == {}  # a doctor that stops `up` ends its listeners too
+
+
+def test_doctor_listeners_left_for_up_end_and_nothing_else_does(
+    inventory: str, lab: LabInfo
+) -> None:
+    """The doctor `up` runs leaves its listeners on Ray's ports for `up`'s start to end
+    (keep_listeners); the command that ends one kills only a process that is still that
+    listener: a PID given to another process since is left alone."""
+    from provisioner.doctor import run_doctor
+    from provisioner.doctor.gather import stop_listener_command, stop_listeners
+    from provisioner.remote import Pool
+    from tests.e2e.helpers import ssh
+
+    inv = load_inventory(Path(inventory))
+    head = lab.nodes[0]
+    with Pool(inv) as pool:
+        report = run_doctor(inv, pool, ray_state=True, keep_listeners=True)
+        try:
+            assert report.round_trips == 2
+            # positive control: every node still runs the listener the report names
+            assert set(report.listeners) == {n.name for n in lab.nodes}, report.listeners
+            running = doctor_listeners(lab)
+            for name, pid in report.listeners.items():
+                assert running.get(name) == str(pid), (name, pid, running)
+            # a process of the same user that is not the listener survives its command
+            other = ssh(lab, head, "sleep 300 >/dev/null 2>&1 & echo $!").stdout.strip()
+            try:
+                done = ssh(lab, head, stop_listener_command(int(other)))
+                assert done.returncode == 0, done.stderr
+                assert ssh(lab, head, f"kill -0 {other}").returncode == 0
+            finally:
+                ssh(lab, head, f"kill {other}")
+            # the listener itself ends by the same command
+            pid = report.listeners[head.name]
+            assert ssh(lab, head, stop_listener_command(pid)).returncode == 0
+            time.sleep(0.5)
+            assert head.name not in doctor_listeners(lab)
+        finally:
+            stop_listeners(pool, inv, report.listeners)
+    assert doctor_listeners(lab) == {}

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+from importlib import resources
+
 from provisioner.checks.ports import (
     judge_probes,
     listen_ports,
@@ -9,6 +14,7 @@ from provisioner.checks.ports import (
     parse_probe_output,
     probe_plan,
 )
+from provisioner.doctor.gather import LISTENER_MARK, stop_listener_command
 from provisioner.inventory import Node, RayPorts, SSHSettings
 
 SSH = SSHSettings(user="u")
@@ -76,3 +82,23 @@ def test_missing_probe_lines_count_as_untested() -> None:
     plan = probe_plan(NODES, PORTS, bound())
     outcome = parse_probe_output("w1", plan["w1"], "")
     assert set(outcome.values()) == {"missing"}
+
+
+def test_stop_listener_command_kills_only_the_marked_process() -> None:
+    """Run here by bash against real processes: the marked one ends; an unmarked one with
+    another PID (a PID the node has reused) survives; the command exits 0 either way."""
+    marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", LISTENER_MARK])
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        for proc in (other, marked):
+            done = subprocess.run(["bash", "-c", stop_listener_command(proc.pid)], check=False)
+            assert done.returncode == 0
+        assert marked.wait(timeout=10) == -signal.SIGTERM
+        assert other.poll() is None  # still running
+    finally:
+        for proc in (marked, other):
+            proc.kill()
+            proc.wait()
+    # the facts script starts the listener with the mark as its last word
+    text = resources.files("provisioner.doctor").joinpath("facts.sh").read_text()
+    assert f'"$listen_seconds" {LISTENER_MARK}\n' in text
