@@ -6,7 +6,7 @@ import time
 from contextlib import ExitStack
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
@@ -31,11 +31,13 @@ from provisioner.errors import InputError, ProvisionerError
 from provisioner.image.pin import Pin, read_pin
 from provisioner.inventory import Inventory, load_cluster, load_inventory
 from provisioner.inventory.loader import require_nodes
-from provisioner.jobs.control import JobsRunning, Stopped, stop_for_down
 from provisioner.node import tls, token
 from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
 from provisioner.runtime.base import PUSH_ALIASES, PUSH_MODES, Runtime
+
+if TYPE_CHECKING:  # imported where `down` runs: the Jobs API client brings asyncio (30 ms)
+    from provisioner.jobs.control import Stopped
 
 ForceOption = Annotated[bool, typer.Option("--force", help="Go on despite doctor errors.")]
 
@@ -426,6 +428,7 @@ def _say_queued(out: Output, result: down_mod.DownResult, json_: bool) -> None:
 
 def _stop_jobs(inv: Inventory, results: Path, yes: bool, out: Output) -> list[Stopped]:
     """The cluster's running jobs, stopped with --yes; nothing when its Jobs API is gone."""
+    from provisioner.jobs.control import JobsRunning, stop_for_down
     from provisioner.jobs.link import Target
 
     try:

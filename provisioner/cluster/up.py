@@ -411,7 +411,7 @@ def prepare(ctx: UpContext, result: UpResult) -> None:
     if delivery is not None:
         image_id = delivery.image_id
         doctor = result.doctor
-        ready = doctor.report.holding(image_id) if doctor and image_id else frozenset()
+        ready = doctor.report.holding(image_id) if doctor and image_id else {}
         result.push = delivery.deliver(ctx.pool, ctx.report, ready=ready)
     result.timings["push"] = time.monotonic() - t0
     if result.push is not None and result.push.errors:

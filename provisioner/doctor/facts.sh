@@ -23,6 +23,7 @@ section clock; if [ -n "${EPOCHREALTIME:-}" ]; then echo "$EPOCHREALTIME"; else 
 # SSH packet of its own that the control machine wakes up for, thousands of them over
 # 100 nodes, half of its CPU in this round. (Not indented: Python inside it is.)
 facts() {
+#@ray-state-start
 section user; id -un; id -nG
 section hostname; echo "${HOSTNAME:-$(hostname)}"
 section hostname_addresses; getent ahosts "${HOSTNAME:-$(hostname)}" 2>/dev/null

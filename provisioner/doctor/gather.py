@@ -22,7 +22,8 @@ from provisioner.runtime.base import Judges
 
 FACTS_TIMEOUT_S = 60.0
 RUNTIME_MARK = b"\n#@runtime-facts\n"  # where facts.sh takes the runtime's own section
-STATE_MARK = b"\n#@ray-state\n"  # where it takes the runtime's state command, if asked
+STATE_MARK = b"\n#@ray-state\n"  # where it tells the runtime's state command's answer
+STATE_START = b"\n#@ray-state-start\n"  # where that command starts, beside the rest
 PROBE_CONNECT_S = 3.0
 LISTEN_SECONDS = 120  # the listener's own end, should round 3 never come
 LISTENER_MARK = "provisioner-doctor-listener"  # the last word of the listener's command line
@@ -35,10 +36,14 @@ def _script(name: str) -> bytes:
 
 def facts_script(judges: Judges, ray_state: str = "") -> bytes:
     """facts.sh with the runtime's own section in its place (before the disks are told, so
-    that it may name its root), and `ray_state` (the runtime's state command) last."""
+    that it may name its root), and `ray_state` (the runtime's state command, read-only)
+    started first, beside everything else (on fd 7, its stdin /dev/null: the script itself
+    comes on stdin), its answer told last."""
     text = _script("facts.sh")
     text = text.replace(RUNTIME_MARK, f"\n{judges.facts.strip()}\n".encode())
-    state = f"\nsection ray_state\n{{ {ray_state}\n}} 2>&1\n" if ray_state else "\n"
+    start = f"\nexec 7< <({{ {ray_state}\n}} 2>&1 </dev/null)\n" if ray_state else "\n"
+    state = "\nsection ray_state\ncat <&7\nexec 7<&-\n" if ray_state else "\n"
+    text = text.replace(STATE_START, start.encode())
     return text.replace(STATE_MARK, state.encode())
 
 

@@ -78,14 +78,15 @@ class DoctorReport:
             return None
         return {n: runtime.parse_state(text) for n, text in told.items()}
 
-    def holding(self, image_id: str) -> frozenset[str]:
-        """Nodes this round saw holding `image_id` (empty unless it is the pin it asked about)."""
+    def holding(self, image_id: str) -> dict[str, str]:
+        """Nodes this round saw holding `image_id` -> the ID their image store names it by
+        (`image_id`, or its ID in Docker's containerd store); empty unless `image_id` is the
+        pin this round asked about."""
         if not image_id or image_id != self.pin_id:
-            return frozenset()
+            return {}
         ids = {image_id, self.pin_alt} - {""}
-        return frozenset(
-            n for n, f in self.facts.items() if f.runtime.image.partition(" ")[0] in ids
-        )
+        seen = {n: f.runtime.image.partition(" ")[0] for n, f in self.facts.items()}
+        return {n: i for n, i in seen.items() if i in ids}
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -129,11 +129,12 @@ class Delivery(Protocol):
         ...
 
     def deliver(
-        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
+        self, pool: Pool, report: Reporter, *, ready: Mapping[str, str] | None = None
     ) -> DeliveryReport:
         """Make every node of the inventory hold the image, each verified by ID; `ready`:
-        nodes known to hold it, which are not asked again. One node's failure stops no
-        other: it is in the report's `errors`."""
+        nodes known to hold it (node name -> the ID the node's image store names it by, as
+        the doctor saw it), which are not asked again. One node's failure stops no other:
+        it is in the report's `errors`."""
         ...
 
 

@@ -40,8 +40,13 @@ def foreign_guard(words: Words, name: str, cluster_id: str, then: str) -> str:
     label (another cluster's, or one without any id: not provably ours), say so on stderr
     and run `then` (`exit 3`: refuse; `:`: go on, leaving it alone). Nothing is ever
     removed or run into on a name alone."""
+    return f"{words.owner(name)}; {foreign_verdict(words, name, cluster_id, then)}"
+
+
+def foreign_verdict(words: Words, name: str, cluster_id: str, then: str) -> str:
+    """Shell: `foreign_guard` once "$o" holds the container's id label ("": no such
+    container, "-": it carries none), however it was read."""
     return (
-        f"{words.owner(name)}; "
         f'if [ -n "$o" ] && [ "$o" != {_id(cluster_id)} ]; then '
         'if [ "$o" = - ]; then w="carries no cluster id"; '
         'else w="belongs to another cluster (cluster id $o)"; fi; '

@@ -94,28 +94,39 @@ WORDS = containers.Words(
 )
 
 
-def foreign_container_guard(name: str, cluster_id: str, then: str) -> str:
-    """Shell: when a container called `name` exists on the node and does not carry this
-    cluster's id label (another cluster's, or one without any id: not provably ours),
-    say so on stderr and run `then` (`exit 0`: nothing of ours here; `exit 3`: refuse).
-    Nothing is ever removed or run into on a name alone."""
-    return containers.foreign_guard(WORDS, name, cluster_id, then)
-
-
-def namesake_guard(cluster: str, cluster_id: str) -> str:
-    """Shell: refuse (exit 3, saying so) while a container of another cluster of the same
-    name is on the node (its `provisioner.cluster` label is this name, its id another):
-    both would share the node folder `~/.provisioner/clusters/CLUSTER` (token, logs,
-    results) when they are the same SSH user's. That container is left alone."""
-    label = shlex.quote(f"label={layout.LABEL_CLUSTER}={cluster}")
-    fmt = shlex.quote(f'{{{{.Names}}}} {{{{.Label "{layout.LABEL_CLUSTER_ID}"}}}}')
+def _namesake_verdict(cluster_id: str) -> str:
+    """Shell, in a loop over containers of this cluster's name ("$n" its name, "$i" its id
+    label, "" when none): refuse (exit 3, saying so) unless it carries this cluster's id:
+    both clusters would share the node folder `~/.provisioner/clusters/CLUSTER` (token,
+    logs, results) when they are the same SSH user's. That container is left alone."""
     return (
-        f"docker ps -a --filter {label} --format {fmt} | "
-        f'while read -r n i; do [ "$i" = {shlex.quote(cluster_id)} ] && continue; '
+        f'[ "$i" = {shlex.quote(cluster_id)} ] && continue; '
         'echo "the container $n on this node belongs to another cluster of the same name '
         f"(cluster id ${{i:-none}}; this state folder's: {cluster_id}): left alone; rename "
         "this cluster (cluster: in the inventory), or take that one down from its own state "
-        'folder" >&2; exit 3; done || exit 3'
+        'folder" >&2; exit 3'
+    )
+
+
+def start_guard(cluster: str, name: str, cluster_id: str) -> str:
+    """Shell, one `docker ps` (where two Docker calls were the start's first 30-70 ms):
+    refuse (exit 3, saying so) over a container called `name` that is not provably this
+    cluster's (no id label, or another's: `containers.foreign_verdict`), or beside a
+    container of another cluster of the same name (`_namesake_verdict`). Nothing is ever
+    removed or run into on a name alone."""
+    fmt = shlex.quote(
+        "{{.Names}}"
+        + "".join(
+            f' {{{{with .Label "{label}"}}}}{{{{.}}}}{{{{else}}}}-{{{{end}}}}'
+            for label in (layout.LABEL_CLUSTER, layout.LABEL_CLUSTER_ID)
+        )
+    )
+    mine = containers.foreign_verdict(WORDS, name, cluster_id, "exit 3")
+    return (
+        f"docker ps -a --format {fmt} | while read -r n c i; do "
+        f'if [ "$n" = {shlex.quote(name)} ]; then o=$i; {mine}; fi; '
+        f'[ "$c" = {shlex.quote(cluster)} ] || continue; [ "$i" = - ] && i=; '
+        f"{_namesake_verdict(cluster_id)}; done || exit 3"
     )
 
 
@@ -130,7 +141,7 @@ def docker_run_command(
     `gpus`: the node's GPUs for Ray and the way its Docker hands them over; `cluster_id`
     labels it and names it (`layout.container_name`); it refuses to start (exit 3) over a
     container of that name that is not provably this cluster's, or beside a container of
-    another cluster of the same name (`namesake_guard`)."""
+    another cluster of the same name (`start_guard`: one `docker ps` for both)."""
     cluster = inventory.cluster
     name = layout.container_name(cluster, cluster_id)
     parts = [
@@ -160,12 +171,7 @@ def docker_run_command(
         shlex.join(ray_start_args(inventory, node, gpus=gpus)),
     ]
     prepare = f"mkdir -p {layout.node_ray_dir(cluster)} {layout.node_results_dir(cluster)}"
-    guard = (
-        f"{foreign_container_guard(name, cluster_id, 'exit 3')}; "
-        f"{namesake_guard(cluster, cluster_id)}; "
-        if cluster_id
-        else ""
-    )
+    guard = f"{start_guard(cluster, name, cluster_id)}; " if cluster_id else ""
     return f"{guard}{prepare} && " + " ".join(parts)
 
 
@@ -189,7 +195,7 @@ def remove_container_command(cluster: str, cluster_id: str = "") -> str:
     """Stop and remove this cluster's Ray container (and one an older provisioner named
     `ray-CLUSTER`), each only when it carries this cluster's id label; succeeds when there
     is none. One without that label is not this cluster's: left alone, and said so on
-    stderr (`foreign_container_guard`)."""
+    stderr (`containers.foreign_guard`)."""
     return containers.guarded_remove(WORDS, cluster, cluster_id)
 
 
@@ -351,9 +357,10 @@ class DockerDelivery:
         self.pin = pin
         self.push = push
         self.image_id = pin.image_id if pin else ""
-        # node -> the pin's ID in its image store where that differs (Docker's containerd
-        # image store: its manifest's digest), as `deliver` found them; shared with the
-        # runtime that made this delivery, which runs the image by that ID there
+        # node -> the pin's ID in its image store (Docker's containerd image store: its
+        # manifest's digest), as `deliver` found them (the doctor's round, or a push where
+        # it differs); shared with the runtime that made this delivery, which runs the
+        # image by that ID there
         self.node_ids: dict[str, str] = {} if node_ids is None else node_ids
 
     def has_command(self) -> str:
@@ -375,7 +382,7 @@ class DockerDelivery:
             )
 
     def deliver(
-        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
+        self, pool: Pool, report: Reporter, *, ready: Mapping[str, str] | None = None
     ) -> DeliveryReport:
         if self.pin is None:
             raise InputError(
@@ -386,6 +393,10 @@ class DockerDelivery:
                 where=str(self.inventory.path),
             )
         report(f"image: making every node hold {self.pin.short_id()} (push: {self.push})")
+        ready = ready or {}
+        # the ID each node the doctor saw holding the pin has it by: its start runs that,
+        # with no image lookup first (`DockerRuntime.start_command`)
+        self.node_ids.update(ready)
         pushed = push_image(
             self.inventory, pool, report, pin=self.pin, opts=push_options(self.push), held=ready
         )
@@ -418,8 +429,9 @@ class DockerRuntime:
         # what `docker run` names: the pinned ID, else the cluster tag a push leaves
         self.image = image or (pin.image_id if pin else CLUSTER_TAG)
         self.image_id = pin.image_id if pin else ""
-        # the pin's ID on each node whose image store names it otherwise (Docker's
-        # containerd image store: its manifest's digest), as the push found it
+        # the pin's ID in each node's image store (Docker's containerd image store names
+        # it by its manifest's digest), as its delivery found it: the doctor's round saw
+        # it there, or a push told it where it differs
         self.node_ids: dict[str, str] = {}
         self._store_ids: frozenset[str] | None = None
         self.cluster_id = read_cluster_id(inventory)  # "" before the first `up`
@@ -450,7 +462,7 @@ class DockerRuntime:
         image = self.image  # an image the caller named runs as named; the pin by its node's ID
         if self.pin is None or image != self.pin.image_id:
             return docker_run_command(self.inventory, node, image, gpus, self.cluster_id)
-        if node.name in self.node_ids:  # the push told this node's ID
+        if node.name in self.node_ids:  # the push, or the doctor's round, told this node's ID
             image = self.node_ids[node.name]
             return docker_run_command(self.inventory, node, image, gpus, self.cluster_id)
         # not pushed now (the doctor saw the pin there): whichever ID its image store has

@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,8 +254,9 @@ class PodmanDelivery:
         return self.pin
 
     def deliver(
-        self, pool: Pool, report: Reporter, *, ready: frozenset[str] = frozenset()
+        self, pool: Pool, report: Reporter, *, ready: Mapping[str, str] | None = None
     ) -> DeliveryReport:
+        ready = ready or {}
         pin = self._pin()
         report(f"image: making every node's Podman hold {pin.short_id()} (podman load)")
         nodes = [n for n in self.inventory.nodes if n.name not in ready]

@@ -34,3 +34,23 @@ def test_positive_control_paramiko_alone_imports_invoke() -> None:
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     assert out == "True"
+
+
+def test_up_leaves_the_jobs_api_client_out_and_submit_brings_it() -> None:
+    """`up` does not import the Jobs API client (its asyncio costs every start ~30 ms);
+    positive control: `submit`, which talks to the Jobs API, does."""
+    probe = (
+        "import sys\n"
+        "from provisioner.cli import app_for\n"
+        "app_for([sys.argv[1]])\n"
+        "print('asyncio' in sys.modules, 'provisioner.jobs' in sys.modules)\n"
+    )
+
+    def imported(command: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", probe, command], capture_output=True, text=True, check=True
+        )
+        return done.stdout.split()
+
+    assert imported("up") == ["False", "False"]
+    assert imported("submit") == ["True", "True"]

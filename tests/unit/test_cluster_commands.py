@@ -208,7 +208,9 @@ def _fake_docker(work: Path, containers: dict[str, str]) -> dict[str, str]:
         'case "$1" in\n'
         'inspect) l=$(awk -v n="$n" \'$1 == n {print $2}\' "$t"); [ -n "$l" ] || exit 1;'
         ' case "$*" in *State.Running*) echo true;; *) echo "$l";; esac;;\n'
-        'ps) awk \'{print $1, ($2 == "-" ? "" : $2)}\' "$t";;\n'
+        # `docker ps -a` as start_guard's format prints it: name, cluster label, id label
+        # ("-" for none); every container here carries this cluster's name (demo)
+        'ps) awk \'{print $1, "demo", $2}\' "$t";;\n'
         f'rm) echo "$n" >> {work}/rm.log; grep -v "^$n " "$t" > "$t.new"; mv "$t.new" "$t";;\n'
         f'run) echo "$@" >> {work}/run.log;;\n'
         'exec) shift; shift; exec "$@";;\n'
@@ -247,6 +249,10 @@ def test_up_never_runs_into_a_container_that_is_not_provably_this_clusters(
         assert (work / "run.log").exists() == (code == 0), case  # positive control: runs
         assert not (work / "rm.log").exists(), case  # nothing removed, ever
     assert OTHER in _sh(run, _fake_docker(tmp_path / "again", {"x": OTHER})).stderr
+    # one Docker call guards the start (no inspect of the name, then a ps of the label)
+    guard = run[: run.index("docker run ")]
+    assert guard.startswith("docker ps -a --format ") and guard.count("docker ps") == 1, guard
+    assert "docker inspect" not in guard and "docker image" not in guard, guard
 
 
 def test_down_removes_only_containers_carrying_this_clusters_id(tmp_path: Path) -> None:

@@ -162,9 +162,9 @@ def test_the_doctor_sees_the_pin_under_either_stores_id() -> None:
 
     facts = {"classic": holding(own), "containerd": holding(alt), "neither": holding("")}
     report = DoctorReport([], list(facts), facts=facts, pin_id=own, pin_alt=alt)
-    assert report.holding(own) == {"classic", "containerd"}
-    assert replace(report, pin_alt="").holding(own) == {"classic"}
-    assert report.holding(alt) == frozenset()  # only the pin it asked about
+    assert report.holding(own) == {"classic": own, "containerd": alt}  # by the store's ID
+    assert replace(report, pin_alt="").holding(own) == {"classic": own}
+    assert report.holding(alt) == {}  # only the pin it asked about
 
 
 def test_a_node_not_pushed_now_runs_the_pin_under_its_stores_id(tmp_path: Path) -> None:
@@ -190,3 +190,28 @@ def test_a_node_not_pushed_now_runs_the_pin_under_its_stores_id(tmp_path: Path) 
         env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "HELD": held, "LOG": str(log)}
         subprocess.run(["sh", "-c", picked], env=env, check=True)
         assert log.read_text().split()[4] == held
+
+
+def test_a_node_the_doctor_saw_holding_the_pin_starts_it_by_that_id_with_no_lookup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The doctor's round told each node's ID for the pin (its own, or the containerd
+    store's): the start runs that ID, where it looked the image up on the node first."""
+    from provisioner.remote import Pool
+    from provisioner.runtime import docker
+    from tests.unit.inventories import make_inventory
+
+    own, alt = PIN.image_id, "sha256:" + "2" * 64
+    monkeypatch.setattr(docker, "store_ids", lambda pin: frozenset({own, alt}))
+    inv = make_inventory(tmp_path)
+    head, one, two = inv.nodes
+    # positive control: without the doctor's word, the start asks the node's Docker first
+    assert "docker image inspect" in docker.DockerRuntime(inv, PIN).start_command(head)
+    runtime = docker.DockerRuntime(inv, PIN)
+    seen = {head.name: own, one.name: alt, two.name: own}
+    with Pool(inv) as pool:  # every node holds it: nothing is asked of any
+        report = runtime.delivery().deliver(pool, lambda _: None, ready=seen)
+    assert {n.via for n in report.nodes.values()} == {"doctor"}
+    for node in inv.nodes:
+        command = runtime.start_command(node)
+        assert "docker image inspect" not in command and f" {seen[node.name]} " in command

@@ -53,8 +53,12 @@ def test_the_section_runs_inside_the_one_round_trip_before_the_disks() -> None:
         text = facts_script(judges(name), "echo state").decode()
         assert text.count("\nsection end\n") == 1 and "#@runtime-facts" not in text
         assert text.index(judges(name).facts.strip()) < text.index("section disk")
-        assert "section ray_state\n{ echo state\n} 2>&1\nsection end\n" in text  # last
+        # the state command starts first, beside the rest; its answer is told last
+        started = "\nfacts() {\nexec 7< <({ echo state\n} 2>&1 </dev/null)\n"
+        assert started in text and text.index(started) < text.index("section user")
+        assert "section ray_state\ncat <&7\nexec 7<&-\nsection end\n" in text  # last
         assert "#@ray-state" not in facts_script(judges(name)).decode()
+        assert "exec 7" not in facts_script(judges(name)).decode()
     docker_text = facts_script(judges("docker")).decode()
     assert "runtime_root=$docker_root" in docker_text
     assert "section docker_socket" not in facts_script(judges("host")).decode()
