@@ -15,29 +15,25 @@ from rich.table import Table
 from rich.text import Text
 
 from provisioner.cli.common import InventoryOption, JsonOption, output
-from provisioner.cli.doctor import render as render_findings
-from provisioner.cluster import board as board_mod
-from provisioner.cluster import down as down_mod
-from provisioner.cluster import membership
-from provisioner.cluster import render as render_mod
-from provisioner.cluster import status as status_mod
-from provisioner.cluster import up as up_mod
-from provisioner.cluster.board import Board
-from provisioner.cluster.logs import LogMatch, collect
-from provisioner.cluster.preflight import DoctorStopped
-from provisioner.cluster.tunnel import tensorboard_port, tunnel
 from provisioner.console import Output, clean
 from provisioner.errors import InputError, ProvisionerError
 from provisioner.image.pin import Pin, read_pin
 from provisioner.inventory import Inventory, load_cluster, load_inventory
 from provisioner.inventory.loader import require_nodes
-from provisioner.node import tls, token
 from provisioner.remote import Pool
-from provisioner.runtime import runtime_for
-from provisioner.runtime.base import PUSH_ALIASES, PUSH_MODES, Runtime
+from provisioner.runtime.base import PUSH_ALIASES, PUSH_MODES
 
-if TYPE_CHECKING:  # imported where `down` runs: the Jobs API client brings asyncio (30 ms)
+# Each command imports its own part of the library when it runs: `up` starts connecting
+# to the nodes first, and loads the doctor and the rest of itself while they answer (a
+# tenth of a second of its start); `down`'s Jobs API client brings asyncio (30 ms).
+if TYPE_CHECKING:
+    from provisioner.cluster import down as down_mod
+    from provisioner.cluster import membership
+    from provisioner.cluster import status as status_mod
+    from provisioner.cluster.board import Board
+    from provisioner.cluster.logs import LogMatch
     from provisioner.jobs.control import Stopped
+    from provisioner.runtime.base import Runtime
 
 ForceOption = Annotated[bool, typer.Option("--force", help="Go on despite doctor errors.")]
 
@@ -54,6 +50,8 @@ def _pin(inventory: Inventory) -> Pin:
 
 def _runtime(inventory: Inventory) -> Runtime:
     """The inventory's runtime, with the pin when the inventory names one."""
+    from provisioner.runtime import runtime_for
+
     pin = _pin(inventory) if inventory.image_lock is not None else None
     return runtime_for(inventory, pin)
 
@@ -99,6 +97,10 @@ def render(
     """A cluster.yaml for `ray up` (local provider), validated with Ray's own code; or with
     --slurm, an sbatch script that runs PLAYBOOK on Ray across a SLURM allocation.
     With --json: {"kind", "path" (null on stdout), "next", "text" (when not written)}."""
+    from provisioner.cluster import render as render_mod
+    from provisioner.node import tls, token
+    from provisioner.runtime import runtime_for
+
     out = output(json_)
     inv = load_inventory(inventory)
     if slurm or playbook is not None:
@@ -216,31 +218,38 @@ def up(
     out = output(json_)
     inv = load_inventory(inventory)
     pin = _pin(inv) if inv.image_lock is not None else None
-    options = up_mod.UpOptions(
-        force=force,
-        doctor=not no_doctor,
-        join_timeout=join_timeout,
-        push=push,
-        rotate_token=rotate_token,
-        queue_timeout=queue_timeout,
-    )
-    try:
-        result, slurm_job = up_mod.up_cluster(
-            inv,
-            out.progress,
-            pin=pin,
-            options=options,
-            on_nodes=lambda held: out.watch_nodes(n.name for n in held.nodes),
+    with Pool(inv).warm() as pool:  # the nodes answer while the rest of `up` loads
+        from provisioner.cluster import up as up_mod
+        from provisioner.cluster.preflight import DoctorStopped
+
+        options = up_mod.UpOptions(
+            force=force,
+            doctor=not no_doctor,
+            join_timeout=join_timeout,
+            push=push,
+            rotate_token=rotate_token,
+            queue_timeout=queue_timeout,
         )
-    except DoctorStopped as stopped:
-        if json_:
-            out.emit({"stopped_by": "doctor", "doctor": stopped.preflight.to_json()})
-        else:
-            render_findings(out, stopped.preflight.report, show_ok=False)
-            out.err.print(
-                f"[bold red]up stopped:[/bold red] {escape(stopped.fix or '')}", markup=True
+        try:
+            result, slurm_job = up_mod.up_cluster(
+                inv,
+                out.progress,
+                pin=pin,
+                options=options,
+                on_nodes=lambda held: out.watch_nodes(n.name for n in held.nodes),
+                pool=pool,
             )
-        raise typer.Exit(1) from None
+        except DoctorStopped as stopped:
+            if json_:
+                out.emit({"stopped_by": "doctor", "doctor": stopped.preflight.to_json()})
+            else:
+                from provisioner.cli.doctor import render as render_findings
+
+                render_findings(out, stopped.preflight.report, show_ok=False)
+                out.err.print(
+                    f"[bold red]up stopped:[/bold red] {escape(stopped.fix or '')}", markup=True
+                )
+            raise typer.Exit(1) from None
     _warn(out, result.warnings)
     if json_:
         out.emit({**result.to_json(), "slurm_job": slurm_job})
@@ -336,6 +345,8 @@ def status_table(st: status_mod.ClusterStatus) -> Table:
 def status(inventory: InventoryOption, json_: JsonOption = False) -> None:
     """Each node's SSH, container, image and Ray liveness; exit 1 when unhealthy.
     SLURM: the job's state, nodes and time left too (a warning when the limit is near)."""
+    from provisioner.cluster import status as status_mod
+
     out = output(json_)
     inv = load_inventory(inventory)
     pin = _pin(inv) if inv.image_lock is not None else None
@@ -375,6 +386,8 @@ def down(
     With a job running: refuses, unless --yes (the job is stopped and its results come home
     first). Exit 1 when an inventory node's Ray could not be removed; a node that left the
     inventory and could not be reached is a warning (exit 0): the next `up` changes the token."""
+    from provisioner.cluster import down as down_mod
+
     out = output(json_)
     inv = load_inventory(inventory)
     stopped: list[Stopped] = []
@@ -430,6 +443,7 @@ def _stop_jobs(inv: Inventory, results: Path, yes: bool, out: Output) -> list[St
     """The cluster's running jobs, stopped with --yes; nothing when its Jobs API is gone."""
     from provisioner.jobs.control import JobsRunning, stop_for_down
     from provisioner.jobs.link import Target
+    from provisioner.node import token
 
     try:
         with Target(inv, None, token.local_token_path(inv)).link() as link:
@@ -447,6 +461,8 @@ def logs(
     json_: JsonOption = False,
 ) -> None:
     """Every node's Ray session logs and container log into DIR/NODE/; known errors named."""
+    from provisioner.cluster.logs import collect
+
     out = output(json_)
     inv = load_cluster(inventory)
     out.watch_nodes(n.name for n in inv.nodes)
@@ -520,6 +536,11 @@ def tunnel_cmd(
     stops with it. Nothing is forwarded to a dashboard port held by anything but this
     cluster's own Ray. With --json: one JSON document ({"dashboard", "tensorboard",
     "token_path", "exports"}) as soon as the tunnels are up; it keeps running until Ctrl-C."""
+    from provisioner.cluster import board as board_mod
+    from provisioner.cluster.tunnel import tensorboard_port, tunnel
+    from provisioner.node import token
+    from provisioner.runtime import runtime_for
+
     out = output(json_)
     inv = load_cluster(inventory)
     runtime = runtime_for(inv)  # where Ray runs on the head; the pin is not needed here

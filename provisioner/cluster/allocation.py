@@ -5,6 +5,7 @@ inventory without a scheduler: its own nodes, as they are."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,14 +36,20 @@ class Released:
 
 
 def hold(
-    inventory: Inventory, report: Reporter = quiet, *, queue_timeout: float | None = None
+    inventory: Inventory,
+    report: Reporter = quiet,
+    *,
+    queue_timeout: float | None = None,
+    pool: Pool | None = None,
 ) -> tuple[Inventory, int | None]:
     """The inventory with its nodes, and the scheduler's job that holds them (None: no
     scheduler): the recorded job while it is alive and this cluster's, else a new one,
-    waited for (slurm.allocate)."""
+    waited for (slurm.allocate). `pool`: connections to the inventory's nodes (the login
+    node, with a scheduler) to use, left open."""
     if inventory.slurm is None:
         return require_nodes(inventory), None
-    with Pool(inventory) as pool:
+    with ExitStack() as stack:
+        pool = pool if pool is not None else stack.enter_context(Pool(inventory))
         got = allocate(inventory, pool, report, queue_timeout=queue_timeout)
     return require_nodes(got.inventory), got.job_id
 

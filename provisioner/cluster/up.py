@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -328,12 +329,15 @@ def up_cluster(
     pin: Pin | None = None,
     options: UpOptions = UpOptions(),
     on_nodes: Callable[[Inventory], None] | None = None,
+    pool: Pool | None = None,
 ) -> tuple[UpResult, int | None]:
     """`up` on the inventory's nodes, held first when a scheduler gives them: the one path
     of the CLI's `up` and of `jobs submit --retries`' repair. Returns the result and the
     scheduler's job that holds the nodes (None: no scheduler). `on_nodes`: told the nodes
-    once they are known (the CLI watches them). A token rotation of a scheduler's
-    inventory is refused (InputError) before anything runs."""
+    once they are known (the CLI watches them). `pool`: connections to the inventory's
+    nodes to use (the CLI's, warming while the command loaded), left open; with a
+    scheduler, to its login node only (the nodes it gives get their own). A token rotation
+    of a scheduler's inventory is refused (InputError) before anything runs."""
     if options.rotate_token and inventory.slurm is not None:
         raise InputError(
             "--rotate-token does not apply to a scheduler inventory: the allocation is the "
@@ -342,10 +346,14 @@ def up_cluster(
             f"remove {token.local_token_path(inventory)}, then `provisioner up`",
             where=str(inventory.path),
         )
-    held, job_id = allocation.hold(inventory, report, queue_timeout=options.queue_timeout)
+    held, job_id = allocation.hold(
+        inventory, report, queue_timeout=options.queue_timeout, pool=pool
+    )
     if on_nodes is not None:
         on_nodes(held)
-    with Pool(held) as pool:
+    with ExitStack() as stack:
+        if pool is None or job_id is not None:
+            pool = stack.enter_context(Pool(held))
         held = subnet.resolve_ray_subnet(held, pool, report)
         result = up(held, pool, report, pin=pin, options=options)
     return result, job_id

@@ -23,6 +23,7 @@ class Pool:
         self._failures: dict[str, ProvisionerError] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._closed = False
 
     def __enter__(self) -> Pool:
         return self
@@ -38,6 +39,23 @@ class Pool:
     def _lock(self, name: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(name, threading.Lock())
+
+    def warm(self) -> Pool:
+        """Start connecting to every node now, each in a thread of its own, and return at
+        once: the caller goes on (a command loading the rest of itself) while the nodes
+        answer. A later `session(node)` waits for that node's connection, or raises its
+        failure, as if it had made it itself."""
+        for node in self.inventory.nodes:
+            threading.Thread(target=self._warm_one, args=(node,), daemon=True).start()
+        return self
+
+    def _warm_one(self, node: Node) -> None:
+        try:
+            self.session(node)
+        except Exception:  # `session` raises it again to its caller (a ProvisionerError kept)
+            return
+        if self._closed:  # the pool closed while this one connected: it is nobody's
+            self.forget(node)
 
     def session(self, node: Node) -> Session:
         """The node's session, connecting on first use (raises ConnectError)."""
@@ -62,6 +80,7 @@ class Pool:
 
     def close(self) -> None:
         with self._guard:
+            self._closed = True
             sessions = list(self._sessions.values())
             self._sessions.clear()
         for session in sessions:
