@@ -128,7 +128,8 @@ def test_nodes_the_doctor_saw_holding_the_image_are_not_asked(tmp_path: Path, ki
     names = frozenset(n.name for n in inventory.nodes)
     said: list[str] = []
     # a pool that any question to a node would need: there is none
-    out = delivery.deliver(None, said.append, ready=names)  # type: ignore[arg-type]
+    seen = dict.fromkeys(names, PIN_ID)  # node -> the ID its image store names the pin by
+    out = delivery.deliver(None, said.append, ready=seen)  # type: ignore[arg-type]
     assert out.ok and set(out.nodes) == names
     assert {(n.action, n.via, n.bytes_sent) for n in out.nodes.values()} == {("none", "doctor", 0)}
     assert said and said[0].startswith("image: making every node")
@@ -139,7 +140,7 @@ def test_a_delivery_without_a_pin_is_refused_with_its_fix(tmp_path: Path, kind: 
     delivery = runtime_for(make_inventory(tmp_path, runtime=kind), None).delivery()
     assert delivery is not None and delivery.image_id == ""
     with pytest.raises(InputError, match="image pin") as caught:
-        delivery.deliver(None, print, ready=frozenset())  # type: ignore[arg-type]
+        delivery.deliver(None, print, ready={})  # type: ignore[arg-type]
     assert "image build" in (caught.value.fix or "")
 
 

@@ -24,13 +24,13 @@ def _report(images: dict[str, str], pin_id: str = PIN_ID) -> DoctorReport:
 
 def test_holding_names_only_nodes_whose_image_id_is_the_pin() -> None:
     report = _report({"a": f"{PIN_ID} linux/amd64", "b": "", "c": "sha256:" + "b" * 64 + " x/y"})
-    assert report.holding(PIN_ID) == frozenset({"a"})
+    assert report.holding(PIN_ID) == {"a": PIN_ID}
 
 
 def test_holding_is_empty_for_an_id_the_round_did_not_ask_about() -> None:
     report = _report({"a": f"{PIN_ID} linux/amd64"})
-    assert report.holding("sha256:" + "c" * 64) == frozenset()
-    assert report.holding("") == frozenset()
+    assert report.holding("sha256:" + "c" * 64) == {}
+    assert report.holding("") == {}
 
 
 def test_a_push_to_nodes_that_all_hold_the_pin_opens_no_connection(tmp_path: Path) -> None:
