@@ -9,6 +9,8 @@ from provisioner.errors import ProvisionerError
 from provisioner.inventory import Inventory, Node
 from provisioner.remote.session import Session
 
+WARM_LIMIT = 32  # as many as the doctor's rounds connect at once (its parallelism)
+
 
 class Pool:
     """`with Pool(inventory) as pool: pool.session(node).run(...)`; closes every session on exit.
@@ -40,12 +42,14 @@ class Pool:
         with self._guard:
             return self._locks.setdefault(name, threading.Lock())
 
-    def warm(self) -> Pool:
-        """Start connecting to every node now, each in a thread of its own, and return at
-        once: the caller goes on (a command loading the rest of itself) while the nodes
-        answer. A later `session(node)` waits for that node's connection, or raises its
-        failure, as if it had made it itself."""
-        for node in self.inventory.nodes:
+    def warm(self, limit: int = WARM_LIMIT) -> Pool:
+        """Start connecting to the first `limit` nodes now, each in a thread of its own, and
+        return at once: the caller goes on (a command loading the rest of itself) while
+        the nodes answer. A later `session(node)` waits for that node's connection, or
+        raises its failure, as if it had made it itself. The limit keeps a large inventory
+        from opening more connections at once than the doctor's own rounds do (a jump
+        host's sshd drops new connections beyond its MaxStartups)."""
+        for node in self.inventory.nodes[:limit]:
             threading.Thread(target=self._warm_one, args=(node,), daemon=True).start()
         return self
 

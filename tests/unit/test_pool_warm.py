@@ -66,6 +66,23 @@ def test_session_takes_the_warm_connection_and_its_failure_once_made(
     assert got[0].closed
 
 
+def test_warm_connects_at_most_its_limit_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inv = make_inventory(tmp_path, workers=4)
+    gate = threading.Event()
+    gate.set()
+    calls = fake_connect(monkeypatch, gate, set())
+    with Pool(inv).warm(limit=2) as pool:
+        for _ in range(100):
+            if len(calls) == 2:
+                break
+            threading.Event().wait(0.02)
+        assert sorted(calls) == sorted(n.name for n in inv.nodes[:2])
+        pool.session(inv.nodes[4])  # the rest connect when first used
+        assert len(calls) == 3
+
+
 def test_positive_control_without_warm_the_first_session_connects(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
