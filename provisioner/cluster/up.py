@@ -379,20 +379,20 @@ def up(
     with ThreadPoolExecutor(1) as side:
         installing = side.submit(install_token_and_tls, inventory, pool)
         found = check(ctx, result)
-        # the doctor's listeners on Ray's ports: each ends with its node's start command
-        # (one round trip fewer before Ray starts); what no start took, ends below
-        listeners = dict(found.listeners) if found else {}
-        try:
-            installing.result()
-            prepare(ctx, result)
-            states = found.ray_states(ctx.runtime) if found else None
-            if found is not None:
-                _refuse_foreign_gcs(inventory, found, states)
-            facts = found.facts if found else None
-            bring_up(ctx, result, states=states, facts=facts, installed=True, listeners=listeners)
-        finally:
-            if listeners:
-                stop_listeners(pool, inventory, listeners)
+    # the doctor's listeners on Ray's ports: each ends with its node's start command (one
+    # round trip fewer before Ray starts); what no start took, ends below
+    listeners = dict(found.listeners) if found else {}
+    try:
+        installing.result()
+        prepare(ctx, result)
+        states = found.ray_states(ctx.runtime) if found else None
+        if found is not None:
+            _refuse_foreign_gcs(inventory, found, states)
+        facts = found.facts if found else None
+        bring_up(ctx, result, states=states, facts=facts, installed=True, listeners=listeners)
+    finally:
+        if listeners:
+            stop_listeners(pool, inventory, listeners)
     result.seconds = time.monotonic() - t0
     return result
 

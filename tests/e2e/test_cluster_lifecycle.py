@@ -291,3 +291,28 @@ def test_doctor_listeners_left_for_up_end_and_nothing_else_does(
         finally:
             stop_listeners(pool, inv, report.listeners)
     assert doctor_listeners(lab) == {}
+
+
+def test_up_with_a_worker_ssh_cannot_reach_names_it_and_starts_nothing(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    """`up` connects to the nodes while it loads (a warm pool): a worker that drops SSH
+    from this machine is the doctor's `ssh.connect` error on that worker, no other node
+    is blamed, nothing starts, and no doctor listener is left on the nodes it reached."""
+    from tests.e2e.faults.lab import edited_inventory
+
+    short = edited_inventory(
+        Path(inventory), tmp_path / "inventory.yaml", ssh={"connect_timeout": 3}
+    )
+    worker = lab.nodes[2]
+    faults.isolate(lab, worker)
+    try:
+        code, result = cli_json("up", "-i", str(short))
+    finally:
+        faults.unisolate(lab, worker)
+    assert code == 1 and result["stopped_by"] == "doctor", result
+    blocking = result["doctor"]["blocking"]
+    assert {(f["host"], f["check"]) for f in blocking} == {(worker.name, "ssh.connect")}, blocking
+    code, st = cli_json("status", "-i", inventory)
+    assert all(n["container"] == "absent" for n in st["nodes"]), st
+    assert doctor_listeners(lab) == {}
