@@ -73,6 +73,7 @@ def push_seconds(inv: Inventory, pin: Pin, cache: Path, compress: str) -> dict[s
     return {
         "seconds": took,
         "bytes": node.bytes_sent,
+        "head_start_bytes": node.head_start_bytes,
         "codec": node.codec,
         "why": node.compress_reason,
         "cache_hits": node.cache_hits,

@@ -44,12 +44,13 @@ def small_pin(pin: Pin, megabytes: int) -> Pin:
 
 
 def remove_pin(inv: Inventory, nodes: list[Node], pin: Pin, tag: str = CLUSTER_TAG) -> None:
-    """Remove the image and its tag from the nodes (containers using it stay)."""
+    """Remove the image, its tag and its base image (what a push's head start loads
+    ahead) from the nodes (containers using it stay)."""
+    images = shlex.join([tag, pin.image_id, pin.base_image_id])
     with Pool(inv) as pool:
         for node in nodes:
             pool.session(node).run(
-                f"docker image rm -f {shlex.quote(tag)} {shlex.quote(pin.image_id)} "
-                ">/dev/null 2>&1; true",
+                f"docker image rm -f {images} >/dev/null 2>&1; true",
                 timeout=120,
             )
 

@@ -153,11 +153,14 @@ def decide(
     return NodePlan("send", k, tuple(pin.layers[k:]), need, facts.engine, facts.store, image_id)
 
 
-def verify_and_tag_command(image_id: str, tag: str = CLUSTER_TAG) -> str:
-    """Tag the image only once Docker reports it under exactly the pinned ID."""
+def verify_and_tag_command(image_id: str, tag: str = CLUSTER_TAG, drop: str = "") -> str:
+    """Tag the image only once Docker reports it under exactly the pinned ID; then, only
+    when it was, remove the image `drop` names (an image ID: what a push loaded ahead of
+    the pin, `direct.HeadStart`), whose failure changes nothing."""
     i, t = shlex.quote(image_id), shlex.quote(tag)
+    then = f" && {{ docker image rm {shlex.quote(drop)} >/dev/null 2>&1 || true; }}" if drop else ""
     return (
         f'got=$(docker image inspect --format "{{{{.Id}}}}" {i} 2>/dev/null) && '
         f'[ "$got" = {i} ] && docker tag {i} {t} && '
-        f'[ "$(docker image inspect --format "{{{{.Id}}}}" {t})" = {i} ]'
+        f'[ "$(docker image inspect --format "{{{{.Id}}}}" {t})" = {i} ]{then}'
     )

@@ -32,6 +32,9 @@ class NodeDelivery:
     cache_misses: int = 0  # layers compressed for this push (and kept in the cache)
     store: str = "classic"  # the node's image store: "classic" or "containerd"
     image_id: str = ""  # the pin's ID in that store (the containerd store: its own)
+    # a cold plain send: the base image's bytes sent ahead on a channel of their own
+    # (image.direct.HeadStart; the stream in bytes_sent carries those layers too)
+    head_start_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         rate = self.bytes_sent / self.seconds if self.seconds > 0 else 0.0
