@@ -44,13 +44,20 @@ def small_pin(pin: Pin, megabytes: int) -> Pin:
 
 
 def remove_pin(inv: Inventory, nodes: list[Node], pin: Pin, tag: str = CLUSTER_TAG) -> None:
-    """Remove the image, its tag and its base image (what a push's head start loads
-    ahead) from the nodes (containers using it stay)."""
-    images = shlex.join([tag, pin.image_id, pin.base_image_id])
+    """Remove the image, its tag and every image that starts with the pin's first layer
+    (what a push's head start loads ahead, were it left) from the nodes (containers
+    using them stay)."""
+    first = shlex.quote(pin.layers[0])
+    starting = (
+        "docker image ls -aq --no-trunc | sort -u | xargs -r docker image inspect "
+        "--format '{{.Id}} {{index .RootFS.Layers 0}}' 2>/dev/null "
+        f"| awk -v f={first} '$2 == f {{print $1}}'"
+    )
+    images = shlex.join([tag, pin.image_id])
     with Pool(inv) as pool:
         for node in nodes:
             pool.session(node).run(
-                f"docker image rm -f {images} >/dev/null 2>&1; true",
+                f"docker image rm -f {images} $({starting}) >/dev/null 2>&1; true",
                 timeout=120,
             )
 

@@ -10,12 +10,11 @@ fresh connection (`retrying`).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -81,6 +80,9 @@ from provisioner.remote import Pool, Result, Session
 RETRYABLE = frozenset({"connection-lost", "load-failed", "command-timeout", "auth-timeout"})
 LOAD_COMMAND = "docker load"
 HEAD_START_WAIT = 60.0  # how long the pin's last chunk waits for a head start still loading
+# how fast `docker save` is taken to prepare its export, before its first byte (here: 1.95 GB
+# in 11.5 s, 170 MB/s); taken faster, so the head start's budget errs short
+SAVE_BPS = 300e6
 T = TypeVar("T")
 
 
@@ -121,55 +123,73 @@ def save_stream(image_id: str) -> Iterator[IO[bytes]]:
         proc.wait()
 
 
-def local_layers(image_id: str) -> tuple[str, ...] | None:
-    """The diff IDs of an image in this machine's Docker, base first; None when it does
-    not hold the image (or Docker does not answer)."""
+def local_images() -> dict[str, tuple[str, ...]]:
+    """Every image in this machine's Docker (intermediate ones too) by ID, with its layer
+    diff IDs, base first; empty when Docker does not answer."""
     docker = need("docker", "docker.io")
+    ids = subprocess.run(
+        [docker, "image", "ls", "-aq", "--no-trunc"], capture_output=True, text=True, check=False
+    )
+    wanted = sorted(set(ids.stdout.split())) if ids.returncode == 0 else []
+    if not wanted:
+        return {}
+    fmt = "image {{.Id}} {{range .RootFS.Layers}}{{.}} {{end}}"
     proc = subprocess.run(
-        [docker, "image", "inspect", "--format", "{{json .RootFS.Layers}}", image_id],
+        [docker, "image", "inspect", "--format", fmt, *wanted],
         capture_output=True,
         text=True,
         check=False,
     )
-    if proc.returncode != 0:
-        return None
-    try:
-        layers = json.loads(proc.stdout)
-    except ValueError:
-        return None
-    if not isinstance(layers, list) or not all(isinstance(x, str) for x in layers):
-        return None
-    return tuple(layers)
+    return dict(parse_facts(proc.stdout).images)  # an image gone meanwhile: left out
 
 
-def starts_the_pin(pin: Pin, layers: tuple[str, ...] | None) -> bool:
-    """Whether an image with these layers is a strict, non-empty start of the pin's."""
-    return (
-        layers is not None
-        and 0 < len(layers) < len(pin.layers)
-        and (layers == pin.layers[: len(layers)])
-    )
+def head_start_image(
+    pin: Pin, images: Mapping[str, tuple[str, ...]], budget: float
+) -> tuple[str, int] | None:
+    """The image to load ahead of the pin, with how many of the pin's layers it holds:
+    of the images whose layers are a strict, non-empty start of the pin's, the longest
+    whose bytes fit `budget` and at most half the pin's (so the ahead send stays within
+    the save's head start and never doubles the pin). None: none fits, or the pin's
+    layer sizes are unknown."""
+    sizes = pin.layer_sizes
+    if sizes is None or len(sizes) != len(pin.layers):
+        return None
+    best: tuple[str, int] | None = None
+    for image_id, layers in sorted(images.items()):
+        k = len(layers)
+        if not 0 < k < len(pin.layers) or layers != pin.layers[:k]:
+            continue
+        if sum(sizes[:k]) > min(budget, pin.bytes_for(0) / 2):
+            continue
+        if best is None or k > best[1]:
+            best = (image_id, k)
+    return best
 
 
 class HeadStart:
-    """A cold node's first layers, loaded ahead of the pin's own stream: the pin's base
-    image (`image build` leaves it in this machine's Docker), when its layers start the
-    pin's, `docker save`d into the node's `docker load` on a channel of its own while the
-    pin's `docker save` prepares its export (about 12 s before its first byte here).
+    """A cold node's first layers, loaded ahead of the pin's own stream, from an image in
+    this machine's Docker whose layers start the pin's (the pin's base, or a stage the
+    build left, such as the one ending with the torch layer), `docker save`d into the
+    node's `docker load` on a channel of its own while the pin's `docker save` prepares
+    its export (about 12 s before its first byte for the 1.95 GB pin here), when the
+    link would otherwise idle.
 
     Why it pays: `docker load` registers layers only once the whole tar is in, one after
-    another, and skips a layer whose chain the node already holds. The base's share of
-    that work (0.18 of the 1.95 GB pin's layers here) is then done before the pin's
-    stream ends. The pin's stream still carries the base layer (`docker save` cannot
-    leave it out), so a head start that fails, or is late, costs nothing but its gain:
-    the node registers the layer from the pin's own stream as it would have. The pin's
-    last chunk waits for it (at most HEAD_START_WAIT), since the node reads the stream's
-    manifest only when the tar ends. What the head start loaded is removed again once
-    the pin is verified (`drop`): only the pin is left on the node, as without it."""
+    another, and skips a layer whose chain the node already holds, so the ahead image's
+    share of that work is done before the pin's stream ends. The pin's stream still
+    carries those layers (`docker save` cannot leave them out), so a head start that
+    fails, or is late, costs nothing but its gain: the node registers the layers from
+    the pin's stream as it would have. What may go ahead is what the link carries in the
+    save's head start (`budget`: the link's rate times the pin's size over SAVE_BPS), at
+    most half the pin. The pin's last chunk waits for it (at most HEAD_START_WAIT): the
+    node reads the stream's manifest only when the tar ends. Once the pin is verified,
+    the ahead image is removed again (`drop`): only the pin is left on the node."""
 
-    def __init__(self, session: Session, pin: Pin, timeout: float) -> None:
+    def __init__(self, session: Session, pin: Pin, link_bps: float, timeout: float) -> None:
         self.session, self.pin, self.timeout = session, pin, timeout
+        self.budget = link_bps * pin.bytes_for(0) / SAVE_BPS
         self.done = threading.Event()
+        self.image_id = ""
         self.loaded = False
         self.sent = 0  # bytes sent ahead
         self.note = ""
@@ -180,20 +200,24 @@ class HeadStart:
         return self
 
     def _run(self) -> None:
-        base = self.pin.base_image_id
         try:
-            if not starts_the_pin(self.pin, local_layers(base)):
-                self.note = "no head start: the base image here does not start the pin"
+            chosen = head_start_image(self.pin, local_images(), self.budget)
+            if chosen is None:
+                self.note = (
+                    f"no head start: no local image starting the pin fits "
+                    f"{self.budget / 1e6:,.0f} MB"
+                )
                 return
-            with save_stream(base) as out:
+            self.image_id, k = chosen
+            with save_stream(self.image_id) as out:
                 result = self.session.run_streaming_stdin(
                     LOAD_COMMAND, passthrough(out), on_bytes=self._count, timeout=self.timeout
                 )
-            self.loaded = result.ok and base in result.stdout
+            self.loaded = result.ok and self.image_id in result.stdout
             self.note = (
-                "head start: base layers loaded"
+                f"head start: {k} layer(s), {self.sent / 1e6:,.0f} MB, loaded ahead"
                 if self.loaded
-                else (f"head start not loaded ({result.tail(1)}); the pin's stream carries them")
+                else f"head start not loaded ({result.tail(1)}); the pin's stream carries it"
             )
         except (ProvisionerError, OSError) as exc:
             self.note = f"head start failed ({exc}); the pin's stream carries its layers"
@@ -209,10 +233,10 @@ class HeadStart:
         return self.loaded
 
     def drop(self) -> str:
-        """The image to remove from the node once the pin is verified: the base, when the
-        head start sent it (the node held no layer of the pin, so it held no image that
-        starts like the pin: the base was not there before)."""
-        return self.pin.base_image_id if self.sent else ""
+        """The image to remove from the node once the pin is verified: the one sent ahead,
+        if any was (the node held no layer of the pin, so it held no image that starts
+        like the pin: it was not there before)."""
+        return self.image_id if self.sent else ""
 
 
 def held_back(chunks: Iterator[bytes], before_last: Callable[[], object]) -> Iterator[bytes]:
@@ -399,6 +423,7 @@ def plan_codec(
     saved: SavedCache,
     whole: bool = True,
     source: SaveSource | None = None,
+    probed: list[float] | None = None,
 ) -> tuple[Codec | None, str]:
     """Whether to send the node's layers compressed, with which codec, and why.
 
@@ -417,7 +442,7 @@ def plan_codec(
     # holds none of it, fed by a caller that can send it so (`whole`; not the chain,
     # whose hops take layers out of the tar)
     if whole and plan.first_missing == 0:
-        return whole_codec(session, pin, codec, opts.compress, saved.directory, source)
+        return whole_codec(session, pin, codec, opts.compress, saved.directory, source, probed)
     if opts.compress == "always":
         saved.get(report)
         return codec, "compression forced"
@@ -434,6 +459,8 @@ def plan_codec(
     else:
         uncached = 0 if len(cached) == len(send) else total
     link = probe_link(session)
+    if probed is not None:
+        probed.append(link)
     decode = DECODE_BPS[codec.family]
     if uncached == 0:
         got = sum(saved.layers.path(d, codec).stat().st_size for d, _ in cached)
@@ -462,6 +489,7 @@ def whole_codec(
     mode: Mode,
     directory: Path,
     source: SaveSource | None = None,
+    probed: list[float] | None = None,
 ) -> tuple[Codec | None, str]:
     """Whether the whole image, one `docker save` stream for a node that holds none of it
     (`send_whole`), goes through `codec` (a family the node's loader reads), at which
@@ -480,6 +508,8 @@ def whole_codec(
     decode = DECODE_BPS[codec.family]
     kept = cached_stream(directory, pin.image_id, codec.family)
     link = probe_link(session)
+    if probed is not None:
+        probed.append(link)
     if kept is not None:  # a cold push sent before: its compressed stream, kept here
         ratio = kept.stat().st_size / max(total, 1)
         use, why = choose("auto", Estimate(link, float("inf"), ratio, total, 0, decode))
@@ -517,7 +547,10 @@ def stream_layers(
         if cold and not kept_any(saved.directory, pin.image_id):
             source.start()  # its 13 s before the first byte overlap the probe and sample
         out = Sent()
-        out.codec, out.reason = plan_codec(session, pin, plan, opts, report, saved, source=source)
+        probed: list[float] = []
+        out.codec, out.reason = plan_codec(
+            session, pin, plan, opts, report, saved, source=source, probed=probed
+        )
         how = f"compressed: {out.codec.name} -{out.codec.level}" if out.codec else "plain"
         report(f"{session.host}: {how} ({out.reason})")
 
@@ -550,7 +583,8 @@ def stream_layers(
                 LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
             )
         elif plan.first_missing == 0:
-            head = HeadStart(session, pin, opts.timeout).start()
+            link = probed[-1] if probed else probe_link(session)
+            head = HeadStart(session, pin, link, opts.timeout).start()
             out.head_start = head
             guarded = Guarded(held_back(source.chunks(), head.wait))
             result = session.run_streaming_stdin(
