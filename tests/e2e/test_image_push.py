@@ -139,6 +139,16 @@ def test_push_reaches_every_node_sending_only_missing_layers(
     assert partial.layers_sent == len(pin.layers) - len(older.layers)
     assert partial.bytes_sent < 0.7 * full.bytes_sent  # well under the full image
     assert partial.bytes_omitted > 0.9 * older.size - 1e8
+    # a node that held nothing, on the classic store, got a head start (the base, or the
+    # torch stage this machine's Docker holds, loaded ahead while `docker save` prepared
+    # the pin): it is removed again once the pin was verified, so each holds the pin only
+    cold = [n for n in inventory.nodes if n is not third and stores[n.name] == "classic"]
+    assert cold, stores
+    for node in cold:
+        sent = report.nodes[node.name]
+        assert sent.head_start_bytes > 0.05 * pin.size, sent
+        rc, out = on_node(node, "docker image ls -aq --no-trunc | sort -u")
+        assert rc == 0 and out.split() == [pin.image_id], out
     print(f"full {full.bytes_sent} bytes, partial {partial.bytes_sent} bytes")
     for name, n in report.nodes.items():
         print(
