@@ -590,7 +590,7 @@ def stream_layers(
             result = session.run_streaming_stdin(
                 LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
             )
-            report(f"{session.host}: {head.note}")
+            report(f"{session.host}: {head.note or 'head start still loading; not waited for'}")
         else:
             guarded = Guarded(partial(saved.get(report), plan.first_missing, on_omitted))
             result = session.run_streaming_stdin(
