@@ -407,9 +407,12 @@ def rows_fan_out(ctx: Context) -> list[Row]:
         facts_cpu: list[float | None] = []
         ansible_cpu: list[float | None] = []
         floor_runs: list[float | None] = []
+        ssh_facts_runs: list[float | None] = []
         run = ctx.rep.run
         for i in range(k):  # interleaved, so a busy moment hits every tool alike
-            log(f"fan-out {i + 1}/{k}: OpenSSH, doctor, doctor (facts only), Ansible")
+            log(
+                f"fan-out {i + 1}/{k}: OpenSSH, doctor, doctor (facts only), Ansible, floor, OpenSSH facts"
+            )
             ssh_runs.append(run("fan-out/ssh", lambda: bench_doctor.openssh_fan_out(eps, par)))
             doctor_runs.append(
                 run(
@@ -429,11 +432,17 @@ def rows_fan_out(ctx: Context) -> list[Row]:
             ansible_runs.append(None if pair is None else pair[0])
             ansible_cpu.append(None if pair is None else pair[1])
             floor_runs.append(run("fan-out/floor", lambda: bench_doctor.facts_floor(eps, par)))
+            ssh_facts_runs.append(
+                run("fan-out/ssh-facts", lambda: bench_doctor.openssh_facts_fan_out(eps, par))
+            )
     ssh = ctx.fig("`ssh HOST true`", "s", "fan-out/ssh", ssh_runs)
     doctor = ctx.fig("doctor", "s", "fan-out/doctor", doctor_runs)
     facts = ctx.fig("doctor, facts only", "s", "fan-out/facts", facts_runs)
     ansible = ctx.fig("ansible -m script facts.sh", "s", "fan-out/ansible", ansible_runs)
     floor = ctx.fig("facts.sh alone", "s", "fan-out/floor", floor_runs)
+    ssh_facts = ctx.fig(
+        "OpenSSH: ssh HOST bash -s < facts.sh", "s", "fan-out/ssh-facts", ssh_facts_runs
+    )
     doctor_cpu = ctx.fig("doctor, facts only", "CPU s", "fan-out/facts", facts_cpu)
     ansible_cpu_fig = ctx.fig("ansible -m script facts.sh", "CPU s", "fan-out/ansible", ansible_cpu)
     on = (
@@ -490,6 +499,20 @@ def rows_fan_out(ctx: Context) -> list[Row]:
             f"no parse); {on}",
             {"paired_ratios": paired},
             id="doctor-facts-vs-floor",
+        ),
+        Row(
+            "fan-out",
+            f"fan-out, {n} endpoints: doctor's facts round vs OpenSSH running facts.sh",
+            facts,
+            ssh_facts,
+            ratio(facts, ssh_facts),
+            "doctor facts round / OpenSSH",
+            "—",
+            None,
+            f"the reference for the row above: the same facts.sh, with the same arguments, "
+            f"run on every endpoint through OpenSSH's own client (`ssh HOST bash -s -- ARGS < "
+            f"facts.sh`, the doctor's command line), {par} at a time: facts.sh and SSH and "
+            f"nothing of provisioner's; {on}",
         ),
         Row(
             "fan-out",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -146,8 +147,19 @@ def endpoints(lab: LabInfo, count: int, workdir: Path) -> Iterator[Endpoints]:
         stop_sshd(head.container)
 
 
-def openssh_fan_out(eps: Endpoints, parallel: int) -> float:
-    """Seconds for `ssh HOST true` to every endpoint, `parallel` at a time."""
+def openssh_facts_fan_out(eps: Endpoints, parallel: int) -> float:
+    """Seconds for OpenSSH running the doctor's facts script on every endpoint, `parallel`
+    at a time: `ssh HOST bash -s -- ARGS < facts.sh` (the doctor's own command line and
+    arguments without the reachability listener, as the Ansible run has them)."""
+    facts = facts_script(judges("docker"))
+    args = shlex.join([eps.address, eps.address, "none", "", "0"])
+    return openssh_fan_out(eps, parallel, f"bash -s -- {args}", facts)
+
+
+def openssh_fan_out(
+    eps: Endpoints, parallel: int, command: str = "true", stdin: bytes = b""
+) -> float:
+    """Seconds for `ssh HOST COMMAND` to every endpoint, `parallel` at a time."""
 
     def one(port: int) -> tuple[int, str]:
         proc = subprocess.run(
@@ -166,8 +178,9 @@ def openssh_fan_out(eps: Endpoints, parallel: int) -> float:
                 "-o",
                 "BatchMode=yes",
                 f"{eps.user}@{eps.address}",
-                "true",
+                command,
             ],
+            input=stdin,
             capture_output=True,
             check=False,
         )

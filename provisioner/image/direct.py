@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, Literal, TypeVar
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import OperationError, ProvisionerError, RemoteError
@@ -79,11 +79,11 @@ from provisioner.remote import Pool, Result, Session
 # authentication an overloaded node did not finish: the next attempt may well succeed.
 RETRYABLE = frozenset({"connection-lost", "load-failed", "command-timeout", "auth-timeout"})
 LOAD_COMMAND = "docker load"
-HEAD_START_WAIT = 60.0  # how long the pin's last chunk waits for a head start still loading
 # how fast `docker save` is taken to prepare its export, before its first byte (here: 1.95 GB
 # in 11.5 s, 170 MB/s); taken faster, so the head start's budget errs short
 SAVE_BPS = 300e6
 T = TypeVar("T")
+HeadStartMode = Literal["auto", "always", "never"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,10 @@ class PushOptions:
     tag: str = CLUSTER_TAG
     cache_dir: Path | None = None  # saved images for partial sends; default: the state dir
     compress: Mode = "auto"  # auto: by the link (compress.choose); always; never
+    # a cold node's plain send: an image starting the pin goes ahead (HeadStart); auto: as
+    # much as the probed link carries in `docker save`'s lead; always: the longest, at
+    # most half the pin, whatever the link (tests); never
+    head_start: HeadStartMode = "auto"
 
 
 # What a push reports is the runtimes' neutral delivery report (`node.delivery`): the
@@ -181,13 +185,16 @@ class HeadStart:
     fails, or is late, costs nothing but its gain: the node registers the layers from
     the pin's stream as it would have. What may go ahead is what the link carries in the
     save's head start (`budget`: the link's rate times the pin's size over SAVE_BPS), at
-    most half the pin. The pin's last chunk waits for it (at most HEAD_START_WAIT): the
-    node reads the stream's manifest only when the tar ends. Once the pin is verified,
-    the ahead image is removed again (`drop`): only the pin is left on the node."""
+    most half the pin (`budget_for`). The pin's last chunk waits until the head start
+    ended (at most its own channel's `timeout`): the node reads the stream's manifest only
+    when the tar ends, and a head start still loading then would register the same
+    layers beside the pin's load, and could leave its image behind once the pin's push
+    ended. Once the pin is verified, the image sent ahead is removed again (`drop`): only
+    the pin is left on the node."""
 
-    def __init__(self, session: Session, pin: Pin, link_bps: float, timeout: float) -> None:
+    def __init__(self, session: Session, pin: Pin, budget: float, timeout: float) -> None:
         self.session, self.pin, self.timeout = session, pin, timeout
-        self.budget = link_bps * pin.bytes_for(0) / SAVE_BPS
+        self.budget = budget
         self.done = threading.Event()
         self.image_id = ""
         self.loaded = False
@@ -227,9 +234,10 @@ class HeadStart:
     def _count(self, total: int) -> None:
         self.sent = total
 
-    def wait(self, seconds: float = HEAD_START_WAIT) -> bool:
-        """Wait until the head start ended (at most `seconds`); whether it loaded."""
-        self.done.wait(seconds)
+    def wait(self) -> bool:
+        """Wait until the head start ended (its channel ends within its timeout, and
+        a little more); whether it loaded."""
+        self.done.wait(self.timeout + 30)
         return self.loaded
 
     def drop(self) -> str:
@@ -237,6 +245,18 @@ class HeadStart:
         if any was (the node held no layer of the pin, so it held no image that starts
         like the pin: it was not there before)."""
         return self.image_id if self.sent else ""
+
+
+def budget_for(mode: HeadStartMode, pin: Pin, link_bps: float) -> float:
+    """How many bytes may go ahead of the pin (`HeadStart`): what the link carries while
+    `docker save` prepares the pin's export (taken at SAVE_BPS, faster than measured
+    here, so that it errs short); `always`: any amount (`head_start_image` still keeps
+    it to half the pin); `never`: none."""
+    if mode == "never":
+        return 0.0
+    if mode == "always":
+        return float("inf")
+    return link_bps * pin.bytes_for(0) / SAVE_BPS
 
 
 def held_back(chunks: Iterator[bytes], before_last: Callable[[], object]) -> Iterator[bytes]:
@@ -583,14 +603,19 @@ def stream_layers(
                 LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
             )
         elif plan.first_missing == 0:
-            link = probed[-1] if probed else probe_link(session)
-            head = HeadStart(session, pin, link, opts.timeout).start()
+            link = 0.0
+            if opts.head_start == "auto":
+                link = probed[-1] if probed else probe_link(session)
+            budget = budget_for(opts.head_start, pin, link)
+            head = HeadStart(session, pin, budget, opts.timeout).start() if budget else None
             out.head_start = head
-            guarded = Guarded(held_back(source.chunks(), head.wait))
+            chunks = source.chunks()
+            guarded = Guarded(held_back(chunks, head.wait) if head else chunks)
             result = session.run_streaming_stdin(
                 LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
             )
-            report(f"{session.host}: {head.note or 'head start still loading; not waited for'}")
+            if head is not None:
+                report(f"{session.host}: {head.note or 'head start did not end'}")
         else:
             guarded = Guarded(partial(saved.get(report), plan.first_missing, on_omitted))
             result = session.run_streaming_stdin(

@@ -118,8 +118,11 @@ def test_push_reaches_every_node_sending_only_missing_layers(
     older_id = first.nodes[third.name].image_id
     assert image_on(third, OLDER_TAG) == older_id
 
-    # plain, so the bytes compare with the image's (compressed pushes: test_image_forward)
-    report = push_image(inventory, None, print, pin=pin, opts=PushOptions(compress="never"))
+    # plain, so the bytes compare with the image's (compressed pushes: test_image_forward);
+    # a head start whatever this machine's load makes of the link probes (its budget by
+    # the link: tests/unit/test_image_head_start.py; its gain: `make bench`, push-fast)
+    opts = PushOptions(compress="never", head_start="always")
+    report = push_image(inventory, None, print, pin=pin, opts=opts)
 
     assert_ok(report)
     stores = {node.name: image_store(node.name) for node in inventory.nodes}
@@ -139,9 +142,9 @@ def test_push_reaches_every_node_sending_only_missing_layers(
     assert partial.layers_sent == len(pin.layers) - len(older.layers)
     assert partial.bytes_sent < 0.7 * full.bytes_sent  # well under the full image
     assert partial.bytes_omitted > 0.9 * older.size - 1e8
-    # a node that held nothing, on the classic store, got a head start (the base, or the
-    # torch stage this machine's Docker holds, loaded ahead while `docker save` prepared
-    # the pin): it is removed again once the pin was verified, so each holds the pin only
+    # a node that held nothing, on the classic store, got a head start (the torch stage
+    # this machine's Docker holds, loaded ahead while `docker save` prepared the pin): it
+    # is removed again once the pin was verified, so each holds the pin only
     cold = [n for n in inventory.nodes if n is not third and stores[n.name] == "classic"]
     assert cold, stores
     for node in cold:

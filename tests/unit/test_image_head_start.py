@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.image.direct import head_start_image, held_back
+from provisioner.image.direct import SAVE_BPS, budget_for, head_start_image, held_back
 from provisioner.image.plan import verify_and_tag_command
 from tests.unit.test_image_lock import L1, L2, L3, D, make_pin
 
@@ -44,6 +44,16 @@ def test_an_image_that_only_shares_the_base_counts_as_its_shared_start_only() ->
 
 def test_no_head_start_when_the_pin_does_not_know_its_layer_sizes() -> None:
     assert head_start_image(make_pin(layer_sizes=None), IMAGES, budget=10_000) is None
+
+
+def test_the_budget_is_what_the_link_carries_in_the_saves_lead() -> None:
+    pin = make_pin(layer_sizes=(1_000_000_000, 500_000_000, 1_500_000_000))
+    # 3 GB taken to prepare in 3e9 / SAVE_BPS s; a 100 MB/s link carries that long:
+    assert budget_for("auto", pin, 100e6) == pytest.approx(100e6 * 3e9 / SAVE_BPS)
+    slow = budget_for("auto", pin, 20e6)
+    assert head_start_image(pin, {"sha256:" + "b" * 64: (L1,)}, slow) is None  # 1 GB > budget
+    assert budget_for("never", pin, 1e12) == 0
+    assert budget_for("always", pin, 0) == float("inf")
 
 
 def test_the_last_chunk_waits_for_the_head_start_and_only_the_last() -> None:
