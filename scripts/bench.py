@@ -410,9 +410,7 @@ def rows_fan_out(ctx: Context) -> list[Row]:
         ssh_facts_runs: list[float | None] = []
         run = ctx.rep.run
         for i in range(k):  # interleaved, so a busy moment hits every tool alike
-            log(
-                f"fan-out {i + 1}/{k}: OpenSSH, doctor, doctor (facts only), Ansible, floor, OpenSSH facts"
-            )
+            log(f"fan-out {i + 1}/{k}: ssh true, doctor, its facts, Ansible, floor, ssh facts")
             ssh_runs.append(run("fan-out/ssh", lambda: bench_doctor.openssh_fan_out(eps, par)))
             doctor_runs.append(
                 run(
