@@ -182,8 +182,8 @@ class HeadStart:
     another, and skips a layer whose chain the node already holds, so the ahead image's
     share of that work is done before the pin's stream ends. The pin's stream still
     carries those layers (`docker save` cannot leave them out), so a head start that
-    fails, or is late, costs nothing but its gain: the node registers the layers from
-    the pin's stream as it would have. What may go ahead is what the link carries in the
+    fails costs nothing but its gain: the node registers the layers from the pin's
+    stream as it would have. What may go ahead is what the link carries in the
     save's head start (`budget`: the link's rate times the pin's size over SAVE_BPS), at
     most half the pin (`budget_for`). The pin's last chunk waits until the head start
     ended (at most its own channel's `timeout`): the node reads the stream's manifest only
