@@ -5,15 +5,18 @@ library only, besides TensorBoard itself.
 `python - serve PORT` -> TensorBoard over the cluster's results directory
     ($PROVISIONER_RESULTS_ROOT: every job's RESULTS/JOB/tensorboard/ event files, running
     jobs' too) on 127.0.0.1:PORT, started detached unless something listens there already
-`python - stop PID PORT` -> stop the TensorBoard that `serve` started as PID (only when
-    PID is a TensorBoard on PORT)
+`python - stop PID PORT [GRACE]` -> stop the TensorBoard that `serve` started as PID
+    (only when PID is a TensorBoard on PORT), and wait until it is gone (SIGKILL after
+    GRACE seconds, default STOP_SECONDS)
 
 Prints one line `PROVISIONER_BOARD <json>` on stdout: {"state": "started" | "running" |
-"missing" | "failed" | "stopped" | "gone", ...}.
+"missing" | "failed" | "stopped" | "killed" | "gone", ...}; `stop` answers once the
+process has exited and nothing listens on PORT any more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -28,6 +31,7 @@ from typing import Any
 MARK = "PROVISIONER_BOARD "
 RESULTS_ROOT_ENV = "PROVISIONER_RESULTS_ROOT"
 START_SECONDS = 120  # TensorBoard imports a lot; on a busy head it may take a while
+STOP_SECONDS = 15  # after SIGTERM, before SIGKILL
 
 
 def _emit(**document: Any) -> int:
@@ -96,7 +100,28 @@ def serve(port: int) -> int:
     return _emit(state="failed", error=f"not listening after {START_SECONDS} s: {_tail(log)}")
 
 
-def stop(pid: int, port: int) -> int:
+def _ended(pid: int) -> bool:
+    """Whether PID has exited (gone, or a zombie its new parent has not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    fields = stat.rpartition(")")[2].split()
+    return not fields or fields[0] == "Z"
+
+
+def _wait_ended(pid: int, port: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _ended(pid) and not _listening(port):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def stop(pid: int, port: int, grace: float = STOP_SECONDS) -> int:
+    """SIGTERM, and wait until it has exited and its port is free (then the tunnel's end
+    means the port is free for the next one), SIGKILL after `grace` seconds."""
     try:
         words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -104,13 +129,19 @@ def stop(pid: int, port: int) -> int:
     if b"tensorboard.main" not in words or str(port).encode() not in words:
         return _emit(state="gone")  # the pid is another process's now
     os.kill(pid, signal.SIGTERM)
-    return _emit(state="stopped")
+    if _wait_ended(pid, port, grace):
+        return _emit(state="stopped")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    ended = _wait_ended(pid, port, 5)
+    return _emit(state="killed" if ended else "failed", error="" if ended else "still there")
 
 
 def main(argv: list[str]) -> int:
     if argv[0] == "serve":
         return serve(int(argv[1]))
-    return stop(int(argv[1]), int(argv[2]))
+    grace = float(argv[3]) if len(argv) > 3 else STOP_SECONDS
+    return stop(int(argv[1]), int(argv[2]), grace)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ machine's Python, which has no tensorboard), and the judging of its answer."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -84,6 +85,56 @@ def test_stop_ends_only_a_tensorboard_on_that_port() -> None:
         for proc in (other, board):
             proc.kill()
             proc.wait()
+
+
+def listener(port: int, on_term: str) -> subprocess.Popen[bytes]:
+    """A process with TensorBoard's command line that listens on PORT; on SIGTERM it runs
+    `on_term` (python), then exits (unless `on_term` ignores the signal)."""
+    code = (
+        "import signal, socket, sys, time\n"
+        f"def term(*_):\n    {on_term}\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        f"s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen()\n"
+        "print('up', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "-m", "tensorboard.main", "--port", str(port)],
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    return proc
+
+
+def listens(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_stop_answers_only_once_the_port_is_free() -> None:
+    """A TensorBoard that takes its time to end (2 s after SIGTERM): `stop` waits for it,
+    so the tunnel's end means the port is free (CI once saw it still listening)."""
+    port = free_port()
+    slow = listener(port, "time.sleep(2); sys.exit(0)")
+    try:
+        assert listens(port)  # positive control
+        assert run_script("stop", str(slow.pid), str(port), root=None) == {"state": "stopped"}
+        assert not listens(port)
+    finally:
+        slow.kill()
+        slow.wait()
+
+
+def test_one_that_ignores_sigterm_is_killed_after_the_grace() -> None:
+    port = free_port()
+    stubborn = listener(port, "pass")
+    try:
+        got = run_script("stop", str(stubborn.pid), str(port), "1", root=None)
+        assert got == {"state": "killed", "error": ""}
+        assert not listens(port) and stubborn.wait(10) == -signal.SIGKILL
+    finally:
+        stubborn.kill()
+        stubborn.wait()
 
 
 def test_tensorboard_listens_on_the_heads_loopback_only() -> None:
