@@ -389,7 +389,7 @@ class Sent:
     codec: Codec | None = None
     reason: str = ""
     record: CacheRecord = field(default_factory=CacheRecord)
-    head_start: HeadStart | None = None  # the base loaded ahead (a plain cold send)
+    head_start: HeadStart | None = None  # the image loaded ahead (a plain cold send)
 
     def into(self, out: NodePush) -> None:
         out.bytes_sent, out.bytes_omitted = self.bytes_sent, self.bytes_omitted
