@@ -65,6 +65,20 @@ def head_listens(lab: LabInfo, port: int) -> bool:
     return ssh(lab, lab.nodes[0], table).returncode == 0
 
 
+def listening_story(lab: LabInfo, port: int, tunnel: subprocess.Popen[str]) -> str:
+    """What holds the head's PORT (the TensorBoard processes in the node's and in its
+    containers' process lists) and the tunnel's exit code and stderr's tail."""
+    seen = ssh(
+        lab,
+        lab.nodes[0],
+        "ps -eo pid,ppid,stat,etime,args | grep -i [t]ensorboard; "
+        "docker ps --format '{{.Names}}' | while read c; do echo \"== $c\"; "
+        "docker exec $c ps -eo pid,ppid,stat,etime,args 2>/dev/null | grep -i [t]ensorboard; done",
+    )
+    err = tunnel.stderr.read() if tunnel.stderr is not None else ""
+    return f"port {port}: {seen.stdout[-1500:]} | tunnel exit {tunnel.returncode}: {err[-1500:]}"
+
+
 def same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5)
 
@@ -107,7 +121,8 @@ def test_tensorboard_answers_through_the_tunnel_with_a_running_jobs_scalars(
             tunnel.kill()
         code, _, err = cli("jobs", "stop", job, "-i", inventory)
     assert code == 0, err[-2000:]
-    assert not head_listens(lab, head_port)  # TensorBoard stopped with the tunnel
+    # TensorBoard stopped with the tunnel; if not, say what listens and what the tunnel said
+    assert not head_listens(lab, head_port), listening_story(lab, head_port, tunnel)
     # the job's own record, come home: every point TensorBoard served is one of its rows
     code, _, err = cli("jobs", "results", job, "-i", inventory, "--results", str(results))
     assert code == 0, err[-2000:]
