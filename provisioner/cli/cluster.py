@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from contextlib import ExitStack
 from datetime import datetime
@@ -525,6 +526,10 @@ def tunnel_doc(
     }
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def tunnel_cmd(
     inventory: InventoryOption,
     port: Annotated[int | None, typer.Option("--port", help="Local dashboard port.")] = None,
@@ -544,6 +549,10 @@ def tunnel_cmd(
     out = output(json_)
     inv = load_cluster(inventory)
     runtime = runtime_for(inv)  # where Ray runs on the head; the pin is not needed here
+    # SIGTERM (a service manager, `kill`) and SIGHUP (its terminal closed) end the tunnel as
+    # Ctrl-C does, through the stack below, so TensorBoard stops with it on the head
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     with Pool(inv) as pool, ExitStack() as stack:
         dash = stack.enter_context(tunnel(inv, local_port=port, pool=pool))
         board_port = tensorboard_port(inv.ports)

@@ -65,6 +65,29 @@ def head_listens(lab: LabInfo, port: int) -> bool:
     return ssh(lab, lab.nodes[0], table).returncode == 0
 
 
+def test_a_tunnel_ended_by_sigterm_stops_its_tensorboard(inventory: str, lab: LabInfo) -> None:
+    """SIGTERM (a service manager, `kill`) ends the tunnel as Ctrl-C does: TensorBoard on
+    the head stops with it (it was left running before)."""
+    head_port = tensorboard_port(load_inventory(Path(inventory)).ports)
+    tunnel = subprocess.Popen(
+        [sys.executable, "-m", "provisioner", "tunnel", "-i", inventory, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        opened = read_document(tunnel)["tensorboard"]
+        assert opened["state"] == "started", opened
+        assert head_listens(lab, head_port)  # positive control: it serves while the tunnel runs
+    finally:
+        tunnel.terminate()
+        try:
+            tunnel.wait(60)
+        except subprocess.TimeoutExpired:
+            tunnel.kill()
+    assert not head_listens(lab, head_port), listening_story(lab, head_port, tunnel)
+
+
 def listening_story(lab: LabInfo, port: int, tunnel: subprocess.Popen[str]) -> str:
     """What holds the head's PORT (the TensorBoard processes in the node's and in its
     containers' process lists) and the tunnel's exit code and stderr's tail."""
