@@ -47,6 +47,17 @@ def points(board: str, run: str) -> list[list[float]]:
     return found
 
 
+def start_tunnel(inventory: str) -> subprocess.Popen[str]:
+    """`provisioner tunnel --json` in a process of its own (read its document with
+    `read_document`)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "provisioner", "tunnel", "-i", inventory, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def read_document(proc: subprocess.Popen[str]) -> Any:
     """The one JSON document `tunnel --json` prints once its tunnels are up."""
     assert proc.stdout is not None
@@ -69,12 +80,7 @@ def test_a_tunnel_ended_by_sigterm_stops_its_tensorboard(inventory: str, lab: La
     """SIGTERM (a service manager, `kill`) ends the tunnel as Ctrl-C does: TensorBoard on
     the head stops with it (it was left running before)."""
     head_port = tensorboard_port(load_inventory(Path(inventory)).ports)
-    tunnel = subprocess.Popen(
-        [sys.executable, "-m", "provisioner", "tunnel", "-i", inventory, "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    tunnel = start_tunnel(inventory)
     try:
         opened = read_document(tunnel)["tensorboard"]
         assert opened["state"] == "started", opened
@@ -118,12 +124,7 @@ def test_tensorboard_answers_through_the_tunnel_with_a_running_jobs_scalars(
     )  # fmt: skip
     assert code == 0, err[-3000:]
     job = json.loads(out)["job_id"]
-    tunnel = subprocess.Popen(
-        [sys.executable, "-m", "provisioner", "tunnel", "-i", inventory, "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    tunnel = start_tunnel(inventory)
     try:
         opened = read_document(tunnel)["tensorboard"]
         assert opened["serving"] is True and opened["state"] == "started", opened
