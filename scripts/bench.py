@@ -36,6 +36,7 @@ import bench_link
 import bench_push
 import bench_scale
 import bench_scaling
+import bench_ssh_latency
 import bench_tls
 import bench_up
 from bench_repeats import Attempt, Repeats, summary
@@ -49,7 +50,7 @@ from provisioner.lab.config import LabConfig, LabNode
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUPS = ("bring-up", "fan-out", "latency", "push", "link", "training", "tls", "scale")
+GROUPS = ("bring-up", "fan-out", "latency", "ssh", "push", "link", "training", "tls", "scale")
 DEFAULT_GROUPS = GROUPS[:-1]  # scale makes labs of its own (minutes, GBs): `--rows all`
 SCRIPT = ".venv/bin/python scripts/bench.py"
 
@@ -705,6 +706,54 @@ def rows_latency(ctx: Context) -> list[Row]:
     return rows
 
 
+def rows_ssh(ctx: Context) -> list[Row]:
+    k, each = ctx.args.repeat, 20
+    found: dict[str, list[float | None]] = {}
+    for i in range(k):
+        log(f"ssh {i + 1}/{k}: a fresh connection's first command, then one on an open one")
+        got = ctx.rep.run("ssh", lambda: bench_ssh_latency.measure(ctx.lab, each))
+        for key in ("fresh_s", "openssh_fresh_s", "next_s", "openssh_next_s"):
+            found.setdefault(key, []).append(None if got is None else got[key] * 1000)
+    fresh = ctx.fig("provisioner", "ms", "ssh", found["fresh_s"])
+    openssh_fresh = ctx.fig("`ssh NODE true`", "ms", "ssh", found["openssh_fresh_s"])
+    again = ctx.fig("provisioner", "ms", "ssh", found["next_s"])
+    muxed = ctx.fig("`ssh -S SOCKET NODE true`", "ms", "ssh", found["openssh_next_s"])
+    on = (
+        f"`true` on the lab's head node, one after the other; each repeat the median of "
+        f"{each} (scripts/bench_ssh_latency.py)"
+    )
+    r_fresh, r_next = ratio(fresh, openssh_fresh), ratio(again, muxed)
+    return [
+        Row(
+            "ssh",
+            "SSH: a new connection and its first command",
+            fresh,
+            openssh_fresh,
+            r_fresh,
+            "provisioner / OpenSSH",
+            "≤ 1",
+            meets(r_fresh, lambda r: r <= 1),
+            f"connect (TCP, key exchange, authentication) and run one command, vs OpenSSH's "
+            f"`ssh NODE true`; {on}",
+            id="ssh-command-fresh",
+        ),
+        Row(
+            "ssh",
+            "SSH: a command on an open connection",
+            again,
+            muxed,
+            r_next,
+            "provisioner / OpenSSH",
+            "≤ 1",
+            meets(r_next, lambda r: r <= 1),
+            f"one more command on a connection already open (what every step after the "
+            f"first costs), vs OpenSSH's own reuse of a connection through a ControlMaster "
+            f"(`ssh -S SOCKET NODE true`, as Ansible runs); {on}",
+            id="ssh-command-open",
+        ),
+    ]
+
+
 def rows_push(ctx: Context) -> list[Row]:
     inv = load_inventory(ctx.inventory)
     pin = ctx.pin()
@@ -1170,6 +1219,7 @@ ROWS: dict[str, Callable[[Context], list[Row]]] = {
     "bring-up": rows_bring_up,
     "fan-out": rows_fan_out,
     "latency": rows_latency,
+    "ssh": rows_ssh,
     "push": rows_push,
     "link": rows_link,
     "training": rows_training,

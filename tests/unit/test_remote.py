@@ -322,6 +322,53 @@ def test_a_client_transport_offers_aes_gcm_first() -> None:
         b.close()
 
 
+def test_a_client_socket_sends_small_messages_at_once() -> None:
+    from provisioner.remote.session import _transport, no_delay
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    tcp = socket.create_connection(listener.getsockname())
+    a, b = socket.socketpair()
+    try:
+        assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0  # the control
+        _transport(tcp)
+        assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+        no_delay(a)  # not TCP (a proxy's pipe, a jump host's channel): left alone
+    finally:
+        for sock in (listener, tcp, a, b):
+            sock.close()
+
+
+def _global_request(kind: str, want_reply: bool) -> paramiko.Message:
+    m = paramiko.Message()
+    m.add_string(kind)
+    m.add_boolean(want_reply)
+    m.rewind()
+    return m
+
+
+def test_an_unsolicited_server_request_is_acknowledged_with_data_at_once() -> None:
+    """sshd's host key notice after authentication wants no reply; without one from us its
+    next message (the first channel's confirmation) waited for our delayed ACK."""
+    from provisioner.remote.session import _transport
+
+    a, b = socket.socketpair()
+    try:
+        transport = _transport(a)
+        sent: list[int | None] = []
+        transport.send_ignore = sent.append  # type: ignore[method-assign]
+        transport.clear_to_send.set()
+        transport._parse_global_request(_global_request("hostkeys-00@openssh.com", False))
+        assert sent == [1]
+        # during a key exchange (this is the thread that must finish it, and a send would
+        # wait for that): nothing is sent
+        transport.clear_to_send.clear()
+        transport._parse_global_request(_global_request("hostkeys-00@openssh.com", False))
+        assert sent == [1]
+    finally:
+        a.close()
+        b.close()
+
+
 class _PacketChannel:
     """A channel that takes at most 32 KiB per send, as paramiko's does (its sshd's packet
     size), with paramiko's own sendall loop; it keeps what arrived and what it was handed."""
