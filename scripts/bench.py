@@ -409,6 +409,10 @@ def rows_fan_out(ctx: Context) -> list[Row]:
         ansible_cpu: list[float | None] = []
         floor_runs: list[float | None] = []
         ssh_facts_runs: list[float | None] = []
+        facts_node: list[float | None] = []  # the endpoints' node's CPU seconds
+        floor_node: list[float | None] = []
+        ssh_ms: list[float | None] = []  # node CPU ms, one at a time
+        facts_ms: list[float | None] = []
         run = ctx.rep.run
         for i in range(k):  # interleaved, so a busy moment hits every tool alike
             log(f"fan-out {i + 1}/{k}: ssh true, doctor, its facts, Ansible, floor, ssh facts")
@@ -419,18 +423,32 @@ def rows_fan_out(ctx: Context) -> list[Row]:
                     lambda: bench_doctor.doctor_fan_out(eps, par, reachability=True),
                 )
             )
-            pair = run(
+            found = run(
                 "fan-out/facts",
-                lambda: with_cpu(lambda: bench_doctor.doctor_fan_out(eps, par, reachability=False)),
+                lambda: bench_doctor.on_node(
+                    eps,
+                    lambda: with_cpu(
+                        lambda: bench_doctor.doctor_fan_out(eps, par, reachability=False)
+                    ),
+                ),
             )
-            facts_runs.append(None if pair is None else pair[0])
-            facts_cpu.append(None if pair is None else pair[1])
+            facts_runs.append(None if found is None else found[0][0])
+            facts_cpu.append(None if found is None else found[0][1])
+            facts_node.append(None if found is None else found[1])
             pair = run(
                 "fan-out/ansible", lambda: with_cpu(lambda: bench_doctor.ansible_fan_out(eps, par))
             )
             ansible_runs.append(None if pair is None else pair[0])
             ansible_cpu.append(None if pair is None else pair[1])
-            floor_runs.append(run("fan-out/floor", lambda: bench_doctor.facts_floor(eps, par)))
+            floored = run(
+                "fan-out/floor",
+                lambda: bench_doctor.on_node(eps, lambda: bench_doctor.facts_floor(eps, par)),
+            )
+            floor_runs.append(None if floored is None else floored[0])
+            floor_node.append(None if floored is None else floored[1])
+            serial = run("fan-out/serial", lambda: bench_doctor.node_cost_serial(eps))
+            ssh_ms.append(None if serial is None else serial["ssh_ms"])
+            facts_ms.append(None if serial is None else serial["facts_ms"])
             ssh_facts_runs.append(
                 run("fan-out/ssh-facts", lambda: bench_doctor.openssh_facts_fan_out(eps, par))
             )
@@ -443,6 +461,15 @@ def rows_fan_out(ctx: Context) -> list[Row]:
         "OpenSSH: ssh HOST bash -s < facts.sh", "s", "fan-out/ssh-facts", ssh_facts_runs
     )
     doctor_cpu = ctx.fig("doctor, facts only", "CPU s", "fan-out/facts", facts_cpu)
+    doctor_node = ctx.fig("doctor, facts only", "CPU s", "fan-out/facts", facts_node)
+    floor_node_fig = ctx.fig("facts.sh alone", "CPU s", "fan-out/floor", floor_node)
+    sshd = ctx.fig("an SSH connection and one command", "CPU ms", "fan-out/serial", ssh_ms)
+    script_alone = ctx.fig("one facts.sh, no SSH", "CPU ms", "fan-out/serial", facts_ms)
+    bound = (
+        None
+        if sshd.median is None or script_alone.median is None
+        else ((sshd.median + script_alone.median) / script_alone.median)
+    )
     ansible_cpu_fig = ctx.fig("ansible -m script facts.sh", "CPU s", "fan-out/ansible", ansible_cpu)
     on = (
         f"{n} SSH endpoints (sshd ports on one lab node), parallelism {par} for every tool; "
@@ -512,6 +539,35 @@ def rows_fan_out(ctx: Context) -> list[Row]:
             f"run on every endpoint through OpenSSH's own client (`ssh HOST bash -s -- ARGS < "
             f"facts.sh`, the doctor's command line), {par} at a time: facts.sh and SSH and "
             f"nothing of provisioner's; {on}",
+        ),
+        Row(
+            "fan-out",
+            f"fan-out, {n} endpoints: the node's CPU, doctor's facts round vs facts.sh alone",
+            doctor_node,
+            floor_node_fig,
+            ratio(doctor_node, floor_node_fig),
+            "doctor facts round / facts.sh alone",
+            "—",
+            None,
+            "CPU seconds the endpoints' lab node spent (its container's cgroup: sshd, the "
+            "shells, facts.sh) during each run of the row above: the SSH side's own cost on "
+            f"the node, which shares this machine's cores with the doctor; {on}",
+        ),
+        Row(
+            "fan-out",
+            "SSH's cost on the node against facts.sh's, one at a time",
+            sshd,
+            script_alone,
+            bound,
+            "(SSH + facts.sh) / facts.sh: the least any SSH client's round can be of the floor",
+            "—",
+            None,
+            "node CPU milliseconds without contention: an SSH connection and one command "
+            "(`true`) as the doctor makes them (sshd: its re-exec, key exchange, "
+            "authentication, PAM, the login shell), 30 one after the other, against one run "
+            "of facts.sh without SSH, 30 one after the other (scripts/bench_doctor.py, "
+            "`node_cost_serial`)",
+            id="doctor-ssh-bound",
         ),
         Row(
             "fan-out",

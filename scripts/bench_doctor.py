@@ -21,11 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
@@ -34,8 +35,10 @@ from provisioner.doctor.gather import facts_script
 from provisioner.inventory import load_inventory
 from provisioner.lab.engine import docker_cli, exec_in, exec_rc
 from provisioner.lab.nodes import LabInfo, load_lab
+from provisioner.remote.session import Session
 from provisioner.runtime import judges
 
+T = TypeVar("T")
 BASE_PORT = 2201
 PORTS_PER_SSHD = 16  # one sshd listens on at most 16 sockets
 ANSIBLE = Path(sys.executable).parent / "ansible"
@@ -246,6 +249,15 @@ def ansible_fan_out(eps: Endpoints, parallel: int) -> float:
         t0 = time.monotonic()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         elapsed = time.monotonic() - t0
+        # its ControlPersist masters linger 10 s, then close their 100 sessions on the node
+        # inside whatever runs next: 201 sshd processes were left, and the floor run just
+        # after read 8.0-8.4 s against 6.0-7.3 s twelve seconds later
+        for control in (Path(home) / "cp").glob("*"):
+            subprocess.run(
+                ["ssh", "-o", f"ControlPath={control}", "-O", "exit", "localhost"],
+                capture_output=True,
+                check=False,
+            )
     ok = proc.stdout.count("| CHANGED") + proc.stdout.count("| SUCCESS")
     if proc.returncode != 0 or ok < eps.count:
         # the hosts that failed, with Ansible's reason (its one-line output per host)
@@ -275,6 +287,55 @@ def facts_floor(eps: Endpoints, parallel: int) -> float:
     )
     start, end = exec_in(node.container, run, user=eps.user, timeout=300).split()
     return float(end) - float(start)
+
+
+def node_cpu_s(eps: Endpoints) -> float:
+    """CPU seconds the endpoints' lab node (its container's cgroup) has used so far: its
+    sshd, the shells and facts.sh, whoever started them (cgroup v1 or v2)."""
+    cid = docker_cli(["inspect", "-f", "{{.Id}}", eps.lab.nodes[0].container]).strip()
+    v1 = Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage")
+    if v1.exists():
+        return int(v1.read_text()) / 1e9
+    for v2 in (
+        Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat"),
+        Path(f"/sys/fs/cgroup/docker/{cid}/cpu.stat"),
+    ):
+        if v2.exists():
+            usage = dict(line.split() for line in v2.read_text().splitlines())
+            return int(usage["usage_usec"]) / 1e6
+    raise SystemExit(f"no cgroup CPU account found for the lab node's container {cid[:12]}")
+
+
+def on_node(eps: Endpoints, fn: Callable[[], T]) -> tuple[T, float]:
+    """fn's result and the node CPU seconds spent meanwhile."""
+    start = node_cpu_s(eps)
+    value = fn()
+    return value, node_cpu_s(eps) - start
+
+
+def node_cost_serial(eps: Endpoints, count: int = 30) -> dict[str, float]:
+    """Node CPU milliseconds, one at a time (no contention): an SSH connection and one
+    command (`true`) as the doctor makes them, and one facts.sh run without SSH."""
+    inventory = load_inventory(eps.inventory)
+    node = inventory.head
+
+    def connections() -> None:
+        for _ in range(count):
+            session = Session.connect(node)
+            try:
+                session.run("true", timeout=30).check()
+            finally:
+                session.close()
+
+    facts = facts_script(judges("docker"))
+    path = "/tmp/bench-facts.sh"
+    container = eps.lab.nodes[0].container
+    docker_cli(["exec", "-i", container, "sh", "-c", f"cat > {path}"], input_=facts)
+    args = f"{eps.address} {eps.address} none '' 0"
+    loop = f"cd ~ && for i in $(seq {count}); do bash {path} {args} >/dev/null; done"
+    _, ssh_cpu = on_node(eps, connections)
+    _, facts_cpu = on_node(eps, lambda: exec_in(container, loop, user=eps.user))
+    return {"ssh_ms": ssh_cpu / count * 1000, "facts_ms": facts_cpu / count * 1000}
 
 
 def ansible_available() -> bool:
