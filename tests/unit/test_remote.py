@@ -195,6 +195,37 @@ def test_known_hosts_markers_are_read_not_fatal(
     assert not (tmp_path / "record").exists()
 
 
+def test_hashed_known_hosts_lines_match_the_names_openssh_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference is OpenSSH's own `ssh-keygen -H` (Debian's ssh_config hashes every
+    name it records); each line matches its own name only, as paramiko's hash_host says."""
+    import subprocess
+
+    from provisioner.remote.hostkeys import _matches, load_known_hosts
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    good, _ = _keys()
+    names = ["node-a", "[10.0.0.5]:2222", "10.0.0.6", "example.org"]
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(f"{n} ssh-ed25519 {good.get_base64()}\n" for n in names))
+    subprocess.run(["ssh-keygen", "-H", "-f", str(known)], check=True, capture_output=True)
+    patterns = [line.split()[0] for line in known.read_text().splitlines()]
+    assert all(p.startswith("|1|") for p in patterns) and len(patterns) == len(names)
+    for i, pattern in enumerate(patterns):
+        for j, name in enumerate(names):
+            assert _matches(pattern, name) is (i == j), (pattern, name)
+            assert _matches(pattern, name) is (
+                paramiko.HostKeys.hash_host(name, pattern) == pattern
+            )
+    client = paramiko.SSHClient()
+    load_known_hosts(client, (known,), name="[10.0.0.5]:2222")
+    assert client.get_host_keys().lookup("[10.0.0.5]:2222") is not None
+    assert client.get_host_keys().lookup("node-a") is None  # only its own name was taught
+    for bad in ("|1|", "|1|x|y", "|2|" + patterns[0][3:], patterns[0] + "|", "|1|@@@@|@@@@"):
+        assert not _matches(bad, "node-a"), bad
+
+
 def test_known_hosts_and_key_files_changed_between_connections_are_read_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
