@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.lab.nodes import LabInfo
+from tests.e2e.faults.lab import sigint_as_at_a_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOKS = ROOT / "playbooks"
@@ -147,6 +148,7 @@ def test_every_verb_runs_from_the_control_plane_venv(
         text=True,
         cwd=str(ROOT / "build"),
         env=env,
+        preexec_fn=sigint_as_at_a_terminal,  # it is ended with Ctrl-C's SIGINT below
     )
     try:
         assert tunnel.stdout is not None

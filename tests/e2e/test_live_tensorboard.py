@@ -20,6 +20,7 @@ import pytest
 from provisioner.cluster.tunnel import tensorboard_port
 from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
+from tests.e2e.faults.lab import sigint_as_at_a_terminal
 from tests.e2e.helpers import cli, ssh
 from tests.e2e.test_long_runs import SMALL, wait_for
 
@@ -55,6 +56,9 @@ def start_tunnel(inventory: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # the tests end it with Ctrl-C's SIGINT, which a suite run in the background
+        # (`nohup .ci/run &`) would hand down ignored: the tunnel then never ended (CI)
+        preexec_fn=sigint_as_at_a_terminal,
     )
 
 

@@ -51,7 +51,7 @@ def cli(*args: str, timeout: float = 300) -> Run:
     return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
 
 
-def _sigint_as_at_a_terminal() -> None:
+def sigint_as_at_a_terminal() -> None:
     """In the child before exec: SIGINT back to its default. A suite started as a background
     job of a non-interactive shell (`nohup bash .ci/run &`) has SIGINT ignored, and an
     ignored signal stays ignored across exec; a user's Ctrl-C meets no such thing."""
@@ -75,7 +75,7 @@ def during(
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "COLUMNS": "200"},
-        preexec_fn=_sigint_as_at_a_terminal,
+        preexec_fn=sigint_as_at_a_terminal,
     )
     lines: list[str] = []
     seen = threading.Event()
