@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import TypeVar
 
 import yaml
+from bench_ssh_latency import connect_and_run_true
 
 from provisioner.doctor import run_doctor
 from provisioner.doctor.gather import facts_script
 from provisioner.inventory import load_inventory
 from provisioner.lab.engine import docker_cli, exec_in, exec_rc
 from provisioner.lab.nodes import LabInfo, load_lab
-from provisioner.remote.session import Session
 from provisioner.runtime import judges
 
 T = TypeVar("T")
@@ -273,13 +273,21 @@ def ansible_fan_out(eps: Endpoints, parallel: int) -> float:
     return elapsed
 
 
+def install_facts(eps: Endpoints) -> str:
+    """The doctor's facts.sh (with the docker runtime's section) written on the endpoints'
+    node, for the runs without SSH; its path there."""
+    path = "/tmp/bench-facts.sh"
+    facts = facts_script(judges("docker"))
+    container = eps.lab.nodes[0].container
+    docker_cli(["exec", "-i", container, "sh", "-c", f"cat > {path}"], input_=facts)
+    return path
+
+
 def facts_floor(eps: Endpoints, parallel: int) -> float:
     """Seconds for the facts script alone, run `count` times on the endpoints' node at the
     same parallelism, without SSH: the work every tool gathering these facts waits for."""
-    facts = facts_script(judges("docker"))
     node = eps.lab.nodes[0]
-    path = "/tmp/bench-facts.sh"
-    docker_cli(["exec", "-i", node.container, "sh", "-c", f"cat > {path}"], input_=facts)
+    path = install_facts(eps)
     run = (
         f"cd ~ && s=$EPOCHREALTIME && seq {eps.count} | xargs -P {parallel} -I@ "
         f"bash {path} {eps.address} {eps.address} none '' 0 >/dev/null && "
@@ -321,16 +329,10 @@ def node_cost_serial(eps: Endpoints, count: int = 30) -> dict[str, float]:
 
     def connections() -> None:
         for _ in range(count):
-            session = Session.connect(node)
-            try:
-                session.run("true", timeout=30).check()
-            finally:
-                session.close()
+            connect_and_run_true(node)
 
-    facts = facts_script(judges("docker"))
-    path = "/tmp/bench-facts.sh"
+    path = install_facts(eps)
     container = eps.lab.nodes[0].container
-    docker_cli(["exec", "-i", container, "sh", "-c", f"cat > {path}"], input_=facts)
     args = f"{eps.address} {eps.address} none '' 0"
     loop = f"cd ~ && for i in $(seq {count}); do bash {path} {args} >/dev/null; done"
     _, ssh_cpu = on_node(eps, connections)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from provisioner.inventory import load_inventory
+from provisioner.inventory import Node, load_inventory
 from provisioner.lab.nodes import LabInfo, load_lab
 from provisioner.remote.session import Session
 
@@ -39,6 +39,15 @@ def _ssh(cmd: list[str]) -> float:
     return elapsed
 
 
+def connect_and_run_true(node: Node) -> None:
+    """A new connection to `node`, as every command makes one, its first command, closed."""
+    session = Session.connect(node)
+    try:
+        session.run("true", timeout=30).check()
+    finally:
+        session.close()
+
+
 def measure(lab: LabInfo, repeat: int) -> dict[str, float]:
     """Median seconds: ours and OpenSSH's, a fresh connection's first command and a
     command on an open connection, on the lab's head node."""
@@ -48,11 +57,7 @@ def measure(lab: LabInfo, repeat: int) -> dict[str, float]:
 
     def fresh() -> float:
         t0 = time.monotonic()
-        session = Session.connect(node)
-        try:
-            session.run("true", timeout=30).check()
-        finally:
-            session.close()
+        connect_and_run_true(node)
         return time.monotonic() - t0
 
     session = Session.connect(node)
