@@ -55,11 +55,21 @@ def _in_state(path: Path) -> bool:
     return absolute == root or root in absolute.parents
 
 
-def path_error(exc: OSError, path: Path, doing: str, *, state: bool = False) -> InputError:
+def path_error(
+    exc: OSError,
+    path: Path,
+    doing: str,
+    *,
+    state: bool = False,
+    after: str = "nothing was written",
+    folder: Path | None = None,
+) -> InputError:
     """Pure: what to tell a user whose file or folder `path` could not be written (`doing`:
-    "write", "make the folder"): what happened, where, and the fix; `state`: the path is in
-    provisioner's state directory (the fix is then PROVISIONER_STATE_DIR)."""
-    folder = path.parent
+    "write this file", "make this folder"): what happened, where, and the fix; `state`: the
+    path is in provisioner's state directory (the fix is then PROVISIONER_STATE_DIR);
+    `after`: what was left; `folder`: where the space or the permission lacks (default: the
+    path's own folder)."""
+    folder = folder or path.parent
     elsewhere = (
         "set PROVISIONER_STATE_DIR to a folder you can write to"
         if state
@@ -87,7 +97,7 @@ def path_error(exc: OSError, path: Path, doing: str, *, state: bool = False) -> 
     else:
         what = f"cannot {doing}: {exc.strerror or exc}"
         fix = elsewhere
-    return InputError(f"{what}; nothing was written", fix, where=str(path))
+    return InputError(f"{what}; {after}", fix, where=str(path))
 
 
 def write_output(path: Path, data: str | bytes, *, mode: int | None = None) -> Path:

@@ -138,9 +138,10 @@ def _report_bug(exc: BaseException) -> Path:
     return Path(name)
 
 
-def _interrupted() -> None:
-    """Ctrl-C: say so, and where each node of the command stood (its last step)."""
-    out = state.output
+def _interrupted(json_mode: bool = False) -> None:
+    """Ctrl-C: say so, and where each node of the command stood (its last step); under
+    --json the error document, also when the command had not made its output yet."""
+    out = state.output or (common.output(json_mode) if json_mode else None)
     states = out.node_states() if out else []
     print("interrupted" + (": where each node stood" if states else ""), file=sys.stderr)
     for line in states:
@@ -167,7 +168,7 @@ def run(argv: list[str] | None = None) -> int:
         command = command_for(app_for(args))
         result = command.main(args=args, prog_name="provisioner", standalone_mode=False)
         if result == 130:  # typer turns Ctrl-C into a silent Exit(130)
-            _interrupted()
+            _interrupted(json_mode)
         return result if isinstance(result, int) else 0
     except ProvisionerError as exc:
         # an error before the command made its Output (an option checked first) has one too
@@ -181,7 +182,7 @@ def run(argv: list[str] | None = None) -> int:
     except typer.Exit as exc:
         return exc.exit_code
     except (typer.Abort, KeyboardInterrupt):
-        _interrupted()
+        _interrupted(json_mode)
         return 130
     except TyperException as exc:  # usage errors: unknown command, bad option value
         show = getattr(exc, "show", None)

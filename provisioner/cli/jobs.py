@@ -259,24 +259,25 @@ def _resuming(
     by_id = not Path(value).expanduser().is_dir() and JOB_ID.match(value) is not None
     known = home.is_dir()  # a job known here: its results came home before
     unknown = f"--resume {value}: no such job is known here (no results of it came home here)"
+    if by_id:
+        handlers.report(f"bringing home what the head holds of {value}")
+        try:
+            bring_home(target, value, home)
+        except ProvisionerError as exc:
+            if known:
+                raise
+            kind = InputError if isinstance(exc, InputError) else OperationError
+            raise kind(
+                f"{unknown}; nor could the head be asked: {exc}",
+                f"check the job id (`provisioner jobs list -i INVENTORY`) or give a "
+                f"checkpoint folder; to ask the head: {exc.fix or 'reach it, then retry'}",
+                where=str(home),
+            ) from exc
     try:
-        if by_id:
-            handlers.report(f"bringing home what the head holds of {value}")
-            try:
-                bring_home(target, value, home)
-            except ProvisionerError as exc:
-                if known:
-                    raise
-                kind = InputError if isinstance(exc, InputError) else OperationError
-                raise kind(
-                    f"{unknown}; nor could the head be asked: {exc}",
-                    f"check the job id (`provisioner jobs list -i INVENTORY`) or give a "
-                    f"checkpoint folder; to ask the head: {exc.fix or 'reach it, then retry'}",
-                    where=str(home),
-                ) from exc
         source = find_source(value, results)
     except InputError as exc:
-        if by_id and not known:
+        came = home.is_dir() and any(home.iterdir())  # the head knew the job, no checkpoint
+        if by_id and not known and not came:
             _drop_empty(home)
             raise InputError(
                 f"{unknown}, nor on the head",

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.image.pin import Pin, Versions, write_pin
+
 PROVISIONER = Path(sys.executable).parent / "provisioner"
 PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "ppo_cartpole.py"
 
@@ -52,6 +54,7 @@ class World:
     state: Path
     full: Path  # a tmpfs with no space left
     readonly: Path  # a read-only tmpfs
+    pin: Path  # an image pin (for `sagemaker render`)
     env: dict[str, str] = field(default_factory=dict)
 
     def run(self, argv: list[str], env: dict[str, str] | None = None) -> Ran:
@@ -126,6 +129,39 @@ CASES = [
         ("full/c.yaml: cannot write this file", "no space left"),
         "free space there",
         untouched=lambda w: _only(w.full, ["filler"]),
+        json=True,
+    ),
+    Case(
+        "sagemaker render -o on a read-only filesystem",
+        lambda w: [
+            "sagemaker",
+            "render",
+            str(PLAYBOOK),
+            "--lock",
+            str(w.pin),
+            "-o",
+            str(w.readonly / "job"),
+        ],
+        2,
+        ("readonly/job: cannot write the job's files here", "read-only"),
+        "filesystem you can write to",
+        untouched=lambda w: _only(w.readonly, []),
+    ),
+    Case(
+        "sagemaker render -o on a full filesystem, --json",
+        lambda w: [
+            "sagemaker",
+            "render",
+            str(PLAYBOOK),
+            "--lock",
+            str(w.pin),
+            "-o",
+            str(w.full / "job"),
+            "--json",
+        ],
+        2,
+        ("full/job: cannot write the job's files here", "no space left", "render it again"),
+        "free space there",
         json=True,
     ),
     Case(
@@ -268,7 +304,20 @@ def world(tmp_path: Path, refusing_port: int) -> Iterator[World]:
         _mount(readonly, "size=64k")
         subprocess.run(["mount", "-o", "remount,ro", str(readonly)], check=True)
         env = {**os.environ, "PROVISIONER_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "200"}
-        yield World(tmp_path, inventory, tmp_path / "state", full, readonly, env)
+        pin = tmp_path / "image.lock.json"
+        write_pin(
+            Pin(
+                image_id="sha256:" + "c" * 64,
+                layers=("sha256:" + "d" * 64,),
+                base_image="debian",
+                base_image_id="sha256:" + "e" * 64,
+                requirements_sha256="f" * 64,
+                versions=Versions("3.11", "2.60.0", "2.13.0", "1.0"),
+                size=1,
+            ),
+            pin,
+        )
+        yield World(tmp_path, inventory, tmp_path / "state", full, readonly, pin, env)
     finally:
         for mount in (readonly, full):
             subprocess.run(["umount", str(mount)], check=False)
