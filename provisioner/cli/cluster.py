@@ -213,7 +213,7 @@ def up(
     push = PUSH_ALIASES.get(push, push)
     if push not in PUSH_MODES:
         raise InputError(
-            f"--push {push!r} is not a push mode",
+            f"{push!r} is not a push mode",
             f"use one of: {', '.join(PUSH_MODES)}",
             where="--push",
         )

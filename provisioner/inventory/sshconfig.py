@@ -257,7 +257,7 @@ def default_config() -> Path | None:
     path = Path(explicit).expanduser()
     if not path.is_file():  # read as an empty one, it would hide the user's Hosts unsaid
         raise InventoryError(
-            f"PROVISIONER_SSH_CONFIG names {path}, which is not a file",
+            f"names {path}, which is not a file",
             "point it at an ssh_config file (an empty one reads none), or unset it: "
             "ssh then reads ~/.ssh/config",
             where="PROVISIONER_SSH_CONFIG",
