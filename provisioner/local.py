@@ -3,9 +3,12 @@ and the tools it runs. Neutral ground for the library and the lab alike."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import os
 import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -14,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from provisioner.console import Reporter, quiet
-from provisioner.errors import PrerequisiteError
+from provisioner.errors import InputError, PrerequisiteError
 
 if TYPE_CHECKING:
     import docker
@@ -33,12 +36,97 @@ def state_root() -> Path:
 def private_dir(path: Path) -> Path:
     """Make `path` and its missing parents; the folders from the state root down to `path`
     are 0700 (the state holds tokens, accepted host keys and collected logs). Folders
-    outside the state root (a user's `-o DIR`) keep their modes."""
-    path.mkdir(parents=True, exist_ok=True)
+    outside the state root (a user's `-o DIR`) keep their modes. A folder that cannot be
+    made (read-only, full, no permission) is an InputError naming it and the fix."""
     root = state_root()
-    for folder in (path, *path.parents):
-        if folder == root or root in folder.parents:
-            folder.chmod(0o700)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        for folder in (path, *path.parents):
+            if folder == root or root in folder.parents:
+                folder.chmod(0o700)
+    except OSError as exc:
+        raise path_error(exc, path, "make this folder", state=_in_state(path)) from None
+    return path
+
+
+def _in_state(path: Path) -> bool:
+    root = state_root()
+    absolute = Path(os.path.abspath(path))
+    return absolute == root or root in absolute.parents
+
+
+def path_error(
+    exc: OSError,
+    path: Path,
+    doing: str,
+    *,
+    state: bool = False,
+    after: str = "nothing was written",
+    folder: Path | None = None,
+) -> InputError:
+    """Pure: what to tell a user whose file or folder `path` could not be written (`doing`:
+    "write this file", "make this folder"): what happened, where, and the fix; `state`: the
+    path is in provisioner's state directory (the fix is then PROVISIONER_STATE_DIR);
+    `after`: what was left; `folder`: where the space or the permission lacks (default: the
+    path's own folder)."""
+    folder = folder or path.parent
+    elsewhere = (
+        "set PROVISIONER_STATE_DIR to a folder you can write to"
+        if state
+        else "name another path, on a filesystem you can write to"
+    )
+    code = exc.errno
+    if code == errno.ENOENT:
+        what = f"cannot {doing}: the folder {folder} does not exist"
+        fix = f"create it first (`mkdir -p {folder}`), or name a path in a folder that exists"
+    elif code in (errno.EACCES, errno.EPERM):
+        what = f"cannot {doing}: permission denied in {folder}"
+        fix = elsewhere
+    elif code == errno.EROFS:
+        what = f"cannot {doing}: the filesystem is read-only"
+        fix = elsewhere
+    elif code in (errno.ENOSPC, errno.EDQUOT):
+        what = f"cannot {doing}: no space left on its filesystem"
+        fix = f"free space there (`df -h {folder}`), or {elsewhere}"
+    elif code == errno.EISDIR:
+        what = f"cannot {doing}: it is a folder"
+        fix = "name a file, not a folder"
+    elif code in (errno.ENOTDIR, errno.EEXIST):
+        what = f"cannot {doing}: a part of its path is a file, not a folder"
+        fix = "name a path whose folders are folders"
+    else:
+        what = f"cannot {doing}: {exc.strerror or exc}"
+        fix = elsewhere
+    return InputError(f"{what}; {after}", fix, where=str(path))
+
+
+def write_output(path: Path, data: str | bytes, *, mode: int | None = None) -> Path:
+    """Write a file the user named (`-o FILE`) whole or not at all: into a temporary file in
+    the same folder, flushed to disk, then renamed over `path` (an interrupt, a full disk or
+    a crash leaves the old file or none, never half of one). `mode`: the file's mode (default:
+    0666 less the umask, as a plain write). Any OSError is an InputError naming the path and
+    the fix, with nothing left behind."""
+    body = data.encode() if isinstance(data, str) else data
+    if mode is None:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    temporary: str | None = None
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(handle, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+        temporary = None
+    except OSError as exc:
+        raise path_error(exc, path, "write this file") from None
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
     return path
 
 

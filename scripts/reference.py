@@ -37,7 +37,8 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     ),
     "PROVISIONER_SSH_CONFIG": (
         "you",
-        "an ssh_config file read instead of `~/.ssh/config` (tests point it at a hidden home)",
+        "an ssh_config file read instead of `~/.ssh/config`; one that does not exist is an "
+        "error (tests point it at a hidden home's)",
     ),
     "PROVISIONER_PULL_MAX_BYTES": (
         "you",

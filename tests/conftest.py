@@ -22,7 +22,11 @@ def hidden_home(
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
     # ssh -G reads the account's ~/.ssh/config whatever $HOME says: point it at the hidden one
-    monkeypatch.setenv("PROVISIONER_SSH_CONFIG", str(home / ".ssh" / "config"))
+    # (an empty one: a PROVISIONER_SSH_CONFIG naming no file is an error)
+    config = home / ".ssh" / "config"
+    config.parent.mkdir(mode=0o700)
+    config.touch()
+    monkeypatch.setenv("PROVISIONER_SSH_CONFIG", str(config))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

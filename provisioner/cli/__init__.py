@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import sys
 import tempfile
 import traceback
@@ -23,9 +24,11 @@ from typing import Any
 sys.modules.setdefault("invoke", None)  # type: ignore[arg-type]
 
 import typer
+import typer.main
 from rich.markup import escape
 from typer.exceptions import TyperException
 
+from provisioner.cli import common
 from provisioner.cli import lab as lab_cli
 from provisioner.cli.common import state
 from provisioner.errors import ProvisionerError
@@ -78,6 +81,56 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def prose(text: str) -> str:
+    """Help text as a reader takes it: a docstring's line breaks are the source's, not the
+    text's, so each paragraph's lines are joined (`--help` wraps them to the terminal), the
+    paragraphs kept; and what looks like rich markup is shown as written
+    (`s3://BUCKET[/PREFIX]`), never read as a style."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    joined = (" ".join(line.strip() for line in p.splitlines() if line.strip()) for p in paragraphs)
+    return "\n\n".join(escape(p) for p in joined if p)
+
+
+def command_for(app: typer.Typer) -> Any:
+    """The click command tree typer makes of `app`, every help text in it (commands',
+    arguments' and options') made `prose`: what `--help` shows."""
+    root = typer.main.get_command(app)
+    todo = [root]
+    while todo:
+        command = todo.pop()
+        if command.help:
+            command.help = prose(command.help)
+        for param in command.params:
+            text = getattr(param, "help", None)
+            if text:
+                setattr(param, "help", prose(text))  # noqa: B010 (click.Parameter has no help)
+        todo.extend(getattr(command, "commands", {}).values())
+    return root
+
+
+def json_wanted(args: Sequence[str]) -> bool:
+    """`--json` among the command's own words (not a playbook's, after `--`)."""
+    words = list(args)
+    return "--json" in (words[: words.index("--")] if "--" in words else words)
+
+
+def usage_json(exc: TyperException) -> dict[str, Any]:
+    """A usage error (unknown command or option, a value out of range) as `--json` carries
+    every error: what, where (the option or the command), the fix (its `--help`)."""
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "provisioner"
+    param = getattr(exc, "param", None)
+    opts = getattr(param, "opts", None) or ([param.name] if param is not None else [])
+    where = " / ".join(opts) or getattr(exc, "option_name", None) or command
+    return {
+        "kind": type(exc).__name__,
+        "message": exc.format_message(),
+        "where": where,
+        "fix": f"see `{command} --help`",
+        "exit_code": 2,
+    }
+
+
 def _report_bug(exc: BaseException) -> Path:
     handle, name = tempfile.mkstemp(prefix="provisioner-crash-", suffix=".txt")
     with open(handle, "w") as f:
@@ -85,9 +138,10 @@ def _report_bug(exc: BaseException) -> Path:
     return Path(name)
 
 
-def _interrupted() -> None:
-    """Ctrl-C: say so, and where each node of the command stood (its last step)."""
-    out = state.output
+def _interrupted(json_mode: bool = False) -> None:
+    """Ctrl-C: say so, and where each node of the command stood (its last step); under
+    --json the error document, also when the command had not made its output yet."""
+    out = state.output or (common.output(json_mode) if json_mode else None)
     states = out.node_states() if out else []
     print("interrupted" + (": where each node stood" if states else ""), file=sys.stderr)
     for line in states:
@@ -108,31 +162,27 @@ def main(argv: list[str] | None = None) -> None:
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI in-process and return its exit code (tests call this)."""
     state.output = None  # set by the command once it parsed its options
+    args = sys.argv[1:] if argv is None else argv
+    json_mode = json_wanted(args)
     try:
-        args = sys.argv[1:] if argv is None else argv
-        result = app_for(args)(args=args, prog_name="provisioner", standalone_mode=False)
+        command = command_for(app_for(args))
+        result = command.main(args=args, prog_name="provisioner", standalone_mode=False)
         if result == 130:  # typer turns Ctrl-C into a silent Exit(130)
-            _interrupted()
+            _interrupted(json_mode)
         return result if isinstance(result, int) else 0
     except ProvisionerError as exc:
-        out = state.output
-        console = out.err if out else None
+        # an error before the command made its Output (an option checked first) has one too
+        out = state.output or common.output(json_mode)
         line = f"[bold red]error:[/bold red] {escape(str(exc))}"
-        if console is not None:
-            console.print(line, markup=True, highlight=False)
-            if exc.fix:
-                console.print(f"[bold]fix:[/bold] {escape(exc.fix)}", markup=True, highlight=False)
-        else:
-            print(f"error: {exc}", file=sys.stderr)
-            if exc.fix:
-                print(f"fix: {exc.fix}", file=sys.stderr)
-        if out is not None:
-            out.emit_error(exc.to_json())
+        out.err.print(line, markup=True, highlight=False)
+        if exc.fix:
+            out.err.print(f"[bold]fix:[/bold] {escape(exc.fix)}", markup=True, highlight=False)
+        out.emit_error(exc.to_json())
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
     except (typer.Abort, KeyboardInterrupt):
-        _interrupted()
+        _interrupted(json_mode)
         return 130
     except TyperException as exc:  # usage errors: unknown command, bad option value
         show = getattr(exc, "show", None)
@@ -140,18 +190,18 @@ def run(argv: list[str] | None = None) -> int:
             show()
         else:
             print(f"error: {exc.format_message()}", file=sys.stderr)
+        (state.output or common.output(json_mode)).emit_error(usage_json(exc))
         return 2
     except Exception as exc:  # a bug: keep the traceback in a file, show one line
         path = _report_bug(exc)
         print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
         print(f"the full traceback is in {path}; please report it", file=sys.stderr)
-        if state.output is not None:
-            state.output.emit_error(
-                {
-                    "kind": "bug",
-                    "message": f"unexpected {type(exc).__name__}: {exc}",
-                    "traceback": str(path),
-                    "exit_code": 1,
-                }
-            )
+        (state.output or common.output(json_mode)).emit_error(
+            {
+                "kind": "bug",
+                "message": f"unexpected {type(exc).__name__}: {exc}",
+                "traceback": str(path),
+                "exit_code": 1,
+            }
+        )
         return 1

@@ -21,6 +21,7 @@ from provisioner.errors import InputError, ProvisionerError
 from provisioner.image.pin import Pin, read_pin
 from provisioner.inventory import Inventory, load_cluster, load_inventory
 from provisioner.inventory.loader import require_nodes
+from provisioner.local import write_output
 from provisioner.remote import Pool
 from provisioner.runtime.base import PUSH_ALIASES, PUSH_MODES
 
@@ -107,8 +108,7 @@ def render(
     if slurm or playbook is not None:
         text = _render_sbatch(inv, slurm, playbook, args or [])
         if out_file is not None:
-            out_file.write_text(text)
-            out_file.chmod(0o755)
+            write_output(out_file, text, mode=0o755)
         _rendered(out, "sbatch", text, out_file, f"sbatch {out_file} (on the cluster's login node)")
         return
     require_nodes(inv)
@@ -118,7 +118,7 @@ def render(
     tls_dir = tls.render_files(inv) if inv.tls else None
     text = render_mod.render(inv, path, runtime_for(inv, pin), tls_dir)
     if out_file is not None:
-        out_file.write_text(text)
+        write_output(out_file, text)
     _rendered(out, "cluster.yaml", text, out_file, f"ray up -y {out_file}")
 
 
@@ -213,8 +213,9 @@ def up(
     push = PUSH_ALIASES.get(push, push)
     if push not in PUSH_MODES:
         raise InputError(
-            f"--push {push!r} is not a push mode",
+            f"{push!r} is not a push mode",
             f"use one of: {', '.join(PUSH_MODES)}",
+            where="--push",
         )
     out = output(json_)
     inv = load_inventory(inventory)
@@ -414,7 +415,8 @@ def down(
         )
     else:
         if result.logs:
-            out.say(f"logs: {result.logs.directory}")
+            if result.logs.nodes:  # a folder with no node's logs is not kept, nor named
+                out.say(f"logs: {result.logs.directory}")
             for name, err in result.logs.errors.items():
                 out.say(f"{name}: logs not collected: {err}")
         out.say(f"removed Ray from: {', '.join(result.removed) or 'no node'}")
@@ -473,7 +475,10 @@ def logs(
     if json_:
         out.emit(got.to_json())
     else:
-        out.say(f"logs of {', '.join(got.nodes) or 'no node'} in {got.directory}")
+        if got.nodes:
+            out.say(f"logs of {', '.join(got.nodes)} in {got.directory}")
+        else:  # and no empty folder left
+            out.say("no node's logs collected")
         for name, err in got.errors.items():
             out.say(f"{name}: {err}")
         _print_findings(out, got.findings)
@@ -532,7 +537,12 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def tunnel_cmd(
     inventory: InventoryOption,
-    port: Annotated[int | None, typer.Option("--port", help="Local dashboard port.")] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port", help="Local dashboard port (default: a free one).", min=1, max=65535
+        ),
+    ] = None,
     json_: JsonOption = False,
 ) -> None:
     """Forward the head's dashboard, and TensorBoard over the jobs' results (started on the

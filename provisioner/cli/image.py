@@ -20,6 +20,7 @@ from provisioner.image.lock import (
 from provisioner.image.pin import BUILD_TAG, CLUSTER_TAG, pin_to_dict, read_pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_cluster
+from provisioner.local import write_output
 
 app = typer.Typer(
     help="The pinned cluster image: lock, build, push to every node.", no_args_is_help=True
@@ -98,7 +99,7 @@ def lock_cmd(
         else:
             wheels = resolve_without_download(source, out.progress)
     target = images / f"{stem}.lock"
-    target.write_text(format_lock(wheels, source.name, index_urls(source.read_text())))
+    write_output(target, format_lock(wheels, source.name, index_urls(source.read_text())))
     if json_:
         out.emit({"lock": str(target), "packages": {w.name: w.version for w in wheels}})
     else:

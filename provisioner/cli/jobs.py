@@ -3,6 +3,7 @@ it, and work with it after `submit` is gone (list, logs, stop, results)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ from rich.table import Table
 
 from provisioner.cli.common import JsonOption, output
 from provisioner.console import Output
-from provisioner.errors import InputError
+from provisioner.errors import InputError, OperationError, ProvisionerError
 from provisioner.jobs import JobOutcome, JobSpec, make_spec, submit
 from provisioner.jobs.link import Link, Target
 from provisioner.jobs.spec import JOB_ID, asks_for_help, priced
@@ -234,6 +235,12 @@ def _with_retries(
     )
 
 
+def _drop_empty(folder: Path) -> None:
+    """Remove `folder` when it exists and holds nothing."""
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
 def _resuming(
     target: Target, spec: JobSpec, value: str, results: Path, handlers: Handlers
 ) -> tuple[JobSpec, Callable[[Link], None]]:
@@ -248,10 +255,37 @@ def _resuming(
             "--resume needs the inventory (the checkpoint goes to the head over SSH)",
             "add -i INVENTORY",
         )
-    if not Path(value).expanduser().is_dir() and JOB_ID.match(value):
+    home = results / value
+    by_id = not Path(value).expanduser().is_dir() and JOB_ID.match(value) is not None
+    known = home.is_dir()  # a job known here: its results came home before
+    unknown = f"--resume {value}: no such job is known here (no results of it came home here)"
+    if by_id:
         handlers.report(f"bringing home what the head holds of {value}")
-        bring_home(target, value, results / value)
-    source = find_source(value, results)
+        try:
+            bring_home(target, value, home)
+        except ProvisionerError as exc:
+            if known:
+                raise
+            kind = InputError if isinstance(exc, InputError) else OperationError
+            raise kind(
+                f"{unknown}; nor could the head be asked: {exc}",
+                f"check the job id (`provisioner jobs list -i INVENTORY`) or give a "
+                f"checkpoint folder; to ask the head: {exc.fix or 'reach it, then retry'}",
+                where=str(home),
+            ) from exc
+    try:
+        source = find_source(value, results)
+    except InputError as exc:
+        came = home.is_dir() and any(home.iterdir())  # the head knew the job, no checkpoint
+        if by_id and not known and not came:
+            _drop_empty(home)
+            raise InputError(
+                f"{unknown}, nor on the head",
+                "check the job id (`provisioner jobs list -i INVENTORY`), or give a "
+                "checkpoint folder",
+                where=str(home),
+            ) from exc
+        raise
     handlers.report(f"resuming from {source.checkpoint}")
 
     def prepare(link: Link) -> None:

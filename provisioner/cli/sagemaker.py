@@ -120,23 +120,29 @@ def render_cmd(
     json_: JsonOption = False,
 ) -> None:
     """Write what a real SageMaker job of PLAYBOOK needs (nothing is sent to AWS)."""
+    from provisioner.local import path_error
     from provisioner.sagemaker.render import RenderOptions, render
 
     out = output(json_)
-    done = render(
-        RenderOptions(
-            playbook=playbook,
-            args=tuple(args or ()),
-            instance_type=instance_type,
-            instance_count=instance_count,
-            out=out_dir,
-            pin_path=_pin(lock),
-            account=account,
-            region=region,
-            role=role,
-            bucket=bucket,
-        )
+    options = RenderOptions(
+        playbook=playbook,
+        args=tuple(args or ()),
+        instance_type=instance_type,
+        instance_count=instance_count,
+        out=out_dir,
+        pin_path=_pin(lock),
+        account=account,
+        region=region,
+        role=role,
+        bucket=bucket,
     )
+    try:
+        done = render(options)
+    except OSError as exc:  # the folder named (-o): missing parents are made; not writable
+        left = "what it holds is not a whole job: render it again once fixed"
+        raise path_error(
+            exc, out_dir, "write the job's files here", after=left, folder=out_dir
+        ) from None
     if json_:
         out.emit(done.to_json())
         return

@@ -121,7 +121,7 @@ def bring_down(
             result.removed.append(name)
             if busy:
                 result.ports_busy[name] = busy
-        result.errors.update({k: str(v) for k, v in group.errors.items()})
+        result.errors.update(group.reasons())
     return result
 
 

@@ -256,7 +256,7 @@ class Collected:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "directory": str(self.directory),
+            "directory": str(self.directory) if self.nodes else None,  # none kept empty
             "nodes": self.nodes,
             "errors": self.errors,
             "findings": [f.to_json() for f in self.findings],
@@ -289,7 +289,23 @@ def collect(
         receive_logs(result.stdout, target, node.name)
         return node.name
 
-    private_dir(directory)
+    made = _missing_folders(directory)
+    private_dir(directory)  # before any node: a folder that cannot be made is bad input
     group = fan_out(inventory.nodes, one, deadline=150)
-    errors: dict[str, str] = {k: str(v) for k, v in group.errors.items()}
-    return Collected(directory, sorted(group.results), errors, triage_dir(directory))
+    if not group.results:  # no node's logs came: no empty folder left behind
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+    return Collected(directory, sorted(group.results), group.reasons(), triage_dir(directory))
+
+
+def _missing_folders(directory: Path) -> list[Path]:
+    """The folders of `directory` that do not exist yet, deepest first."""
+    missing = []
+    for folder in (directory, *directory.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing

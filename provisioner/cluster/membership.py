@@ -210,5 +210,5 @@ def remove_departed(
     return Removal(
         nodes=list(nodes),
         removed=[n.name for n in nodes if n.name in group.results],
-        errors={k: str(v) for k, v in group.errors.items()},
+        errors=group.reasons(),
     )

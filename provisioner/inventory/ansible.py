@@ -189,6 +189,8 @@ def _host(path: Path, entry: dict[str, Any]) -> RawHost:
     if options.get("private_key_file"):
         # as Ansible hands it to ssh: ~ expanded, a relative path relative to the current directory
         ssh.key = Path(os.path.expanduser(str(options["private_key_file"]))).absolute()
+        ssh.key_at = at("ansible_ssh_private_key_file", "ansible_private_key_file")
+        ssh.key_field = f"{name}.ansible_ssh_private_key_file"
     jump_at = at("provisioner_jump")
     ssh.jump = check_jump(values.get("provisioner_jump"), jump_at, f"{name}.provisioner_jump")
     common_at = at("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args")

@@ -67,6 +67,7 @@ def parse_ssh(data: dict[str, Any], where: Where, path: Path, field: str) -> Raw
         raw.port = check_port(data["port"], at("port"), f"{field}.port")
     if data.get("key") is not None:
         raw.key = relative_path(path, str(data["key"]))
+        raw.key_at, raw.key_field = at("key"), f"{field}.key"
     if data.get("jump") is not None:
         raw.jump = check_jump(data["jump"], at("jump"), f"{field}.jump")
     return raw

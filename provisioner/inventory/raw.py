@@ -16,6 +16,8 @@ class RawSSH:
     user: str | None = None
     port: int | None = None
     key: Path | None = None
+    key_at: Where | None = None  # where the inventory names the key (its line)
+    key_field: str = ""  # and by which field, as an error names it
     jump: str | None = None  # ProxyJump: [user@]host[:port][,...]
 
 

@@ -214,7 +214,10 @@ def _config_known_hosts(found: Resolved, home: Path, already: tuple[Path, ...]) 
 def _node(raw: RawInventory, host: RawHost, role: Role, resolve: _Resolver) -> Node:
     address, settings = _settings(raw, host, resolve)
     if settings.key is not None and (host.ssh.key or raw.ssh.key):
-        check_key_file(settings.key, host.where, f"{host.name}.key")
+        given = host.ssh if host.ssh.key else raw.ssh  # the line and field that name it
+        check_key_file(
+            settings.key, given.key_at or host.where, given.key_field or f"{host.name}.key"
+        )
     data_address = host.data_address if host.data_address != address else None
     return Node(
         host.name,

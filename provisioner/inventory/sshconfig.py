@@ -252,7 +252,17 @@ def default_config() -> Path | None:
     """$PROVISIONER_SSH_CONFIG when set (tests point it at their hidden home), else None:
     ssh reads ~/.ssh/config and /etc/ssh/ssh_config as it always does."""
     explicit = os.environ.get("PROVISIONER_SSH_CONFIG")
-    return Path(explicit).expanduser() if explicit else None
+    if not explicit:
+        return None
+    path = Path(explicit).expanduser()
+    if not path.is_file():  # read as an empty one, it would hide the user's Hosts unsaid
+        raise InventoryError(
+            f"names {path}, which is not a file",
+            "point it at an ssh_config file (an empty one reads none), or unset it: "
+            "ssh then reads ~/.ssh/config",
+            where="PROVISIONER_SSH_CONFIG",
+        )
+    return path
 
 
 def have_openssh() -> bool:

@@ -66,3 +66,12 @@ class GroupResult(Generic[T]):
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    def reasons(self) -> dict[str, str]:
+        """Node name -> what went wrong there, for a line or a key that names the node
+        already: the error's message without its `where` when that is the node's name
+        (`str(error)` would say "w1: w1: connection refused")."""
+        return {
+            name: exc.message if exc.where == name else str(exc)
+            for name, exc in self.errors.items()
+        }

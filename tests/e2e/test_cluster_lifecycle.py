@@ -316,3 +316,35 @@ def test_up_with_a_worker_ssh_cannot_reach_names_it_and_starts_nothing(
     code, st = cli_json("status", "-i", inventory)
     assert all(n["container"] == "absent" for n in st["nodes"]), st
     assert doctor_listeners(lab) == {}
+
+
+def test_down_of_a_cluster_never_up_names_each_node_once(lab: LabInfo, tmp_path: Path) -> None:
+    """`down` of a cluster never started here, one worker refusing SSH (a port where its
+    sshd does not listen): the refusing worker's error names it once ("w: connection
+    refused", not "w: w: ..."); the logs of the nodes reached are kept and named (the
+    positive control of the line a cluster with no node's logs no longer prints)."""
+    import yaml
+
+    from tests.e2e.faults.lab import edited_inventory
+
+    path = edited_inventory(lab.inventory, tmp_path / "inventory.yaml", cluster="neverup")
+    document = yaml.safe_load(path.read_text())
+    refusing = document["workers"][-1]
+    refusing["port"] = 1  # nothing listens there on the node: connections refused
+    path.write_text(yaml.safe_dump(document))
+    logs = tmp_path / "logs"
+    code, out = cli("down", "-i", str(path), "-o", str(logs))
+    name = refusing["name"]
+    assert code == 1, out
+    assert f"{name}: connection refused" in out and f"{name}: {name}:" not in out, out
+    assert f"logs: {logs}" in out, out
+    reached = {document["head"]["name"], *(w["name"] for w in document["workers"][:-1])}
+    assert {p.name for p in logs.iterdir()} == reached
+    # the same cluster with every node refusing: no logs came, none named, no folder kept
+    for node in [document["head"], *document["workers"]]:
+        node["port"] = 1
+    path.write_text(yaml.safe_dump(document))
+    none = tmp_path / "none"
+    code, out = cli("down", "-i", str(path), "-o", str(none))
+    assert code == 1 and "logs:" not in out and not none.exists(), out
+    assert f"{name}: connection refused" in out and f"{name}: {name}:" not in out, out

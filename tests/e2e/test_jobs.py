@@ -178,3 +178,25 @@ def test_ctrl_c_detaches_and_the_job_goes_on_until_jobs_stop(
     assert listed[spec.job_id]["playbook"] == "forever.py"
     code, out, err = cli("jobs", "stop", spec.job_id, "-i", inventory, "--json")
     assert code == 0 and json.loads(out)["status"] == "STOPPED", err[-2000:]
+
+
+def test_resume_of_a_job_unknown_here_and_on_the_head(lab: LabInfo, tmp_path: Path) -> None:
+    """`submit --resume ID` of a job neither here nor on the head (reached over SSH): exit 2,
+    saying first that no such job is known here, where its results would be, the fix; no
+    empty results folder left. No cluster needs to run: the head is asked over SSH."""
+    from tests.e2e.faults.lab import edited_inventory
+
+    path = edited_inventory(lab.inventory, tmp_path / "inventory.yaml", cluster="neverjobs")
+    results = tmp_path / "results"
+    code, out, err = cli(
+        "submit", "-i", str(path), "--results", str(results), "--json",
+        "--resume", "raysubmit_NOSUCHJOB", str(PLAYBOOKS / "ppo_cartpole.py"),
+    )  # fmt: skip
+    assert code == 2, err[-3000:]
+    error = json.loads(out)["error"]
+    assert error["message"].startswith(
+        "--resume raysubmit_NOSUCHJOB: no such job is known here"
+    ) and error["message"].endswith("nor on the head"), error
+    assert error["where"] == str(results / "raysubmit_NOSUCHJOB") and "job id" in error["fix"]
+    assert "bringing home what the head holds of raysubmit_NOSUCHJOB" in err  # it was asked
+    assert not (results / "raysubmit_NOSUCHJOB").exists()

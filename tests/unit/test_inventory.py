@@ -193,7 +193,7 @@ def test_ssh_config_fills_gaps(tmp_path: Path, key: Path) -> None:
 @pytest.mark.parametrize("name", ["onprem.yaml", "ansible.ini", "ansible.yaml"])
 def test_examples_load(name: str, hidden_home: Path) -> None:
     key = hidden_home / ".ssh" / "id_ed25519"
-    key.parent.mkdir()
+    key.parent.mkdir(exist_ok=True)
     key.write_text("x")
     os.chmod(key, 0o600)
     inv = load_inventory(Path(__file__).parents[2] / "inventories" / name)
