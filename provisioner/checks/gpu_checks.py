@@ -14,26 +14,13 @@ from provisioner.checks.facts import NodeFacts
 from provisioner.checks.findings import Finding, error, ok, warning
 from provisioner.checks.plan import Plan
 from provisioner.gpu.facts import GpuFacts, select
+from provisioner.gpu.plan import CPU_IMAGE_FIX, MINIMUM_DRIVER, version
 from provisioner.inventory import Node
 
-# NVIDIA's CUDA Toolkit release notes, table "CUDA Toolkit and Minimum Required Driver
-# Version for CUDA Minor Version Compatibility" (Linux x86_64): the oldest driver that runs
-# any CUDA release of that major version. The CUDA wheels of PyTorch carry their own CUDA
-# runtime and rely on exactly this compatibility.
-MINIMUM_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 DRIVER_FIX = (
     "install the NVIDIA driver and check that `nvidia-smi` lists the GPUs; a driver installed "
     "after boot needs its kernel module loaded (sudo modprobe nvidia) or a reboot"
 )
-
-
-def _version(text: str) -> tuple[int, ...]:
-    parts = []
-    for word in text.split("."):
-        if not word.isdigit():
-            break
-        parts.append(int(word))
-    return tuple(parts)
 
 
 def evidence(g: GpuFacts) -> str:
@@ -139,13 +126,13 @@ def check_cuda(node: Node, g: GpuFacts, plan: Plan) -> list[Finding]:
             warning(
                 "gpu.cuda",
                 node.name,
-                "the pinned image's torch is CPU-only: this node's GPUs would stay idle",
+                "the pinned image's torch is CPU-only: it cannot use this node's GPUs, so "
+                "`up` gives Ray none of them (learners train on CPU)",
                 f"image {plan.pin.image_id[:19]}: torch without CUDA",
-                "build the CUDA image (provisioner image build --cuda) and point the "
-                "inventory's image.lock at its pin",
+                CPU_IMAGE_FIX,
             )
         ]
-    major = _version(cuda)[:1]
+    major = version(cuda)[:1]
     need = MINIMUM_DRIVER.get(major[0]) if major else None
     driver = g.driver_version
     if need is None:
@@ -158,13 +145,13 @@ def check_cuda(node: Node, g: GpuFacts, plan: Plan) -> list[Finding]:
                 "check NVIDIA's CUDA release notes for the driver it needs",
             )
         ]
-    if _version(driver) < _version(need):
+    if version(driver) < version(need):
         return [
             error(
                 "gpu.cuda",
                 node.name,
                 f"NVIDIA driver {driver} is too old for the image's CUDA {cuda} (it needs "
-                f"{need} or newer): torch would find no usable GPU",
+                f"{need} or newer): torch would find no usable GPU, so `up` gives Ray none",
                 f"nvidia-smi driver_version: {driver}; image: CUDA {cuda}",
                 f"upgrade the driver to {need} or newer (or build the image with a CUDA "
                 "that this driver runs)",

@@ -275,6 +275,11 @@ def up(
         f"{t.get('memory_gib', 0):g} GiB memory, {t.get('gpus', 0):g} GPUs "
         f"in {result.seconds:.1f}s"
     )
+    if result.withheld:
+        held = ", ".join(f"{n} ({w.count})" for n, w in sorted(result.withheld.items()))
+        out.say(
+            "GPUs not given to Ray (the image's torch cannot use them, see the warning): " + held
+        )
     status = result.status
     out.say(f"Ray address: {status.address if status else ''} (token authentication on)")
     out.say(f"dashboard: provisioner tunnel -i {inventory}")

@@ -97,12 +97,46 @@ PATTERNS: tuple[Pattern, ...] = (
         "read the worker's log named here; `provisioner submit` reruns the job",
     ),
     Pattern(
+        # Ray's event summary (`autoscaler/_private/event_summarizer.py`, v2's
+        # `event_logger.py`): "Adding 1 node(s) of type local.cluster.node." for the local
+        # provider's one type, "... of type ray-legacy-head-node-type." where a config went
+        # through Ray's legacy translation; v2's scheduler: "Adding 1 nodes to satisfy min
+        # count for node type: T." The node type is any.
         "launcher-adding-loop",
-        re.compile(r"Adding \d+ node\(s\) of type local\.cluster\.node"),
-        "Ray's launcher keeps asking the local provider for workers it never starts",
-        "use a cluster.yaml from `provisioner render` (fresh state on the head), "
-        "or `provisioner up`",
+        re.compile(
+            r"Adding \d+ node(?:\(s\)|s)? (?:of type \S|to satisfy min count for node type)"
+        ),
+        "Ray's launcher keeps asking for nodes it never starts: the autoscaler on the head "
+        "does not count the nodes already running (autoscaler v2 with the local provider, "
+        "a config of another shape than `provisioner render` writes, or the launcher's "
+        "state file from an earlier `ray down`)",
+        "use a cluster.yaml from `provisioner render` and remove /tmp/ray/cluster-NAME.state "
+        "on the machine running `ray up` before it; or `provisioner up`",
         min_count=3,
+    ),
+    Pattern(
+        # monitor.py, `destroy_autoscaler_workers`: after the monitor failed or was stopped
+        # with RAY_AUTOSCALER_FATESHARE_WORKERS=1, its teardown of the workers raised; it
+        # retries every 2 s, for ever.
+        "monitor-cleanup-loop",
+        re.compile(r"Monitor: Cleanup exception"),
+        "Ray's monitor on the head failed or was stopped and, with "
+        "RAY_AUTOSCALER_FATESHARE_WORKERS=1, tries to take the workers down through the "
+        "launcher's config, which fails; it retries every 2 s and never exits",
+        "read the monitor's first error above this line (monitor.log, monitor.err); unset "
+        "RAY_AUTOSCALER_FATESHARE_WORKERS on the head, then `provisioner down` (it stops "
+        "every node's Ray without the launcher) and `provisioner up`",
+    ),
+    Pattern(
+        # commands.py, `teardown_cluster`: "2 random worker nodes will not be shut down.
+        # (due to --keep-min-workers)" (bold/dim escapes between the words when coloured).
+        "keep-min-workers",
+        re.compile(r"random worker nodes will not be shut down.*keep-min-workers"),
+        "a teardown kept min_workers workers running (`ray down --keep-min-workers`, or Ray's "
+        "monitor cleaning up after its failure); a rendered cluster.yaml's min_workers is "
+        "every worker, so no worker's Ray was stopped",
+        "run `provisioner down -i INVENTORY` (it stops every node), or `ray down -y "
+        "cluster.yaml` without --keep-min-workers",
     ),
 )
 

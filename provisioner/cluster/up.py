@@ -10,7 +10,7 @@ rotation (`provisioner.cluster.rotation`) restarts the head, and so every node.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.checks.facts import NodeFacts
+from provisioner.checks.findings import Finding
 from provisioner.checks.neighbours import port_owner
 from provisioner.cluster import (
     allocation,
@@ -35,7 +36,7 @@ from provisioner.console import Reporter, quiet
 from provisioner.doctor import DoctorReport
 from provisioner.doctor.gather import gather_facts, stop_listener_command, stop_listeners
 from provisioner.errors import InputError, OperationError, ProvisionerError
-from provisioner.gpu.plan import GpuPlan, plans_for, signature
+from provisioner.gpu.plan import GpuPlan, Withheld, plans_for, signature, withhold, without_gpus
 from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import commands, layout, tls, token
@@ -58,12 +59,15 @@ class UpResult:
     timings: dict[str, float] = field(default_factory=dict)
     runtime: str = ""  # the runtime's name ("": not known)
     gpus: dict[str, GpuPlan] = field(default_factory=dict)  # node name -> its GPUs for Ray
+    # node name -> the GPUs it has that Ray does not get (the image's torch cannot use them)
+    withheld: dict[str, Withheld] = field(default_factory=dict)
     departed: membership.Removal | None = None  # nodes that left the inventory
     token: rotation.TokenPlan = field(default_factory=rotation.TokenPlan)
 
     @property
     def warnings(self) -> list[str]:
-        return rotation.up_warnings(self.token)
+        findings = self.doctor.report.findings if self.doctor else []
+        return rotation.up_warnings(self.token) + gpu_warnings(findings, self.withheld)
 
     @property
     def changed(self) -> bool:
@@ -83,6 +87,7 @@ class UpResult:
             "doctor": self.doctor.to_json() if self.doctor else None,
             "push": self.push.to_json() if self.push else None,
             "gpus": {name: asdict(plan) for name, plan in self.gpus.items()},
+            "gpus_withheld": {name: asdict(w) for name, w in self.withheld.items()},
             "departed": self.departed.to_json() if self.departed else None,
             "token": self.token.to_json(),
             "warnings": self.warnings,
@@ -236,13 +241,52 @@ def not_joined_report(pool: Pool, runtime: Runtime, missing: list[Node]) -> str:
 
 
 def gpu_plans(
-    pool: Pool, inventory: Inventory, runtime: Runtime, facts: Mapping[str, NodeFacts] | None
-) -> dict[str, GpuPlan]:
+    pool: Pool,
+    inventory: Inventory,
+    runtime: Runtime,
+    facts: Mapping[str, NodeFacts] | None,
+    image_cuda: str | None = None,
+) -> tuple[dict[str, GpuPlan], dict[str, Withheld]]:
     """Each node's GPUs for Ray and how they reach it, from the doctor's facts; without
-    them (`up --no-doctor`) from one facts round of their own."""
+    them (`up --no-doctor`) from one facts round of their own. Only GPUs the image's torch
+    can use go to Ray (`image_cuda`: its CUDA, "" the CPU build, None no image); the
+    others are the second dict."""
     if facts is None or set(facts) != {n.name for n in inventory.nodes}:
         facts = gather_facts(pool, inventory, "", reachability=False, parallelism=32).results
-    return plans_for(inventory.nodes, {n: f.gpu for n, f in facts.items()}, runtime.gpu_methods)
+    gpus = {n: f.gpu for n, f in facts.items()}
+    return withhold(plans_for(inventory.nodes, gpus, runtime.gpu_methods), gpus, image_cuda)
+
+
+def image_cuda(runtime: Runtime, pin: Pin | None) -> str | None:
+    """The CUDA of the torch that Ray's processes run: the pin's ("": the CPU build, as a
+    pin without `cuda` is); None where Ray does not run the pinned image (host mode) or
+    no pin is known."""
+    if pin is None or not runtime.caps.needs_image:
+        return None
+    return str(pin.extra.get("cuda") or "")
+
+
+# The doctor's warnings that concern what `up` starts, shown by `up` too (its errors stop it).
+UP_CONCERNS = ("gpu.",)
+
+
+def gpu_warnings(findings: Sequence[Finding], withheld: Mapping[str, Withheld]) -> list[str]:
+    """Pure: the doctor's warnings of what `up` starts (`UP_CONCERNS`), then a node whose
+    GPUs Ray did not get and of which the doctor said nothing (`up --no-doctor`, or past
+    its gpu.cuda error with --force): each with its fix."""
+    lines = [
+        f"{f.host}: {f.check}: {f.message}. Fix: {f.fix}"
+        for f in findings
+        if f.severity == "warning" and f.check.startswith(UP_CONCERNS)
+    ]
+    told = {f.host for f in findings if f.check == "gpu.cuda" and f.severity == "warning"}
+    lines += [
+        f"{name}: gpu.cuda: {w.why}: Ray gets none of its {w.count} GPU(s), learners train "
+        f"on CPU. Fix: {w.fix}"
+        for name, w in sorted(withheld.items())
+        if name not in told
+    ]
+    return lines
 
 
 def _refuse_foreign_gcs(
@@ -471,7 +515,9 @@ def plan(
     if not installed:
         install_token_and_tls(inventory, pool)
     current = token.fingerprint(token.local_token_path(inventory))
-    result.gpus = gpu_plans(pool, inventory, ctx.runtime, facts)
+    result.gpus, result.withheld = gpu_plans(
+        pool, inventory, ctx.runtime, facts, image_cuda(ctx.runtime, ctx.pin)
+    )
     before = status.gather(inventory, pool, ctx.report, runtime=ctx.runtime, states=states)
     gone = membership.departed(inventory, membership.recorded_nodes(inventory), before.gcs)
     held = membership.recorded_tokens(inventory)
@@ -580,7 +626,8 @@ def start(
 
     def one(node: Node) -> None:
         ctx.report(f"{node.name}: " + runtime.starting.format(role=node.role))
-        command = ending(node) + runtime.start_command(node, result.gpus.get(node.name))
+        given = without_gpus(node) if node.name in result.withheld else node
+        command = ending(node) + runtime.start_command(given, result.gpus.get(node.name))
         pool.session(node).run(command, timeout=90).check()
 
     ready = [n for n in decided.to_start if n.name in stopped.results]

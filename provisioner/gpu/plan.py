@@ -6,6 +6,11 @@ runtime says which ways it can hand them to Ray (`Runtime.gpu_methods`). `plan_g
 them into a `GpuPlan`, whose method is data (gpus, runtime, cdi or host) that the
 runtime turns into its own words (`runtime.docker_gpu.gpu_options`, `runtime.host.gpu_env`);
 `ray start` gets `--num-gpus` and the accelerator type either way.
+
+A GPU goes to Ray only where the image's torch can use it (`usable`): Ray's GPU resource is
+a promise to every task and learner that asks for one, so a node whose pinned image has
+the CPU build of torch, or a driver older than the image's CUDA needs, gives Ray none of
+its GPUs (`ray start --num-gpus=0`) and `up` says why (`Withheld`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from provisioner.gpu.facts import GpuFacts, select
 from provisioner.inventory import Node
@@ -25,6 +30,26 @@ ACCELERATOR_RESOURCE = "accelerator_type:"
 ACCELERATOR_LABEL = "ray.io/accelerator-type"
 LABELS_ENV = "RAY_OVERRIDE_LABELS"
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
+
+# NVIDIA's CUDA Toolkit release notes, table "CUDA Toolkit and Minimum Required Driver
+# Version for CUDA Minor Version Compatibility" (Linux x86_64): the oldest driver that runs
+# any CUDA release of that major version. The CUDA wheels of PyTorch carry their own CUDA
+# runtime and rely on exactly this compatibility.
+MINIMUM_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+CPU_IMAGE_FIX = (
+    "build the CUDA image (provisioner image build --cuda) and point the inventory's "
+    "image.lock at its pin"
+)
+
+
+def version(text: str) -> tuple[int, ...]:
+    """ "525.60.13" -> (525, 60, 13); up to the first part that is not a number."""
+    parts = []
+    for word in text.split("."):
+        if not word.isdigit():
+            break
+        parts.append(int(word))
+    return tuple(parts)
 
 
 @dataclass(frozen=True)
@@ -79,6 +104,60 @@ def plan_gpus(node: Node, facts: GpuFacts, methods: Methods) -> GpuPlan | None:
         accelerator_type=accelerator_type(chosen[0].name),
         cdi_names=names,
     )
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """A node's GPUs that Ray does not get: the image's torch cannot use them."""
+
+    count: int
+    why: str
+    fix: str
+
+
+def usable(image_cuda: str | None, driver: str) -> tuple[str, str] | None:
+    """Pure: why the image's torch cannot use GPUs under `driver`, and the fix; None when
+    it can, or when no image says (`image_cuda` None: Ray runs the node's own Python).
+    `image_cuda` "": the pin names no CUDA (the CPU build, as the doctor's gpu.cuda
+    reads it)."""
+    if image_cuda is None:
+        return None
+    if not image_cuda:
+        return "the pinned image's torch is the CPU build (no CUDA)", CPU_IMAGE_FIX
+    major = version(image_cuda)[:1]
+    need = MINIMUM_DRIVER.get(major[0]) if major else None
+    if need is not None and version(driver) < version(need):
+        return (
+            f"NVIDIA driver {driver} is too old for the image's CUDA {image_cuda} (it needs "
+            f"{need} or newer)",
+            f"upgrade the driver to {need} or newer (or build the image with a CUDA that "
+            "this driver runs)",
+        )
+    return None
+
+
+def withhold(
+    plans: Mapping[str, GpuPlan], facts: Mapping[str, GpuFacts], image_cuda: str | None
+) -> tuple[dict[str, GpuPlan], dict[str, Withheld]]:
+    """Pure: the plans whose GPUs the image's torch can use, and the nodes whose GPUs Ray
+    does not get, with why and the fix."""
+    kept: dict[str, GpuPlan] = {}
+    withheld: dict[str, Withheld] = {}
+    for name, plan in plans.items():
+        g = facts.get(name)
+        reason = usable(image_cuda, g.driver_version if g else "")
+        if reason is None:
+            kept[name] = plan
+        else:
+            withheld[name] = Withheld(plan.count, *reason)
+    return kept, withheld
+
+
+def without_gpus(node: Node) -> Node:
+    """`node` as Ray starts on it when it gets none of its GPUs: `--num-gpus=0`, whatever
+    the inventory's `gpus:` or `resources.GPU` asked."""
+    resources = {k: v for k, v in node.resources.items() if k != "GPU"}
+    return replace(node, gpus=(), resources=resources)
 
 
 def plans_for(

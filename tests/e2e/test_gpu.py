@@ -4,7 +4,9 @@ The lab's GPU faults (provisioner/lab/gpusim.py) make a node look like an NVIDIA
 stand-in `nvidia-smi` answering in NVIDIA's format, /dev/nvidia* stand-ins, and a Docker
 runtime named `nvidia` that runs plain runc. What this proves end to end: the doctor's GPU
 facts and checks through real sshd and dockerd, and `up` building and starting a GPU node's
-container with the GPU options Docker reads back, and Ray advertising that node's GPUs.
+container with the GPU options Docker reads back, and Ray advertising that node's GPUs
+(under a pin that says CUDA torch); under the lab's own CPU pin, Ray gets none of them and a
+job's learner trains on CPU.
 It does not prove that a real GPU reaches torch (scripts/gpu_check.sh, on a GPU machine).
 Every fault is mended after; the cluster is taken down at the end of the module.
 """
@@ -34,6 +36,8 @@ from provisioner.runtime import runtime_for
 from tests.cli import cli
 from tests.e2e.test_doctor import broken
 
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+
 
 @pytest.fixture(scope="module")
 def inventory(cluster_inventory: Path) -> Iterator[Path]:
@@ -54,9 +58,13 @@ def fix_of(report: DoctorReport, host: str, check: str) -> str:
     return next(f.fix for f in report.findings if (f.host, f.check) == (host, check))
 
 
-def with_cuda_pin(inventory: Path, tmp_path: Path, worker_resources: dict[str, int]) -> Path:
+def with_cuda_pin(
+    inventory: Path, tmp_path: Path, worker_resources: dict[str, int] | None = None
+) -> Path:
     """The inventory, its pin saying the image has CUDA 12.8 torch (as the CUDA image's
-    pin does), and worker 1 given `worker_resources`."""
+    pin does), and worker 1 given `worker_resources` (None: as it was). The lab's image
+    is the CPU one: under this pin `up` hands the SIMULATED GPUs to Ray (a GPU goes to Ray
+    only where the image's torch can use it)."""
     pin = read_pin(load_inventory(inventory).image_lock)  # type: ignore[arg-type]
     pin.extra["cuda"] = "12.8"
     write_pin(pin, tmp_path / "cuda.lock.json")
@@ -64,8 +72,9 @@ def with_cuda_pin(inventory: Path, tmp_path: Path, worker_resources: dict[str, i
     data["image"] = {"lock": str(tmp_path / "cuda.lock.json")}
     for key in ("key", "known_hosts"):
         data["ssh"][key] = str(inventory.parent / data["ssh"][key])
-    worker = data["workers"][0]
-    data["workers"][0] = {**worker, "resources": worker_resources}
+    if worker_resources is not None:
+        worker = data["workers"][0]
+        data["workers"][0] = {**worker, "resources": worker_resources}
     path = tmp_path / "inventory.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -107,13 +116,15 @@ def test_doctor_names_each_gpu_fault_with_its_fix(
 
 
 def test_up_hands_the_simulated_gpus_to_that_nodes_container_and_ray(
-    lab: LabInfo, inventory: Path
+    lab: LabInfo, inventory: Path, tmp_path: Path
 ) -> None:
-    """`up` on a lab with one SIMULATED GPU node (the `nvidia` runtime): that node's container
+    """`up` on a lab with one SIMULATED GPU node (the `nvidia` runtime), under a pin that
+    says the image's torch has CUDA 12.8: that node's container
     runs with the nvidia runtime and its two GPUs by UUID; Ray lists 2 GPUs and the T4
     accelerator type on that node only. The node became a GPU node while its Ray ran (a
     driver installed later): `up` restarts that node alone."""
     _, w1, _ = lab.nodes[:3]
+    inventory = with_cuda_pin(inventory, tmp_path)
     inv = load_inventory(inventory)
     container = ray_container(inv)
     uuids = [uuid_for(w1.name, i) for i in range(2)]
@@ -182,7 +193,7 @@ def alive_gpus(inv: Inventory, count: int) -> dict[str, GcsNode]:
 
 
 def test_up_hands_the_simulated_gpus_through_cdi_on_a_docker_26_node(
-    lab: LabInfo, inventory: Path
+    lab: LabInfo, inventory: Path, tmp_path: Path
 ) -> None:
     """A trixie node (Docker 26) with Docker's `cdi` feature on and a CDI spec of its two
     SIMULATED GPUs (stand-in device nodes), no nvidia runtime: `up` hands them over by CDI
@@ -196,6 +207,7 @@ def test_up_hands_the_simulated_gpus_through_cdi_on_a_docker_26_node(
     node = odd[0]
     rc, version = exec_rc(node.container, "docker version --format '{{.Server.Version}}'")
     assert rc == 0 and int(version.split(".")[0]) >= 25, version  # CDI: Docker >= 25
+    inventory = with_cuda_pin(inventory, tmp_path)  # (a CUDA torch: Ray gets the GPUs)
     inv = load_inventory(inventory)
     container = ray_container(inv)
     uuids = [uuid_for(node.name, i) for i in range(2)]
@@ -234,3 +246,55 @@ def test_up_hands_the_simulated_gpus_through_cdi_on_a_docker_26_node(
     finally:
         faults.clear(lab)
         exec_rc(node.container, f"docker rm -f {container}")
+
+
+def test_a_gpu_node_under_the_cpu_image_trains_on_cpu_and_up_says_why(
+    lab: LabInfo, inventory: Path, tmp_path: Path
+) -> None:
+    """A SIMULATED GPU node under the lab's own pin, the CPU image (torch without CUDA).
+    Positive control: `nvidia-smi` on the node lists its 2 GPUs. `up` shows the doctor's
+    gpu.cuda warning with its fix, gives Ray none of those GPUs (its total and each node's
+    resources say 0; the container gets no GPU), and a short job then completes with its
+    learner on CPU, as `learners.json` home says. (Before: "2 GPUs", one learner per GPU,
+    and the job died with "Distributed package doesn't have NCCL built in".)"""
+    _, w1, _ = lab.nodes[:3]
+    inv = load_inventory(inventory)
+    assert inv.image_lock is not None and "cuda" not in read_pin(inv.image_lock).extra
+    container = ray_container(inv)
+    try:
+        with broken(lab, (w1, "gpu")):
+            rc, listed = exec_rc(w1.container, "nvidia-smi -L")
+            assert rc == 0 and listed.count("GPU ") == 2, listed  # the node has its GPUs
+            up = cli("up", "-i", str(inventory))
+            assert up.exit_code == 0, up.stdout + up.stderr
+            assert f"{w1.name}: gpu.cuda: the pinned image's torch is CPU-only" in up.stderr
+            assert "Fix: build the CUDA image (provisioner image build --cuda)" in up.stderr
+            assert " 0 GPUs in " in up.stdout, up.stdout
+            assert f"the image's torch cannot use them, see the warning): {w1.name} (2)" in (
+                up.stdout
+            )
+            alive = alive_gpus(inv, 3)
+            gpus = {ip: n.resources.get("GPU", 0) for ip, n in alive.items()}
+            assert gpus == {n.address: 0 for n in lab.nodes[:3]}, gpus
+            rc, out = exec_rc(
+                w1.container,
+                f"docker inspect --format '{{{{json .HostConfig.Runtime}}}} "
+                f"{{{{json .Config.Env}}}}' {container}",
+            )
+            assert rc == 0, out
+            runtime, _, env = out.strip().partition(" ")
+            assert json.loads(runtime) == "runc" and "NVIDIA" not in env, out
+            results = tmp_path / "results"
+            code = cli(
+                "submit", "-i", str(inventory), "--results", str(results), "--json",
+                str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--train-batch", "300",
+                "--max-iterations", "2",
+            )  # fmt: skip
+            assert code.exit_code == 0, code.stderr[-3000:]
+            job = code.json()
+            assert job["status"] == "SUCCEEDED", code.stderr[-3000:]
+            learners = json.loads((results / job["job_id"] / "learners.json").read_text())
+            assert [(d["device"], d["gpu"]) for d in learners] == [("cpu", None)], learners
+    finally:
+        faults.clear(lab)
+        exec_rc(w1.container, f"docker rm -f {container}")

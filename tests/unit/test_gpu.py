@@ -32,13 +32,14 @@ from provisioner.runtime.docker import CAPS as DOCKER_CAPS
 from provisioner.runtime.docker_gpu import check_toolkit
 from provisioner.runtime.docker_gpu import gpu_options as docker_gpu_options
 from provisioner.runtime.host import CAPS as HOST_CAPS
-from tests.unit.inventories import make_inventory
+from tests.unit.inventories import docker_runtime, make_inventory
 
 GOLDEN = Path(__file__).parent / "golden"
 SSH = SSHSettings(user="lab")
 PLAN = Plan(ports=RayPorts(), head="head-0", caps=DOCKER_CAPS)
 PIN_CPU = PinFacts("sha256:" + "a" * 64, "3.11.2", "2.60.0", "amd64", cuda="")
 PIN_CUDA = dataclasses.replace(PIN_CPU, cuda="12.8")
+PLAN_CPU = dataclasses.replace(PLAN, pin=PIN_CPU)
 
 
 def gpu_facts(name: str) -> GpuFacts:
@@ -490,3 +491,97 @@ def test_the_deep_check_probe_runs_in_the_image_with_ups_gpu_options(tmp_path: P
     )
     host = runtime_for(make_inventory(tmp_path, runtime="host"))
     assert host.gpu_probe_command("sha256:abc", plan) is None
+
+
+# --- a GPU goes to Ray only where the image's torch can use it (issue 47, item 13) -----------
+
+
+def test_whether_the_images_torch_can_use_a_nodes_gpus() -> None:
+    from provisioner.gpu.plan import usable
+
+    assert usable(None, "550.54.15") is None  # no image (host mode): the node's own torch
+    cpu = usable("", "550.54.15")  # a pin without CUDA: the CPU build
+    assert cpu is not None and "CPU build" in cpu[0] and "image build --cuda" in cpu[1]
+    old = usable("12.8", "470.256.02")
+    assert old is not None and "470.256.02 is too old for the image's CUDA 12.8" in old[0]
+    assert "525.60.13" in old[1]
+    assert usable("12.8", "525.60.13") is None and usable("13.0", "580.65.06") is None
+    assert usable("9.0", "390.1") is None  # not in the table: the doctor warns, Ray gets them
+
+
+def test_gpus_the_images_torch_cannot_use_are_withheld_from_ray() -> None:
+    """The plan for a node with 8 A100s (driver 550) under each pin: the CPU pin keeps all
+    8 from Ray, with why and the fix; a CUDA 12.8 pin gives them; no image: given too."""
+    from provisioner.gpu.plan import Withheld, withhold
+
+    facts = {"n": gpu_facts("dgx_a100_docker_gpus")}
+    plan = plan_gpus(node(), facts["n"], docker.RUNTIME.gpu_methods)
+    assert plan is not None and plan.count == 8
+    kept, withheld = withhold({"n": plan}, facts, "")
+    assert kept == {} and list(withheld) == ["n"]
+    assert isinstance(withheld["n"], Withheld) and withheld["n"].count == 8
+    assert "image build --cuda" in withheld["n"].fix
+    assert withhold({"n": plan}, facts, "12.8") == ({"n": plan}, {})
+    assert withhold({"n": plan}, facts, None) == ({"n": plan}, {})
+    old = {"n": gpu_facts("no_toolkit_t4")}  # driver 470 under CUDA 12.8: torch finds none
+    t4 = plan_gpus(node(), old["n"], host.RUNTIME.gpu_methods)
+    assert t4 is not None and list(withhold({"n": t4}, old, "12.8")[1]) == ["n"]
+
+
+def test_a_node_whose_gpus_are_withheld_starts_ray_with_no_gpu(tmp_path: Path) -> None:
+    """Whatever the inventory asked (gpus: [...] or resources.GPU), `ray start` says
+    --num-gpus=0 and the container gets no GPU option."""
+    from provisioner.gpu.plan import without_gpus
+
+    inv = make_inventory(tmp_path)
+    for asked in (node(gpus=("0", "1")), node(resources={"GPU": 4.0, "x": 1.0}), node()):
+        args = commands.ray_start_args(inv, without_gpus(asked))
+        assert [a for a in args if "gpus" in a] == ["--num-gpus=0"], args
+        assert not any('"GPU"' in a for a in args), args
+    worker = dataclasses.replace(inv.workers[0], resources={"GPU": 2.0})
+    command = docker_runtime(inv, "sha256:abc").start_command(without_gpus(worker), None)
+    assert "--num-gpus=0" in command and "nvidia" not in command and "--gpus" not in command
+
+
+def test_up_shows_the_doctors_gpu_warnings_and_what_it_withheld() -> None:
+    """`up`'s warnings: the doctor's gpu.* warnings with their fix (not its other warnings,
+    nor its errors); a node whose GPUs Ray did not get, of which the doctor said nothing
+    (`up --no-doctor`), in up's own words; never both for one node."""
+    from provisioner.checks.findings import error, warning
+    from provisioner.cluster.up import gpu_warnings
+    from provisioner.gpu.plan import CPU_IMAGE_FIX, Withheld
+
+    cuda = check_gpus(node(), NodeFacts("n", gpu=gpu_facts("cdi_only")), PLAN_CPU)
+    (said,) = [f for f in cuda if f.check == "gpu.cuda"]
+    findings = [
+        said,
+        warning("resources.memory", "n", "little memory", "", "add memory"),
+        error("gpu.count", "m", "too many", "", "fewer"),
+    ]
+    withheld = {"n": Withheld(2, "the pinned image's torch is the CPU build", CPU_IMAGE_FIX)}
+    (line,) = gpu_warnings(findings, withheld)
+    assert line.startswith("n: gpu.cuda: the pinned image's torch is CPU-only")
+    assert "gives Ray none" in line and "Fix: build the CUDA image" in line
+    (own,) = gpu_warnings([], withheld)
+    assert own == (
+        "n: gpu.cuda: the pinned image's torch is the CPU build: Ray gets none of its 2 "
+        f"GPU(s), learners train on CPU. Fix: {CPU_IMAGE_FIX}"
+    )
+    assert gpu_warnings([findings[1]], {}) == []
+
+
+def test_up_reads_the_images_cuda_from_the_pin_where_ray_runs_the_image(tmp_path: Path) -> None:
+    from provisioner.cluster.up import image_cuda
+    from provisioner.image.pin import Pin, Versions
+    from provisioner.runtime import runtime_for
+
+    pin = Pin(
+        "sha256:" + "a" * 64, (), "base", "sha256:b", "c", Versions("3.11", "2.60", "2", "1"), 1
+    )
+    cuda = dataclasses.replace(pin, extra={"variant": "cuda", "cuda": "12.8"})
+    inv = make_inventory(tmp_path)
+    assert image_cuda(runtime_for(inv, pin), pin) == ""  # the CPU pin: no "cuda"
+    assert image_cuda(runtime_for(inv, cuda), cuda) == "12.8"
+    assert image_cuda(runtime_for(inv, pin), None) is None
+    hosted = make_inventory(tmp_path, runtime="host")
+    assert image_cuda(runtime_for(hosted, cuda), cuda) is None  # no image: the node's torch
