@@ -248,7 +248,7 @@ def _resuming(
             "--resume needs the inventory (the checkpoint goes to the head over SSH)",
             "add -i INVENTORY",
         )
-    if not Path(value).expanduser().is_dir() and JOB_ID.match(value):
+    if not Path(value).expanduser().is_dir() and JOB_ID.fullmatch(value):
         handlers.report(f"bringing home what the head holds of {value}")
         bring_home(target, value, results / value)
     source = find_source(value, results)
