@@ -184,3 +184,30 @@ def test_a_node_listing_a_hostile_scope_among_its_addresses_gives_only_checked_o
 
     words = "10.10.0.3 fe80::1%$(id) fe80::2%eth0 fe80::3%a;id\n"
     assert parse_addresses(words) == ["10.10.0.3", "fe80::2%eth0"]
+
+
+def test_the_doctors_bash_probe_never_runs_an_address(tmp_path: Path) -> None:
+    """The doctor's probe.sh without python3 (its bash fallback) is given a hostile
+    address: nothing runs; the same text read as code does run (positive control)."""
+    import subprocess
+
+    from provisioner.doctor import gather
+
+    script = (Path(gather.__file__).parent / "probe.sh").read_text()
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for tool in ("timeout", "bash", "touch"):  # no python3 on this PATH
+        (bin_ / tool).symlink_to(subprocess.run(
+            ["bash", "-c", f"command -v {tool}"], capture_output=True, text=True, check=True
+        ).stdout.strip())  # fmt: skip
+    mark = tmp_path / "PWNED"
+    hostile = f"fe80::1%$(touch${{IFS}}{mark})"
+    env = {"PATH": str(bin_)}
+    done = subprocess.run(
+        ["bash", "-s", "--", "1", f"{hostile}:9", "127.0.0.1:9"],
+        input=script, capture_output=True, text=True, env=env, timeout=60, check=False,
+    )  # fmt: skip
+    assert "127.0.0.1 9 refused" in done.stdout, done.stdout + done.stderr  # it ran the loop
+    assert not mark.exists()
+    subprocess.run(["bash", "-c", f"echo {hostile}"], env=env, timeout=30, check=False)
+    assert mark.exists()  # positive control
