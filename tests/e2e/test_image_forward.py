@@ -556,8 +556,9 @@ def test_a_hop_keeps_no_tag_its_sender_put_in_the_stream(
 
     with scenario(
         "a forwarding relay's sender puts an image tag of its own in its stream",
-        "the receiving hop removes the tag, the node's own image of that name keeps it, the "
-        "round fails on that node; a pin's stream (by ID) changes no tag",
+        "the receiving hop removes the tag and reports it (exit 4, read by the control "
+        "machine), the node's own image of that name keeps it; a pin's stream (by ID) "
+        "changes no tag",
         kind="security",
     ) as s:
         subprocess.run(["docker", "tag", evil.image_id, victim], check=True)  # the stream's
