@@ -142,7 +142,7 @@ def split_sections(text: str) -> dict[str, str]:
     sections: dict[str, list[str]] = {}
     current: list[str] | None = None
     for line in text.splitlines():
-        match = _SECTION.match(line)
+        match = _SECTION.fullmatch(line)
         if match:
             current = sections.setdefault(match.group(1), [])
         elif current is not None:

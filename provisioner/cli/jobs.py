@@ -256,7 +256,7 @@ def _resuming(
             "add -i INVENTORY",
         )
     home = results / value
-    by_id = not Path(value).expanduser().is_dir() and JOB_ID.match(value) is not None
+    by_id = not Path(value).expanduser().is_dir() and JOB_ID.fullmatch(value) is not None
     known = home.is_dir()  # a job known here: its results came home before
     unknown = f"--resume {value}: no such job is known here (no results of it came home here)"
     if by_id:

@@ -13,6 +13,7 @@ from dataclasses import replace
 from provisioner.console import Reporter, quiet
 from provisioner.errors import CommandFailed, InventoryError
 from provisioner.inventory import Inventory, Node
+from provisioner.inventory.address import checked_address
 from provisioner.remote import Pool, fan_out
 
 # every address of every interface, one a line ("2: eth1    inet 10.10.0.3/24 brd ..."); a
@@ -27,8 +28,8 @@ def parse_addresses(stdout: str) -> list[str]:
     matches = [m.group(1) for m in map(_INET.search, stdout.splitlines()) if m is not None]
     found: list[str] = []
     for word in matches if matches else stdout.split():
-        try:
-            found.append(str(ipaddress.ip_address(word)))
+        try:  # the one address check: a scope id only of an interface's name
+            found.append(str(ipaddress.ip_address(checked_address(word))))
         except ValueError:
             continue
     return found

@@ -33,7 +33,8 @@ fi
 for target in "$@"; do
   address=${target%:*} port=${target##*:}
   (
-    if timeout "$timeout_s" bash -c "exec 3<>/dev/tcp/$address/$port" 2>/dev/null; then r=ok
+    # address and port as the probe's arguments, never as its script's text
+    if timeout "$timeout_s" bash -c 'exec 3<>"/dev/tcp/$1/$2"' probe "$address" "$port" 2>/dev/null; then r=ok
     elif [ $? -eq 124 ]; then r=timeout; else r=refused; fi
     echo "$address $port $r"
   ) &

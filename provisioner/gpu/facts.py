@@ -78,7 +78,7 @@ class GpuFacts:
     @property
     def gpu_files(self) -> tuple[str, ...]:
         """/dev/nvidiaN: one per GPU the driver created."""
-        return tuple(d for d in self.devices if _GPU_FILE.match(d))
+        return tuple(d for d in self.devices if _GPU_FILE.fullmatch(d))
 
     @property
     def present(self) -> bool:

@@ -183,6 +183,6 @@ def accelerator_label_env(plan: GpuPlan) -> dict[str, str]:
     """The environment that gives Ray the node's accelerator-type label (none when the
     type is not a valid label value)."""
     kind = plan.accelerator_type
-    if not kind or not _LABEL_VALUE.match(kind):
+    if not kind or not _LABEL_VALUE.fullmatch(kind):
         return {}
     return {LABELS_ENV: json.dumps({ACCELERATOR_LABEL: kind})}

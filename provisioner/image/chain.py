@@ -32,7 +32,6 @@ from provisioner.errors import ConnectError, ProvisionerError, RemoteError
 from provisioner.image.chain_plan import (
     ALIVE_S,
     HOP_SCRIPT,
-    RECEIVED,
     SEND_KEY,
     SEND_KNOWN_HOSTS,
     Chain,
@@ -43,9 +42,10 @@ from provisioner.image.chain_plan import (
     first_chain,
     hop_command,
     hop_script,
-    parse_received,
+    parse_round_result,
     private_file_command,
     refeed_chain,
+    round_result_command,
     sent_bytes,
     write_hop_command,
 )
@@ -274,9 +274,20 @@ def _one_round(
 
     def check(node: Node) -> None:
         s = run.pool.session(node)
-        got = s.run(f"cat {shlex.quote(run.dirs[node.name])}/{RECEIVED}", timeout=30)
+        got = s.run(round_result_command(run.dirs[node.name]), timeout=30)
+        count, foreign = parse_round_result(got.stdout)
         with lock:
-            received[node.name] = parse_received(got.stdout)
+            received[node.name] = count
+        if foreign:  # the sender's own tags: the hop removed them; this round failed here
+            shown = ", ".join(repr(t[:80]) for t in foreign[:5])
+            raise RemoteError(
+                node.name,
+                f"the stream from {chain.sender_of(node.name)} carried image tags of its "
+                f"own ({shown}{', ...' if len(foreign) > 5 else ''}): the node removed them "
+                "(and tagged its own image of that name again, if it had one)",
+                f"check {chain.sender_of(node.name)}: a pin's stream names no tag",
+                kind="relay",
+            )
         verify_and_tag(s, run.pin, run.opts.tag, run.plans[node.name].image_id)
 
     failures = run.each(names, check)

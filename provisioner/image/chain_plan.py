@@ -27,6 +27,13 @@ from provisioner.image.savestream import SavedImage
 HOP_SCRIPT = "hop"  # the script each node runs for the stream it receives, in its relay dir
 RECEIVED = "received"  # bytes the node's hop read from its sender, counted by `wc -c`
 STARTED = "started"  # made by a round's hop when it starts: a second start is refused
+# The image tags the stream's own manifest gave (`docker load`'s "Loaded image: NAME"): a
+# pin's stream is a `docker save` by image ID and carries none, so any tag is the sender's
+# own doing; each is removed and the node's earlier image of that name (TAGS_BEFORE)
+# tagged again, and the round fails on that node (the control machine reads FOREIGN).
+FOREIGN = "foreign"
+TAGS_BEFORE = "tags.before"
+FOREIGN_RC = 4  # the hop's exit status when its stream carried tags
 SEND_KEY = "send.key"  # a sender's private half of its edge's key, in its relay dir
 SEND_KNOWN_HOSTS = "send.known_hosts"  # the host keys of its receiver only
 ALIVE_S = 10  # a hop's ssh ends ~30 s after the next node stops answering
@@ -150,7 +157,9 @@ def hop_script(directory: str, next_ssh: Sequence[str] | None, drop: Sequence[st
         # one stream per round: the relay key that runs this can load once, not again
         f"mkdir {STARTED} 2>/dev/null || "
         "{ echo 'hop: this round has received its stream already' >&2; exit 3; }",
-        f"rm -f fwd cnt {RECEIVED} load.out load.rc fwd.rc",
+        f"rm -f fwd cnt {RECEIVED} load.out load.rc fwd.rc {FOREIGN} {TAGS_BEFORE}",
+        "docker image ls --no-trunc --format '{{.Repository}}:{{.Tag}} {{.ID}}' "
+        f"> {TAGS_BEFORE} 2>/dev/null </dev/null",
         "mkfifo cnt",
         f"wc -c < cnt > {RECEIVED} &",
         "w=$!",
@@ -173,6 +182,17 @@ def hop_script(directory: str, next_ssh: Sequence[str] | None, drop: Sequence[st
     lines += [
         f"tee -p {outputs} | docker load > load.out 2>&1",
         "echo $? > load.rc",
+        # the pin's stream names no tag: one it names is the sender's, and goes
+        f"sed -n 's/^Loaded image: //p' load.out > {FOREIGN}",
+        f"if [ -s {FOREIGN} ]; then",
+        "  while IFS= read -r t; do",
+        '    docker rmi --no-prune "$t" </dev/null >/dev/null 2>&1 || '
+        'docker rmi -f --no-prune "$t" </dev/null >/dev/null 2>&1',
+        f"    old=$(awk -v t=\"$t\" '$1 == t {{print $2; exit}}' {TAGS_BEFORE})",
+        '    [ -z "$old" ] || docker tag "$old" "$t" </dev/null >/dev/null 2>&1',
+        f"  done < {FOREIGN}",
+        f"  echo {FOREIGN_RC} > load.rc",
+        "fi",
     ]
     if next_ssh is not None:
         lines.append('wait "$f"')
@@ -226,6 +246,20 @@ def sent_bytes(chain: Chain, received: Mapping[str, int]) -> dict[str, int]:
         sender = chain.sender_of(hop.node)
         out[sender] = out.get(sender, 0) + received.get(hop.node, 0)
     return out
+
+
+def round_result_command(directory: str) -> str:
+    """Run on a node after a round: the bytes its hop received, then each tag its stream
+    carried that the hop removed (`tag: NAME`, one a line)."""
+    d = shlex.quote(directory)
+    return f"cat {d}/{RECEIVED}; echo; sed 's/^/tag: /' {d}/{FOREIGN} 2>/dev/null; true"
+
+
+def parse_round_result(stdout: str) -> tuple[int, list[str]]:
+    """`round_result_command`'s answer: (bytes received, the tags the stream carried)."""
+    lines = stdout.splitlines()
+    tags = [line.removeprefix("tag: ") for line in lines[1:] if line.startswith("tag: ")]
+    return parse_received(lines[0] if lines else ""), tags
 
 
 def parse_received(stdout: str) -> int:

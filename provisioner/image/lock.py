@@ -78,7 +78,7 @@ def index_urls(text: str) -> list[str]:
     `--index-url` and `-i` too), in order."""
     urls: list[str] = []
     for raw in text.replace("\\\n", " ").splitlines():
-        m = _INDEX.match(" ".join(raw.split("#", 1)[0].split()))
+        m = _INDEX.fullmatch(" ".join(raw.split("#", 1)[0].split()))
         if m is not None and m["url"] not in urls:
             urls.append(m["url"])
     return urls
@@ -90,7 +90,7 @@ def without_indexes(text: str) -> str:
     kept = [
         line
         for line in text.splitlines(keepends=True)
-        if _INDEX.match(" ".join(line.split("#", 1)[0].split())) is None
+        if _INDEX.fullmatch(" ".join(line.split("#", 1)[0].split())) is None
     ]
     return "".join(kept)
 
@@ -115,9 +115,9 @@ def parse_lock(text: str, where: str) -> list[LockedWheel]:
     logical = text.replace("\\\n", " ")
     for number, raw in enumerate(logical.splitlines(), start=1):
         line = " ".join(raw.split("#", 1)[0].split())
-        if not line or _INDEX.match(line):
+        if not line or _INDEX.fullmatch(line):
             continue
-        m = _LINE.match(line)
+        m = _LINE.fullmatch(line)
         if m is None:
             raise InputError(
                 f"line {number}: {line!r} is not `name==version --hash=sha256:HEX`",

@@ -21,7 +21,7 @@ from provisioner.errors import InputError
 SCHEMA = 1
 CLUSTER_TAG = "provisioner/ray:cluster"
 BUILD_TAG = "provisioner/ray:local"
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # checked whole (fullmatch)
 _FIX = "run `provisioner image build` to build the image and write its pin again"
 
 
@@ -82,7 +82,7 @@ def pin_from_dict(data: Any, where: str) -> Pin:
 
     def text(key: str, pattern: re.Pattern[str] | None = None) -> str:
         value = data.get(key)
-        if not isinstance(value, str) or not value or (pattern and not pattern.match(value)):
+        if not isinstance(value, str) or not value or (pattern and not pattern.fullmatch(value)):
             raise InputError(f"field {key!r} is missing or malformed: {value!r}", _FIX, where=where)
         return value
 
@@ -90,7 +90,7 @@ def pin_from_dict(data: Any, where: str) -> Pin:
     if not isinstance(layers, list) or not layers:
         raise InputError("field 'layers' must be a non-empty list", _FIX, where=where)
     for layer in layers:
-        if not isinstance(layer, str) or not _DIGEST.match(layer):
+        if not isinstance(layer, str) or not _DIGEST.fullmatch(layer):
             raise InputError(f"layer {layer!r} is not a sha256 digest", _FIX, where=where)
     versions = data.get("versions")
     keys = ("python", "ray", "torch", "gymnasium")

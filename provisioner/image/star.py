@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from provisioner.console import Reporter
-from provisioner.errors import ProvisionerError, RemoteError
+from provisioner.errors import InputError, ProvisionerError, RemoteError
 from provisioner.image.direct import (
     NodePush,
     PushOptions,
@@ -41,6 +41,7 @@ from provisioner.image.direct import (
 )
 from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
+from provisioner.inventory.address import address_problem
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.hostkeys import read_known_hosts
 
@@ -86,6 +87,15 @@ def authorized_line(
 
 
 def _line_prefix(head_address: str, command: str = RELAY_COMMAND) -> str:
+    # sshd reads `from="..."` as a pattern list: only checked addresses go in (address.py:
+    # no quote, comma, pattern character or scope id of any character but an interface's)
+    for each in head_address.split(","):
+        why = address_problem(each)
+        if why:
+            raise InputError(
+                f"refused to authorize a relay key from {head_address!r}: {why}",
+                "give the node an IP address or a DNS name in the inventory",
+            )
     return f'from="{head_address}",restrict,command="{command}",expiry-time="'
 
 

@@ -21,7 +21,6 @@ the ports without talking. The rendered sbatch script does the same arithmetic i
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
@@ -29,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from provisioner.errors import InputError
+from provisioner.inventory.address import address_problem as checked_problem
 from provisioner.inventory.models import Hop, Inventory, Node, RayPorts, Role
 
 BLOCKS_START = 20000  # below Linux's ephemeral range (32768-60999)
@@ -55,10 +55,10 @@ def job_ports(job_id: int) -> RayPorts:
     return RayPorts.from_base(port_base(job_id), BLOCK_SIZE)
 
 
-# A node name as SLURM may give it (a host name, one folder name here) and an address
-# (an IP address or a DNS name); checked whole (fullmatch: no trailing newline either).
+# A node name as SLURM may give it (a host name, one folder name here), checked whole
+# (fullmatch: no trailing newline either); its address is checked as every address is
+# (address.py: an IP address, its IPv6 scope id an interface's name, or a DNS name).
 _NODE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
-_HOST_NAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 NAME_FIX = (
     "nothing was recorded; a SLURM node name is a host name (letters, digits, '.', '_', '-'): "
     "find out why the login node answers this (a misconfigured or compromised login node, "
@@ -74,15 +74,10 @@ def node_name_problem(name: str) -> str | None:
 
 
 def address_problem(address: str) -> str | None:
-    """Why `address` is not an IP address or a DNS name (None: it is one)."""
-    try:
-        ipaddress.ip_address(address)
-        return None
-    except ValueError:
-        pass
-    if _HOST_NAME.fullmatch(address) and not address.startswith(("-", ".")):
-        return None
-    return f"node address {address!r} is neither an IP address nor a DNS name"
+    """Why `address` is not an IP address or a DNS name (None: it is one): the one
+    address check (address.py), as a node's address."""
+    why = checked_problem(address)
+    return f"node {why}" if why else None
 
 
 @dataclass(frozen=True)

@@ -17,21 +17,22 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InventoryError
+from provisioner.inventory.address import SCOPE_TEXT, checked_address
 from provisioner.inventory.models import PORT_BASE_MAX, PORT_BASE_MIN, PORT_BLOCK, RayPorts
 
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$")
-_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
-_CLUSTER = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+# Each pattern is checked whole (fullmatch): `re.match` with `$` accepts a trailing newline.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?")
+_CLUSTER = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 # Ray's node label syntax (Kubernetes'): a name of 63 characters at most, alphanumeric at
 # both ends, `-_.` between; a key may have a DNS-style prefix and `/`. Ray splits
 # `--labels=k=v,k=v` on `,` and `=`, so a value holding them would reach it as other labels.
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?"
-_LABEL_VALUE = re.compile(rf"^(?:{_LABEL})?$")
-_LABEL_KEY = re.compile(rf"^(?:(?=[^/]{{1,253}}/)(?:{_LABEL})(?:\.(?:{_LABEL}))*/)?{_LABEL}$")
+_LABEL_VALUE = re.compile(rf"(?:{_LABEL})?")
+_LABEL_KEY = re.compile(rf"(?:(?=[^/]{{1,253}}/)(?:{_LABEL})(?:\.(?:{_LABEL}))*/)?{_LABEL}")
 RAY_LABEL_PREFIX = "ray.io/"  # reserved for Ray's own labels
-_PYTHON = re.compile(r"^/[A-Za-z0-9_./+-]{1,255}$")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_PYTHON = re.compile(r"/[A-Za-z0-9_./+-]{1,255}")
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*", re.IGNORECASE)
 
 # One table per settings schema: name -> what it holds (used for errors and docs).
 TOP_FIELDS = {
@@ -127,8 +128,9 @@ def check_keys(
 def check_name(value: Any, where: Where, field: str) -> str:
     if isinstance(value, str) and ":" in value:  # an IPv6 address used as a host's name
         with contextlib.suppress(ValueError):
-            return str(ipaddress.IPv6Address(value))
-    if not isinstance(value, str) or not _NAME.match(value):
+            ipaddress.IPv6Address(value)
+            return check_address(value, where, field)  # its scope id checked too
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise where.error(
             field,
             "expected a name of letters, digits, '.', '_' or '-' (not starting with '-'),"
@@ -139,16 +141,19 @@ def check_name(value: Any, where: Where, field: str) -> str:
 
 
 def check_address(value: Any, where: Where, field: str) -> str:
-    if isinstance(value, str):
-        try:
-            return str(ipaddress.ip_address(value))
-        except ValueError:
-            if _HOSTNAME.match(value) and not value.startswith("-"):
-                return value
+    """An IP address (in its usual form) or a DNS name: `address.checked_address`, the one
+    check every address gets (an IPv6 scope id only as an interface's name or number)."""
+    try:
+        return checked_address(value)
+    except ValueError:
+        pass
+    scoped = isinstance(value, str) and "%" in value
     raise where.error(
         field,
-        f"expected an IP address or DNS name, got {value!r}",
-        "write an address such as 10.0.0.5 or a name such as gpu-01.lab.example",
+        f"expected an IP address or DNS name, got {value!r}"
+        + (f" ({SCOPE_TEXT})" if scoped else ""),
+        "write an address such as 10.0.0.5 or a name such as gpu-01.lab.example"
+        + (", or a link-local address with its interface, e.g. fe80::1%eth0" if scoped else ""),
     )
 
 
@@ -158,7 +163,7 @@ def check_ray_address(value: Any, where: Where, field: str) -> str | None:
     if value is None:
         return None
     try:
-        return str(ipaddress.ip_address(str(value)))
+        return str(ipaddress.ip_address(checked_address(str(value))))
     except ValueError:
         raise where.error(
             field,
@@ -185,7 +190,7 @@ def check_ray_subnet(value: Any, where: Where, field: str) -> str | None:
 
 
 def check_user(value: Any, where: Where, field: str) -> str:
-    if not isinstance(value, str) or not _USER.match(value):
+    if not isinstance(value, str) or not _USER.fullmatch(value):
         raise where.error(
             field,
             f"expected a login name (letters, digits, '.', '_', '-'), got {value!r}",
@@ -195,7 +200,7 @@ def check_user(value: Any, where: Where, field: str) -> str:
 
 
 def check_cluster(value: Any, where: Where, field: str) -> str:
-    if not isinstance(value, str) or not _CLUSTER.match(value):
+    if not isinstance(value, str) or not _CLUSTER.fullmatch(value):
         raise where.error(
             field,
             f"expected lowercase letters, digits and '-', got {value!r}",
@@ -270,14 +275,14 @@ def check_jump(value: Any, where: Where, field: str) -> str | None:
     return text
 
 
-_RUNTIME_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_RUNTIME_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 def check_runtime(value: Any, where: Where, field: str) -> tuple[str, str]:
     """A runtime's name, as data, and where the inventory writes it (`FILE:LINE`):
     the inventory checks its form; provisioner.runtime.registry refuses a name it does not
     know, naming that place, before any verb runs."""
-    if not isinstance(value, str) or not _RUNTIME_NAME.match(value):
+    if not isinstance(value, str) or not _RUNTIME_NAME.fullmatch(value):
         raise where.error(
             field,
             f"expected a runtime's name, got {value!r}",
@@ -290,7 +295,7 @@ def check_runtime(value: Any, where: Where, field: str) -> tuple[str, str]:
 def check_python(value: Any, where: Where, field: str) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not _PYTHON.match(value):
+    if not isinstance(value, str) or not _PYTHON.fullmatch(value):
         raise where.error(
             field,
             f"expected an absolute path to a Python interpreter, got {value!r}",
@@ -314,7 +319,7 @@ def check_size(value: Any, where: Where, field: str) -> int | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    match = None if isinstance(value, bool) else _SIZE.match(str(value))
+    match = None if isinstance(value, bool) else _SIZE.fullmatch(str(value))
     size = 0
     if match:
         number, unit = float(match.group(1)), match.group(2).lower()
@@ -347,13 +352,13 @@ def check_label_map(value: Any, where: Where, field: str) -> dict[str, str]:
         "(Ray's label syntax; a key may have a DNS prefix: example.com/zone)"
     )
     for key, text in labels.items():
-        if not _LABEL_KEY.match(key) or key.startswith(RAY_LABEL_PREFIX):
+        if not _LABEL_KEY.fullmatch(key) or key.startswith(RAY_LABEL_PREFIX):
             raise where.error(
                 f"{field}.{key[:60]}",
                 f"{key[:60]!r} is not a Ray label name",
                 f"use {syntax}, not starting with {RAY_LABEL_PREFIX}",
             )
-        if not _LABEL_VALUE.match(text):
+        if not _LABEL_VALUE.fullmatch(text):
             raise where.error(
                 f"{field}.{key}",
                 f"{text[:60]!r} is not a Ray label value (Ray would read `,` and `=` as other "
@@ -373,7 +378,7 @@ def check_resource_map(value: Any, where: Where, field: str) -> dict[str, float]
     return {k: check_number(v, where, f"{field}.{k}", zero_ok=True) for k, v in value.items()}
 
 
-_GPU_ID = re.compile(r"^(?:\d{1,3}|(?:GPU|MIG)-[A-Za-z0-9/-]{1,80})$")
+_GPU_ID = re.compile(r"(?:\d{1,3}|(?:GPU|MIG)-[A-Za-z0-9/-]{1,80})")
 
 
 def check_gpus(
@@ -394,7 +399,7 @@ def check_gpus(
         value = []
     items = [value] if isinstance(value, int | str) and not isinstance(value, bool) else value
     if not isinstance(items, list) or any(
-        isinstance(i, bool) or not isinstance(i, int | str) or not _GPU_ID.match(str(i))
+        isinstance(i, bool) or not isinstance(i, int | str) or not _GPU_ID.fullmatch(str(i))
         for i in items
     ):
         raise where.error(

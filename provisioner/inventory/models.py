@@ -136,7 +136,7 @@ _TIME = re.compile(
 
 def time_seconds(text: str) -> int:
     """Seconds in a SLURM time limit (sbatch --time's formats); ValueError if not one."""
-    m = _TIME.match(text)
+    m = _TIME.fullmatch(text)
     if not m:
         raise ValueError(text)
     g = {k: int(v) for k, v in m.groupdict().items() if v is not None}

@@ -42,7 +42,7 @@ def parse_progress(stdout: str) -> dict[str, dict[str, Any] | None]:
     parts = stdout.split("\0")
     found: dict[str, dict[str, Any] | None] = {}
     for name, text in zip(parts[0::2], parts[1::2], strict=False):
-        if not specs.JOB_ID.match(name):
+        if not specs.JOB_ID.fullmatch(name):
             continue
         try:
             data = json.loads(text) if text.strip() else None

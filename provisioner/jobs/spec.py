@@ -29,7 +29,7 @@ PRICE_ENV = "PROVISIONER_PRICE_PER_NODE_HOUR"
 # Files that never travel with the working_dir (besides .gitignore'd ones, which Ray honours).
 EXCLUDES = ["results/", "__pycache__/", "*.pyc", ".git/"]
 # Job ids name directories on the head and here: keep them to a safe alphabet.
-JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")  # \Z: even `.match` refuses "id\n"
 # Keys of the job's metadata in Ray (what `jobs list` shows).
 META_PLAYBOOK = "provisioner.playbook"
 META_ARGS = "provisioner.args"
@@ -40,7 +40,7 @@ META_RESUMED = "provisioner.resumed_from"
 
 def check_job_id(job_id: str) -> str:
     """`job_id`, or an InputError when it could not safely name a directory."""
-    if not JOB_ID.match(job_id):
+    if not JOB_ID.fullmatch(job_id):
         raise InputError(
             f"{job_id!r} is not a job id",
             "use the id `submit` printed or `provisioner jobs list` shows (letters, digits, . _ -)",

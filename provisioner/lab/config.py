@@ -174,7 +174,7 @@ class LabConfig:
 
 
 def validate(cfg: LabConfig) -> None:
-    if not _NAME_RE.match(cfg.name):
+    if not _NAME_RE.fullmatch(cfg.name):
         raise InputError(
             f"invalid lab name {cfg.name!r}",
             "use 1-20 characters: lowercase letters, digits and '-', starting with a letter",

@@ -88,11 +88,14 @@ def wait_for_port_command(host: str, port: int, timeout: float, running_test: st
     """Poll HOST:PORT from the node every 0.1 s until it accepts a connection (exit 0);
     exit 3 as soon as `running_test` (the runtime's: is this cluster's Ray still running
     here?) fails, 1 after `timeout` seconds."""
-    probe = shlex.quote(f"exec 3<>/dev/tcp/{host}/{port}")
+    # HOST and PORT reach the probe's bash as its arguments, never as its script's text: no
+    # value of them is read as code by either shell
+    probe = shlex.quote('exec 3<>"/dev/tcp/$1/$2"')
+    target = f"{shlex.quote(host)} {int(port)}"
     tries = max(1, int(timeout * 10))
     return (
         f"for i in $(seq {tries}); do "
-        f"timeout 1 bash -c {probe} 2>/dev/null && exit 0; "
+        f"timeout 1 bash -c {probe} probe {target} 2>/dev/null && exit 0; "
         f"if [ $((i % 10)) = 0 ] && ! {{ {running_test}; }}; then exit 3; fi; "
         "sleep 0.1; done; exit 1"
     )

@@ -33,6 +33,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from provisioner.errors import InputError
 from provisioner.inventory import Inventory, Node
+from provisioner.inventory.address import address_problem
 from provisioner.local import private_dir
 from provisioner.node import layout
 
@@ -123,6 +124,12 @@ def subject_names(address: str) -> list[x509.GeneralName]:
     """The names a node's certificate holds: its Ray address (an IP as an IP name and as
     text, which gRPC's check of a dialled IP accepts either way; a hostname as a DNS name),
     and the loopback names Ray's processes on the node dial each other by."""
+    why = address_problem(address)  # only a checked address names a node (address.py)
+    if why:
+        raise InputError(
+            f"refused to issue a node certificate: {why}",
+            "give the node an IP address or a DNS name in the inventory",
+        )
     names: list[x509.GeneralName] = []
     with contextlib.suppress(ValueError):  # not an IP: a hostname
         names.append(x509.IPAddress(ipaddress.ip_address(address)))

@@ -30,7 +30,7 @@ def check_local(instance_type: str, count: int) -> None:
     check_count(count)
     if instance_type in LOCAL_TYPES:
         return
-    if _ML_TYPE.match(instance_type):
+    if _ML_TYPE.fullmatch(instance_type):
         raise InputError(
             f"--instance-type {instance_type}: real SageMaker is not reachable from here "
             "(no AWS account or credentials are used)",
@@ -47,7 +47,7 @@ def check_local(instance_type: str, count: int) -> None:
 def check_real(instance_type: str, count: int) -> None:
     """`render` is for real instance types (ml.*)."""
     check_count(count)
-    if not _ML_TYPE.match(instance_type):
+    if not _ML_TYPE.fullmatch(instance_type):
         raise InputError(
             f"--instance-type {instance_type!r} is not a SageMaker instance type",
             "give an ml.* type such as ml.c5.2xlarge (`sagemaker run --instance-type local` "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -21,6 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.image.chain_plan import (
+    FOREIGN_RC,
+    hop_script,
+    parse_round_result,
+    round_result_command,
+)
 from provisioner.image.direct import SavedCache
 from provisioner.image.pin import Pin, read_pin
 from provisioner.image.push import PushOptions, PushReport, push_image
@@ -509,3 +516,76 @@ def test_ctrl_c_mid_round_removes_every_relay_key(
         assert not private_keys(node), node.name
         assert image_on(node, pin.tag) == "", node.name  # nothing tagged by a broken push
     remove(nodes, pin)
+
+
+def test_a_hop_keeps_no_tag_its_sender_put_in_the_stream(
+    inventory: Inventory, base_pin: Pin
+) -> None:
+    """A sender's stream goes straight into its receiver's `docker load`, which applies any
+    tag the stream's manifest names. The hop script (as the relay writes it) removes each
+    such tag and tags the node's own image of that name again; the round fails there.
+    Positive controls: the same stream into a plain `docker load` retags the node's image;
+    a pin's stream (saved by ID, no tag) goes through the hop and changes no tag."""
+    from tests.e2e.faults.record import scenario
+
+    node = inventory.nodes[0]
+    own = filler_image(base_pin, f"{REPO}:own", 1)
+    evil = filler_image(base_pin, f"{REPO}:evil", 1)
+    victim = f"{REPO}:victim"
+    work = "/tmp/provisioner-hop-test"
+
+    def feed(ref: str, command: str) -> int:
+        save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
+        done = subprocess.run(
+            ["docker", "exec", "-i", node.name, "sh", "-c", command],
+            stdin=save.stdout,
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
+        assert save.wait(60) == 0
+        return done.returncode
+
+    def hop(ref: str) -> tuple[int, list[str]]:
+        rc, out = on_node(node, f"rm -rf {work} && mkdir -p {work}")
+        assert rc == 0, out
+        on_node(node, f"cat > {work}/hop <<'EOF'\n{hop_script(work, None, ())}EOF")
+        code = feed(ref, f"sh {work}/hop")
+        rc, out = on_node(node, round_result_command(work))
+        return code, parse_round_result(out)[1]
+
+    with scenario(
+        "a forwarding relay's sender puts an image tag of its own in its stream",
+        "the receiving hop removes the tag and reports it (exit 4, read by the control "
+        "machine), the node's own image of that name keeps it; a pin's stream (by ID) "
+        "changes no tag",
+        kind="security",
+    ) as s:
+        subprocess.run(["docker", "tag", evil.image_id, victim], check=True)  # the stream's
+        try:
+            assert feed(own.tag, "docker load") == 0  # the node's own image of that name
+            on_node(node, f"docker tag {own.tag} {victim}")
+            own_id = image_on(node, victim)
+            assert own_id, "the node's own image is not there"
+            # positive control: a plain `docker load` takes the sender's tag
+            assert feed(victim, "docker load") == 0
+            assert image_on(node, victim) not in ("", own_id)
+            on_node(node, f"docker tag {own_id} {victim}")
+            assert image_on(node, victim) == own_id
+
+            code, foreign = hop(victim)
+            assert code == FOREIGN_RC and foreign == [victim], (code, foreign)
+            assert image_on(node, victim) == own_id, "the sender's tag stayed"
+            # a pin's stream: saved by ID, it names no tag, and goes through
+            code, foreign = hop(evil.image_id)
+            assert code == 0 and foreign == [], (code, foreign)
+            assert image_on(node, victim) == own_id
+        finally:
+            subprocess.run(["docker", "image", "rm", victim], capture_output=True, check=False)
+            on_node(node, f"rm -rf {work}")
+        s.observed = (
+            "positive control: the sender's stream naming the node's tag, into a plain "
+            "`docker load`, moved that tag to the sender's image; through the hop: exit "
+            f"{FOREIGN_RC}, the tag reported, the node's tag on its own image again; a stream "
+            "saved by ID went through the hop (exit 0) and changed no tag"
+        )

@@ -13,6 +13,12 @@ and munge): another user on a compute node, and a hostile login node.
   the logs folder; a record holding such a name is refused where it is read back.
   Positive control: through the same wrapper, plain names give a cluster whose logs
   land in LOGS/NODE.
+- The login node answers a scoped IPv6 address whose scope id is a command substitution
+  (`fe80::1%$(touch ...)`, which Python's `ipaddress` accepts): `up` refuses it (exit 2,
+  the scope id named), cancels its job and records nothing; the marker file exists on no
+  node nor here. The command `up` runs on the head to wait for a port, run by the lab
+  user's bash on the login node with that address, runs nothing either. Positive control:
+  the same text read as code by that bash does create the marker.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from provisioner.inventory import load_inventory
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.commands import wait_for_port_command
 from tests.e2e.faults.record import scenario
 from tests.e2e.helpers import cli, ssh_args
 from tests.e2e.test_slurm import cli_json, inventory_for, on_login, wait_gone
@@ -294,3 +301,73 @@ def test_a_login_node_that_answers_hostile_node_names_writes_nothing_outside_the
             "collected; nothing written outside the logs folder"
         )
         s.measured = f"{len(cases)} hostile answers refused"
+
+
+PWNED = "/tmp/provisioner-pwned-scope"
+# a scope id that `ipaddress` accepts (no '/': `${PWD:0:1}` is one where the shell runs)
+SCOPED = "fe80::1%$(touch${IFS}${PWD:0:1}tmp${PWD:0:1}provisioner-pwned-scope)"
+
+
+def marked(lab: LabInfo) -> list[str]:
+    """Where the marker file exists: the lab's nodes and this machine."""
+    found = [n.name for n in lab.nodes if exec_rc(n.container, f"test -e {PWNED}")[0] == 0]
+    return found + (["here"] if Path(PWNED).exists() else [])
+
+
+def test_a_login_node_that_answers_a_scoped_address_runs_nothing(
+    slurm_lab: LabInfo, hostile_login: LabNode
+) -> None:
+    login = hostile_login
+    inventory = inventory_for(slurm_lab, "scoped", 1)
+    cluster = f"{slurm_lab.name}-scoped"
+    record = load_inventory(Path(inventory)).state_dir / "slurm.json"
+    with scenario(
+        "the SLURM login node answers a scoped IPv6 address whose scope id is a command",
+        "`up` refuses it (exit 2, naming the login node and the scope id), cancels its job "
+        "and records nothing; the command runs nowhere, nor does it when the wait-for-port "
+        "command `up` runs on a head is given that address",
+        kind="security",
+    ) as s:
+        try:
+            for node in slurm_lab.nodes:
+                exec_rc(node.container, f"rm -f {PWNED}")
+            Path(PWNED).unlink(missing_ok=True)
+            # positive control: that text, read as code by the lab user's bash, runs
+            as_user(login, "lab", f"cd /tmp && bash -c {shlex.quote('echo ' + SCOPED)}")
+            assert marked(slurm_lab) == [login.name]
+            as_root(login, f"rm -f {PWNED}")
+            assert marked(slurm_lab) == []
+
+            # the command `up` runs on the head to wait for a port, given that address,
+            # run by the same bash: the address is an argument, never code
+            wait = wait_for_port_command(SCOPED, 9, 0.2, "true")
+            rc, out = exec_rc(login.container, f"su -s /bin/bash lab -c {shlex.quote(wait)}")
+            assert rc == 1, (rc, out[-1500:])  # it timed out: port 9 of that address never answers
+            assert marked(slurm_lab) == [], "the wait-for-port command ran the scope id"
+
+            sed = f"s|NodeAddr=[^ ]*|NodeAddr={SCOPED}|"
+            as_root(login, f"printf '%s\\n' {shlex.quote(sed)} >/tmp/scontrol.sed")
+            code, out, err = cli("up", "-i", inventory, "--json")
+            assert code == 2, (code, err[-3000:])
+            assert "show node" in as_root(login, "cat /tmp/scontrol-calls")  # it answered
+            error = json.loads(out)["error"]
+            assert error["kind"] == "InputError" and error["where"] == login.name, error
+            assert "refused a node of the SLURM allocation" in error["message"], error
+            assert "scope id that is not an interface's name" in error["message"], error
+            assert "Traceback" not in err and "cancelling it" in err, err[-2000:]
+            left = on_login(slurm_lab, f"squeue -h -n provisioner-{cluster} -o %i")
+            assert not left.strip(), f"a job left queued: {left}"
+            assert not record.exists(), "recorded"
+            assert marked(slurm_lab) == [], "the scope id ran"
+        finally:
+            as_root(login, ": >/tmp/scontrol.sed")
+            cli("down", "-i", inventory, "--no-logs")
+            for node in slurm_lab.nodes:
+                exec_rc(node.container, f"rm -f {PWNED}")
+        s.observed = (
+            "positive control: the address read as code by the lab user's bash on the login "
+            "node created the marker file; the wait-for-port command given that address "
+            "timed out and created nothing; `up` with the login node answering it: exit 2 "
+            "naming the login node and the scope id, its job cancelled, nothing recorded, "
+            "the marker on no node nor here"
+        )

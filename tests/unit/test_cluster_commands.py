@@ -146,7 +146,44 @@ def test_wait_for_port_command_runs_in_bash() -> None:
     assert subprocess.run(["bash", "-c", wait], timeout=30).returncode == 3
     wait = commands.wait_for_port_command("127.0.0.1", port, 0.3, running)
     assert subprocess.run(["bash", "-c", wait], timeout=30).returncode == 1
-    assert "'exec 3<>/dev/tcp/127.0.0.1/" in wait and "ray-nosuch" in wait
+    assert f"""bash -c 'exec 3<>"/dev/tcp/$1/$2"' probe 127.0.0.1 {port} """ in wait
+    assert "ray-nosuch" in wait
+
+
+HOSTILE_HOSTS = [
+    "fe80::1%$(touch${IFS}MARK)",
+    "fe80::1%`touch${IFS}MARK`",
+    "fe80::1%x;touch${IFS}MARK",
+    "fe80::1%x|touch${IFS}MARK",
+    "x/1;touch MARK;#",
+    "x'; touch MARK; '",
+    'x"; touch MARK; "',
+    "x\ntouch MARK",
+]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_HOSTS)
+def test_wait_for_port_command_never_runs_its_host(hostile: str, tmp_path: Path) -> None:
+    """Whatever the host is (the builder's defence in depth: addresses are checked when
+    read), it reaches the probe's bash as an argument, quoted once: by string, and run in
+    bash, where the same text as code does run (positive control)."""
+    import shlex
+
+    mark = tmp_path / "PWNED"
+    host = hostile.replace("MARK", str(mark))
+    wait = commands.wait_for_port_command(host, 9, 0.1, "true")
+    assert f"probe {shlex.quote(host)} 9 " in wait
+    assert shlex.split(wait.split("bash -c ", 1)[1])[:4] == [
+        'exec 3<>"/dev/tcp/$1/$2"',
+        "probe",
+        host,
+        "9",
+    ]
+    assert subprocess.run(["bash", "-c", wait], timeout=30).returncode == 1
+    assert not mark.exists()
+    if "$(" in hostile:  # positive control: the same host as the text of a script runs
+        subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/{host}/9"], timeout=30, check=False)
+        assert mark.exists()
 
 
 def test_port_block_reaches_ray_start_on_head_and_workers(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.image.chain_plan import (
+    FOREIGN_RC,
     Chain,
     Hop,
     chain_order,
@@ -23,8 +24,10 @@ from provisioner.image.chain_plan import (
     hop_script,
     layer_members,
     parse_received,
+    parse_round_result,
     private_file_command,
     refeed_chain,
+    round_result_command,
     sent_bytes,
     write_hop_command,
 )
@@ -118,7 +121,15 @@ def _fake_bin(tmp: Path) -> Path:
     with the real sh, tee, tar and wc (the lab runs it on real nodes)."""
     bin_ = tmp / "bin"
     bin_.mkdir(exist_ok=True)
-    (bin_ / "docker").write_text(f"#!/bin/sh\ncat > {tmp}/loaded\necho Loaded\n")
+    (bin_ / "docker").write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {tmp}/docker-calls\n'
+        'case "$1" in\n'
+        f"load) cat > {tmp}/loaded; cat {tmp}/load-says 2>/dev/null "
+        "|| echo 'Loaded image ID: sha256:1' ;;\n"
+        f"image) cat {tmp}/tags-now 2>/dev/null ;;\n"
+        "esac\n"
+    )
     (bin_ / "ssh").write_text(f"#!/bin/sh\ncat > {tmp}/forwarded\n")
     for f in bin_.iterdir():
         f.chmod(0o755)
@@ -148,6 +159,60 @@ def test_the_hop_loads_forwards_without_the_cut_files_and_counts_what_it_receive
         forwarded = tar.getnames()
     assert forwarded == ["d0/layer.tar", "d2/layer.tar", "manifest.json"]
     assert int((work / "received").read_text()) == len(stream)
+
+
+def test_a_tag_the_stream_carries_is_removed_and_the_nodes_own_tagged_again(
+    tmp_path: Path,
+) -> None:
+    """A pin's stream is a `docker save` by ID: `docker load` names no tag. A sender that
+    puts tags in its stream gets them removed on the receiver (the receiver's own image of
+    that name tagged again), the hop exits FOREIGN_RC, and the control machine reads the
+    tags; a stream with none goes through (positive control)."""
+    work = tmp_path / "relay"
+    work.mkdir()
+    script = hop_script(str(work), None, ())
+    assert "docker image ls --no-trunc --format" in script
+    assert "sed -n 's/^Loaded image: //p' load.out > foreign" in script
+    (work / "tags-now").write_text("ubuntu:22.04 sha256:own\n<none>:<none> sha256:x\n")
+    (work / "load-says").write_text(
+        "Loaded image: ubuntu:22.04\nLoaded image: evil/new:1\nLoaded image ID: sha256:p\n"
+    )
+    done = run_hop(work, script, b"stream")
+    assert done.returncode == FOREIGN_RC, done.stderr
+    calls = (work / "docker-calls").read_text().splitlines()
+    assert calls == [
+        "image ls --no-trunc --format {{.Repository}}:{{.Tag}} {{.ID}}",
+        "load",
+        "rmi --no-prune ubuntu:22.04",
+        "tag sha256:own ubuntu:22.04",  # the node's own image of that name, tagged again
+        "rmi --no-prune evil/new:1",  # no image of that name before: only removed
+    ]
+    result = subprocess.run(
+        ["sh", "-c", round_result_command(str(work))], capture_output=True, text=True
+    )
+    assert parse_round_result(result.stdout) == (6, ["ubuntu:22.04", "evil/new:1"])
+
+    (work / "load-says").write_text("Loaded image ID: sha256:p\n")  # a pin's stream
+    subprocess.run(["sh", "-c", write_hop_command(str(work))], input=script.encode(), check=True)
+    (work / "docker-calls").unlink()
+    assert run_hop(work, script, b"pin").returncode == 0
+    assert [c.split()[0] for c in (work / "docker-calls").read_text().splitlines()] == [
+        "image",
+        "load",
+    ]
+    result = subprocess.run(
+        ["sh", "-c", round_result_command(str(work))], capture_output=True, text=True
+    )
+    assert parse_round_result(result.stdout) == (3, [])
+
+
+def test_round_result_is_read_by_string() -> None:
+    assert round_result_command("/tmp/d ir") == (
+        "cat '/tmp/d ir'/received; echo; sed 's/^/tag: /' '/tmp/d ir'/foreign 2>/dev/null; true"
+    )
+    assert parse_round_result("12\ntag: a:1\ntag: b\n") == (12, ["a:1", "b"])
+    assert parse_round_result("") == (0, [])
+    assert parse_round_result("\ntag: x\n") == (0, ["x"])
 
 
 def test_a_failing_load_does_not_stop_the_forwarding(tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def parse_resources(text: str | None, env: Mapping[str, str]) -> Resources:
     if not isinstance(hosts, list) or not hosts:
         raise ContractError("resourceconfig.json has no `hosts` list (nor is SM_HOSTS set)")
     for h in hosts:
-        if not isinstance(h, str) or not _HOST.match(h):
+        if not isinstance(h, str) or not _HOST.fullmatch(h):
             raise ContractError(f"host {h!r} in `hosts` is not a host name")
     if len(set(hosts)) != len(hosts):
         raise ContractError(f"`hosts` names a host twice: {hosts}")
@@ -121,7 +121,7 @@ def job_of(hyperparameters: Mapping[str, str]) -> Job:
     for key, value in hyperparameters.items():
         if key == PLAYBOOK_KEY or key.startswith("sagemaker_"):  # the SDK's own keys
             continue
-        if not _KEY.match(key):
+        if not _KEY.fullmatch(key):
             raise ContractError(f"hyperparameter {key!r} cannot be an option name")
         args.append(f"--{key}")
         if value != "":
@@ -147,7 +147,7 @@ def hyperparameters_of(playbook: str, args: Sequence[str]) -> dict[str, str]:
             if nxt is not None and not (nxt.startswith("--") and len(nxt) > 2):
                 value = nxt
                 i += 1
-        if not _KEY.match(name) or name == PLAYBOOK_KEY or name.startswith("sagemaker_"):
+        if not _KEY.fullmatch(name) or name == PLAYBOOK_KEY or name.startswith("sagemaker_"):
             raise ContractError(f"option {arg!r} cannot be a SageMaker hyperparameter name")
         if name in out:
             raise ContractError(f"option --{name} is given twice")
