@@ -27,7 +27,7 @@ from rich.markup import escape
 from typer.exceptions import TyperException
 
 from provisioner.cli import lab as lab_cli
-from provisioner.cli.common import state
+from provisioner.cli.common import quiet_background, state
 from provisioner.errors import ProvisionerError
 
 # The command groups (modules of this package), in the order `--help` lists them, and the
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI in-process and return its exit code (tests call this)."""
     state.output = None  # set by the command once it parsed its options
+    quiet_background()
     try:
         args = sys.argv[1:] if argv is None else argv
         result = app_for(args)(args=args, prog_name="provisioner", standalone_mode=False)
