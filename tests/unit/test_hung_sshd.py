@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from provisioner.node import token
 from provisioner.remote.fanout import beside
 
 PROVISIONER = str(Path(sys.executable).parent / "provisioner")
@@ -280,3 +281,18 @@ def test_beside_does_not_wait_for_its_work_on_ctrl_c() -> None:
     assert not ended.is_set()  # the gate is still shut: nothing waited for the work
     gate.set()
     assert side.wait() is None and ended.is_set()  # it ran on, and ends when let
+
+
+def test_a_token_install_cut_off_before_the_token_came_changes_nothing(tmp_path: Path) -> None:
+    """Ctrl-C leaves `up`'s install behind and closes its connections: a node whose
+    command had started but had not got the token yet sees stdin end empty."""
+    env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"]}
+    held = tmp_path / ".provisioner" / "clusters" / "c" / "auth_token"
+
+    def install(data: str) -> int:
+        command = ["bash", "-c", token.install_command("c")]
+        return subprocess.run(command, input=data, text=True, env=env, check=False).returncode
+
+    assert install("a" * 64) == 0 and held.read_text() == "a" * 64  # positive control
+    assert install("") != 0
+    assert held.read_text() == "a" * 64
