@@ -9,7 +9,9 @@ seconds, sends SIGINT (with SIGINT at its default in the child, as at a terminal
 CONTRIBUTING), and prints the seconds to its exit and its exit code. `--hang NODE` makes
 that lab node's sshd accept connections but never answer (`lab fault hang`) for the whole
 run, undone at the end; `--connect-timeout S` runs on a copy of the inventory with
-`ssh.connect_timeout: S`. Nothing is asserted: it measures (issue 47, item 9).
+`ssh.connect_timeout: S`. With a lab, the listeners on Ray's ports that the interrupted
+doctor's rounds left on its nodes are ended at the end (else they hold the ports for
+LISTEN_SECONDS). Nothing is asserted: it measures (issue 47, item 9).
 """
 
 from __future__ import annotations
@@ -126,6 +128,12 @@ def main() -> None:
 
                 assert lab is not None
                 faults.unhang(lab, hung)
+            if lab is not None:  # what an interrupted doctor's round left on Ray's ports
+                from provisioner.doctor.gather import LISTENER_MARK
+                from provisioner.lab.engine import exec_rc
+
+                for node in lab.nodes:
+                    exec_rc(node.container, f"pkill -f ' {LISTENER_MARK}$'; true")
     print(
         f"provisioner {' '.join(opts.verb)}: {len(times)} tries, seconds from SIGINT to exit: "
         f"min {min(times):.2f}, median {statistics.median(times):.2f}, max {max(times):.2f}"

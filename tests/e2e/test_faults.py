@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.doctor.gather import LISTENER_MARK
 from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin, write_pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_inventory
@@ -594,6 +595,14 @@ def library_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if any(m in line for m in PARAMIKO_LINES)]
 
 
+def end_doctor_listeners(lab: LabInfo) -> None:
+    """End the listeners on Ray's ports that an interrupted doctor's round left on the nodes
+    (each ends by itself after gather.LISTEN_SECONDS; meanwhile `down` finds the ports in
+    use and the next doctor finds them busy)."""
+    for node in lab.nodes:
+        on_node(node, f"pkill -f ' {LISTENER_MARK}$'; true")
+
+
 def test_a_hung_sshd_shows_only_the_tools_own_lines(
     inv: str, lab: LabInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -637,6 +646,7 @@ def test_ctrl_c_while_up_connects_to_a_hung_node(inv: str, lab: LabInfo, tmp_pat
         run = interrupt("up", "-i", slow, when="gathering facts", delay=1.0, timeout=120)
     finally:
         faults.unhang(lab, worker)
+        end_doctor_listeners(lab)
     assert run.code == 130, run.stderr[-2000:]
     assert run.after_signal is not None and run.after_signal < 10, run.after_signal
     assert states_said(run, lab), run.stderr[-2000:]
