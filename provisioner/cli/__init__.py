@@ -30,7 +30,7 @@ from typer.exceptions import TyperException
 
 from provisioner.cli import common
 from provisioner.cli import lab as lab_cli
-from provisioner.cli.common import state
+from provisioner.cli.common import quiet_background, state
 from provisioner.errors import ProvisionerError
 
 # The command groups (modules of this package), in the order `--help` lists them, and the
@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI in-process and return its exit code (tests call this)."""
     state.output = None  # set by the command once it parsed its options
+    quiet_background()
     args = sys.argv[1:] if argv is None else argv
     json_mode = json_wanted(args)
     try:

@@ -41,6 +41,7 @@ from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import commands, layout, tls, token
 from provisioner.remote import Pool, Session, fan_out
+from provisioner.remote.fanout import beside
 from provisioner.remote.results import GroupResult, Result
 from provisioner.runtime import runtime_for
 from provisioner.runtime.base import DeliveryReport, RayState, Runtime
@@ -147,15 +148,10 @@ def install_tls(
 def install_token_and_tls(inventory: Inventory, pool: Pool) -> None:
     """The token and the TLS files on every node, side by side (two commands on each node's
     connection at once, where one after the other cost two round trips); the token's
-    error first when both fail."""
-    with ThreadPoolExecutor(1) as side:
-        tls_done = side.submit(install_tls, inventory, pool)
-        try:
-            install_token(inventory, pool)
-        finally:
-            tls_error = tls_done.exception()
-    if tls_error is not None:
-        raise tls_error
+    error first when both fail. Ctrl-C waits for neither (`beside`)."""
+    with beside(lambda: install_tls(inventory, pool)) as tls_done:
+        install_token(inventory, pool)
+    tls_done.result()
 
 
 def _raise_first(errors: dict[str, ProvisionerError], what: str) -> None:
@@ -420,8 +416,8 @@ def up(
     # each its own channel): they do not depend on its verdict, and the files are this
     # cluster's own (0600, in the SSH user's ~/.provisioner), the same any `up` writes. The
     # doctor's findings come first; the install's error only after a doctor that passed.
-    with ThreadPoolExecutor(1) as side:
-        installing = side.submit(install_token_and_tls, inventory, pool)
+    # Ctrl-C (in the doctor's round, still connecting to a hung node) waits for neither.
+    with beside(lambda: install_token_and_tls(inventory, pool)) as installing:
         found = check(ctx, result)
     # the doctor's listeners on Ray's ports: each ends with its node's start command (one
     # round trip fewer before Ray starts); what no start took, ends below

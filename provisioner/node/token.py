@@ -154,10 +154,11 @@ def read_token_file(path: Path) -> str:
 
 
 def install_command(cluster: str) -> str:
-    """Shell command writing stdin to the node's token file with mode 0600."""
+    """Shell command writing stdin to the node's token file with mode 0600. Empty stdin (the
+    connection closed before the token came: Ctrl-C, a broken link) changes nothing."""
     target = layout.node_token_path(cluster)
     directory = layout.node_path(cluster)
     return (
-        f"umask 077 && mkdir -p {directory} && cat > {target}.new && "
+        f"umask 077 && mkdir -p {directory} && cat > {target}.new && test -s {target}.new && "
         f"chmod 600 {target}.new && mv -f {target}.new {target}"
     )

@@ -3,6 +3,9 @@
 Unlike fabric's ThreadingGroup, the number of threads is bounded, each node has its
 own deadline counted from when its work starts, and a node that overruns is reported
 as timed out while the others carry on (its daemon thread is abandoned).
+
+`beside` runs one step in the background of another (e.g. `up`'s token install beside
+the doctor's round); Ctrl-C leaves it behind as it leaves a node's thread behind.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Generic, TypeVar
 
 from provisioner.errors import ProvisionerError, RemoteError
 from provisioner.inventory import Node
@@ -86,3 +90,54 @@ def fan_out(
             waits = [t0 + deadline - now for n, t0 in started.items() if n in pending]
             done.wait(max(0.01, min(waits)) if waits else 0.1)
     return group
+
+
+class Side(Generic[T]):
+    """`fn()` running on a daemon thread of its own (see `beside`)."""
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self._done = threading.Event()
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(fn,), daemon=True).start()
+
+    def _run(self, fn: Callable[[], T]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as exc:  # handed to whoever asks for the result
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def wait(self) -> BaseException | None:
+        """Wait until `fn` ended (Ctrl-C ends the wait); its error, None when it returned."""
+        self._done.wait()
+        return self._error
+
+    def result(self) -> T:
+        """`fn`'s value, or its error raised (waits until it ended)."""
+        error = self.wait()
+        if error is not None:
+            raise error
+        return self._value  # type: ignore[return-value]
+
+
+@contextmanager
+def beside(fn: Callable[[], T]) -> Iterator[Side[T]]:
+    """`with beside(fn) as side: ...`: `fn()` runs on a thread of its own while the block
+    runs; leaving the block waits until it ended (as a ThreadPoolExecutor's `with` does),
+    the block's own error raised after that wait.
+
+    Except on Ctrl-C (KeyboardInterrupt, or any BaseException that is no Exception): then
+    nothing waits. The thread is a daemon, so the process does not wait for it at exit
+    either (a ThreadPoolExecutor's thread is joined at exit: `up` interrupted while it
+    connected to a hung node waited for the connect timeout, then fan_out's deadline).
+    What it was doing is left as a node past fan_out's deadline is: whatever it writes
+    lands whole or not at all (a temporary file renamed), and the next run redoes it."""
+    side = Side(fn)
+    try:
+        yield side
+    except Exception:
+        side.wait()
+        raise
+    side.wait()

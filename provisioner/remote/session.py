@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import select
 import socket
 import threading
@@ -20,6 +21,15 @@ from provisioner.remote.hostkeys import VerifyPolicy, host_key_name, jumped_name
 from provisioner.remote.results import Result
 from provisioner.remote.route import hop_targets, open_hop_channel, open_proxy_command
 from provisioner.remote.translate import CONNECT_ERRORS, translate
+
+# paramiko logs what ends its transport thread (a banner that never came, a socket closed
+# under it when a connect timed out) at ERROR, traceback included, and sets no handler:
+# Python's last-resort handler then wrote it on stderr, beside the tool's own error (a hung
+# sshd during doctor, status, up). The library never prints: the cause reaches the user as
+# the ConnectError/RemoteError `translate` makes of it. An application that configures
+# logging still gets paramiko's records (they propagate); the CLI stops them
+# (cli/common.py: quiet_background).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 SFTP_TIMEOUT = 120.0  # seconds one SFTP read may wait for data
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.doctor.gather import LISTENER_MARK
 from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin, write_pin
 from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_inventory
@@ -27,6 +29,7 @@ from provisioner.lab import faults
 from provisioner.lab.config import LabNode
 from provisioner.lab.engine import client
 from provisioner.lab.nodes import LabInfo
+from provisioner.node import layout
 from provisioner.node.token import read_token
 from tests.e2e.faults.lab import (
     Run,
@@ -573,3 +576,84 @@ def test_ctrl_c_during_down_then_rerun(inv: str, lab: LabInfo, tmp_path: Path) -
             "re-run exit 0, every node's Ray container gone"
         )
         s.measured = f"exit {run.after_signal:.1f} s after SIGINT"
+
+
+# --- a hung sshd: only the tool's own lines; Ctrl-C while `up` connects (issue 47) --------
+
+# What paramiko wrote on stderr when a connection to a hung sshd ended (its transport
+# thread's records at ERROR, through Python's last-resort handler): none may reach the user.
+PARAMIKO_LINES = (
+    "Traceback",
+    "paramiko",
+    "Exception (client)",
+    "Socket exception",
+    "Error reading SSH protocol banner",
+)
+
+
+def library_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if any(m in line for m in PARAMIKO_LINES)]
+
+
+def end_doctor_listeners(lab: LabInfo) -> None:
+    """End the listeners on Ray's ports that an interrupted doctor's round left on the nodes
+    (each ends by itself after gather.LISTEN_SECONDS; meanwhile `down` finds the ports in
+    use and the next doctor finds them busy)."""
+    for node in lab.nodes:
+        on_node(node, f"pkill -f ' {LISTENER_MARK}$'; true")
+
+
+def test_a_hung_sshd_shows_only_the_tools_own_lines(
+    inv: str, lab: LabInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the tables' findings on one line each
+    worker = lab.nodes[2]
+    healthy = [n.name for n in lab.nodes[:2]]
+    quick = str(edited_inventory(Path(inv), tmp_path / "inv.yaml", ssh={"connect_timeout": 3}))
+    faults.hang(lab, worker)
+    try:
+        runs = {verb: cli(verb, "-i", quick) for verb in ("doctor", "status", "up")}
+    finally:
+        faults.unhang(lab, worker)
+    said = "accepted the connection but its SSH banner and handshake did not come within 3s"
+    fix = "sshd on that machine is hung or overloaded"
+    for verb, run in runs.items():
+        assert run.code == 1, (verb, run.text[-2000:])
+        assert library_lines(run.stderr) == [], (verb, run.stderr[-3000:])
+        # the tool's own lines name the hung node and what it did
+        assert worker.name in run.text and said in run.text, (verb, run.text[-2000:])
+    for verb in ("doctor", "up"):  # the doctor's finding carries its fix
+        assert fix in runs[verb].text, (verb, runs[verb].text[-2000:])
+    assert "up stopped" in runs["up"].text, runs["up"].text[-2000:]
+    # positive control: the healthy nodes were reached and reported as such
+    rows = {line.split()[0]: line for line in runs["status"].stdout.splitlines() if line.split()}
+    for name in healthy:
+        assert name in rows and "no SSH" not in rows[name], runs["status"].stdout
+    assert "no SSH" in rows[worker.name], runs["status"].stdout
+    summary = re.search(r"(\d+) node\(s\): .* (\d+) check\(s\) ok", runs["doctor"].text)
+    assert summary is not None, runs["doctor"].text[-2000:]
+    assert int(summary[1]) == len(lab.nodes) and int(summary[2]) > 0, summary[0]
+
+
+def test_ctrl_c_while_up_connects_to_a_hung_node(inv: str, lab: LabInfo, tmp_path: Path) -> None:
+    """SIGINT while `up`'s first round waits on a hung node's connection ends `up` at
+    once: it waited for the token install beside the doctor's round (the connect timeout,
+    here 30 s) before. Nothing half done: the token is whole here and on every node."""
+    worker = lab.nodes[2]
+    slow = str(edited_inventory(Path(inv), tmp_path / "inv.yaml", ssh={"connect_timeout": 30}))
+    faults.hang(lab, worker)
+    try:
+        run = interrupt("up", "-i", slow, when="gathering facts", delay=1.0, timeout=120)
+    finally:
+        faults.unhang(lab, worker)
+        end_doctor_listeners(lab)
+    assert run.code == 130, run.stderr[-2000:]
+    assert run.after_signal is not None and run.after_signal < 10, run.after_signal
+    assert states_said(run, lab), run.stderr[-2000:]
+    assert library_lines(run.stderr) == [], run.stderr[-3000:]
+    inventory = load_inventory(Path(inv))
+    secret = read_token(inventory)  # whole: present, private, not empty
+    for node in lab.nodes:  # the install finished there or never began
+        token_file = f"~{node.user}/{layout.node_dir(inventory.cluster)}/auth_token"
+        held = on_node(node, f"cat {token_file} 2>/dev/null; true").strip()
+        assert held in ("", secret), (node.name, len(held))
