@@ -9,6 +9,8 @@ cluster tag, as the cluster tests expect.
 
 from __future__ import annotations
 
+import io
+import tarfile
 import threading
 import time
 from dataclasses import replace
@@ -283,3 +285,69 @@ def test_relay_sends_about_one_image_from_the_control_machine(
         on_node(glued, f'[ -n "$(tail -c 1 {keys})" ] && echo >> {keys}')
         for node in inventory.nodes:
             on_node(node, drop)
+
+
+def test_a_corrupt_cache_entry_is_dropped_and_the_push_still_lands_the_image(
+    inventory: Inventory, pin: Pin, tmp_path: Path
+) -> None:
+    """The caches on this machine hold entries whose bytes went bad after they were written
+    (a disk error, a copy cut short): the compressed layer and the saved image a partial
+    push reads, then the compressed stream a cold push keeps. The load that rejects them
+    has them dropped, and the push's retry makes them anew: the node ends holding the
+    image, and the entries are right again. The positive control is in each push: its
+    first attempt failed on the bad entry."""
+    from provisioner.image.compress import Codec, LayerCache, decompressed
+    from provisioner.image.direct import saved_problems
+    from provisioner.image.savestream import read_saved
+
+    node = next(n for n in inventory.nodes if image_store(n.name) == "classic")
+    one = only(inventory, node)
+    bottom = filler_image(pin, f"{RELAY_REPO}:cache-bottom", 2)
+    top = filler_image(pin, f"{RELAY_REPO}:cache-top", 2, parent=bottom.tag)
+    cache = tmp_path / "cache"
+    drop = f"docker image ls -q '{RELAY_REPO}' | sort -u | xargs -r docker image rm -f"
+    opts = PushOptions(tag=top.tag, cache_dir=cache, compress="always")
+    try:
+        on_node(node, drop)
+        assert_ok(push_image(one, None, print, pin=bottom, opts=replace(opts, tag=bottom.tag)))
+        assert_ok(push_image(one, None, print, pin=top, opts=opts))  # the entries are made
+        (entry,) = [p for p in (cache / "layers").iterdir() if p.suffix in (".gz", ".zst")]
+        saved = cache / f"{top.image_id.removeprefix('sha256:')}.tar"
+        entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
+        layer = next(m for m in read_saved(saved).members if m.size > 1 << 20)
+        with saved.open("r+b") as f:  # one byte of the top layer, flipped
+            f.seek(layer.offset_data + 4096)
+            f.write(bytes([f.read(1)[0] ^ 0xFF]))
+        on_node(node, f"docker image rm -f {top.tag}")
+        assert image_on(node, top.image_id) == "" and image_on(node, bottom.image_id)
+
+        lines: list[str] = []
+        partial = push_image(one, None, lines.append, pin=top, opts=opts)
+
+        assert_ok(partial)
+        assert partial.nodes[node.name].attempts == 2, lines
+        assert any("dropped from the cache" in line for line in lines), lines
+        assert image_on(node, top.tag) == top.image_id
+        codec = Codec("zstd" if entry.suffix == ".zst" else "zlib", 1)
+        assert LayerCache(cache / "layers").holds(entry, top.layers[-1], codec)
+        assert saved_problems(read_saved(saved), top.layers) == []
+
+        # a cold push's kept stream, cut short: dropped, and the retry saves and keeps anew
+        on_node(node, drop)
+        assert_ok(push_image(one, None, print, pin=top, opts=opts))  # the stream is kept
+        (kept,) = [p for p in cache.glob("*.tar.*") if not p.name.endswith(".partial")]
+        size = kept.stat().st_size
+        kept.write_bytes(kept.read_bytes()[: size // 2])
+        on_node(node, drop)
+
+        lines.clear()
+        cold = push_image(one, None, lines.append, pin=top, opts=opts)
+
+        assert_ok(cold)
+        assert cold.nodes[node.name].attempts == 2, lines
+        assert image_on(node, top.tag) == top.image_id
+        whole = b"".join(decompressed(kept, kept.suffix.removeprefix(".")))  # kept anew, whole
+        with tarfile.open(fileobj=io.BytesIO(whole), mode="r:") as tar:
+            assert "manifest.json" in tar.getnames()
+    finally:
+        on_node(node, drop)
