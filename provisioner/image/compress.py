@@ -35,6 +35,7 @@ compressor rate is one core's, measured, times the cores the push leaves it
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -200,6 +201,14 @@ class LayerCache:
         with self._lock, (self.directory / "record.jsonl").open("a") as f:
             f.write(line + "\n")
 
+    def holds(self, path: Path, diff_id: str, codec: Codec) -> bool:
+        """Whether the file `path` decompresses to the layer `diff_id` names (the sha256
+        of the uncompressed layer tar)."""
+        try:
+            return content_digest(path, codec.family) == diff_id
+        except (OperationError, OSError):
+            return False
+
     def get(
         self,
         saved: SavedImage,
@@ -208,7 +217,11 @@ class LayerCache:
         codec: Codec,
         record: CacheRecord,
     ) -> Path:
-        """The member's data compressed: from the cache, or compressed now into it."""
+        """The member's data compressed: from the cache, or compressed now into it. A new
+        entry is written under a temporary name and put in place only once its content
+        is checked against the layer's diff ID, so the cache never holds a wrong layer
+        under a right name (one that went bad later is dropped by `drop_bad` once a load
+        rejected it)."""
         path = self.path(diff_id, codec)
         if path.is_file():
             record.hits.append(diff_id)
@@ -218,12 +231,87 @@ class LayerCache:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
         try:
             _compress_member(saved, member, codec, tmp)
+            if not self.holds(tmp, diff_id, codec):
+                raise OperationError(
+                    f"layer {diff_id[:19]} as read from {saved.path} is not that layer (its "
+                    "content does not hash to the diff ID): nothing was cached",
+                    "push again: the layer is compressed anew, from the image saved anew "
+                    "when the saved file is the corrupt one",
+                )
             tmp.rename(path)
         finally:
             tmp.unlink(missing_ok=True)
         record.misses.append(diff_id)
         self.note(diff_id, codec, "miss")
         return path
+
+    def drop_bad(self, diff_ids: Sequence[str], codec: Codec) -> list[str]:
+        """Remove the entries of `diff_ids` whose content is not their layer (after a load
+        rejected a stream they were in: the next push compresses them anew); the diff IDs
+        of those removed."""
+        dropped: list[str] = []
+        for diff_id in dict.fromkeys(diff_ids):
+            path = self.path(diff_id, codec)
+            if path.is_file() and not self.holds(path, diff_id, codec):
+                path.unlink(missing_ok=True)
+                self.note(diff_id, codec, "dropped")
+                dropped.append(diff_id)
+        return dropped
+
+
+def content_digest(path: Path, family: str) -> str:
+    """`sha256:<hex>` of a compressed file's content (`gz` or `zst`); OperationError when
+    it is not a whole stream of that codec."""
+    digest = hashlib.sha256()
+    for block in decompressed(path, family):
+        digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def decompressed(path: Path, family: str) -> Iterator[bytes]:
+    """A compressed file's content, chunk by chunk (at most CHUNK bytes each for gzip,
+    however well the data compressed); OperationError when it is not a whole stream."""
+    if family == "zst":
+        yield from _unzstd(path)
+        return
+    with path.open("rb") as f:
+        member, fed = zlib.decompressobj(31), False  # 31: gzip members, one after another
+        try:
+            while block := f.read(CHUNK):
+                while block:
+                    fed = True
+                    yield member.decompress(block, CHUNK)
+                    block = member.unconsumed_tail
+                    if member.eof:
+                        block, member, fed = member.unused_data, zlib.decompressobj(31), False
+            while fed and not member.eof and (out := member.decompress(b"", CHUNK)):
+                yield out
+        except zlib.error as exc:
+            raise OperationError(f"{path} is not gzip data: {exc}") from None
+    if fed and not member.eof:
+        raise OperationError(f"{path} ends inside a gzip member")
+
+
+def _unzstd(path: Path) -> Iterator[bytes]:
+    zstd = shutil.which("zstd")
+    if zstd is None:
+        raise OperationError(f"{path} cannot be checked here: no zstd")
+    proc = subprocess.Popen(
+        [zstd, "-d", "-q", "-c", "--", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    try:
+        while block := proc.stdout.read(CHUNK):
+            yield block
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+        code = proc.wait()
+    if code != 0:
+        raise OperationError(f"{path} is not a whole zstd stream (zstd exited {code})")
 
 
 def _compress_member(saved: SavedImage, member: tarfile.TarInfo, codec: Codec, out: Path) -> None:

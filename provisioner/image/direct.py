@@ -10,11 +10,13 @@ fresh connection (`retrying`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
+import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -300,9 +302,12 @@ class SavedCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{self.pin.image_id.removeprefix('sha256:')}.tar"
         if path.exists():
-            saved = read_saved(path)
-            if saved.config == self.pin.image_id:
-                return saved
+            try:
+                kept: SavedImage | None = read_saved(path)
+            except OperationError:  # not a whole `docker save` file: saved anew below
+                kept = None
+            if kept is not None and kept.config == self.pin.image_id:
+                return kept
             path.unlink()
         for old in self.directory.glob("*.tar"):
             old.unlink()
@@ -320,14 +325,86 @@ class SavedCache:
                 f"docker save of {self.pin.short_id()} failed: {proc.stderr.strip()[-300:]}",
                 "check the local Docker engine and free disk under " + str(self.directory),
             )
-        tmp.rename(path)
-        saved = read_saved(path)
-        if saved.config != self.pin.image_id:
-            raise OperationError(
-                f"docker saved {saved.config[:19]}, not the pinned {self.pin.short_id()}",
-                "run `provisioner image build` again",
-            )
-        return saved
+        try:
+            saved = read_saved(tmp)
+            if saved.config != self.pin.image_id:
+                raise OperationError(
+                    f"docker saved {saved.config[:19]}, not the pinned {self.pin.short_id()}",
+                    "run `provisioner image build` again",
+                )
+            problems = saved_problems(saved, self.pin.layers)
+            if problems:
+                raise OperationError(
+                    f"docker save of {self.pin.short_id()} wrote {'; '.join(problems)}",
+                    "check the local Docker engine and the disk under "
+                    f"{self.directory}, then push again",
+                )
+            tmp.rename(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return replace(saved, path=path)
+
+    def reject(self, record: CacheRecord, codec: Codec | None) -> list[str]:
+        """After a node's load rejected what was sent (or the stream broke on what was
+        read here): remove the cache entries it was made of whose content is not what
+        their names say, so that the next attempt makes them anew; what was removed. The
+        saved image is checked when this push read it."""
+        dropped: list[str] = []
+        if codec is not None:
+            for diff_id in self.layers.drop_bad([*record.hits, *record.misses], codec):
+                dropped.append(f"the compressed layer {diff_id[:19]}")
+        with self._lock:
+            if self._saved is None:
+                return dropped
+            path = self._saved.path
+            try:
+                problems = saved_problems(read_saved(path), self.pin.layers)
+            except OperationError as exc:
+                problems = [exc.message]
+            except OSError:  # gone: another node's attempt dropped it
+                problems = []
+            if problems:
+                path.unlink(missing_ok=True)
+                dropped.append(f"the saved image {path.name} ({'; '.join(problems)})")
+            self._saved = None  # the next attempt reads the file again, or saves it anew
+        return dropped
+
+
+def saved_problems(saved: SavedImage, diff_ids: Sequence[str]) -> list[str]:
+    """What in a saved image file is not the image it names: its config (whose sha256 is
+    the image ID) or a layer file whose content does not hash to its diff ID."""
+    names = {_norm(m.name): m for m in saved.members}
+    hexd = saved.config.removeprefix("sha256:")
+    config = names.get(f"{hexd}.json") or names.get(f"blobs/sha256/{hexd}")
+    wanted = [(config, saved.config, "the config")]
+    by_name = layer_ids(saved, diff_ids)
+    wanted += [
+        (m, by_name[m.name], f"layer {by_name[m.name][:19]}")
+        for m in saved.members
+        if m.name in by_name
+    ]
+    if set(by_name.values()) != set(diff_ids):
+        return [f"a file of {len(diff_ids)} layers that holds {len(set(by_name.values()))} of them"]
+    problems: list[str] = []
+    with saved.path.open("rb") as f:
+        for member, digest, what in wanted:
+            if member is None or _member_digest(f, member) != digest:
+                problems.append(f"{what}, not its content")
+    return problems
+
+
+def _member_digest(f: IO[bytes], member: tarfile.TarInfo) -> str:
+    digest = hashlib.sha256()
+    f.seek(member.offset_data)
+    left = member.size
+    while left > 0 and (block := f.read(min(CHUNK, left))):
+        digest.update(block)
+        left -= len(block)
+    return "" if left else "sha256:" + digest.hexdigest()
+
+
+def _norm(name: str) -> str:
+    return name.removeprefix("./")
 
 
 def store_ids(pin: Pin, cache_dir: Path | None = None) -> frozenset[str]:
@@ -561,12 +638,44 @@ def stream_layers(
     """Send the layers of `plan` into the node's `docker load`, compressed when
     plan_codec says so. A whole image streams from one `docker save` (whose start the
     rule samples first), plain or through the compressor (`cold_stream`); a partial one
-    from the saved file, its layers compressed there one by one when compressed."""
+    from the saved file, its layers compressed there one by one when compressed.
+
+    A stream the node's load rejected, or one that broke on what was read here, has the
+    cache entries it was made of checked against their layers' diff IDs (`reject`);
+    those that are not what their names say are dropped, and the attempt is then one to
+    retry (`load-failed`): the next one makes them anew."""
+    out = Sent()
+    try:
+        _stream_layers(session, pin, plan, opts, report, saved, out)
+    except OperationError as exc:
+        if isinstance(exc, RemoteError) and exc.kind != "load-failed":
+            raise
+        dropped = saved.reject(out.record, out.codec)
+        if not dropped:
+            raise
+        report(f"{session.host}: dropped from the cache: {', '.join(dropped)}")
+        raise RemoteError(
+            session.host,
+            f"{exc.message} (dropped from the cache: {', '.join(dropped)})",
+            "run the push again: what was dropped is made anew",
+            kind="load-failed",
+        ) from exc
+    return out
+
+
+def _stream_layers(
+    session: Session,
+    pin: Pin,
+    plan: NodePlan,
+    opts: PushOptions,
+    report: Reporter,
+    saved: SavedCache,
+    out: Sent,
+) -> None:
     with closing(SaveSource(pin.image_id)) as source:
         cold = plan.first_missing == 0 and plan.store != "containerd"
         if cold and not kept_any(saved.directory, pin.image_id):
             source.start()  # its 13 s before the first byte overlap the probe and sample
-        out = Sent()
         probed: list[float] = []
         out.codec, out.reason = plan_codec(
             session, pin, plan, opts, report, saved, source=source, probed=probed
@@ -587,7 +696,7 @@ def stream_layers(
         elif out.codec is not None and plan.first_missing == 0:
             cold_stream(session, pin, out, opts, saved, progress, source)
             out.bytes_sent = progress.sent
-            return out
+            return
         elif out.codec is not None:
             chunks = compressed_stream(
                 saved.get(report),
@@ -623,7 +732,6 @@ def stream_layers(
             )
         check_load(session, plan.image_id or pin.image_id, guarded, result)
         out.bytes_sent = progress.sent
-        return out
 
 
 def cold_stream(
@@ -681,7 +789,13 @@ def send_whole(
         result = session.run_streaming_stdin(
             command, iter(guarded), on_bytes=progress, timeout=timeout
         )
-        check(guarded, result)
+        try:
+            check(guarded, result)
+        except RemoteError as exc:
+            if kept is not None and exc.kind == "load-failed":  # rejected: made anew next time
+                kept.unlink(missing_ok=True)
+                saved.layers.note(f"stream:{pin.image_id}", codec, "dropped")
+            raise
         if pipe is not None:
             pipe.keep()
     finally:

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import re
 import shlex
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.errors import InputError
+from provisioner.errors import InputError, OperationError, ProvisionerError, RemoteError
 from provisioner.jobs.link import Link
 from provisioner.jobs.pull import enter_command
 from provisioner.jobs.spec import JOB_ID, RESUME_DIR
 from provisioner.jobs.upload import sendable_files
 from provisioner.node import layout
+from provisioner.remote.pull import LINK_EXIT
+from provisioner.remote.results import Result
 from provisioner.remote.session import Session
 
 CHECKPOINT = re.compile(r"^iter-(\d+)$")
@@ -94,23 +97,92 @@ def head_copy_command(cluster: str, old: str, checkpoint: str, new: str) -> str:
     )
 
 
+STAGE = ".tmp-upload.XXXXXXXX"  # mktemp's template; `.tmp*` is left out of every pull
+EXISTS_EXIT = 5  # the upload's destination is there already (a link planted by a job?)
+
+
+def _checked(result: Result, remote_rel: str) -> None:
+    """Raise what a staging or placing command ended with: a link or a destination there
+    already is refused with its own message (something on the head planted it)."""
+    if result.exit_code in (LINK_EXIT, EXISTS_EXIT):
+        raise RemoteError(
+            result.host,
+            f"refused to write {remote_rel} on the head: it, or a folder on its way, is a "
+            "link or was there already (a job on the cluster may have planted it)",
+            "look at what the cluster's jobs wrote under its results on the head, then "
+            "submit the resume again (a new job, a new folder)",
+            kind="command",
+        )
+    result.check()
+
+
+def stage_command(cluster: str, parent: str, name: str, subdirs: list[str]) -> str:
+    """Shell: make the results root's PARENT, enter it without following a link (exit 4:
+    a link on the way), refuse when NAME is there already (exit 5), then make a fresh
+    private folder (`mktemp -d`: mode 0700, a name that was not there) with the folders
+    `subdirs` under it, and print its name."""
+    made = " ".join(shlex.quote(d) for d in subdirs)
+    name_q = shlex.quote(name)
+    return (
+        f"mkdir -p {layout.node_results_dir(cluster, parent)} || exit 1; "
+        f"{enter_command(cluster, parent)}; "
+        f"[ ! -e {name_q} ] && [ ! -L {name_q} ] || exit {EXISTS_EXIT}; "
+        f"stage=$(mktemp -d {STAGE}) || exit 1; "
+        f'cd -P "$stage" && mkdir -p -- {made} && printf "%s\\n" "$stage"'
+    )
+
+
+def place_command(cluster: str, parent: str, stage: str, name: str) -> str:
+    """Shell: move STAGE/NAME to NAME in the results root's PARENT with one rename that
+    never follows a link (`mv -T`: NAME is the destination itself, not a folder to move
+    into), entered as `stage_command` does; refused when NAME is there (exit 5)."""
+    name_q, stage_q = shlex.quote(name), shlex.quote(stage)
+    return (
+        f"{enter_command(cluster, parent)}; "
+        f"[ -d {stage_q} ] && [ ! -L {stage_q} ] || exit {LINK_EXIT}; "
+        f"[ ! -e {name_q} ] && [ ! -L {name_q} ] || exit {EXISTS_EXIT}; "
+        f"mv -T -- {shlex.quote(f'{stage}/{name}')} {name_q} && rmdir -- {stage_q}"
+    )
+
+
+def drop_stage_command(cluster: str, parent: str, stage: str) -> str:
+    """Shell: remove a staging folder an upload left (entered as `stage_command` does)."""
+    return f"{enter_command(cluster, parent)}; rm -rf -- {shlex.quote(stage)}"
+
+
 def upload(session: Session, cluster: str, local: Path, remote_rel: str) -> int:
-    """Send a local file or directory to the head under the results root; files sent.
-    Local links are never followed and secrets stay here (`sendable_files`); on the head
-    every folder written into is checked not to be a link before a file goes in."""
+    """Send a local file or directory to the head as REMOTE_REL under the results root;
+    files sent. Local links are never followed and secrets stay here (`sendable_files`).
+    On the head it goes into a fresh private folder beside its destination (nothing a job
+    planted there can redirect a write), then into place with one rename that does not
+    follow a link; a destination that is there already (a link) is refused."""
     if local.is_symlink():
         return 0
     files = [local] if local.is_file() else sendable_files(local)[0]
-    base = local.parent if local.is_file() else local
-    targets = [f"{remote_rel}/{p.relative_to(base).as_posix()}" for p in files]
-    dirs = sorted({t.rsplit("/", 1)[0] for t in targets})
-    if dirs:
-        words = " ".join(layout.node_results_dir(cluster, d) for d in dirs)
-        checks = " && ".join(f"( {enter_command(cluster, d)} )" for d in dirs)
-        made = session.run(f"mkdir -p {words} && {checks}", timeout=60)
-        made.check("a folder of the resumed job on the head is a link (a hostile job?)")
-    for path, target in zip(files, targets, strict=True):
-        session.sftp_put(path, layout.node_results_rel(cluster, target))
+    if not files:
+        return 0
+    parent, name = remote_rel.rsplit("/", 1)
+    rels = (
+        [name] if local.is_file() else [f"{name}/{p.relative_to(local).as_posix()}" for p in files]
+    )
+    subdirs = sorted(
+        {r.rsplit("/", 1)[0] for r in rels if "/" in r} | ({name} if local.is_dir() else set())
+    )
+    made = session.run(stage_command(cluster, parent, name, subdirs or ["."]), timeout=60)
+    _checked(made, remote_rel)
+    stage = made.stdout.strip()
+    if not stage.startswith(".tmp-upload.") or "/" in stage:
+        raise OperationError(f"the head made no staging folder for {remote_rel}: {stage!r}")
+    placed = False
+    try:
+        for path, rel in zip(files, rels, strict=True):
+            session.sftp_put(path, layout.node_results_rel(cluster, parent, stage, rel))
+        _checked(session.run(place_command(cluster, parent, stage, name), timeout=60), remote_rel)
+        placed = True
+    finally:
+        if not placed:
+            with suppress(ProvisionerError):
+                session.run(drop_stage_command(cluster, parent, stage), timeout=60)
     return len(files)
 
 
@@ -132,6 +204,5 @@ def seed(link: Link, source: Source, new_job: str) -> str:
         for name in SEEDS:
             local = source.results / name
             if local.exists():
-                remote = f"{new_job}/{name}" if local.is_dir() else new_job
-                sent += upload(session, cluster, local, remote)
+                sent += upload(session, cluster, local, f"{new_job}/{name}")
     return f"{source.checkpoint} sent from this machine ({sent} files)"

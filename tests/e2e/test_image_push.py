@@ -9,6 +9,11 @@ cluster tag, as the cluster tests expect.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import io
+import subprocess
+import tarfile
 import threading
 import time
 from dataclasses import replace
@@ -283,3 +288,105 @@ def test_relay_sends_about_one_image_from_the_control_machine(
         on_node(glued, f'[ -n "$(tail -c 1 {keys})" ] && echo >> {keys}')
         for node in inventory.nodes:
             on_node(node, drop)
+
+
+def cache_content(path: Path) -> bytes:
+    """A compressed cache file's bytes, decompressed (gzip or zstd)."""
+    if path.suffix == ".zst":
+        return subprocess.run(["zstd", "-d", "-c", str(path)], capture_output=True).stdout
+    return gzip.decompress(path.read_bytes())
+
+
+def layer_digests(path: Path) -> set[str]:
+    """The sha256 of each layer file (over 1 MB) in a saved image."""
+    from provisioner.image.savestream import read_saved
+
+    found = set()
+    with path.open("rb") as f:
+        for m in read_saved(path).members:
+            if m.size > 1 << 20:
+                f.seek(m.offset_data)
+                found.add("sha256:" + hashlib.sha256(f.read(m.size)).hexdigest())
+    return found
+
+
+CACHE_DROP = f"docker image ls -q '{RELAY_REPO}' | sort -u | xargs -r docker image rm -f"
+
+
+def cache_images(inventory: Inventory, pin: Pin) -> tuple[Node, Inventory, Pin, Pin]:
+    """A node with the classic image store (it reads compressed layers), alone in an
+    inventory, and two small images: `top` is `bottom` and a layer of its own."""
+    node = next(n for n in inventory.nodes if image_store(n.name) == "classic")
+    bottom = filler_image(pin, f"{RELAY_REPO}:cache-bottom", 2)
+    top = filler_image(pin, f"{RELAY_REPO}:cache-top", 2, parent=bottom.tag)
+    on_node(node, CACHE_DROP)
+    return node, only(inventory, node), bottom, top
+
+
+def test_a_corrupt_cached_layer_and_saved_image_are_dropped_and_the_push_lands_the_image(
+    inventory: Inventory, pin: Pin, tmp_path: Path
+) -> None:
+    """The compressed layer and the saved image a partial push reads went bad after they
+    were written (a disk error, a copy cut short). The load that rejects them has them
+    dropped, and the push's retry makes them anew: the node ends holding the image and the
+    entries are right again. The positive control: the corruption is checked before, and
+    the push's first attempt failed on it."""
+    from provisioner.image.savestream import read_saved
+
+    node, one, bottom, top = cache_images(inventory, pin)
+    cache = tmp_path / "cache"
+    opts = PushOptions(tag=top.tag, cache_dir=cache, compress="always")
+    try:
+        assert_ok(push_image(one, None, print, pin=bottom, opts=replace(opts, tag=bottom.tag)))
+        assert_ok(push_image(one, None, print, pin=top, opts=opts))  # the entries are made
+        (entry,) = [p for p in (cache / "layers").iterdir() if p.suffix in (".gz", ".zst")]
+        saved = cache / f"{top.image_id.removeprefix('sha256:')}.tar"
+        entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
+        layer = next(m for m in read_saved(saved).members if m.size > 1 << 20)
+        with saved.open("r+b") as f:  # one byte of a layer, flipped
+            f.seek(layer.offset_data + 4096)
+            f.write(bytes([f.read(1)[0] ^ 0xFF]))
+        assert layer_digests(saved) != set(top.layers)  # the corruption is real
+        on_node(node, f"docker image rm -f {top.tag}")
+        assert image_on(node, top.image_id) == "" and image_on(node, bottom.image_id)
+
+        lines: list[str] = []
+        partial = push_image(one, None, lines.append, pin=top, opts=opts)
+
+        assert_ok(partial)
+        assert partial.nodes[node.name].attempts == 2, lines
+        assert any("dropped from the cache" in line for line in lines), lines
+        assert image_on(node, top.tag) == top.image_id
+        assert "sha256:" + hashlib.sha256(cache_content(entry)).hexdigest() == top.layers[-1]
+        assert layer_digests(saved) == set(top.layers)
+    finally:
+        on_node(node, CACHE_DROP)
+
+
+def test_a_corrupt_kept_stream_is_dropped_and_the_cold_push_lands_the_image(
+    inventory: Inventory, pin: Pin, tmp_path: Path
+) -> None:
+    """A cold compressed push keeps its stream for the next cold push; one cut short
+    later is dropped once the node's load rejected it, and the retry saves, sends and
+    keeps it anew (the positive control: the first attempt failed on it)."""
+    node, one, _, top = cache_images(inventory, pin)
+    cache = tmp_path / "cache"
+    opts = PushOptions(tag=top.tag, cache_dir=cache, compress="always")
+    try:
+        assert_ok(push_image(one, None, print, pin=top, opts=opts))  # the stream is kept
+        (kept,) = [p for p in cache.glob("*.tar.*") if not p.name.endswith(".partial")]
+        kept.write_bytes(kept.read_bytes()[: kept.stat().st_size // 2])
+        on_node(node, CACHE_DROP)
+        assert image_on(node, top.image_id) == ""
+
+        lines: list[str] = []
+        cold = push_image(one, None, lines.append, pin=top, opts=opts)
+
+        assert_ok(cold)
+        assert cold.nodes[node.name].attempts == 2, lines
+        assert image_on(node, top.tag) == top.image_id
+        whole = cache_content(kept)  # kept anew, whole
+        with tarfile.open(fileobj=io.BytesIO(whole), mode="r:") as tar:
+            assert "manifest.json" in tar.getnames()
+    finally:
+        on_node(node, CACHE_DROP)

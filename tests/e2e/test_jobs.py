@@ -8,6 +8,7 @@ Budgets are tiny (a few hundred env steps): the lab's nodes share two cores.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from pathlib import Path
@@ -200,3 +201,68 @@ def test_resume_of_a_job_unknown_here_and_on_the_head(lab: LabInfo, tmp_path: Pa
     assert error["where"] == str(results / "raysubmit_NOSUCHJOB") and "job id" in error["fix"]
     assert "bringing home what the head holds of raysubmit_NOSUCHJOB" in err  # it was asked
     assert not (results / "raysubmit_NOSUCHJOB").exists()
+
+
+def test_a_link_planted_on_the_head_does_not_redirect_a_resumes_checkpoint(
+    inventory: str, tmp_path: Path
+) -> None:
+    """`submit --resume PATH` sends the checkpoint from here over the head's real sshd
+    (`resume.upload`). A link to a folder outside the results, planted at the checkpoint's
+    destination while its files go up (here: as the first one is written, after every
+    check the upload makes first), is refused and its target left empty; the same upload
+    without it lands the checkpoint where the resumed job reads it (its own control)."""
+    from provisioner.errors import ProvisionerError
+    from provisioner.jobs.resume import upload
+    from provisioner.node import layout
+    from provisioner.remote import Session
+
+    inv = load_inventory(Path(inventory))
+    ckpt = tmp_path / "iter-000002"
+    (ckpt / "learner").mkdir(parents=True)
+    (ckpt / "learner" / "state.pkl").write_bytes(secrets.token_bytes(4096))
+    (ckpt / "rllib_checkpoint.json").write_text('{"type": "Algorithm"}\n')
+    tag = secrets.token_hex(4)
+    root = layout.node_results_dir(inv.cluster)
+    outside = f'"$HOME"/planted-{tag}'  # beside the node directory, outside the results
+    jobs = (f"planted-{tag}", f"clean-{tag}")
+    session = Session.connect(inv.head)
+    put = session.sftp_put
+    planted: list[str] = []
+
+    def plant_then_put(local: Path, remote: str, *, mode: int | None = None) -> None:
+        if not planted:  # a job's link; the folders the upload made there go with it
+            dest = f"{root}/{jobs[0]}/resume/checkpoint"
+            session.run(
+                f"if [ -e {dest} ]; then rmdir {outside} && mv -T {dest} {outside}; fi; "
+                f"ln -s {outside} {dest}",
+                timeout=30,
+            ).check()
+            planted.append(remote)
+        put(local, remote, mode=mode)
+
+    try:
+        session.run(f"mkdir -p {outside}", timeout=30).check()
+        session.sftp_put = plant_then_put  # type: ignore[method-assign]
+        with pytest.raises(
+            ProvisionerError, match=r"refused to write \S+/resume/checkpoint on the head"
+        ):
+            upload(session, inv.cluster, ckpt, f"{jobs[0]}/resume/checkpoint")
+        assert planted
+        session.sftp_put = put  # type: ignore[method-assign]
+        held = session.run(f"find {outside} -mindepth 1 | wc -l", timeout=30).check()
+        assert held.stdout.strip() == "0", "the checkpoint went through the planted link"
+        link = session.run(f"readlink {root}/{jobs[0]}/resume/checkpoint", timeout=30).check()
+        assert link.stdout.strip().endswith(f"/planted-{tag}")  # the link was there all along
+
+        assert upload(session, inv.cluster, ckpt, f"{jobs[1]}/resume/checkpoint") == 2
+        where = f"{root}/{jobs[1]}/resume"
+        names = session.run(f"ls -A {where}", timeout=30).check().stdout.split()
+        assert names == ["checkpoint"]  # the staging folder is gone
+        got = session.run(f"sha256sum {where}/checkpoint/learner/state.pkl", timeout=30)
+        want = hashlib.sha256((ckpt / "learner" / "state.pkl").read_bytes()).hexdigest()
+        assert got.check().stdout.split()[0] == want
+    finally:
+        session.sftp_put = put  # type: ignore[method-assign]
+        words = " ".join(f"{root}/{j}" for j in jobs)
+        session.run(f"rm -rf {words} {outside}", timeout=30)
+        session.close()

@@ -6,6 +6,7 @@ and gzip, which are the references for the formats)."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.errors import OperationError
 from provisioner.image.compress import (
     ZLIB_CHUNK,
     CacheRecord,
@@ -31,6 +33,8 @@ from provisioner.image.compress import (
     sender_cores,
     stream_zlib,
 )
+from provisioner.image.direct import SavedCache, saved_problems
+from provisioner.image.pin import Pin, Versions
 from provisioner.image.plan import facts_script, parse_facts
 from provisioner.image.savestream import read_saved
 
@@ -103,18 +107,22 @@ def test_threaded_gzip_is_one_valid_gzip_stream(tmp_path: Path) -> None:
     assert sink.getvalue().count(b"\x1f\x8b\x08") >= 2  # several members, in order
 
 
+CONFIG = b'{"rootfs": "two layers"}'
+
+
 def saved_tar(path: Path) -> list[bytes]:
     """A tar laid out as legacy `docker save` writes it: two layers and a manifest."""
     layers = [b"bottom layer " * 5000, b"top layer " * 7000]
+    config = f"{hashlib.sha256(CONFIG).hexdigest()}.json"
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
         for name, data in [
             ("aaa/layer.tar", layers[0]),
             ("bbb/layer.tar", layers[1]),
-            ("cfg.json", b"{}"),
+            (config, CONFIG),
             (
                 "manifest.json",
                 json.dumps(
-                    [{"Config": "cfg.json", "Layers": ["aaa/layer.tar", "bbb/layer.tar"]}]
+                    [{"Config": config, "Layers": ["aaa/layer.tar", "bbb/layer.tar"]}]
                 ).encode(),
             ),
         ]:
@@ -122,6 +130,10 @@ def saved_tar(path: Path) -> list[bytes]:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return layers
+
+
+def diff_ids(layers: list[bytes]) -> tuple[str, ...]:
+    return tuple("sha256:" + hashlib.sha256(layer).hexdigest() for layer in layers)
 
 
 def read_stream(chunks: bytes) -> dict[str, bytes]:
@@ -134,14 +146,15 @@ def test_the_stream_is_the_saved_tar_with_each_sent_layer_gzipped_and_cached_onc
 ) -> None:
     layers = saved_tar(tmp_path / "img.tar")
     saved = read_saved(tmp_path / "img.tar")
-    ids = ("sha256:" + "1" * 64, "sha256:" + "2" * 64)
+    ids = diff_ids(layers)
     cache, codec = LayerCache(tmp_path / "layers"), Codec("zlib", 1)
     first = CacheRecord()
     out = read_stream(b"".join(compressed_stream(saved, ids, 0, codec, cache, first)))
     assert gzip.decompress(out["aaa/layer.tar"]) == layers[0]
     assert gzip.decompress(out["bbb/layer.tar"]) == layers[1]
     assert len(out["bbb/layer.tar"]) < len(layers[1]) / 10
-    assert out["cfg.json"] == b"{}" and b"bbb/layer.tar" in out["manifest.json"]
+    config = f"{hashlib.sha256(CONFIG).hexdigest()}.json"
+    assert out[config] == CONFIG and b"bbb/layer.tar" in out["manifest.json"]
     assert (first.hits, first.misses) == ([], list(ids))  # positive control: compressed now
     again, omitted = CacheRecord(), list[int]()
     partial = b"".join(compressed_stream(saved, ids, 1, codec, cache, again, omitted.append))
@@ -153,6 +166,90 @@ def test_the_stream_is_the_saved_tar_with_each_sent_layer_gzipped_and_cached_onc
         json.loads(x)["event"] for x in (tmp_path / "layers/record.jsonl").read_text().splitlines()
     ]
     assert events == ["miss", "miss", "hit"]
+
+
+def test_a_compressed_layer_is_cached_only_when_it_holds_its_diff_ids_content(
+    tmp_path: Path,
+) -> None:
+    """A layer read from a saved file that went bad (here: named by another diff ID) is
+    refused when its entry is written, not cached under the name for every later push."""
+    layers = saved_tar(tmp_path / "img.tar")
+    saved = read_saved(tmp_path / "img.tar")
+    top = next(m for m in saved.members if m.name == "bbb/layer.tar")
+    cache, codec = LayerCache(tmp_path / "layers"), Codec("zlib", 1)
+    wrong = diff_ids([b"another layer"])[0]
+    with pytest.raises(OperationError, match="not that layer") as refused:
+        cache.get(saved, top, wrong, codec, CacheRecord())
+    assert "push again" in (refused.value.fix or "")
+    assert sorted(p.name for p in (tmp_path / "layers").iterdir()) == []  # nor a .partial
+    right = diff_ids(layers)[1]  # the positive control: the layer's own diff ID is cached
+    entry = cache.get(saved, top, right, codec, CacheRecord())
+    assert entry == cache.path(right, codec) and gzip.decompress(entry.read_bytes()) == layers[1]
+
+
+def test_a_corrupt_compressed_layer_is_dropped_and_made_anew_and_a_good_one_kept(
+    tmp_path: Path,
+) -> None:
+    layers = saved_tar(tmp_path / "img.tar")
+    saved = read_saved(tmp_path / "img.tar")
+    ids = diff_ids(layers)
+    cache, codec = LayerCache(tmp_path / "layers"), Codec("zlib", 1)
+    b"".join(compressed_stream(saved, ids, 0, codec, cache, CacheRecord()))
+    good, bad = cache.path(ids[0], codec), cache.path(ids[1], codec)
+    kept = good.read_bytes()
+    bad.write_bytes(gzip.compress(b"not the top layer"))  # a whole gzip stream, wrong content
+    assert cache.drop_bad(list(ids), codec) == [ids[1]]
+    assert not bad.exists() and good.read_bytes() == kept
+    again = CacheRecord()
+    out = read_stream(b"".join(compressed_stream(saved, ids, 0, codec, cache, again)))
+    assert gzip.decompress(out["bbb/layer.tar"]) == layers[1]
+    assert (again.hits, again.misses) == ([ids[0]], [ids[1]])
+    bad.write_bytes(bad.read_bytes()[:-20])  # cut short: not a whole gzip stream
+    assert cache.drop_bad([ids[1]], codec) == [ids[1]] and not bad.exists()
+    events = [
+        json.loads(x)["event"] for x in (tmp_path / "layers/record.jsonl").read_text().splitlines()
+    ]
+    assert events == ["miss", "miss", "dropped", "hit", "miss", "dropped"]
+
+
+def saved_pin(layers: list[bytes]) -> Pin:
+    return Pin(
+        image_id="sha256:" + hashlib.sha256(CONFIG).hexdigest(),
+        layers=diff_ids(layers),
+        base_image="base",
+        base_image_id="sha256:" + "3" * 64,
+        requirements_sha256="4" * 64,
+        versions=Versions(python="3.11", ray="2.60.0", torch="2.13.0", gymnasium="1.0"),
+        size=1 << 20,
+    )
+
+
+def test_a_saved_image_whose_layer_went_bad_is_dropped_after_a_rejected_load(
+    tmp_path: Path,
+) -> None:
+    """The saved-image cache (`<pin id>.tar`): a file whose layer no longer hashes to its
+    diff ID is removed once a load rejected what was sent from it, so the next attempt
+    saves it anew; a good one is kept (the positive control)."""
+    layers = saved_tar(tmp_path / "img.tar")
+    pin = saved_pin(layers)
+    cache_dir = tmp_path / "images"
+    cache_dir.mkdir()
+    path = cache_dir / f"{pin.image_id.removeprefix('sha256:')}.tar"
+    (tmp_path / "img.tar").rename(path)
+    good = SavedCache(pin, cache_dir)
+    assert saved_problems(good.get(print), pin.layers) == []
+    assert good.reject(CacheRecord(), None) == [] and path.is_file()
+    top = next(m for m in read_saved(path).members if m.name == "bbb/layer.tar")
+    with path.open("r+b") as f:  # one byte of the top layer flipped on disk
+        f.seek(top.offset_data + 100)
+        f.write(b"X")
+    assert saved_problems(read_saved(path), pin.layers) == [
+        f"layer {pin.layers[1][:19]}, not its content"
+    ]
+    bad = SavedCache(pin, cache_dir)
+    bad.get(print)  # trusted by its name and config until a load rejects it
+    dropped = bad.reject(CacheRecord(), None)
+    assert len(dropped) == 1 and path.name in dropped[0] and not path.exists()
 
 
 def test_gzip_of_a_pipe_read_to_its_end_is_one_valid_gzip_stream() -> None:

@@ -19,7 +19,14 @@ from provisioner.cli.jobs import duration_text, progress_text
 from provisioner.errors import InputError, ReceiveError
 from provisioner.jobs.control import parse_progress, progress_command
 from provisioner.jobs.results import Results, capped_log, finish, tail
-from provisioner.jobs.resume import find_source, head_copy_command, latest_checkpoint
+from provisioner.jobs.resume import (
+    EXISTS_EXIT,
+    find_source,
+    head_copy_command,
+    latest_checkpoint,
+    place_command,
+    stage_command,
+)
 from provisioner.jobs.submit import JobOutcome, lost_a_node, shows_a_lost_node
 from provisioner.node import layout
 from provisioner.remote.pull import (
@@ -222,6 +229,59 @@ def test_the_head_seeds_a_resumed_job_from_its_own_copy(tmp_path: Path) -> None:
         '"$HOME"/.provisioner/clusters/c/results', str(tmp_path)
     )
     assert subprocess.run(["bash", "-c", missing], check=False).returncode == 3
+
+
+def test_the_resume_uploads_commands_are_quoted_and_rename_without_following_a_link() -> None:
+    stage = stage_command("c", "j 1/resume", "check point", ["check point", "check point/a;b"])
+    assert stage.startswith(f"mkdir -p {layout.node_results_dir('c', 'j 1/resume')} || exit 1; ")
+    assert f"[ ! -e 'check point' ] && [ ! -L 'check point' ] || exit {EXISTS_EXIT}; " in stage
+    assert "stage=$(mktemp -d .tmp-upload.XXXXXXXX) || exit 1; " in stage
+    assert stage.endswith(
+        "cd -P \"$stage\" && mkdir -p -- 'check point' 'check point/a;b' && "
+        'printf "%s\\n" "$stage"'
+    )
+    place = place_command("c", "j 1/resume", ".tmp-upload.ab", "check point")
+    assert place.endswith(
+        "[ -d .tmp-upload.ab ] && [ ! -L .tmp-upload.ab ] || exit 4; "
+        f"[ ! -e 'check point' ] && [ ! -L 'check point' ] || exit {EXISTS_EXIT}; "
+        "mv -T -- '.tmp-upload.ab/check point' 'check point' && rmdir -- .tmp-upload.ab"
+    )
+
+
+def test_a_link_planted_at_the_uploads_destination_is_refused_not_followed(
+    tmp_path: Path,
+) -> None:
+    """The upload's staging and its rename, run by bash on a results root here: the files
+    go into a fresh private folder; a link planted at the destination meanwhile is
+    refused and its target left alone; without it, the checkpoint lands in place."""
+
+    def sh(command: str) -> subprocess.CompletedProcess[str]:
+        shell = command.replace(ROOT_WORD, shlex.quote(str(tmp_path / "results")))
+        return subprocess.run(["bash", "-c", shell], capture_output=True, text=True, check=False)
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for job in ("j1", "j2"):
+        made = sh(stage_command("c", f"{job}/resume", "checkpoint", ["checkpoint/sub"]))
+        assert made.returncode == 0, made.stderr
+        stage = tmp_path / "results" / job / "resume" / made.stdout.strip()
+        assert stage.name.startswith(".tmp-upload.") and stage.stat().st_mode & 0o777 == 0o700
+        (stage / "checkpoint" / "sub" / "state.pkl").write_bytes(b"weights")
+        if job == "j1":  # planted after the stage was made: refused, never followed
+            os.symlink(outside, stage.parent / "checkpoint")
+        placed = sh(place_command("c", f"{job}/resume", stage.name, "checkpoint"))
+        if job == "j1":
+            assert placed.returncode == EXISTS_EXIT
+            assert list(outside.iterdir()) == []
+            assert (stage.parent / "checkpoint").is_symlink()
+        else:  # the positive control: the same steps land the checkpoint where it is read
+            assert placed.returncode == 0, placed.stderr
+            got = tmp_path / "results" / "j2" / "resume" / "checkpoint" / "sub" / "state.pkl"
+            assert got.read_bytes() == b"weights"
+            assert [p.name for p in got.parents[2].iterdir()] == ["checkpoint"]
+    # a destination there before the upload is refused before anything is staged
+    again = sh(stage_command("c", "j2/resume", "checkpoint", ["checkpoint"]))
+    assert again.returncode == EXISTS_EXIT
 
 
 def test_tunnel_prints_what_rays_own_cli_needs(tmp_path: Path) -> None:
