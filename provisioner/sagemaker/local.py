@@ -31,9 +31,10 @@ copy of /opt/ml/model and /opt/ml/output after the run (`retrieve_artifacts`, a
 `shutil.copytree` that follows links: it would read any file here, or /dev/zero until
 the disk is full) is not run.
 
-The SDK leaves the compose project's containers and its
-`sagemaker-local` network behind; this module takes the project down afterwards, whatever
-happened.
+Each job gets a Docker network of its own (`sagemaker-local-JOB`; the SDK names every
+job's `sagemaker-local`), so no other local job's containers reach its Ray. The SDK leaves
+the compose project's containers and network behind; this module takes the project down
+afterwards, whatever happened.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from provisioner.sagemaker.container import contract
 from provisioner.sagemaker.image import ensure_image
 
 COMPOSE_FILE = "docker-compose.yaml"
+SDK_NETWORK = "sagemaker-local"  # the network the SDK's compose file names
 CHECKPOINTS_CHANNEL = "checkpoints"
 LOG_FILE = "sagemaker.log"  # what the SDK and compose printed (every container's output)
 OBJECT_STORE_BYTES = 256 * 1024 * 1024  # per container; docker's /dev/shm is 64 MiB
@@ -300,23 +302,56 @@ def channel_skip(parts: tuple[str, ...]) -> bool:
     return any(p.startswith(".tmp") for p in parts) or (len(parts) == 1 and parts[0] in OWN_NAMES)
 
 
+def network_name(job_id: str) -> str:
+    """The job's own Docker network (the SDK names every job's `sagemaker-local`)."""
+    return f"{SDK_NETWORK}-{job_id}"
+
+
+def own_network(content: dict[str, Any], network: str) -> bool:
+    """Pure: the SDK's compose content with its shared network renamed to `network` (the
+    services keep the key `sagemaker-local`, so their host-name aliases stay); whether it
+    had that network."""
+    found = content.get("networks", {}).get(SDK_NETWORK)
+    if not isinstance(found, dict):
+        return False
+    found["name"] = network
+    return True
+
+
 @contextlib.contextmanager
-def sdk_copies_nothing() -> Iterator[None]:
-    """The SDK's `retrieve_artifacts` (after compose exits) not run: it copies every
-    container's /opt/ml/model and /opt/ml/output with `shutil.copytree`, following the
-    links a job left there. What it would copy comes home through `bring` instead."""
+def sdk_patched(network: str) -> Iterator[None]:
+    """Two steps of the SDK's local mode changed while a job runs:
+
+    - its compose file names the job's own network, not the `sagemaker-local` every
+      local-mode job shares, so no other job's containers reach this one's Ray;
+    - its `retrieve_artifacts` (after compose exits) is not run: it copies every
+      container's /opt/ml/model and /opt/ml/output with `shutil.copytree`, following the
+      links a job left there; what it would copy comes home through `bring` instead."""
+    import yaml
     from sagemaker.train.local.local_container import _LocalContainer
 
-    saved = _LocalContainer.__dict__["retrieve_artifacts"]
+    saved = {
+        k: _LocalContainer.__dict__[k] for k in ("retrieve_artifacts", "_generate_compose_file")
+    }
+    generate = saved["_generate_compose_file"]
 
     def artifacts_path(self: Any, compose_data: dict[str, Any]) -> str:
         return os.path.join(self.container_root, "artifacts")
 
+    def compose_file(self: Any, environment: dict[str, str], volumes: list[str]) -> Any:
+        content = generate(self, environment, volumes)
+        if own_network(content, network):
+            path = Path(self.container_root) / COMPOSE_FILE
+            path.write_text(yaml.dump(content, default_flow_style=False))
+        return content
+
     setattr(_LocalContainer, "retrieve_artifacts", artifacts_path)  # noqa: B010
+    setattr(_LocalContainer, "_generate_compose_file", compose_file)  # noqa: B010
     try:
         yield
     finally:
-        setattr(_LocalContainer, "retrieve_artifacts", saved)  # noqa: B010
+        for name, value in saved.items():
+            setattr(_LocalContainer, name, value)
 
 
 def run_local(opts: RunOptions, report: Reporter = quiet) -> RunResult:
@@ -370,7 +405,7 @@ def run_local(opts: RunOptions, report: Reporter = quiet) -> RunResult:
             report(f"job {job_id}: {opts.instance_count} x {opts.instance_type}, image {image.tag}")
             with (
                 contextlib.redirect_stdout(_Lines(log, report)),
-                sdk_copies_nothing(),
+                sdk_patched(network_name(job_id)),
                 bring.Background([channel]),
             ):
                 try:

@@ -362,11 +362,12 @@ def test_a_hostile_jobs_links_write_nothing_outside_its_results(
     code, doc, err = _finish(
         subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), 300
     )
-    assert code == 1 and doc["status"] == "failed", (code, doc, err[-3000:])
-    home = Path(doc["results"])
     # nothing outside changed: no failure text, summary or model written through a link
-    assert {p.name: p.read_bytes() for p in outside.iterdir() if p.is_file()} == before
-    assert list((outside / "victim-dir").iterdir()) == []
+    after = {p.name: p.read_bytes() for p in outside.iterdir() if p.is_file()}
+    assert after == before, (after, doc, err[-3000:])
+    assert list((outside / "victim-dir").iterdir()) == [], (doc, err[-3000:])
+    assert code == 1 and doc.get("status") == "failed", (code, doc, err[-3000:])
+    home = Path(doc["results"])
     # and nothing outside was read into the results
     assert not [p for p in home.rglob("*") if p.is_symlink()]
     files = [p for p in home.rglob("*") if p.is_file()]
@@ -447,6 +448,16 @@ def test_the_jobs_ray_refuses_a_driver_without_its_token(image_pin: Path, tmp_pa
             time.sleep(1)
         names = _names(home.name)
         assert set(names) == {"algo-1", "algo-2"}, names
+        networks = {
+            n: json.loads(
+                subprocess.run(
+                    ["docker", "inspect", "-f", "{{json .NetworkSettings.Networks}}", name],
+                    capture_output=True,
+                    text=True,
+                ).stdout
+            ).keys()
+            for n, name in names.items()
+        }
         token = _exec(names["algo-1"], "cat", "/opt/ml/input/data/auth/token").stdout.strip()
         env = _exec(names["algo-2"], "env").stdout
         without = _exec(
@@ -471,6 +482,16 @@ def test_the_jobs_ray_refuses_a_driver_without_its_token(image_pin: Path, tmp_pa
     assert "NODES 2" in with_token.stdout, with_token.stdout
     assert code == 0 and doc["status"] == "completed", (code, doc, err[-3000:])
     assert (home / "nodes.txt").read_text() == "2"
+    # on a network of the job's own (not the `sagemaker-local` every local-mode job
+    # shares), taken down with the job
+    own = f"sagemaker-local-{home.name}"
+    assert {n: set(v) for n, v in networks.items()} == {"algo-1": {own}, "algo-2": {own}}
+    left = subprocess.run(
+        ["docker", "network", "ls", "-q", "--filter", f"name=^{own}$"],
+        capture_output=True,
+        text=True,
+    )
+    assert left.returncode == 0 and left.stdout.strip() == "", left
     # the token: 64 hex digits, given by file only (not in the containers' variables, the
     # run's output or its log)
     assert len(token) == 64 and all(c in "0123456789abcdef" for c in token), len(token)

@@ -435,3 +435,43 @@ def test_a_containers_failure_is_read_bounded_and_never_through_a_link(tmp_path:
     assert bring.read_bounded(tmp_path / "link", 100) is None
     assert bring.read_bounded(tmp_path / "pipe", 100) is None  # not opened to wait on
     assert bring.read_bounded(tmp_path / "absent", 100) is None
+
+
+def test_the_sdks_compose_file_names_the_jobs_own_network_and_it_copies_nothing(
+    tmp_path: Path,
+) -> None:
+    import yaml
+    from sagemaker.train.local.local_container import _LocalContainer
+
+    from provisioner.sagemaker.local import COMPOSE_FILE, network_name, sdk_patched
+
+    c = _LocalContainer(
+        training_job_name="unit",
+        instance_type="local",
+        instance_count=2,
+        image="provisioner/ray-sagemaker:unit",
+        container_root=str(tmp_path),
+        input_data_config=[],
+        environment={},
+        hyper_parameters={},
+        container_entrypoint=None,
+        container_arguments=None,
+    )
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "stolen").symlink_to(tmp_path / "secret")
+    (tmp_path / "secret").write_text("SECRET")
+    volumes = [f"{tmp_path / 'model'}:/opt/ml/model"]
+    with sdk_patched(network_name("job-1")):
+        content = c._generate_compose_file({}, volumes)
+        c.retrieve_artifacts(content)
+    written = yaml.safe_load((tmp_path / COMPOSE_FILE).read_text())
+    assert written["networks"] == {"sagemaker-local": {"name": "sagemaker-local-job-1"}}
+    assert written["services"]["algo-2"]["networks"] == {"sagemaker-local": {"aliases": ["algo-2"]}}
+    assert not (tmp_path / "artifacts").exists()  # nothing copied (through the link or not)
+    # afterwards the SDK is itself again (the positive control of both)
+    c._generate_compose_file({}, volumes)
+    assert yaml.safe_load((tmp_path / COMPOSE_FILE).read_text())["networks"] == {
+        "sagemaker-local": {"name": "sagemaker-local"}
+    }
+    c.retrieve_artifacts(content)  # the SDK's own copy reads through the job's link
+    assert (tmp_path / "artifacts" / "model" / "stolen").read_text() == "SECRET"
