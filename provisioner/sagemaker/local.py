@@ -423,17 +423,18 @@ def run_local(opts: RunOptions, report: Reporter = quiet) -> RunResult:
     finally:
         compose_down(compose, root)
     seconds = time.monotonic() - started
-    # the containers are gone: the last of the channel, and the model, come home
-    channel.once()
-    model.once()
-    for sync in (channel, model):
-        for name in sorted(sync.skipped):
-            report(f"left out {name}: not a regular file or directory (a link?)")
-        for line in sync.refused:
-            report(f"left out {line}")
-    if failure is not None:
-        write_file(home, contract.FAILURE_FILE, (failure + "\n").encode())
-    shutil.rmtree(root, ignore_errors=True)
+    try:  # the containers are gone: the last of the channel, and the model, come home
+        channel.once()
+        model.once()
+        for sync in (channel, model):
+            for name in sorted(sync.skipped):
+                report(f"left out {name}: not a regular file or directory (a link?)")
+            for line in sync.refused:
+                report(f"left out {line}")
+        if failure is not None:
+            write_file(home, contract.FAILURE_FILE, (failure + "\n").encode())
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # the token with it
     return _finish(opts, job_id, home, image.tag, seconds, failure, resumed)
 
 
