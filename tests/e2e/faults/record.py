@@ -64,9 +64,12 @@ class Scenario:
     values: dict[str, Any] = field(default_factory=dict)
     measures: dict[str, Any] = field(default_factory=dict)
 
-    def expect(self, key: str, actual: Any, want: Any) -> Any:
-        """Assert `actual == want` and record it under `key` for the observed column."""
-        assert actual == want, f"{key}: {actual!r}, expected {want!r}"
+    def expect(self, key: str, actual: Any, want: Any, context: str = "") -> Any:
+        """Assert `actual == want` and record it under `key` for the observed column
+        (`context`: what the failure shows besides, e.g. the command's stderr)."""
+        assert actual == want, f"{key}: {actual!r}, expected {want!r}" + (
+            f"\n{context}" if context else ""
+        )
         self.values[key] = _plain(actual)
         return actual
 
