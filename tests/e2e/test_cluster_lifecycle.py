@@ -118,10 +118,17 @@ def test_dead_worker_is_restarted_alone(inventory: str, lab: LabInfo) -> None:
     for node in others:
         assert container_started(lab, node, container) == before[node.name], node.name
     # the cluster sees the worker: the GCS lists it alive, and a task pinned to it runs there
+    # (the removed raylet left without a goodbye: the GCS lists it alive beside the new one
+    # until its health checks fail; wait for that, to a deadline)
     with Pool(inv) as pool:
         session = pool.session(inv.head)
-        listed = headprobe.gcs_nodes(session, runtime_for(inv))
-        alive = [n for n in listed if n.alive and n.ip == worker.address]
+        deadline = time.monotonic() + 120
+        while True:
+            listed = headprobe.gcs_nodes(session, runtime_for(inv))
+            alive = [n for n in listed if n.alive and n.ip == worker.address]
+            if len(alive) == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
         assert len(alive) == 1, listed
         placed = headprobe.placement(session, runtime_for(inv), [alive[0].node_id])
     assert [(p["ok"], p.get("ran_on")) for p in placed] == [(True, worker.address)], placed

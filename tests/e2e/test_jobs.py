@@ -172,7 +172,7 @@ def test_ctrl_c_detaches_and_the_job_goes_on_until_jobs_stop(
         "print('outlived the client', flush=True)\n"
     )
     run = interrupt(
-        "submit", "-i", inventory, "--results", str(tmp_path / "results"), str(book),
+        "submit", "-i", inventory, "--verbose", "--results", str(tmp_path / "results"), str(book),
         when="started", watch="stdout", timeout=240,
     )  # fmt: skip
     assert run.code == 130, run.text[-2000:]
@@ -200,7 +200,8 @@ def test_ctrl_c_detaches_and_the_job_goes_on_until_jobs_stop(
     forever.parent.mkdir()
     forever.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
     run = interrupt(
-        "submit", "-i", inventory, "--results", str(tmp_path / "results2"), str(forever),
+        "submit", "-i", inventory, "--verbose", "--results", str(tmp_path / "results2"),
+        str(forever),
         when="started", watch="stdout", timeout=240,
     )  # fmt: skip
     assert run.code == 130, run.text[-2000:]
