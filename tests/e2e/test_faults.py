@@ -565,7 +565,7 @@ def test_worker_cut_off_during_a_job(inv: str, lab: LabInfo, tmp_path: Path) -> 
         s.observed = (
             "while the job ran, `status` (exit {status_exit}) named the worker not alive; the "
             "job went on on the other nodes: the client exit {exit}, the job {status}, its "
-            "log home with all {rounds} rounds, the last not on the lost worker: "
+            "log home with all {rounds} rounds, the last of them on the lost worker: "
             "{last_round_on_lost}; `logs` exit {logs_exit} with the logs of {logs_from} "
             "nodes, the token in none of them ([{leaked}]) nor in `ps` on any node "
             "({ps_clean}); `up` after the cut was healed: exit {repair}"
