@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -106,3 +107,85 @@ def test_the_default_page_holds_the_rendered_table(rt: ModuleType) -> None:
     rows = rt.comparable(text[start:end])
     assert rows[0] == [c.strip() for c in rt.HEADER[0].strip("|").split("|")][:-1]
     assert len(rows) > 2  # the header, its rule, and at least one scenario
+
+
+def templated(name: str) -> dict[str, object]:
+    return entry(
+        name,
+        observed="exit {exit}; {served} others served: {nodes}",
+        values={"exit": 1, "served": 2, "nodes": ["w1", "w2"]},
+        measured="{seconds:.1f} s",
+        measures={"seconds": 3.14159},
+    )
+
+
+def test_the_observed_column_is_filled_from_the_values_checked(rt: ModuleType) -> None:
+    (line,) = rt.table({"a": templated("a")}).splitlines()[2:]
+    assert line == "| fault | a | it \\| holds | exit 1; 2 others served: w1, w2 | 3.1 s |"
+
+
+@pytest.mark.parametrize(
+    ("template", "values", "says"),
+    [
+        ("exit {exit}", {}, "never recorded"),  # a value the test did not check
+        ("exit {exit}", {"exit": 1, "served": 2}, "does not show"),  # a value checked but not shown
+        ("exit 1, as prose", {}, "shows none"),  # prose alone
+        ("exit {exit}; {served}", {"exit": 1}, "['served'], never recorded"),
+        ("exit {0}", {"exit": 1}, "not a value's name"),
+    ],
+)
+def test_a_template_that_does_not_match_its_values_is_refused(
+    rt: ModuleType, template: str, values: dict[str, object], says: str
+) -> None:
+    with pytest.raises(rt.TemplateError, match=re.escape(says)):
+        rt.fill(template, values)
+
+
+def test_a_changed_value_fails_the_check_a_changed_measure_does_not(
+    rt: ModuleType, tmp_path: Path
+) -> None:
+    rec, page = files(tmp_path, {"a": templated("a")})
+    assert run(rt, rec, "--page", page, "--write") == 0
+    assert "| exit 1; 2 others served: w1, w2 | 3.1 s |" in page.read_text()
+    rec.write_text(json.dumps({"a": templated("a") | {"measures": {"seconds": 99.0}}}))
+    assert run(rt, rec, "--page", page, "--check") == 0
+    changed = templated("a")
+    changed["values"] = {"exit": 0, "served": 2, "nodes": ["w1", "w2"]}
+    rec.write_text(json.dumps({"a": changed}))
+    assert run(rt, rec, "--page", page, "--check") == 1
+
+
+def test_a_record_whose_template_does_not_match_is_an_error(rt: ModuleType, tmp_path: Path) -> None:
+    broken = templated("a") | {"values": {"exit": 1}}
+    rec, page = files(tmp_path, {"a": broken})
+    with pytest.raises(SystemExit, match="a: the observed template names"):
+        run(rt, rec, "--page", page, "--write")
+
+
+def test_a_scenario_records_its_values_and_fails_on_a_template_that_does_not_match(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.e2e.faults import record
+
+    monkeypatch.setattr(record, "RECORD", tmp_path / "reliability.json")
+    with record.scenario("ok", "holds") as s:
+        s.expect("exit", 1, 1)
+        s.saw(nodes={"b", "a"})
+        s.observed = "exit {exit} on {nodes}"
+        s.measure(seconds=1.25)
+        s.measured = "{seconds:.1f} s"
+    with (
+        pytest.raises(AssertionError, match="exit: 0, expected 1"),
+        record.scenario("no", "x") as s,
+    ):
+        s.expect("exit", 0, 1)
+    with pytest.raises(ValueError, match="does not show"), record.scenario("bad", "x") as s:
+        s.saw(exit=1, served=2)
+        s.observed = "exit {exit}"
+    saved = json.loads((tmp_path / "reliability.json").read_text())
+    assert saved["ok"]["values"] == {"exit": 1, "nodes": ["a", "b"]} and saved["ok"]["passed"]
+    assert not saved["no"]["passed"] and saved["no"]["observed"] == "FAILED: exit: 0, expected 1"
+    assert not saved["bad"]["passed"] and "does not show" in saved["bad"]["observed"]
+    rt_module = record._renderer()
+    lines = rt_module.table(saved).splitlines()
+    assert "| fault | ok | holds | exit 1 on a, b | 1.2 s |" in lines
