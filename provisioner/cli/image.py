@@ -224,7 +224,7 @@ def push_cmd(
 ) -> None:
     """Make every node hold exactly the pinned image under the cluster tag, delivered by
     the inventory's runtime as `up` delivers it (podman: `podman load`)."""
-    from provisioner.cluster.push import push_pin
+    from provisioner.cluster.deliver import deliver_pin
 
     out = output(json_)
     inv = load_cluster(inventory)
@@ -259,7 +259,7 @@ def push_cmd(
         tag=CLUSTER_TAG,
     )
     with out.step(f"pushing {pin.short_id()} to {len(inv.nodes)} node(s)"):
-        report = push_pin(cluster, out.progress, options=opts)
+        report = deliver_pin(cluster, out.progress, options=opts)
     if json_:
         out.emit(report.to_json())
     else:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from provisioner.image.direct import PushOptions
 
 
-def push_pin(
+def deliver_pin(
     cluster: ClusterContext, report: Reporter = quiet, *, options: PushOptions | None = None
 ) -> DeliveryReport:
     """Make every node of the context's inventory hold its pin, through the runtime's
@@ -37,4 +37,4 @@ def push_pin(
         return delivery.deliver(pool, report)
 
 
-__all__ = ["push_pin"]
+__all__ = ["deliver_pin"]
