@@ -200,13 +200,17 @@ def test_image_push_loads_the_pin_into_podman(
         return out.stdout.strip()
 
     ssh(podman_lab, target, f"podman rmi -f {bare} >/dev/null 2>&1; true")
-    assert holds(target) == ""  # the control: this node lacks it now
+    before = {node.name: holds(node) for node in podman_lab.nodes}
+    assert before[target.name] == ""  # the control: this node lacks it now
     code, doc, err = cli_json("image", "push", "-i", inventory)
     assert code == 0, (doc, err)
-    assert holds(target) == bare  # landed in the user's Podman, by its ID
+    for node in podman_lab.nodes:
+        assert holds(node) == bare, node.name  # in the user's Podman, by its ID
     actions = {n["host"]: n["action"] for n in doc["nodes"]}
-    assert actions[target.name] == "send", actions
-    assert {a for name, a in actions.items() if name != target.name} == {"none"}, actions
+    assert actions == {name: "none" if held == bare else "send" for name, held in before.items()}, (
+        actions,
+        before,
+    )
 
 
 def test_up_train_status_logs_down(
