@@ -28,6 +28,7 @@ from provisioner.checks.findings import Finding, error, ok, warning
 from provisioner.checks.plan import Plan
 from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan, accelerator_label_env
+from provisioner.image.direct import PushOptions
 from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
@@ -488,8 +489,11 @@ class HostRuntime:
         self.image_id = ""
         self.cluster_id = read_cluster_id(inventory)  # "" before the first `up`
 
-    def delivery(self) -> None:
+    def delivery(self, options: PushOptions | None = None) -> None:
         return None  # the nodes bring their own Ray; the doctor checked the versions
+
+    def image_alt_id(self) -> str:
+        return ""  # no image
 
     def state_command(self) -> str:
         return state_command(self.cluster, self.cluster_id)

@@ -17,8 +17,10 @@ import json
 import shlex
 from pathlib import Path
 
+from provisioner.errors import InputError
 from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan
+from provisioner.image.direct import PushOptions
 from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
@@ -36,7 +38,7 @@ from provisioner.runtime.docker import (
 )
 from provisioner.runtime.docker_gpu import gpu_options, run_gpu_options
 from provisioner.runtime.podman_doctor import JUDGES, gpu_methods
-from provisioner.runtime.podman_image import PodmanDelivery, bare_id, full_id
+from provisioner.runtime.podman_image import LoadOptions, PodmanDelivery, bare_id, full_id
 
 
 def _inspect(name: str, template: str) -> str:
@@ -270,8 +272,19 @@ class PodmanRuntime:
     def _pin(self) -> Pin:
         return self.delivery()._pin()
 
-    def delivery(self) -> PodmanDelivery:
-        return PodmanDelivery(self.inventory, self.pin)
+    def delivery(self, options: PushOptions | None = None) -> PodmanDelivery:
+        if options is not None and (options.relay or options.forward):
+            raise InputError(
+                "the podman runtime loads the image from this machine into each node's "
+                "Podman: it has no star or chain",
+                "drop --star/--chain",
+                where="--star/--chain",
+            )
+        load = LoadOptions() if options is None else LoadOptions(compress=options.compress)
+        return PodmanDelivery(self.inventory, self.pin, load)
+
+    def image_alt_id(self) -> str:
+        return ""  # Podman names the pin by its own ID (bare)
 
     def state_command(self) -> str:
         return state_command(self.cluster, self.cluster_id)

@@ -27,6 +27,7 @@ from provisioner.lab.config import LabNode
 from provisioner.lab.nodes import LabInfo
 from provisioner.node.token import ray_container
 from provisioner.runtime import runtime_for
+from provisioner.runtime.context import cluster_context
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -243,7 +244,7 @@ def test_up_and_status_through_a_jump_host(inventory: str, lab: LabInfo, tmp_pat
 
 def test_jobs_api_needs_the_token(inventory: str) -> None:
     inv = load_inventory(Path(inventory))
-    with tunnel(inv) as url:
+    with tunnel(inv, runtime=cluster_context(inv, with_pin=False).runtime) as url:
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"{url}/api/jobs/", timeout=10)
         assert refused.value.code in (401, 403)
@@ -349,7 +350,9 @@ def test_doctor_listeners_left_for_up_end_and_nothing_else_does(
     inv = load_inventory(Path(inventory))
     head = lab.nodes[0]
     with Pool(inv) as pool:
-        report = run_doctor(inv, pool, ray_state=True, keep_listeners=True)
+        report = run_doctor(
+            cluster_context(inv, lenient_pin=True), pool, ray_state=True, keep_listeners=True
+        )
         try:
             assert report.round_trips == 2
             # positive control: every node still runs the listener the report names

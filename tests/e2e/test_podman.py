@@ -185,6 +185,34 @@ def test_the_pin_goes_into_each_podmans_load_in_a_stream_it_reads(
         )
 
 
+def test_image_push_loads_the_pin_into_podman(
+    inventory: str, podman_lab: LabInfo, image_pin: Path
+) -> None:
+    """`image push` delivers as `up` does: on this inventory, through each node's `podman
+    load` (the nodes have no Docker). One node's Podman lacks the pin: it gets it, under
+    its ID; the others, holding it, are sent nothing."""
+    pin = read_pin(image_pin)
+    bare = pin.image_id.removeprefix("sha256:")
+    target = podman_lab.nodes[-1]
+
+    def holds(node: LabNode) -> str:
+        out = ssh(podman_lab, node, f"podman image inspect --format '{{{{.Id}}}}' {bare}")
+        return out.stdout.strip()
+
+    ssh(podman_lab, target, f"podman rmi -f {bare} >/dev/null 2>&1; true")
+    before = {node.name: holds(node) for node in podman_lab.nodes}
+    assert before[target.name] == ""  # the control: this node lacks it now
+    code, doc, err = cli_json("image", "push", "-i", inventory)
+    assert code == 0, (doc, err)
+    for node in podman_lab.nodes:
+        assert holds(node) == bare, node.name  # in the user's Podman, by its ID
+    actions = {n["host"]: n["action"] for n in doc["nodes"]}
+    assert actions == {name: "none" if held == bare else "send" for name, held in before.items()}, (
+        actions,
+        before,
+    )
+
+
 def test_up_train_status_logs_down(
     inventory: str, podman_lab: LabInfo, image_pin: Path, tmp_path: Path
 ) -> None:
