@@ -83,13 +83,12 @@ class Scenario:
 
     def rendered(self) -> tuple[str, str]:
         """The observed and measured columns, filled (TemplateError when they do not match
-        the values)."""
-        fill = _renderer().fill
-        observed = fill(self.observed, self.values) if self.values else self.observed
-        measured = (
-            fill(self.measured, self.measures, "measured") if self.measures else self.measured
-        )
-        return observed, measured
+        the values, or when a column is prose with no values)."""
+        entry = {"scenario": self.name, "observed": self.observed, "measured": self.measured}
+        entry |= {"values": self.values} if self.values else {}
+        entry |= {"measures": self.measures} if self.measures else {}
+        filled = _renderer().filled
+        return filled(entry, "observed", "values"), filled(entry, "measured", "measures")
 
 
 def _write(entry: dict[str, object]) -> None:
@@ -129,7 +128,7 @@ def scenario(name: str, expected: str, *, kind: str = "fault") -> Iterator[Scena
             "passed": passed,
             "seconds": round(time.monotonic() - t0, 1),
         }
-        if s.values:  # the templates' values (an entry without them is shown as written)
+        if s.values:  # the templates' values (a passed entry without them is refused)
             entry["values"] = s.values
         if s.measures:
             entry["measures"] = s.measures
