@@ -8,8 +8,8 @@ template that shows them (`"exit {exit}; the {alive} others alive"`). The values
 change from run to run (no node names, no timings: the table is compared with them every
 run). What this run measured (seconds, counts) goes to `s.measure(seconds=3.1)` and the
 `s.measured` template (`"{seconds:.1f} s"`). `scripts/reliability_table.py` fills both
-(`fill`): a template naming a value not recorded, or a recorded value it does not show,
-fails the scenario here, when the test runs.
+(`fill`): a template naming a value not recorded, a recorded value it does not show, or
+a column of prose with no values at all fails the scenario here, when the test runs.
 
 The record (scenario -> expected, the templates and their values, passed, seconds, test)
 goes to build/reliability.json (or $PROVISIONER_RELIABILITY_JSON); the script renders it
