@@ -14,8 +14,8 @@ are rendered here from the values the test checked: a scenario records a templat
 and `fill` writes each value into its `{name}` (a list as its items, comma-separated). A
 template that names a value the test did not record, a recorded value the template does
 not show, or a template that shows no value at all is an error: the column cannot say
-more, or other, than what was checked. (A record without `values` is an older one, its
-text shown as written.) The table
+more, or other, than what was checked. A passed scenario that recorded no `values` (prose
+alone), or a `measured` text without `measures`, is refused the same way. The table
 lists exactly the rows the record holds, sorted (faults first, then by name), so a new
 recording test needs nothing here: re-render the page with `make reliability-table`.
 `--check` compares every column but the last: the measurements differ from run to run
@@ -90,13 +90,25 @@ def fill(template: str, values: Mapping[str, Any], what: str = "observed") -> st
     return _Formatter().vformat(template, (), dict(values))
 
 
-def rendered(r: Mapping[str, Any], column: str, values: str) -> str:
-    """The row's `column` (observed or measured): filled from its values when it has them."""
+def filled(r: Mapping[str, Any], column: str, values: str) -> str:
+    """The entry's `column` (observed or measured), filled from its `values`. An observed
+    column without values (prose alone) is a TemplateError, and so is a measured one,
+    but for an empty measured column (nothing measured)."""
     text = str(r.get(column, ""))
-    if values not in r:
-        return text
+    if not r.get(values) and column == "measured" and not text:
+        return ""
+    if not r.get(values):
+        raise TemplateError(
+            f"the {column} column records no values ({values}): prose alone is not "
+            "shown; record what the test checked (s.expect, s.saw, s.measure)"
+        )
+    return fill(text, r[values], column)
+
+
+def rendered(r: Mapping[str, Any], column: str, values: str) -> str:
+    """`filled`, or exit naming the scenario."""
     try:
-        return fill(text, r[values], column)
+        return filled(r, column, values)
     except (TemplateError, KeyError, ValueError, IndexError) as exc:
         raise SystemExit(f"{r['scenario']}: {exc}") from None
 

@@ -183,23 +183,32 @@ def test_clock_off_on_one_node_is_named(lab: LabInfo) -> None:
         finally:
             faults.unclock(lab, worker)
         warned = {f.host: f for f in report.findings if f.check == "clock.offset"}
-        assert {h for h, f in warned.items() if f.severity != "ok"} == {worker.name}, warned
+        flagged = {h for h, f in warned.items() if f.severity != "ok"}
+        assert flagged == {worker.name}, warned
+        s.saw(flagged=len(flagged), checked=len(warned))
         finding = warned[worker.name]
-        assert finding.severity == "warning" and "ahead of" in finding.message, finding
+        s.expect("severity", finding.severity, "warning", str(finding))
+        s.expect("ahead", "ahead of" in finding.message, True, str(finding))
         said = re.search(r"offset ([+-][\d.]+)s", finding.evidence)
         assert said is not None, finding.evidence
         offset = float(said.group(1))
-        assert 295 < offset < 305, finding.evidence
-        assert "chrony" in finding.fix
-        assert not report.errors, report.errors
+        s.expect("near_300", 295 < offset < 305, True, finding.evidence)
+        s.expect("chrony", "chrony" in finding.fix, True, finding.fix)
+        s.expect("errors", len(report.errors), 0, str(report.errors))
         after = doctor(lab.inventory)
-        assert {f.severity for f in after.findings if f.check == "clock.offset"} == {"ok"}
-        s.observed = (
-            "the doctor's `clock.offset` warns on that node alone (its clock so many seconds "
-            "ahead of this machine's, the offset within 5 s of 300 ± its bound as evidence, the "
-            "fix: time synchronisation), no error; once undone, every node's clock agrees"
+        s.expect(
+            "after",
+            sorted({f.severity for f in after.findings if f.check == "clock.offset"}),
+            ["ok"],
         )
-        s.measured = f"offset {offset:+.3f} s measured; doctor {report.elapsed_s:.1f} s"
+        s.observed = (
+            "the doctor's `clock.offset` not ok on {flagged} of {checked} nodes, that worker: "
+            "severity {severity}, its message saying ahead of: {ahead}, the offset in its "
+            "evidence within 5 s of 300: {near_300}, the fix naming chrony: {chrony}; "
+            "{errors} errors; once undone, every node's `clock.offset`: {after}"
+        )
+        s.measure(offset=offset, doctor=report.elapsed_s)
+        s.measured = "offset {offset:+.3f} s measured; doctor {doctor:.1f} s"
 
 
 def test_ray_only_in_login_shell(lab: LabInfo, tmp_path: Path) -> None:

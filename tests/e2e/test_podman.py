@@ -169,20 +169,37 @@ def test_the_pin_goes_into_each_podmans_load_in_a_stream_it_reads(
             for report in pool_of_rounds.map(run, rounds):
                 assert not report.errors, report.errors
                 got.update({n: (p.codec, p.bytes_sent) for n, p in report.nodes.items()})
+        held = 0
         for node in podman_lab.nodes:
             assert holds(node) == bare, node.name  # loaded and verified by ID
+            held += holds(node) == bare
+        s.saw(held=held)
         assert got[old.name][0] == "" and got[old.name][1] >= pin.size, got  # 4.3: no gzip
         assert got[new.name][0] == "gz" and got[new.name][1] < 0.5 * pin.size, got
         assert got[other.name][0] == "zst" and got[other.name][1] < 0.4 * pin.size, got
-        assert (tmp_path / "zst" / f"{bare}.tar.zst").stat().st_size < 0.4 * pin.size  # kept
+        s.saw(
+            gzip_only=[
+                f"Podman {versions[n.name]}: {got[n.name][0] or 'plain'}" for n in (old, new)
+            ],
+            with_zstd=f"Podman {versions[other.name]}: {got[other.name][0]}",
+        )
+        s.expect(
+            "kept",
+            (tmp_path / "zst" / f"{bare}.tar.zst").stat().st_size < 0.4 * pin.size,
+            True,
+        )
         s.observed = (
-            "gzip only on this machine: Podman 4.3 sent the pin plain (every byte), Podman "
-            "5.4 the gzip stream (under half the bytes); with zstd, Podman 4.3 the zstd "
-            "stream (under 0.4 of them); each then held the pin under its ID"
+            "gzip only on this machine: {gzip_only} (plain: every byte; gz: under half the "
+            "bytes); with zstd: {with_zstd} (under 0.4 of them), the zstd stream kept in the "
+            "cache under 0.4 of the bytes: {kept}; {held} nodes then held the pin under its ID"
         )
-        s.measured = ", ".join(
-            f"Podman {versions[n]}: {c or 'plain'} {b / 1e6:,.0f} MB" for n, (c, b) in got.items()
+        s.measure(
+            sent=[
+                f"Podman {versions[n]}: {c or 'plain'} {b / 1e6:,.0f} MB"
+                for n, (c, b) in got.items()
+            ]
         )
+        s.measured = "{sent}"
 
 
 def test_image_push_loads_the_pin_into_podman(

@@ -27,8 +27,10 @@ def entry(name: str, kind: str = "fault", **more: object) -> dict[str, object]:
         "scenario": name,
         "kind": kind,
         "expected": "it | holds",
-        "observed": f"{name} held",
-        "measured": "1.0 s",
+        "observed": "{what} held",
+        "values": {"what": name},
+        "measured": "{seconds} s",
+        "measures": {"seconds": 1.0},
         "passed": True,
         **more,
     }
@@ -72,9 +74,9 @@ def test_written_table_passes_the_check_and_keeps_the_rest(rt: ModuleType, tmp_p
 def test_only_the_measured_column_may_change(rt: ModuleType, tmp_path: Path) -> None:
     rec, page = files(tmp_path, {"a": entry("a")})
     run(rt, rec, "--page", page, "--write")
-    rec.write_text(json.dumps({"a": entry("a", measured="9.9 s")}))
+    rec.write_text(json.dumps({"a": entry("a", measures={"seconds": 9.9})}))
     assert run(rt, rec, "--page", page, "--check") == 0
-    rec.write_text(json.dumps({"a": entry("a", observed="something else")}))
+    rec.write_text(json.dumps({"a": entry("a", values={"what": "something else"})}))
     assert run(rt, rec, "--page", page, "--check") == 1
 
 
@@ -189,3 +191,68 @@ def test_a_scenario_records_its_values_and_fails_on_a_template_that_does_not_mat
     rt_module = record._renderer()
     lines = rt_module.table(saved).splitlines()
     assert "| fault | ok | holds | exit 1 on a, b | 1.2 s |" in lines
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "empty"),
+    [
+        ("observed", "values", None),  # prose, no values at all
+        ("observed", "values", {}),
+        ("measured", "measures", None),
+        ("measured", "measures", {}),
+    ],
+)
+def test_an_entry_of_prose_without_values_is_refused(
+    rt: ModuleType, tmp_path: Path, column: str, values: str, empty: dict[str, object] | None
+) -> None:
+    """A passed scenario must show the values it checked: a column written as prose alone
+    (an entry without values) is not rendered, so no test can go back to prose."""
+    prose = entry("a", observed="exit 1; the others served", measured="3.1 s")
+    prose |= {"measures" if column == "observed" else "values": {"x": 1}}
+    prose["observed" if column == "measured" else "measured"] = "{x}"
+    if empty is None:
+        del prose[values]
+    else:
+        prose[values] = empty
+    with pytest.raises(rt.TemplateError, match=f"the {column} column records no values"):
+        rt.filled(prose, column, values)
+    rec, page = files(tmp_path, {"a": prose})
+    with pytest.raises(SystemExit, match=f"a: the {column} column records no values"):
+        run(rt, rec, "--page", page, "--write")
+    assert "| a |" not in page.read_text()
+    with pytest.raises(SystemExit, match="records no values"):
+        run(rt, rec, "--page", page, "--check")
+    # positive control: an entry with its values renders
+    rec.write_text(json.dumps({"a": entry("a")}))
+    assert run(rt, rec, "--page", page, "--write") == 0
+    assert "| fault | a | it \\| holds | a held | 1.0 s |" in page.read_text()
+
+
+def test_nothing_measured_is_an_empty_column_not_an_error(rt: ModuleType) -> None:
+    quiet = entry("a", measured="")
+    del quiet["measures"]
+    (line,) = rt.table({"a": quiet}).splitlines()[2:]
+    assert line == "| fault | a | it \\| holds | a held |  |"
+
+
+def test_a_scenario_of_prose_alone_fails_when_the_test_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.e2e.faults import record
+
+    monkeypatch.setattr(record, "RECORD", tmp_path / "reliability.json")
+    with (
+        pytest.raises(ValueError, match="the observed column records no values"),
+        record.scenario("prose", "x") as s,
+    ):
+        s.observed = "exit 1; the others served"
+    with (
+        pytest.raises(ValueError, match="the measured column records no values"),
+        record.scenario("prose measured", "x") as s,
+    ):
+        s.saw(exit=1)
+        s.observed = "exit {exit}"
+        s.measured = "3.1 s"
+    saved = json.loads((tmp_path / "reliability.json").read_text())
+    assert not saved["prose"]["passed"] and not saved["prose measured"]["passed"]
+    assert "records no values" in saved["prose"]["observed"]

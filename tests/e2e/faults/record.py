@@ -8,8 +8,8 @@ template that shows them (`"exit {exit}; the {alive} others alive"`). The values
 change from run to run (no node names, no timings: the table is compared with them every
 run). What this run measured (seconds, counts) goes to `s.measure(seconds=3.1)` and the
 `s.measured` template (`"{seconds:.1f} s"`). `scripts/reliability_table.py` fills both
-(`fill`): a template naming a value not recorded, or a recorded value it does not show,
-fails the scenario here, when the test runs.
+(`fill`): a template naming a value not recorded, a recorded value it does not show, or
+a column of prose with no values at all fails the scenario here, when the test runs.
 
 The record (scenario -> expected, the templates and their values, passed, seconds, test)
 goes to build/reliability.json (or $PROVISIONER_RELIABILITY_JSON); the script renders it
@@ -83,13 +83,12 @@ class Scenario:
 
     def rendered(self) -> tuple[str, str]:
         """The observed and measured columns, filled (TemplateError when they do not match
-        the values)."""
-        fill = _renderer().fill
-        observed = fill(self.observed, self.values) if self.values else self.observed
-        measured = (
-            fill(self.measured, self.measures, "measured") if self.measures else self.measured
-        )
-        return observed, measured
+        the values, or when a column is prose with no values)."""
+        entry = {"scenario": self.name, "observed": self.observed, "measured": self.measured}
+        entry |= {"values": self.values} if self.values else {}
+        entry |= {"measures": self.measures} if self.measures else {}
+        filled = _renderer().filled
+        return filled(entry, "observed", "values"), filled(entry, "measured", "measures")
 
 
 def _write(entry: dict[str, object]) -> None:
@@ -129,7 +128,7 @@ def scenario(name: str, expected: str, *, kind: str = "fault") -> Iterator[Scena
             "passed": passed,
             "seconds": round(time.monotonic() - t0, 1),
         }
-        if s.values:  # the templates' values (an entry without them is shown as written)
+        if s.values:  # the templates' values (a passed entry without them is refused)
             entry["values"] = s.values
         if s.measures:
             entry["measures"] = s.measures
