@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import socket
 import subprocess
 import time
@@ -237,7 +239,11 @@ def test_fault_isolate_drops_ssh_from_here_only_and_clear_undoes_it(lab: LabInfo
 
 
 def test_lab_up_json_and_down_leaves_nothing_behind() -> None:
-    cfg = LabConfig(name="e2edown", subnet="10.250.103.0/24", nodes=1)
+    # a subnet of its own: the Podman lab's (10.250.103.0/24) may be up beside it
+    subnet = os.environ.get("PROVISIONER_DOWN_LAB_SUBNET", "10.250.108.0/24")
+    cfg = LabConfig(
+        name=os.environ.get("PROVISIONER_DOWN_LAB_NAME", "e2edown"), subnet=subnet, nodes=1
+    )
     args = ("--nodes", "1", "--name", cfg.name, "--subnet", cfg.subnet)
     r = cli("lab", "up", *args, "--flavours", "trixie+containerd", "--json")
     assert r.exit_code == 0, r.stderr
@@ -245,14 +251,14 @@ def test_lab_up_json_and_down_leaves_nothing_behind() -> None:
     assert set(doc) >= {"inventory", "key", "known_hosts", "nodes"}
     assert doc["nodes"] == [
         {
-            "name": "provisioner-e2edown-0",
-            "address": "10.250.103.10",
+            "name": f"provisioner-{cfg.name}-0",
+            "address": str(ipaddress.ip_network(subnet)[10]),
             "user": "lab",
             "role": "head",
             "flavour": "trixie+containerd",
         }
     ]
-    rc, out = exec_rc("provisioner-e2edown-0", "docker info --format '{{json .DriverStatus}}'")
+    rc, out = exec_rc(f"provisioner-{cfg.name}-0", "docker info --format '{{json .DriverStatus}}'")
     assert rc == 0 and "io.containerd.snapshotter" in out, out
     r = cli("lab", "down", "--name", cfg.name)
     assert r.exit_code == 0, r.stderr
