@@ -251,12 +251,18 @@ def make_token(root: Path) -> Path:
     return auth
 
 
+def ca_label(job_id: str) -> str:
+    """The job's name in its CA's common name (at most 64 characters in all): its time and
+    random part, which are its own."""
+    return f"sagemaker {job_id[-28:]}"
+
+
 def add_ca(auth: Path, job_id: str) -> None:
     """The job's own TLS CA beside its token in the `auth` folder: `ca.crt` and `ca.key`
     (0600, new per job, deleted with the run's folder). Each container issues its node
     certificate with it at start (container/train.py), so the job's Ray runs TLS: the token
     never crosses the job's network in clear, and only the job's own containers talk to it."""
-    ca = tls.new_authority(f"sagemaker job {job_id}")
+    ca = tls.new_authority(ca_label(job_id))
     write_file(auth, contract.CA_CERT_FILE, ca.cert_pem())
     key = ca.key.private_bytes(
         serialization.Encoding.PEM,

@@ -391,11 +391,11 @@ def test_a_local_jobs_tls_ca_is_private_and_its_own(tmp_path: Path) -> None:
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         auth = make_token(tmp_path / name)
-        add_ca(auth, f"job-{name}")
+        add_ca(auth, f"ppo-cartpole-with-a-long-name-20261205-230318-{name}0123456789a")
         for f in (contract.CA_CERT_FILE, contract.CA_KEY_FILE):
             assert (auth / f).stat().st_mode & 0o777 == 0o600, f
         cert = x509.load_pem_x509_certificate((auth / contract.CA_CERT_FILE).read_bytes())
-        assert f"job-{name}" in cert.subject.rfc4514_string()
+        assert f"20261205-230318-{name}0123456789a CA" in cert.subject.rfc4514_string()
         assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
         certs.append(cert.fingerprint(cert.signature_hash_algorithm or x509.hashes.SHA256()))
     assert certs[0] != certs[1]
