@@ -384,6 +384,7 @@ def test_a_local_jobs_token_is_private_and_its_own(tmp_path: Path) -> None:
 
 def test_a_local_jobs_tls_ca_is_private_and_its_own(tmp_path: Path) -> None:
     from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
 
     from provisioner.sagemaker.local import add_ca, make_token
 
@@ -397,7 +398,7 @@ def test_a_local_jobs_tls_ca_is_private_and_its_own(tmp_path: Path) -> None:
         cert = x509.load_pem_x509_certificate((auth / contract.CA_CERT_FILE).read_bytes())
         assert f"20261205-230318-{name}0123456789a CA" in cert.subject.rfc4514_string()
         assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-        certs.append(cert.fingerprint(cert.signature_hash_algorithm or x509.hashes.SHA256()))
+        certs.append(cert.fingerprint(hashes.SHA256()))
     assert certs[0] != certs[1]
 
 
