@@ -32,9 +32,10 @@ copy of /opt/ml/model and /opt/ml/output after the run (`retrieve_artifacts`, a
 the disk is full) is not run.
 
 Each job gets a Docker network of its own (`sagemaker-local-JOB`; the SDK names every
-job's `sagemaker-local`), so no other local job's containers reach its Ray. The SDK leaves
-the compose project's containers and network behind; this module takes the project down
-afterwards, whatever happened.
+job's `sagemaker-local`), so no other local job's containers reach its Ray; and its Ray
+runs with a token and TLS of the job's own (the `auth` channel: `make_token`, `add_ca`).
+The SDK leaves the compose project's containers and network behind; this module takes the
+project down afterwards, whatever happened.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError, PrerequisiteError
 from provisioner.image.pin import read_pin
@@ -61,6 +64,7 @@ from provisioner.jobs.resume import SEEDS, find_source
 from provisioner.jobs.spec import job_id_for
 from provisioner.jobs.tables import read_json
 from provisioner.jobs.upload import sendable_files
+from provisioner.node import tls
 from provisioner.remote.receive import write_file
 from provisioner.sagemaker import bring, plan
 from provisioner.sagemaker.container import contract
@@ -247,6 +251,27 @@ def make_token(root: Path) -> Path:
     return auth
 
 
+def ca_label(job_id: str) -> str:
+    """The job's name in its CA's common name (at most 64 characters in all): its time and
+    random part, which are its own."""
+    return f"sagemaker {job_id[-28:]}"
+
+
+def add_ca(auth: Path, job_id: str) -> None:
+    """The job's own TLS CA beside its token in the `auth` folder: `ca.crt` and `ca.key`
+    (0600, new per job, deleted with the run's folder). Each container issues its node
+    certificate with it at start (container/train.py), so the job's Ray runs TLS: the token
+    never crosses the job's network in clear, and only the job's own containers talk to it."""
+    ca = tls.new_authority(ca_label(job_id))
+    write_file(auth, contract.CA_CERT_FILE, ca.cert_pem())
+    key = ca.key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    write_file(auth, contract.CA_KEY_FILE, key)
+
+
 def seed_resume(value: str, results_root: Path, home: Path) -> str:
     """Put the checkpoint to continue from (and its run's metrics) into `home`, the
     checkpoint channel's folder (before any container mounts it), where the entry point
@@ -376,6 +401,7 @@ def run_local(opts: RunOptions, report: Reporter = quiet) -> RunResult:
     staging.mkdir(mode=0o700)
     resumed = seed_resume(opts.resume, opts.results_root, staging) if opts.resume else None
     auth = make_token(root)
+    add_ca(auth, job_id)
     where = f"SageMaker job {job_id}'s containers"
     channel = bring.Sync(staging, home, "a job's results", where, skip=channel_skip)
     model = bring.Sync(root / "model", home / "model", "a job's model", where)
@@ -434,7 +460,7 @@ def run_local(opts: RunOptions, report: Reporter = quiet) -> RunResult:
         if failure is not None:
             write_file(home, contract.FAILURE_FILE, (failure + "\n").encode())
     finally:
-        shutil.rmtree(root, ignore_errors=True)  # the token with it
+        shutil.rmtree(root, ignore_errors=True)  # the token and the CA with it
     return _finish(opts, job_id, home, image.tag, seconds, failure, resumed)
 
 

@@ -67,14 +67,18 @@ class Rendered:
         }
 
 
+CA_DAYS = 30  # a job's CA: a new one every push
+
+
 def image_uri(account: str, region: str, tag: str) -> str:
     return f"{account}.dkr.ecr.{region}.amazonaws.com/{tag}"
 
 
 def push_script(tag: str, account: str, region: str, code_s3: str, auth_s3: str = "") -> str:
-    """Shell commands: the image to ECR, the code to S3, and a new Ray token for the job
-    (the `auth` channel's `token`: made from /dev/urandom and piped to S3, never on disk
-    here, on a command line or printed) (pure)."""
+    """Shell commands: the image to ECR, the code to S3, and a new Ray token and TLS CA for
+    the job (the `auth` channel's `token`: made from /dev/urandom and piped to S3, never on
+    disk here, on a command line or printed; `ca.crt` and `ca.key`: made with openssl in a
+    private temporary folder, copied to S3, and removed) (pure)."""
     repo, _, version = tag.partition(":")
     registry = f"{account}.dkr.ecr.{region}.amazonaws.com"
     return f"""#!/bin/sh
@@ -93,6 +97,16 @@ docker push {registry}/{repo}:{version}
 aws s3 sync --delete code/ {code_s3}
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' \\
   | aws s3 cp --only-show-errors - {auth_s3}token
+# the job's own TLS CA: each instance issues its node certificate with it at start
+tls=$(umask 077 && mktemp -d)
+trap 'rm -rf "$tls"' EXIT
+(umask 077 && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \\
+  -days {CA_DAYS} -subj "/CN=provisioner sagemaker job CA" \\
+  -addext basicConstraints=critical,CA:TRUE,pathlen:0 \\
+  -addext keyUsage=critical,keyCertSign,cRLSign \\
+  -keyout "$tls/{contract.CA_KEY_FILE}" -out "$tls/{contract.CA_CERT_FILE}" 2>/dev/null)
+aws s3 cp --only-show-errors "$tls/{contract.CA_CERT_FILE}" {auth_s3}{contract.CA_CERT_FILE}
+aws s3 cp --only-show-errors "$tls/{contract.CA_KEY_FILE}" {auth_s3}{contract.CA_KEY_FILE}
 """
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from provisioner.lab.nodes import LabInfo
+from provisioner.sagemaker.local import ca_label
 from tests.e2e.faults.lab import edited_inventory
 from tests.e2e.test_long_runs import assert_learning_goes_on, resume_point, returns_of
 
@@ -404,6 +405,14 @@ CLIENT = (
     "print('NODES', sum(1 for n in ray.nodes() if n['Alive']))"
 )
 RAY_PYTHON = "/opt/ray/bin/python3"  # the image's Python, with its Ray
+TOKEN_ENV = ["RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN_PATH=/opt/ml/input/data/auth/token"]
+TLS = "/run/provisioner/tls"  # the node's own certificate and key, issued at its start
+TLS_ENV = [
+    "RAY_USE_TLS=1",
+    f"RAY_TLS_SERVER_CERT={TLS}/node.crt",
+    f"RAY_TLS_SERVER_KEY={TLS}/node.key",
+    f"RAY_TLS_CA_CERT={TLS}/ca.crt",
+]
 
 
 def _names(job_id: str) -> dict[str, str]:
@@ -425,11 +434,14 @@ def _exec(container: str, *argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_jobs_ray_refuses_a_driver_without_its_token(image_pin: Path, tmp_path: Path) -> None:
-    """Ray in a job's containers has a token of the job's own: a driver on the job's network
-    without it is refused by the head's GCS; with it (the positive control) the same driver
-    sees both hosts, and the job completes on both. The token is in no log, no variable
-    and no output of the run."""
+def test_the_jobs_ray_refuses_a_driver_without_its_token_or_tls(
+    image_pin: Path, tmp_path: Path
+) -> None:
+    """Ray in a job's containers has a token and TLS of the job's own: its GCS port answers
+    a TLS handshake with a certificate of the job's CA; a driver on the job's network with
+    the token but without TLS is refused, and one with TLS but without the token too; with
+    both (the positive control) the same driver sees both hosts, and the job completes on
+    both. The token is in no log, no variable and no output of the run."""
     job = tmp_path / "probe"
     job.mkdir()
     (job / "probe.py").write_text(PROBE)
@@ -460,26 +472,39 @@ def test_the_jobs_ray_refuses_a_driver_without_its_token(image_pin: Path, tmp_pa
         }
         token = _exec(names["algo-1"], "cat", "/opt/ml/input/data/auth/token").stdout.strip()
         env = _exec(names["algo-2"], "env").stdout
+        handshake = _exec(
+            names["algo-2"], "sh", "-c", "openssl s_client -connect algo-1:6379 -CAfile "
+            "/opt/ml/input/data/auth/ca.crt -no-CApath -no-CAstore -verify_return_error "
+            "</dev/null 2>&1",
+        )  # fmt: skip
+        modes = _exec(names["algo-2"], "stat", "-c", "%n %a", TLS, f"{TLS}/node.key").stdout
         without = _exec(
             names["algo-2"], "env", "-u", "RAY_AUTH_MODE", "-u", "RAY_AUTH_TOKEN_PATH",
-            RAY_PYTHON, "-c", CLIENT,
+            *TLS_ENV, RAY_PYTHON, "-c", CLIENT,
         )  # fmt: skip
-        with_token = _exec(
-            names["algo-2"], "env", "RAY_AUTH_MODE=token",
-            "RAY_AUTH_TOKEN_PATH=/opt/ml/input/data/auth/token", RAY_PYTHON, "-c", CLIENT,
-        )  # fmt: skip
+        without_tls = _exec(
+            names["algo-2"], "env", "-u", "RAY_USE_TLS", *TOKEN_ENV, RAY_PYTHON, "-c", CLIENT
+        )
+        with_both = _exec(names["algo-2"], "env", *TLS_ENV, *TOKEN_ENV, RAY_PYTHON, "-c", CLIENT)
         _exec(names["algo-1"], "touch", "/tmp/release")
         code, doc, err = _finish(proc, 300)
     finally:
         if proc.poll() is None:
             proc.kill()
+    # the head's GCS port speaks TLS, with a certificate of the job's own CA for algo-1
+    shown = handshake.stdout
+    assert "Verify return code: 0 (ok)" in shown, shown[-3000:]
+    assert f"{ca_label(home.name)} CA" in shown and "CN = algo-1" in shown, shown[-3000:]
+    assert modes.split() == [TLS, "700", f"{TLS}/node.key", "600"], modes
     refused = without.stdout + without.stderr
     assert without.returncode != 0 and "NODES" not in without.stdout, refused[-3000:]
     assert "InvalidAuthToken" in refused or "nauthenticated" in refused, refused[-3000:]
-    # positive controls: with the job's token the same driver sees both hosts, and the job
-    # completes on both
-    assert with_token.returncode == 0, (with_token.stdout + with_token.stderr)[-3000:]
-    assert "NODES 2" in with_token.stdout, with_token.stdout
+    cleartext = without_tls.stdout + without_tls.stderr
+    assert without_tls.returncode != 0 and "NODES" not in without_tls.stdout, cleartext[-3000:]
+    # positive controls: with the job's token and TLS the same driver sees both hosts, and
+    # the job completes on both
+    assert with_both.returncode == 0, (with_both.stdout + with_both.stderr)[-3000:]
+    assert "NODES 2" in with_both.stdout, with_both.stdout
     assert code == 0 and doc["status"] == "completed", (code, doc, err[-3000:])
     assert (home / "nodes.txt").read_text() == "2"
     # on a network of the job's own (not the `sagemaker-local` every local-mode job

@@ -8,7 +8,7 @@ import contextlib
 import json
 import socket
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -277,6 +277,11 @@ def test_render_writes_the_sdks_request_for_four_c5_2xlarge(tmp_path: Path) -> N
     auth_s3 = auth["DataSource"]["S3DataSource"]["S3Uri"]
     assert "head -c 32 /dev/urandom" in push and f"- {auth_s3}token" in push
     assert repr(auth_s3) in script
+    # and the job's TLS CA beside it: made by openssl in a private folder that is removed
+    assert "openssl req -x509" in push and "tls=$(umask 077 && mktemp -d)" in push
+    assert "trap 'rm -rf \"$tls\"' EXIT" in push
+    for name in (contract.CA_CERT_FILE, contract.CA_KEY_FILE):
+        assert f'aws s3 cp --only-show-errors "$tls/{name}" {auth_s3}{name}' in push
 
 
 def test_progress_shows_the_entry_points_and_the_loops_lines_only() -> None:
@@ -375,6 +380,93 @@ def test_a_local_jobs_token_is_private_and_its_own(tmp_path: Path) -> None:
         assert (auth.stat().st_mode & 0o777, token.stat().st_mode & 0o777) == (0o700, 0o600)
         tokens.append(token.read_text())
     assert tokens[0] != tokens[1] and all(len(t) == 64 for t in tokens)
+
+
+def test_a_local_jobs_tls_ca_is_private_and_its_own(tmp_path: Path) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    from provisioner.sagemaker.local import add_ca, make_token
+
+    certs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        auth = make_token(tmp_path / name)
+        add_ca(auth, f"ppo-cartpole-with-a-long-name-20261205-230318-{name}0123456789a")
+        for f in (contract.CA_CERT_FILE, contract.CA_KEY_FILE):
+            assert (auth / f).stat().st_mode & 0o777 == 0o600, f
+        cert = x509.load_pem_x509_certificate((auth / contract.CA_CERT_FILE).read_bytes())
+        assert f"20261205-230318-{name}0123456789a CA" in cert.subject.rfc4514_string()
+        assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        certs.append(cert.fingerprint(hashes.SHA256()))
+    assert certs[0] != certs[1]
+
+
+def test_a_node_certificates_names_and_openssls_commands() -> None:
+    sans = contract.subject_alt_names("algo-2", ["10.0.0.7", "10.0.0.7", "10.1.0.7"])
+    assert sans == (
+        "IP:10.0.0.7,IP:10.1.0.7,IP:127.0.0.1,DNS:10.0.0.7,DNS:10.1.0.7,DNS:127.0.0.1,"
+        "DNS:algo-2,DNS:localhost"
+    )
+    for host, addresses in (("algo-1,DNS:evil", ["10.0.0.1"]), ("algo-1", ["10.0.0.1,IP:1"])):
+        with pytest.raises(contract.ContractError):
+            contract.subject_alt_names(host, addresses)
+    d, crt, key = (PurePosixPath(p) for p in ("/run/t", "/in/auth/ca.crt", "/in/auth/ca.key"))
+    req, sign = contract.node_cert_commands(d, crt, key, "algo-2", 77)
+    assert " ".join(req) == (
+        "openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
+        "-subj /CN=algo-2 -keyout /run/t/node.key -out /run/t/node.csr"
+    )
+    assert " ".join(sign) == (
+        "openssl x509 -req -in /run/t/node.csr -CA /in/auth/ca.crt -CAkey /in/auth/ca.key "
+        "-set_serial 77 -days 30 -extfile /run/t/node.ext -out /run/t/node.crt"
+    )
+    ext = contract.node_extensions(sans)
+    assert ext.splitlines()[0] == f"subjectAltName={sans}"
+    assert "basicConstraints=critical,CA:FALSE" in ext
+    assert "extendedKeyUsage=serverAuth,clientAuth" in ext
+
+
+def test_the_entry_point_issues_its_node_certificate_with_the_jobs_ca_or_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    """train.use_tls with this machine's openssl (the image's is the same tool): the node's
+    files private, signed by the job's CA, named for the host, and the variables a cluster's
+    Ray processes get."""
+    import subprocess
+
+    from cryptography import x509
+
+    from provisioner.node.tls import ray_env
+    from provisioner.sagemaker.local import add_ca, make_token
+
+    auth = make_token(tmp_path)
+    env = {f"SM_CHANNEL_{contract.AUTH_CHANNEL.upper()}": str(auth)}
+    with pytest.raises(contract.ContractError, match="no TLS CA"):
+        train.use_tls(dict(env), "localhost", tmp_path / "tls")
+    assert not (tmp_path / "tls").exists()
+    add_ca(auth, "unit")
+    train.use_tls(env, "localhost", tmp_path / "tls")
+    d = tmp_path / "tls"
+    assert sorted(p.name for p in d.iterdir()) == ["ca.crt", "node.crt", "node.key"]
+    assert d.stat().st_mode & 0o777 == 0o700
+    assert {p.name: p.stat().st_mode & 0o777 for p in d.iterdir()}["node.key"] == 0o600
+    assert set(env) - {f"SM_CHANNEL_{contract.AUTH_CHANNEL.upper()}"} == set(ray_env("x"))
+    assert env["RAY_USE_TLS"] == "1" and env["RAY_TLS_SERVER_KEY"] == str(d / "node.key")
+    assert env["RAY_TLS_CA_CERT"] == str(d / "ca.crt")
+    verified = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(auth / contract.CA_CERT_FILE), str(d / "node.crt")],
+        capture_output=True,
+        text=True,
+    )
+    assert verified.returncode == 0, verified.stderr
+    cert = x509.load_pem_x509_certificate((d / "node.crt").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"localhost", "127.0.0.1"} <= set(san.get_values_for_type(x509.DNSName))
+    assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    # a second start in the same place is refused (a fresh private folder, never reused)
+    with pytest.raises(FileExistsError):
+        train.use_tls(dict(env), "localhost", d)
 
 
 def _planted(tmp_path: Path) -> tuple[Path, Path, Path]:

@@ -20,6 +20,7 @@ own framework containers turn hyperparameters into a script's arguments.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -44,6 +45,13 @@ CHECKPOINT_DIR_ENV = "PROVISIONER_SM_CHECKPOINT_DIR"
 # a log, as on a cluster (provisioner/node/token.py)
 AUTH_CHANNEL = "auth"
 TOKEN_FILE = "token"
+# the job's own TLS CA, in the same channel: every instance issues its node certificate with
+# it at start (the instances' addresses are known only then), so Ray runs TLS as on a cluster
+# (provisioner/node/tls.py) and the token never crosses the network in clear
+CA_CERT_FILE = "ca.crt"
+CA_KEY_FILE = "ca.key"
+TLS_DIR = PurePosixPath("/run/provisioner/tls")  # the node's files, as on a cluster's node
+NODE_CERT_DAYS = 30
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
 
@@ -188,6 +196,68 @@ def ray_auth_env(token: PurePosixPath) -> dict[str, str]:
     """The variables that make every Ray process (`ray start`, a driver) use the job's
     token, read from the file `token`; the same as a cluster's nodes get."""
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+
+
+def ca_paths(env: Mapping[str, str]) -> tuple[PurePosixPath, PurePosixPath]:
+    """The job's CA certificate and key, in the `auth` channel."""
+    auth = channel_dir(AUTH_CHANNEL, env)
+    return auth / CA_CERT_FILE, auth / CA_KEY_FILE
+
+
+def ray_tls_env(directory: PurePosixPath) -> dict[str, str]:
+    """The variables that make every Ray process (`ray start`, a driver) run TLS with the
+    node's files in `directory`: the names a cluster's nodes get (node/tls.py `ray_env`)."""
+    return {
+        "RAY_USE_TLS": "1",
+        "RAY_TLS_SERVER_CERT": str(directory / "node.crt"),
+        "RAY_TLS_SERVER_KEY": str(directory / "node.key"),
+        "RAY_TLS_CA_CERT": str(directory / "ca.crt"),
+    }
+
+
+def subject_alt_names(host: str, addresses: Sequence[str]) -> str:
+    """A node certificate's names, as openssl's subjectAltName: its addresses (as IP names
+    and as text, which gRPC's check of a dialled IP accepts either way), 127.0.0.1, its host
+    name (algo-N, which the workers dial the head by) and localhost."""
+    if not _HOST.fullmatch(host):
+        raise ContractError(f"host {host!r} is not a host name")
+    ips: list[str] = []
+    for a in [*addresses, "127.0.0.1"]:
+        try:
+            ip = str(ipaddress.ip_address(a))
+        except ValueError:
+            raise ContractError(f"{a!r} is not an IP address") from None
+        if ip not in ips:
+            ips.append(ip)
+    names = [f"IP:{ip}" for ip in ips] + [f"DNS:{ip}" for ip in ips]
+    return ",".join([*names, f"DNS:{host}", "DNS:localhost"])
+
+
+def node_cert_commands(
+    directory: PurePosixPath, ca_cert: PurePosixPath, ca_key: PurePosixPath, host: str, serial: int
+) -> list[list[str]]:
+    """openssl's commands (argv) that make the node's key and certificate in `directory`
+    (signed by the job's CA; the names in `directory`/node.ext, see `node_extensions`)."""
+    d = directory
+    return [
+        ["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-subj", f"/CN={host}", "-keyout", str(d / "node.key"),
+         "-out", str(d / "node.csr")],
+        ["openssl", "x509", "-req", "-in", str(d / "node.csr"), "-CA", str(ca_cert),
+         "-CAkey", str(ca_key), "-set_serial", str(serial), "-days", str(NODE_CERT_DAYS),
+         "-extfile", str(d / "node.ext"), "-out", str(d / "node.crt")],
+    ]  # fmt: skip
+
+
+def node_extensions(sans: str) -> str:
+    """node.ext: the node certificate's extensions (server and client: Ray's servers are
+    also its clients)."""
+    return (
+        f"subjectAltName={sans}\n"
+        "basicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=serverAuth,clientAuth\n"
+    )
 
 
 def failure_text(reason: str) -> str:

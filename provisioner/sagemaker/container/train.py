@@ -12,6 +12,13 @@ status is 1.
 Every other host joins the head by its host name (no S3 rendezvous) and stays until the
 head's Ray is gone.
 
+Ray runs with the job's token and TLS, as on a cluster: the `auth` channel holds the token
+and the job's own CA (certificate and key, made per job by `sagemaker run` or push.sh);
+each host issues its own node certificate at start (its address, algo-N, 127.0.0.1,
+localhost; the addresses are known only then) into /run/provisioner/tls, and every Ray
+process here has RAY_USE_TLS and the RAY_TLS_* paths. Without the token or the CA, Ray is
+not started.
+
 SIGTERM (SageMaker's stop; it waits 120 s before SIGKILL) goes to the playbook, which
 finishes its iteration, saves a checkpoint and exits (`PROVISIONER_CHECKPOINT_ON_SIGTERM`);
 a worker given SIGTERM keeps its Ray node up until the head is gone, so the checkpoint can
@@ -30,7 +37,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Mapping, MutableMapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import FrameType
 
 from . import contract
@@ -271,6 +278,57 @@ def use_token(environ: MutableMapping[str, str]) -> None:
     environ.update(contract.ray_auth_env(token))
 
 
+def host_addresses(host: str) -> list[str]:
+    """This host's IPv4 addresses as its name resolves (the first is Ray's node address)."""
+    first = node_address(host)
+    found = [first]
+    for info in socket.getaddrinfo(host, None, socket.AF_INET):
+        a = str(info[4][0])
+        if a not in found:
+            found.append(a)
+    return found
+
+
+def use_tls(
+    environ: MutableMapping[str, str], host: str, directory: Path = Path(contract.TLS_DIR)
+) -> None:
+    """Every Ray process of this host with TLS: a key and a certificate of this node's own
+    (its addresses, its host name, 127.0.0.1, localhost), made here with openssl and signed
+    by the job's CA from the `auth` channel, in TLS_DIR (0700; the key 0600). Refused
+    (ContractError) without the CA: a Ray without TLS sends the token in clear, and takes a
+    driver from anyone who has it."""
+    ca_cert, ca_key = contract.ca_paths(environ)
+    for path in (ca_cert, ca_key):
+        if not Path(path).is_file():
+            raise contract.ContractError(
+                f"no TLS CA file at {path} (the `{contract.AUTH_CHANNEL}` channel); Ray is "
+                "not started without TLS"
+            )
+    d = directory
+    d.parent.mkdir(parents=True, exist_ok=True)
+    d.mkdir(mode=0o700)  # a fresh folder: an existing one (or a link) is refused
+    sans = contract.subject_alt_names(host, host_addresses(host))
+    old = os.umask(0o077)
+    try:
+        (d / "node.ext").write_text(contract.node_extensions(sans))
+        shutil.copyfile(ca_cert, d / "ca.crt")
+        serial = int.from_bytes(os.urandom(16), "big") >> 1
+        for argv in contract.node_cert_commands(PurePosixPath(d), ca_cert, ca_key, host, serial):
+            done = subprocess.run(argv, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"making this node's TLS certificate failed ({argv[1]}): "
+                    f"{done.stderr.strip()[-500:]}"
+                )
+    finally:
+        os.umask(old)
+    for name in ("node.csr", "node.ext"):
+        (d / name).unlink()
+    os.chmod(d / "node.key", 0o600)
+    environ.update(contract.ray_tls_env(PurePosixPath(d)))
+    log(f"TLS: node certificate for {sans}")
+
+
 def main(argv: list[str] | None = None) -> int:
     stop = Stop()
     signal.signal(signal.SIGTERM, stop.handle)
@@ -281,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         res = contract.parse_resources(
             read_text(Path(contract.CONFIG_DIR / "resourceconfig.json")), env
         )
+        use_tls(os.environ, res.current_host)  # the same
+        env = dict(os.environ)
         log(f"{res.current_host} of {list(res.hosts)} ({res.instance_type or 'instance'})")
         return head(res, env, stop) if res.is_head else worker(res, env, stop)
     except (contract.ContractError, RuntimeError, OSError, subprocess.SubprocessError) as e:
