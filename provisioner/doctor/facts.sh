@@ -1,15 +1,19 @@
 #!/bin/bash
 # provisioner doctor: everything a node must tell, in one round trip.
 # Fed on stdin: bash -s -- HEAD_ADDRESS NODE_ADDRESS IMAGE_REF LISTEN_PORTS LISTEN_SECONDS [RAY_PYTHON]
+#   [IMAGE_ALT] [RUN_NONCE]
 # Prints sections "@@name" followed by raw command output; the control machine judges them.
 # Reads only, except for one temporary listener (python3) on LISTEN_PORTS for the
 # reachability probes, which exits after LISTEN_SECONDS or when killed (its command line
-# ends with the word provisioner-doctor-listener, which the kill checks first).
+# ends with the word provisioner-doctor-listener, which the kill checks first; the word
+# before it, provisioner-doctor-run-RUN_NONCE, names the doctor run that started it, so
+# that an interrupted run ends its own listeners, and no other's).
 set -u
 export LC_ALL=C
 head_addr=$1 node_addr=$2 image=$3 listen_ports=$4 listen_seconds=$5 ray_python=${6:-}
 # the pin's ID in Docker's containerd image store, when it is not $image ("": unknown)
 image_alt=${7:-}
+run_nonce=${8:-}
 section() { printf '\n@@%s\n' "$1"; }
 has() { command -v "$1" >/dev/null 2>&1; }
 with_timeout() { if has timeout; then timeout "$@"; else shift; "$@"; fi; }
@@ -258,7 +262,8 @@ while time.monotonic() < end:
             s.accept()[0].close()
         except OSError:
             pass
-' "$node_addr" "$listen_ports" "$listen_seconds" provisioner-doctor-listener
+' "$node_addr" "$listen_ports" "$listen_seconds" "provisioner-doctor-run-$run_nonce" \
+  provisioner-doctor-listener
 fi
 #@ray-state
 section end

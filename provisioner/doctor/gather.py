@@ -8,7 +8,11 @@ Round 3: stop the listener (`up` sends it with each node's start instead).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+import secrets
+import shlex
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from importlib import resources
 
 from provisioner.checks.facts import NodeFacts, parse_facts
@@ -26,6 +30,8 @@ STATE_START = b"\n#@ray-state-start\n"  # where that command starts, beside the 
 PROBE_CONNECT_S = 3.0
 LISTEN_SECONDS = 120  # the listener's own end, should round 3 never come
 LISTENER_MARK = "provisioner-doctor-listener"  # the last word of the listener's command line
+RUN_MARK = "provisioner-doctor-run-"  # + the run's nonce: the word before LISTENER_MARK
+STOP_DEADLINE_S = 2.0  # an interrupted doctor's stop of its listeners: Ctrl-C stays prompt
 GPU_PROBE_S = 120.0  # a container start and `import torch` with CUDA
 
 
@@ -61,12 +67,14 @@ def gather_facts(
     parallelism: int,
     ray_state: str = "",
     judges: Judges,
+    nonce: str = "",
 ) -> GroupResult[NodeFacts]:
     """Round 1 on every node at once. `ray_state`: the runtime's state command, run in the
     same round (section `ray_state`), so that `up` asks no node twice; `judges`: the
     runtime's doctor (its facts section, run in the same round, and its parser: the given
     runtime's, `Runtime.judges`); `image_alt`: the pin's ID in Docker's containerd image
-    store, asked where `image_ref` is not found."""
+    store, asked where `image_ref` is not found; `nonce` (`new_nonce`): the run's, on the
+    command line of each listener it starts (`stop_run_listeners` ends them by it)."""
     own = judges
     text = facts_script(own, ray_state)
 
@@ -82,6 +90,7 @@ def gather_facts(
             LISTEN_SECONDS,
             inventory.ray_python or "",
             image_alt,
+            nonce,
         ]
         result = pool.session(node).run(script("bash", args), timeout=FACTS_TIMEOUT_S, stdin=text)
         return parse_facts(
@@ -162,3 +171,51 @@ def stop_listeners(
         pool.session(node).run(stop_listener_command(pids[node.name]), timeout=10)
 
     fan_out(nodes, one, parallelism=parallelism, deadline=_deadline(inventory, 10))
+
+
+def new_nonce() -> str:
+    """A doctor run's own random name, carried by its listeners' command lines."""
+    return secrets.token_hex(8)
+
+
+def stop_run_listeners_command(nonce: str) -> str:
+    """End every process of this user whose command line carries the doctor run's nonce
+    (RUN_MARK + nonce) and LISTENER_MARK: the listeners that run started, whatever their
+    PIDs (an interrupted run may not have read them). Another run's listener carries
+    another nonce and is left alone, and so is this shell (it names the nonce too). Exits
+    0 either way."""
+    if not re.fullmatch(r"[0-9a-f]{8,64}", nonce):
+        raise ValueError(f"not a doctor run's nonce: {nonce!r}")
+    run = shlex.quote(RUN_MARK + nonce)
+    return (
+        f"for f in $(grep -laF -e {run} /proc/[0-9]*/cmdline 2>/dev/null); do "
+        'p=${f#/proc/}; p=${p%/cmdline}; [ "$p" = "$$" ] && continue; '
+        f'grep -qaF -e {LISTENER_MARK} "$f" 2>/dev/null && kill "$p" 2>/dev/null; '
+        "done; true"
+    )
+
+
+def stop_run_listeners(pool: Pool, nonce: str, *, parallelism: int = 32) -> None:
+    """Best effort, within STOP_DEADLINE_S: end the listeners of the doctor run `nonce`
+    over the connections the pool holds open (none is made: a node that never answered
+    started no listener). For a run that did not end its rounds (Ctrl-C): without it,
+    each listener holds Ray's ports until LISTEN_SECONDS."""
+    sessions = pool.open_sessions()
+    command = stop_run_listeners_command(nonce)
+
+    def one(node: Node) -> None:
+        sessions[node.name].run(command, timeout=STOP_DEADLINE_S)
+
+    nodes = [node for node in pool.inventory.nodes if node.name in sessions]
+    fan_out(nodes, one, parallelism=parallelism, deadline=STOP_DEADLINE_S)
+
+
+@contextmanager
+def listeners_ended_on_error(pool: Pool, nonce: str) -> Iterator[None]:
+    """Around a doctor run's rounds: when they end by an error or Ctrl-C (any exception),
+    the run's listeners are ended (`stop_run_listeners`) before it goes on up."""
+    try:
+        yield
+    except BaseException:
+        stop_run_listeners(pool, nonce)
+        raise

@@ -25,7 +25,9 @@ from provisioner.checks.ports import judge_probes, probe_plan
 from provisioner.console import Reporter, quiet
 from provisioner.doctor.gather import (
     gather_facts,
+    listeners_ended_on_error,
     listeners_of,
+    new_nonce,
     run_gpu_probes,
     run_probes,
     stop_listeners,
@@ -283,6 +285,8 @@ def run_doctor(
     alt = runtime.image_alt_id() if pin else ""
     with ExitStack() as stack:
         pool = pool if pool is not None else stack.enter_context(Pool(inventory))
+        nonce = new_nonce()  # on the listeners' command lines: an interrupted run ends its own
+        stack.enter_context(listeners_ended_on_error(pool, nonce))
         report(f"gathering facts from {len(inventory.nodes)} node(s)")
         group = gather_facts(
             pool,
@@ -293,6 +297,7 @@ def run_doctor(
             parallelism=parallelism,
             ray_state=runtime.state_command() if ray_state else "",
             judges=runtime.judges,
+            nonce=nonce,
         )
         timings["facts"] = time.monotonic() - started
         rounds = 1

@@ -103,6 +103,7 @@ class _Run:
         self.keys: list[_EdgeKey] = []  # edge keys that may still be in authorized_keys
         self.plans: dict[str, NodePlan] = {}
         self.control = Sent()  # what the control machine's stream into the chain was
+        self.cache = SavedCache(pin, opts.cache_dir)  # what that stream is made of
         self.lock = threading.Lock()
 
     def each(self, names: list[str], fn: Callable[[Node], object]) -> dict[str, ProvisionerError]:
@@ -216,7 +217,7 @@ def _rounds(
     re-fed, at most `retries` more rounds."""
     saved: SavedImage | None = None
     if len({plans[n].first_missing for n in order}) > 1 or plans[order[0]].first_missing:
-        saved = SavedCache(run.pin, run.opts.cache_dir).get(run.report)
+        saved = run.cache.get(run.report)
     chain = first_chain(order, plans, saved)
     holders: list[str] = []
     for attempt in range(1, run.opts.retries + 2):
@@ -224,16 +225,29 @@ def _rounds(
         holders += [h.node for h in chain.hops if h.node not in failed]
         if not failed:
             return
+        if chain.feeder is None and chain.hops[0].node in failed:
+            _drop_rejected(run, chain.hops[0].node)
         if attempt > run.opts.retries:
             return
         alive = _answering(run, [n for n in order if n in failed])
         if not alive:
             return
         chain = refeed_chain(alive, holders, run.sent)
+        if chain.feeder is None and saved is not None:
+            saved = run.cache.get(run.report)  # saved anew if a rejected load dropped it
         feeder = chain.feeder or "control"
         run.report(f"re-feeding {', '.join(alive)} from {feeder}")
         for name in alive:
             out.errors.pop(name, None)
+
+
+def _drop_rejected(run: _Run, first: str) -> None:
+    """The chain's first node did not load the control machine's stream: the cache
+    entries it was made of that are not what their names say are dropped (as a direct
+    push does, `SavedCache.reject`), so the next round makes them anew."""
+    dropped = run.cache.reject(run.control.record, run.control.codec)
+    if dropped:
+        run.report(f"{first}: dropped from the cache: {', '.join(dropped)}")
 
 
 def _answering(run: _Run, names: list[str]) -> list[str]:
@@ -419,7 +433,7 @@ def _feed_from_control(run: _Run, chain: Chain, first: Node, saved: SavedImage |
     it are compressed, the tar around them is not)."""
     session = run.pool.session(first)
     command = f"sh {shlex.quote(run.dirs[first.name])}/{HOP_SCRIPT}"
-    cache = SavedCache(run.pin, run.opts.cache_dir)
+    cache = run.cache
     plan = run.plans[first.name]
     sent = run.control = Sent()
     sent.codec, sent.reason = plan_codec(

@@ -158,8 +158,6 @@ def hop_script(directory: str, next_ssh: Sequence[str] | None, drop: Sequence[st
         f"mkdir {STARTED} 2>/dev/null || "
         "{ echo 'hop: this round has received its stream already' >&2; exit 3; }",
         f"rm -f fwd cnt {RECEIVED} load.out load.rc fwd.rc {FOREIGN} {TAGS_BEFORE}",
-        "docker image ls --no-trunc --format '{{.Repository}}:{{.Tag}} {{.ID}}' "
-        f"> {TAGS_BEFORE} 2>/dev/null </dev/null",
         "mkfifo cnt",
         f"wc -c < cnt > {RECEIVED} &",
         "w=$!",
@@ -179,25 +177,37 @@ def hop_script(directory: str, next_ssh: Sequence[str] | None, drop: Sequence[st
             "f=$!",
         ]
         outputs = "fwd cnt"
-    lines += [
-        f"tee -p {outputs} | docker load > load.out 2>&1",
-        "echo $? > load.rc",
-        # the pin's stream names no tag: one it names is the sender's, and goes
-        f"sed -n 's/^Loaded image: //p' load.out > {FOREIGN}",
-        f"if [ -s {FOREIGN} ]; then",
-        "  while IFS= read -r t; do",
-        '    docker rmi --no-prune "$t" </dev/null >/dev/null 2>&1 || '
-        'docker rmi -f --no-prune "$t" </dev/null >/dev/null 2>&1',
-        f"    old=$(awk -v t=\"$t\" '$1 == t {{print $2; exit}}' {TAGS_BEFORE})",
-        '    [ -z "$old" ] || docker tag "$old" "$t" </dev/null >/dev/null 2>&1',
-        f"  done < {FOREIGN}",
-        f"  echo {FOREIGN_RC} > load.rc",
-        "fi",
-    ]
+    lines += guarded_load_lines(f"tee -p {outputs} | ")
     if next_ssh is not None:
         lines.append('wait "$f"')
     lines += ['wait "$w"', 'exit "$(cat load.rc)"']
     return "\n".join(lines) + "\n"
+
+
+def guarded_load_lines(feed: str = "") -> list[str]:
+    """`docker load` of the stream on stdin (through `feed`, a pipeline's start such as
+    "tee -p fwd cnt | "), keeping none of the tags the stream names: shell lines, run in
+    a private folder (they write TAGS_BEFORE, load.out, load.rc and FOREIGN there). The
+    node's tags are recorded before the load; a tag `docker load` reports ("Loaded image:
+    NAME") is the sender's doing (a pin's stream is saved by ID and names none): it is
+    removed, the node's earlier image of that name tagged again, and load.rc made
+    FOREIGN_RC. The one guard of every stream a node receives from another (the chain's
+    hops, the star's workers). No line ends in `&`, `then` or `do`: joined with "; "
+    they are one line too (an authorized_keys forced command)."""
+    return [
+        "docker image ls --no-trunc --format '{{.Repository}}:{{.Tag}} {{.ID}}' "
+        f"> {TAGS_BEFORE} 2>/dev/null </dev/null",
+        f"{feed}docker load > load.out 2>&1",
+        "echo $? > load.rc",
+        # the pin's stream names no tag: one it names is the sender's, and goes
+        f"sed -n 's/^Loaded image: //p' load.out > {FOREIGN}",
+        f"if [ -s {FOREIGN} ]; then while IFS= read -r t; do "
+        'docker rmi --no-prune "$t" </dev/null >/dev/null 2>&1 || '
+        'docker rmi -f --no-prune "$t" </dev/null >/dev/null 2>&1; '
+        f"old=$(awk -v t=\"$t\" '$1 == t {{print $2; exit}}' {TAGS_BEFORE}); "
+        '[ -z "$old" ] || docker tag "$old" "$t" </dev/null >/dev/null 2>&1; '
+        f"done < {FOREIGN}; echo {FOREIGN_RC} > load.rc; fi",
+    ]
 
 
 def feed_command(image_id: str, first_ssh: Sequence[str]) -> str:

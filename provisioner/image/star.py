@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from provisioner.console import Reporter
 from provisioner.errors import InputError, ProvisionerError, RemoteError
+from provisioner.image.chain_plan import guarded_load_lines
 from provisioner.image.direct import (
     NodePush,
     PushOptions,
@@ -69,7 +70,25 @@ def make_relay_key() -> RelayKey:
     return RelayKey(private, f"{public.decode()} {comment}", comment)
 
 
-RELAY_COMMAND = "docker load"  # the one command the relay key may run on a worker
+def _relay_load_command() -> str:
+    """The one command the relay key may run on a worker: `docker load` of the head's
+    stream, in a private folder, keeping no tag the stream names (the chain's guard,
+    `guarded_load_lines`); it prints `docker load`'s output and exits with its status
+    (FOREIGN_RC when the stream named a tag)."""
+    script = "; ".join(
+        [
+            "d=$(mktemp -d) || exit 1",
+            "trap 'rm -rf \"$d\"' EXIT",
+            'cd "$d" || exit 1',
+            *guarded_load_lines(),
+            "cat load.out",
+            'exit "$(cat load.rc)"',
+        ]
+    )
+    return f"sh -c {shlex.quote(script)}"
+
+
+RELAY_COMMAND = _relay_load_command()
 ADDED = "relay-key-added"
 REMOVED = "relay-key-removed"
 ABSENT = "relay-key-absent"
@@ -96,7 +115,11 @@ def _line_prefix(head_address: str, command: str = RELAY_COMMAND) -> str:
                 f"refused to authorize a relay key from {head_address!r}: {why}",
                 "give the node an IP address or a DNS name in the inventory",
             )
-    return f'from="{head_address}",restrict,command="{command}",expiry-time="'
+    # inside command="...", sshd reads \" as a quote (and any other backslash as itself)
+    if "\\" in command:
+        raise ValueError(f"a forced command with a backslash: {command!r}")
+    quoted = command.replace('"', '\\"')
+    return f'from="{head_address}",restrict,command="{quoted}",expiry-time="'
 
 
 def _line_suffix(key: RelayKey) -> str:

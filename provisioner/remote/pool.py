@@ -74,6 +74,11 @@ class Pool:
                     raise
             return self._sessions[node.name]
 
+    def open_sessions(self) -> dict[str, Session]:
+        """Node name -> its session, for the connections made already (none is made)."""
+        with self._guard:
+            return dict(self._sessions)
+
     def forget(self, node: Node) -> None:
         """Drop the node's session (or remembered failure) so the next use reconnects."""
         with self._lock(node.name):

@@ -725,3 +725,47 @@ def test_ctrl_c_while_up_connects_to_a_hung_node(inv: str, lab: LabInfo, tmp_pat
         token_file = f"~{node.user}/{layout.node_dir(inventory.cluster)}/auth_token"
         held = on_node(node, f"cat {token_file} 2>/dev/null; true").strip()
         assert held in ("", secret), (node.name, len(held))
+
+
+# The PIDs of the doctor's listeners holding a TCP port on a node (`ss`, then each one's
+# command line, which ends with LISTENER_MARK).
+DOCTOR_LISTENERS = (
+    "for p in $(ss -Htlnp | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do "
+    f"tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -q ' {LISTENER_MARK} $' && echo $p; "
+    "done; true"
+)
+
+
+def test_ctrl_c_during_the_doctors_first_round_leaves_no_listener(
+    inv: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    """SIGINT while the doctor's first round waits on a hung node: the healthy nodes have
+    started their listeners on Ray's ports (the positive control, read on each node before
+    the signal), and the interrupted doctor ends them before it exits, promptly; before,
+    they held the ports until gather.LISTEN_SECONDS (`down` said the ports were in use)."""
+    worker, healthy = lab.nodes[2], lab.nodes[:2]
+    slow = str(edited_inventory(Path(inv), tmp_path / "inv.yaml", ssh={"connect_timeout": 30}))
+    seen: dict[str, list[str]] = {}
+
+    def ctrl_c_once_listening(proc: subprocess.Popen[str]) -> None:
+        for _ in range(300):
+            seen.update({n.name: on_node(n, DOCTOR_LISTENERS).split() for n in healthy})
+            if all(seen.values()):
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+
+    faults.hang(lab, worker)
+    try:
+        run = during(
+            "doctor", "-i", slow, when="gathering facts", action=ctrl_c_once_listening, timeout=120
+        )
+        left = {n.name: on_node(n, DOCTOR_LISTENERS).split() for n in healthy}
+    finally:
+        faults.unhang(lab, worker)
+        for node in healthy:
+            on_node(node, f"for p in $({DOCTOR_LISTENERS}); do kill $p; done; true")
+    assert all(seen.get(n.name) for n in healthy), seen  # they listened while it waited
+    assert run.code == 130, run.stderr[-2000:]
+    assert run.after_signal is not None and run.after_signal < 15, run.after_signal
+    assert left == {n.name: [] for n in healthy}, (left, seen)

@@ -32,6 +32,7 @@ from provisioner.image.direct import SavedCache
 from provisioner.image.pin import Pin, read_pin
 from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.image.savestream import containerd_id
+from provisioner.image.star import RELAY_COMMAND
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.lab import faults, wire
 from provisioner.lab.engine import exec_rc
@@ -603,3 +604,48 @@ def test_a_hop_keeps_no_tag_its_sender_put_in_the_stream(
             "a stream saved by ID went through the hop (exit {by_id}, {by_id_reported} tags "
             "reported), the tag still on the node's own image: {unchanged}"
         )
+
+
+def test_a_star_worker_keeps_no_tag_its_head_put_in_the_stream(
+    inventory: Inventory, base_pin: Pin
+) -> None:
+    """The star's relay key runs the same guard on a worker (its forced command, as sshd
+    runs it): a head that puts a tag in its stream gets it removed, the worker's own image
+    of that name tagged again, exit FOREIGN_RC. Positive controls: that stream into a plain
+    `docker load` moves the tag; a pin's stream (saved by ID) loads, exit 0, no tag moved."""
+    node = inventory.nodes[-1]
+    own = filler_image(base_pin, f"{REPO}:star-own", 1)
+    evil = filler_image(base_pin, f"{REPO}:star-evil", 1)
+    victim = f"{REPO}:star-victim"
+
+    def feed(ref: str, command: str) -> subprocess.CompletedProcess[bytes]:
+        save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
+        done = subprocess.run(
+            ["docker", "exec", "-i", node.name, "sh", "-c", command],
+            stdin=save.stdout,
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
+        assert save.wait(60) == 0
+        return done
+
+    subprocess.run(["docker", "tag", evil.image_id, victim], check=True)  # the head's stream
+    try:
+        assert feed(own.tag, "docker load").returncode == 0  # the worker's own image
+        on_node(node, f"docker tag {own.tag} {victim}")
+        own_id = image_on(node, victim)
+        assert own_id, "the worker's own image is not there"
+        assert feed(victim, "docker load").returncode == 0  # positive control
+        assert image_on(node, victim) not in ("", own_id)
+        on_node(node, f"docker tag {own_id} {victim}")
+
+        done = feed(victim, RELAY_COMMAND)
+        assert done.returncode == FOREIGN_RC, done
+        assert image_on(node, victim) == own_id, "the head's tag stayed"
+        done = feed(evil.image_id, RELAY_COMMAND)  # a pin's stream: by ID, no tag
+        assert done.returncode == 0, done
+        assert b"Loaded image ID: " in done.stdout  # what the head reads
+        assert image_on(node, victim) == own_id
+    finally:
+        subprocess.run(["docker", "image", "rm", victim], capture_output=True, check=False)

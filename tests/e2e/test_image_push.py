@@ -323,23 +323,37 @@ def cache_images(inventory: Inventory, pin: Pin) -> tuple[Node, Inventory, Pin, 
     return node, only(inventory, node), bottom, top
 
 
+@pytest.mark.parametrize("forward", [False, True], ids=["direct", "chain"])
 def test_a_corrupt_cached_layer_and_saved_image_are_dropped_and_the_push_lands_the_image(
-    inventory: Inventory, pin: Pin, tmp_path: Path
+    inventory: Inventory, pin: Pin, tmp_path: Path, forward: bool
 ) -> None:
     """The compressed layer and the saved image a partial push reads went bad after they
     were written (a disk error, a copy cut short). The load that rejects them has them
     dropped, and the push's retry makes them anew: the node ends holding the image and the
     entries are right again. The positive control: the corruption is checked before, and
-    the push's first attempt failed on it."""
+    the push's first attempt failed on it. Direct, and along a chain (`--chain`, two nodes
+    of the classic store: the first fed from here, the retry its second round)."""
     from provisioner.image.savestream import read_saved
 
     node, one, bottom, top = cache_images(inventory, pin)
+    if forward:
+        second = next(
+            n for n in inventory.nodes if n.name != node.name and image_store(n.name) == "classic"
+        )
+        on_node(second, CACHE_DROP)
+        one = replace(one, workers=(replace(second, role="worker"),))
+    nodes = one.nodes
     cache = tmp_path / "cache"
-    opts = PushOptions(tag=top.tag, cache_dir=cache, compress="always")
+    opts = PushOptions(tag=top.tag, cache_dir=cache, compress="always", forward=forward)
     try:
         assert_ok(push_image(one, None, print, pin=bottom, opts=replace(opts, tag=bottom.tag)))
         assert_ok(push_image(one, None, print, pin=top, opts=opts))  # the entries are made
-        (entry,) = [p for p in (cache / "layers").iterdir() if p.suffix in (".gz", ".zst")]
+        top_hex = top.layers[-1].removeprefix("sha256:")  # its own layer (the chain has both)
+        (entry,) = [
+            p
+            for p in (cache / "layers").iterdir()
+            if p.suffix in (".gz", ".zst") and p.name.startswith(top_hex)
+        ]
         saved = cache / f"{top.image_id.removeprefix('sha256:')}.tar"
         entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
         layer = next(m for m in read_saved(saved).members if m.size > 1 << 20)
@@ -347,20 +361,23 @@ def test_a_corrupt_cached_layer_and_saved_image_are_dropped_and_the_push_lands_t
             f.seek(layer.offset_data + 4096)
             f.write(bytes([f.read(1)[0] ^ 0xFF]))
         assert layer_digests(saved) != set(top.layers)  # the corruption is real
-        on_node(node, f"docker image rm -f {top.tag}")
-        assert image_on(node, top.image_id) == "" and image_on(node, bottom.image_id)
+        for each in nodes:
+            on_node(each, f"docker image rm -f {top.tag}")
+            assert image_on(each, top.image_id) == "" and image_on(each, bottom.image_id)
 
         lines: list[str] = []
         partial = push_image(one, None, lines.append, pin=top, opts=opts)
 
         assert_ok(partial)
-        assert partial.nodes[node.name].attempts == 2, lines
+        for each in nodes:
+            assert partial.nodes[each.name].attempts == 2, lines
+            assert image_on(each, top.tag) == top.image_id
         assert any("dropped from the cache" in line for line in lines), lines
-        assert image_on(node, top.tag) == top.image_id
         assert "sha256:" + hashlib.sha256(cache_content(entry)).hexdigest() == top.layers[-1]
         assert layer_digests(saved) == set(top.layers)
     finally:
-        on_node(node, CACHE_DROP)
+        for each in nodes:
+            on_node(each, CACHE_DROP)
 
 
 def test_a_corrupt_kept_stream_is_dropped_and_the_cold_push_lands_the_image(

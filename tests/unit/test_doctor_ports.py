@@ -7,6 +7,8 @@ import subprocess
 import sys
 from importlib import resources
 
+import pytest
+
 from provisioner.checks.ports import (
     judge_probes,
     listen_ports,
@@ -14,7 +16,13 @@ from provisioner.checks.ports import (
     parse_probe_output,
     probe_plan,
 )
-from provisioner.doctor.gather import LISTENER_MARK, stop_listener_command
+from provisioner.doctor.gather import (
+    LISTENER_MARK,
+    RUN_MARK,
+    new_nonce,
+    stop_listener_command,
+    stop_run_listeners_command,
+)
 from provisioner.inventory import Node, RayPorts, SSHSettings
 
 SSH = SSHSettings(user="u")
@@ -101,4 +109,29 @@ def test_stop_listener_command_kills_only_the_marked_process() -> None:
             proc.wait()
     # the facts script starts the listener with the mark as its last word
     text = resources.files("provisioner.doctor").joinpath("facts.sh").read_text()
-    assert f'"$listen_seconds" {LISTENER_MARK}\n' in text
+    assert f'"$listen_seconds" "{RUN_MARK}$run_nonce" \\\n  {LISTENER_MARK}\n' in text
+
+
+def test_an_interrupted_runs_stop_ends_its_own_listeners_and_no_other() -> None:
+    """Run here by bash against real processes: the listener carrying this run's nonce
+    ends (whatever its PID: the run may not have read it); another run's listener, and a
+    process carrying the nonce but no listener mark, run on; the command exits 0."""
+
+    def started(*words: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *words])
+
+    nonce, other_nonce = new_nonce(), new_nonce()
+    ours = started(RUN_MARK + nonce, LISTENER_MARK)
+    theirs = started(RUN_MARK + other_nonce, LISTENER_MARK)
+    unmarked = started(RUN_MARK + nonce)
+    try:
+        done = subprocess.run(["bash", "-c", stop_run_listeners_command(nonce)], check=False)
+        assert done.returncode == 0
+        assert ours.wait(timeout=10) == -signal.SIGTERM
+        assert theirs.poll() is None and unmarked.poll() is None  # still running
+    finally:
+        for proc in (ours, theirs, unmarked):
+            proc.kill()
+            proc.wait()
+    with pytest.raises(ValueError):
+        stop_run_listeners_command("x; reboot")

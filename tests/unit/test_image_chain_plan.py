@@ -20,6 +20,7 @@ from provisioner.image.chain_plan import (
     edge_key_lifetime_s,
     feed_command,
     first_chain,
+    guarded_load_lines,
     hop_command,
     hop_script,
     layer_members,
@@ -34,6 +35,7 @@ from provisioner.image.chain_plan import (
 from provisioner.image.direct import PushOptions
 from provisioner.image.plan import NodePlan
 from provisioner.image.savestream import read_saved
+from provisioner.image.star import RELAY_COMMAND, authorized_line, make_relay_key
 
 
 def plan(first_missing: int, action: str = "send") -> NodePlan:
@@ -204,6 +206,72 @@ def test_a_tag_the_stream_carries_is_removed_and_the_nodes_own_tagged_again(
         ["sh", "-c", round_result_command(str(work))], capture_output=True, text=True
     )
     assert parse_round_result(result.stdout) == (3, [])
+
+
+def _sshd_forced_command(line: str) -> str:
+    """The command of an authorized_keys line's `command="..."`, read as sshd reads it
+    (auth-options.c, opt_dequote: \\" is a quote, any other character is itself)."""
+    rest = line.split(',command="', 1)[1]
+    out, i = [], 0
+    while rest[i] != '"':
+        if rest[i] == "\\" and rest[i + 1] == '"':
+            i += 1
+        out.append(rest[i])
+        i += 1
+    return "".join(out)
+
+
+def test_the_stars_workers_load_through_the_hops_guard(tmp_path: Path) -> None:
+    """The star's relay key runs, on each worker, the same guarded `docker load` as a
+    chain hop (`guarded_load_lines`), in a private folder it removes: a tag the head puts
+    in its stream is removed and the worker's own image of that name tagged again, exit
+    FOREIGN_RC; a pin's stream (positive control) loads, exit 0, `docker load`'s output
+    on stdout for the head to read."""
+    line = authorized_line(make_relay_key(), "10.0.0.1", "20260101120000Z")
+    command = _sshd_forced_command(line)
+    assert command == RELAY_COMMAND
+    assert shlex.split(command)[:2] == ["sh", "-c"]
+    assert "; ".join(guarded_load_lines()) in shlex.split(command)[2]
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {"PATH": f"{_fake_bin(tmp_path)}:/usr/bin:/bin", "TMPDIR": str(tmp)}
+
+    def worker(stream: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(  # sshd runs a forced command with the user's shell's -c
+            ["bash", "-c", command],
+            input=stream,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    (tmp_path / "tags-now").write_text("ubuntu:22.04 sha256:own\n")
+    (tmp_path / "load-says").write_text(
+        "Loaded image: ubuntu:22.04\nLoaded image: evil/new:1\nLoaded image ID: sha256:p\n"
+    )
+    done = worker("stream")
+    assert done.returncode == FOREIGN_RC, done.stderr
+    assert (tmp_path / "loaded").read_text() == "stream"
+    assert (tmp_path / "docker-calls").read_text().splitlines() == [
+        "image ls --no-trunc --format {{.Repository}}:{{.Tag}} {{.ID}}",
+        "load",
+        "rmi --no-prune ubuntu:22.04",
+        "tag sha256:own ubuntu:22.04",
+        "rmi --no-prune evil/new:1",
+    ]
+    assert not list(tmp.iterdir())  # its folder removed
+
+    (tmp_path / "load-says").write_text("Loaded image ID: sha256:p\n")  # a pin's stream
+    (tmp_path / "docker-calls").unlink()
+    done = worker("pin")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Loaded image ID: sha256:p\n"
+    assert [c.split()[0] for c in (tmp_path / "docker-calls").read_text().splitlines()] == [
+        "image",
+        "load",
+    ]
+    assert not list(tmp.iterdir())
 
 
 def test_round_result_is_read_by_string() -> None:

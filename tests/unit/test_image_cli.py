@@ -14,6 +14,7 @@ import pytest
 
 from provisioner.image.pin import pin_to_dict, write_pin
 from provisioner.image.star import (
+    RELAY_COMMAND,
     add_key_command,
     authorized_line,
     make_relay_key,
@@ -80,9 +81,9 @@ def test_relay_key_is_a_usable_openssh_key_restricted_to_the_head() -> None:
     loaded = paramiko.Ed25519Key.from_private_key(io.StringIO(key.private_openssh.decode()))
     assert key.public_line.split()[1] == loaded.get_base64()
     line = authorized_line(key, "10.250.9.10", "20260101120000Z")
+    quoted = RELAY_COMMAND.replace('"', '\\"')
     assert line.startswith(
-        'from="10.250.9.10",restrict,command="docker load",expiry-time="20260101120000Z" '
-        "ssh-ed25519 "
+        f'from="10.250.9.10",restrict,command="{quoted}",expiry-time="20260101120000Z" ssh-ed25519 '
     )
     assert line.endswith(key.comment)
 
@@ -131,7 +132,7 @@ def test_relay_key_goes_in_on_its_own_line_and_leaves_the_file_as_it_was(
     assert removed.strip() == "relay-key-removed exact"
     lines = during.split(b"\n")
     assert lines[-1] == b""
-    assert lines[-2].startswith(b'from="10.250.9.10",restrict,command="docker load",expiry-time="')
+    assert lines[-2].startswith(b'from="10.250.9.10",restrict,command="sh -c ')
     if before:
         assert before.rstrip(b"\n").split(b"\n")[-1] in lines[:-2]  # the user's key intact
     assert not list(tmp_path.glob(".ssh/*tmp*"))

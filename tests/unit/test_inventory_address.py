@@ -172,7 +172,7 @@ def test_relay_keys_and_certificates_take_only_checked_addresses(address: str) -
 def test_relay_keys_and_certificates_take_checked_addresses() -> None:
     key = star.make_relay_key()
     line = star.authorized_line(key, "10.0.0.1,fe80::1%eth0", "20300101000000Z")
-    assert line.startswith('from="10.0.0.1,fe80::1%eth0",restrict,command="docker load",')
+    assert line.startswith('from="10.0.0.1,fe80::1%eth0",restrict,command="sh -c ')
     names = tls.subject_names("fe80::1%eth0")
     assert names[0].value == ipaddress.ip_address("fe80::1%eth0")
 
