@@ -15,9 +15,10 @@ from rich.table import Table
 from provisioner.cli.common import JsonOption, output
 from provisioner.console import Output
 from provisioner.errors import InputError
-from provisioner.jobs import JobOutcome, JobSpec, make_spec, submit
+from provisioner.jobs import JobOutcome, JobSpec, make_spec
 from provisioner.jobs.link import Target
-from provisioner.jobs.repair import resuming, with_retries
+from provisioner.jobs.place import Cluster
+from provisioner.jobs.repair import resuming
 from provisioner.jobs.spec import asks_for_help, priced
 from provisioner.jobs.stream import Handlers
 from provisioner.jobs.submit import upload_for, upload_line
@@ -140,11 +141,10 @@ def submit_cmd(
     prepare = None
     if resume is not None:
         spec, prepare = resuming(target, spec, resume, results, handlers)
-    if retries and not detach:
-        outcome = with_retries(target, spec, results, retries, handlers, prepare)
-    else:
-        outcome = submit(target, spec, results, handlers=handlers, detach=detach, prepare=prepare)
-    finish(out, json_, outcome)
+    place = Cluster(
+        target, spec, results, handlers, detach=detach, retries=retries, prepare=prepare
+    )
+    finish(out, json_, place.run())
 
 
 def _show_upload(out: Output, upload: Upload, json_: bool) -> None:

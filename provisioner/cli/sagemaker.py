@@ -61,7 +61,7 @@ def run_cmd(
     """Run PLAYBOOK as a SageMaker training job under the SDK's local mode (Docker here):
     results, checkpoints and the model come home into RESULTS/JOB/."""
     from provisioner.local import state_root
-    from provisioner.sagemaker.local import RunOptions, require_ok, run_local
+    from provisioner.sagemaker.place import RunOptions, SageMakerLocal, require_ok
 
     out = output(json_)
     opts = RunOptions(
@@ -75,7 +75,7 @@ def run_cmd(
         resume=resume,
         price_per_hour=price,
     )
-    result = run_local(opts, out.progress)
+    result = SageMakerLocal(opts, out.progress).run()
     if json_:
         out.emit(result.to_json())
     else:

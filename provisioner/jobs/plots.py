@@ -60,11 +60,13 @@ def scaling_plot(scaling_csv: Path, out: Path) -> Path:
     return out
 
 
-def plot_results(job_dir: Path) -> list[Path]:
-    """Every plot the files in `job_dir` allow: training.png, scaling.png."""
+def plot_results(job_dir: Path, out: Path | None = None) -> list[Path]:
+    """Every plot the files in `job_dir` allow: training.png, scaling.png, drawn into
+    `out` (default: `job_dir`)."""
+    into = job_dir if out is None else out
     made: list[Path] = []
     if (job_dir / "metrics.csv").is_file():
-        made.append(training_plot(job_dir / "metrics.csv", job_dir / TRAINING_PNG))
+        made.append(training_plot(job_dir / "metrics.csv", into / TRAINING_PNG))
     if (job_dir / "scaling.csv").is_file():
-        made.append(scaling_plot(job_dir / "scaling.csv", job_dir / SCALING_PNG))
+        made.append(scaling_plot(job_dir / "scaling.csv", into / SCALING_PNG))
     return made

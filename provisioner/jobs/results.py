@@ -90,8 +90,22 @@ def write_log(log: str, home: Path) -> None:
     write_file(home, LOG_FILE, text.encode("utf-8", "replace"))
 
 
+def plots(home: Path) -> list[Path]:
+    """training.png (and scaling.png) from the metrics home, drawn in a private folder and
+    written into `home` with `write_file` (0600; a link there is replaced, never followed)."""
+    import tempfile
+
+    made: list[Path] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for drawn in plot_results(home, Path(tmp)):
+            write_file(home, drawn.name, drawn.read_bytes())
+            made.append(home / drawn.name)
+    return made
+
+
 def finish(home: Path, pulled: Pulled | None) -> Results:
-    """Plots and summary from what is home now."""
+    """Plots and summary from what is home now: the finishing step of a job wherever it
+    ran (`provisioner.jobs.place`)."""
     found = Results(directory=home, pulled=pulled)
     if pulled is not None and not pulled.found:
         found.missing = "the head holds no results directory for this job"
@@ -100,10 +114,8 @@ def finish(home: Path, pulled: Pulled | None) -> Results:
             p for p in home.rglob("*") if p.is_file() and not p.name.startswith(".")
         )
         try:
-            found.plots = plot_results(home)
-            for plot in found.plots:
-                plot.chmod(0o600)
-        except (ValueError, OSError, csv.Error) as exc:
+            found.plots = plots(home)
+        except (ValueError, OSError, csv.Error, ReceiveError) as exc:
             found.unreadable.append(f"plots: {exc}")
         summary = home / "summary.json"
         if summary.is_file():

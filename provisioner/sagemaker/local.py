@@ -59,9 +59,10 @@ from cryptography.hazmat.primitives import serialization
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError, PrerequisiteError
 from provisioner.image.pin import read_pin
-from provisioner.jobs.plots import SCALING_PNG, TRAINING_PNG, scaling_plot, training_plot
+from provisioner.jobs.results import finish
 from provisioner.jobs.resume import SEEDS, find_source
 from provisioner.jobs.spec import job_id_for
+from provisioner.jobs.submit import JobOutcome
 from provisioner.jobs.tables import read_json
 from provisioner.jobs.upload import sendable_files
 from provisioner.node import tls
@@ -96,16 +97,23 @@ class RunOptions:
 
 
 @dataclass
-class RunResult:
-    job_id: str
-    directory: Path
-    status: str  # completed | stopped | failed
-    seconds: float
-    image: str
+class RunResult(JobOutcome):
+    """A SageMaker job's outcome: a `JobOutcome` (status completed | stopped | failed,
+    its `results` finished by `jobs.results.finish`) with SageMaker's own fields."""
+
+    seconds: float = 0.0
+    image: str = ""
     failure: str | None = None
-    summary: dict[str, Any] | None = None
-    files: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # every file home, relative
     resumed_from: str | None = None
+
+    @property
+    def directory(self) -> Path:
+        return self.results.directory
+
+    @property
+    def summary(self) -> dict[str, Any] | None:
+        return self.results.summary
 
     @property
     def ok(self) -> bool:
@@ -487,35 +495,18 @@ def _finish(
         # own node-hours of training
         summary["cost"] = plan.comparable_cost(summary["sagemaker"])
         write_file(home, "summary.json", json.dumps(summary, indent=1).encode())
-    with contextlib.suppress(Exception):
-        plots(home)
+    found = finish(home, None)  # the plots and the summary, as for a job anywhere
     files = sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file())
     return RunResult(
         job_id=job_id,
-        directory=home,
         status=status,
+        results=found,
         seconds=seconds,
         image=image,
         failure=failure,
-        summary=summary if isinstance(summary, dict) else None,
         files=files,
         resumed_from=resumed,
     )
-
-
-def plots(home: Path) -> None:
-    """training.png (and scaling.png) from the metrics home, drawn in a private folder and
-    written with `write_file`."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for csv_name, png, draw in (
-            ("metrics.csv", TRAINING_PNG, training_plot),
-            ("scaling.csv", SCALING_PNG, scaling_plot),
-        ):
-            if (home / csv_name).is_file():
-                out = draw(home / csv_name, Path(tmp) / png)
-                write_file(home, png, out.read_bytes())
 
 
 def require_ok(result: RunResult) -> None:

@@ -557,3 +557,18 @@ if __name__ == "__main__":
     cycles = find_cycles(graph)
     print(describe(graph) if cycles else "no cycles")
     sys.exit(1 if cycles else 0)
+
+
+_PAST_THE_SEAM = frozenset({"provisioner.sagemaker.local", "provisioner.sagemaker.local.run_local"})
+
+
+def test_the_cli_reaches_where_a_job_runs_through_the_seam() -> None:
+    """The CLI runs a job through a `Place` (`jobs.place`, `sagemaker.place`), never
+    SageMaker's local mode or the repair loop of `submit` directly."""
+    found = []
+    for path in sorted((PACKAGE / "cli").rglob("*.py")):
+        mods = imported_modules(path)
+        found += [f"{path.relative_to(ROOT)}: {m}" for m in sorted(mods) if m in _PAST_THE_SEAM]
+    assert not found, "the CLI goes past the seam:\n  " + "\n  ".join(found)
+    # the finder sees the CLI's (lazy) import of a place, so it would see one of local's
+    assert "provisioner.sagemaker.place" in imported_modules(PACKAGE / "cli" / "sagemaker.py")
