@@ -313,6 +313,11 @@ def stamp(text: str) -> datetime:
     return datetime.strptime(text, "%Y%m%d%H%M%S")
 
 
+# A docker command the node's hop runs (its forced command `sh DIR/hop`), whichever one: the
+# hop lists the node's tags before its `docker load`, and both wait on the node's dockerd.
+HOP_IN_DOCKER = "hops=$(pgrep -d, -f '^sh /tmp/tmp[.][^ ]*/hop$') && pgrep -x -P \"$hops\" docker"
+
+
 def dockerd(node: Node, signal: str) -> None:
     """Stop or continue the node's own dockerd, by its pid file (its sshd runs on)."""
     rc, out = on_node(node, f"kill -{signal} $(cat /var/run/docker.pid)")
@@ -387,10 +392,11 @@ def test_forward_gives_each_edge_its_own_key_that_only_its_receiver_accepts(
     ) as s:
         worker.start()
         try:
-            # the round is under way once the last node's hop loads (held by its dockerd)
+            # the round is under way once the last node's hop waits on its docker (held by
+            # its stopped dockerd): the hop reads the node's tags before it loads
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                if on_node(last, "pgrep -f '^docker load$'")[0] == 0:
+                if on_node(last, HOP_IN_DOCKER)[0] == 0:
                     break
                 time.sleep(0.2)
             else:
