@@ -48,9 +48,9 @@ from provisioner.checks.facts import parse_facts
 from provisioner.checks.gpu_checks import check_gpus
 from provisioner.checks.plan import PinFacts, Plan
 from provisioner.gpu.plan import plan_gpus
-from provisioner.runtime.docker_gpu import gpu_options as docker_gpu_options
+from provisioner.runtime.docker.gpu import gpu_options as docker_gpu_options
 from provisioner.inventory import Node, RayPorts, SSHSettings
-from provisioner.runtime.docker import CAPS, DockerRuntime
+from provisioner.runtime.docker.runtime import CAPS, DockerRuntime
 out, pin_path = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 facts = parse_facts("this-node", (out / "facts.txt").read_text())
 g = facts.gpu

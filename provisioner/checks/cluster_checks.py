@@ -17,7 +17,7 @@ def _versions(
     reference = values.get(plan.head) if head is not None else None
     if reference is None:
         reference = max(set(values.values()), key=lambda v: list(values.values()).count(v))
-    # The docker runtime's check (host mode's, with errors: runtime/host.py).
+    # The docker runtime's check (host mode's, with errors: runtime/host/runtime.py).
     make, note = warning, " (Ray itself runs inside the pinned image)"
     findings = []
     for host, value in values.items():

@@ -18,9 +18,9 @@ from provisioner.image.lock import (
     resolve_without_download,
 )
 from provisioner.image.pin import BUILD_TAG, CLUSTER_TAG, pin_to_dict, read_pin
-from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_cluster
 from provisioner.local import write_output
+from provisioner.runtime.docker.push import PushOptions, push_image
 
 app = typer.Typer(
     help="The pinned cluster image: lock, build, push to every node.", no_args_is_help=True

@@ -178,8 +178,8 @@ def pin_alt_id(inventory: Inventory) -> str:
     pin saved here, as a push to such a node leaves it); "" otherwise."""
     if inventory.image_lock is None:
         return ""
-    from provisioner.image.direct import store_ids
     from provisioner.image.pin import read_pin
+    from provisioner.runtime.docker.direct import store_ids
 
     try:
         pin = read_pin(inventory.image_lock)

@@ -27,9 +27,11 @@ class Entry:
 
 
 RUNTIMES: dict[str, Entry] = {
-    "docker": Entry("provisioner.runtime.docker", "Ray in the pinned image's container"),
-    "host": Entry("provisioner.runtime.host", "Ray from each node's own Python"),
-    "podman": Entry("provisioner.runtime.podman", "Ray in the pinned image, rootless Podman"),
+    "docker": Entry("provisioner.runtime.docker.runtime", "Ray in the pinned image's container"),
+    "host": Entry("provisioner.runtime.host.runtime", "Ray from each node's own Python"),
+    "podman": Entry(
+        "provisioner.runtime.podman.runtime", "Ray in the pinned image, rootless Podman"
+    ),
 }
 
 

@@ -24,12 +24,12 @@ import pytest
 from provisioner.image.base import ensure_base_image
 from provisioner.image.build import BuildOptions, build_image
 from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin
-from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.lab.engine import client, exec_rc
 from provisioner.lab.images import filler_image
 from provisioner.lab.nodes import LabInfo
 from provisioner.remote import Session
+from provisioner.runtime.docker.push import PushOptions, PushReport, push_image
 from tests.e2e.faults.lab import image_store
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"

@@ -20,9 +20,9 @@ from provisioner.checks.plan import PinFacts, Plan
 from provisioner.doctor import CATALOGUE
 from provisioner.doctor.run import node_findings
 from provisioner.inventory import Node, RayPorts, SSHSettings
-from provisioner.runtime.docker import CAPS as DOCKER_CAPS
-from provisioner.runtime.docker_doctor import parse as docker_parse
-from provisioner.runtime.host import CAPS as HOST_CAPS
+from provisioner.runtime.docker.doctor import parse as docker_parse
+from provisioner.runtime.docker.runtime import CAPS as DOCKER_CAPS
+from provisioner.runtime.host.runtime import CAPS as HOST_CAPS
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
 SSH = SSHSettings(user="lab")

@@ -27,11 +27,13 @@ from provisioner.gpu.facts import GpuFacts, parse_cdi_spec, parse_gpu_facts
 from provisioner.gpu.plan import GpuPlan, plan_gpus
 from provisioner.inventory import Node, RayPorts, SSHSettings, load_inventory
 from provisioner.node import commands
-from provisioner.runtime import docker, docker_doctor, host
-from provisioner.runtime.docker import CAPS as DOCKER_CAPS
-from provisioner.runtime.docker_gpu import check_toolkit
-from provisioner.runtime.docker_gpu import gpu_options as docker_gpu_options
-from provisioner.runtime.host import CAPS as HOST_CAPS
+from provisioner.runtime.docker import doctor as docker_doctor
+from provisioner.runtime.docker import runtime as docker
+from provisioner.runtime.docker.gpu import check_toolkit
+from provisioner.runtime.docker.gpu import gpu_options as docker_gpu_options
+from provisioner.runtime.docker.runtime import CAPS as DOCKER_CAPS
+from provisioner.runtime.host import runtime as host
+from provisioner.runtime.host.runtime import CAPS as HOST_CAPS
 from tests.unit.inventories import docker_runtime, make_inventory
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -312,7 +314,7 @@ def test_docker_gpu_options_each_way() -> None:
 def test_the_runtimes_turn_the_plans_method_into_their_own_words() -> None:
     """The plan is data; each runtime hands it over its own way: a container's run options
     (the GPUs, Ray's accelerator label, the signature label) or host mode's environment."""
-    from provisioner.runtime.docker_gpu import run_gpu_options
+    from provisioner.runtime.docker.gpu import run_gpu_options
 
     plan = GpuPlan("cdi", ("GPU-a",), (0,), "T4", ("GPU-a",))
     assert run_gpu_options(None) == []

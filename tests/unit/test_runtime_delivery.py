@@ -12,13 +12,13 @@ import pytest
 
 from provisioner.cluster import up
 from provisioner.errors import InputError, RemoteError
-from provisioner.image import direct, push
 from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote.results import Result
 from provisioner.runtime import runtime_for
-from provisioner.runtime.docker import DockerDelivery, has_image_command, holds_image
-from provisioner.runtime.podman_image import PodmanDelivery
-from provisioner.runtime.podman_image import holds_image as podman_holds
+from provisioner.runtime.docker import direct, push
+from provisioner.runtime.docker.runtime import DockerDelivery, has_image_command, holds_image
+from provisioner.runtime.podman.delivery import PodmanDelivery
+from provisioner.runtime.podman.delivery import holds_image as podman_holds
 from tests.unit.inventories import make_inventory
 from tests.unit.test_image_lock import make_pin
 

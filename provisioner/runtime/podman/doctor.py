@@ -21,9 +21,9 @@ from provisioner.checks.gpu_checks import concerned, evidence
 from provisioner.checks.plan import Plan
 from provisioner.gpu.facts import GpuFacts
 from provisioner.inventory import Node
-from provisioner.runtime import docker_doctor
 from provisioner.runtime.base import Judges
-from provisioner.runtime.podman_image import full_id
+from provisioner.runtime.docker import doctor as docker_doctor
+from provisioner.runtime.podman.delivery import full_id
 
 MIN_VERSION = (4, 0)  # rootless --network host, docker-archive loads, CDI
 SUBID_MIN = 65536  # an image's files may belong to any UID below 65536

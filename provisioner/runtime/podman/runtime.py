@@ -8,7 +8,7 @@ Podman and image store. As in docker mode, the container is named after the clus
 its id (`layout.container_name`) and nothing is removed or run into on a name alone, only
 with this cluster's id label: `down` removes this cluster's container of that user only.
 
-The image delivery is `podman_image.py`; the doctor's facts and judges `podman_doctor.py`.
+The image delivery is `podman/delivery.py`; the doctor's facts and judges `podman/doctor.py`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from provisioner.node.commands import ray_start_args
 from provisioner.node.token import read_cluster_id
 from provisioner.runtime import containers
 from provisioner.runtime.base import Capabilities, Judges, RayState, RenderSection
-from provisioner.runtime.docker import (
+from provisioner.runtime.docker.gpu import gpu_options, run_gpu_options
+from provisioner.runtime.docker.runtime import (
     _STOP,
     CONTAINER_ENV,
     _forget_state,
@@ -34,9 +35,8 @@ from provisioner.runtime.docker import (
     shm_size,
     tls_options,
 )
-from provisioner.runtime.docker_gpu import gpu_options, run_gpu_options
-from provisioner.runtime.podman_doctor import JUDGES, gpu_methods
-from provisioner.runtime.podman_image import PodmanDelivery, bare_id, full_id
+from provisioner.runtime.podman.delivery import PodmanDelivery, bare_id, full_id
+from provisioner.runtime.podman.doctor import JUDGES, gpu_methods
 
 
 def _inspect(name: str, template: str) -> str:

@@ -20,9 +20,7 @@ from typing import TYPE_CHECKING
 from provisioner.errors import InputError, RemoteError
 from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan
-from provisioner.image.direct import store_ids
 from provisioner.image.pin import CLUSTER_TAG, Pin
-from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
 from provisioner.node.commands import ray_start_args
@@ -35,8 +33,10 @@ from provisioner.runtime.base import (
     RayState,
     RenderSection,
 )
-from provisioner.runtime.docker_doctor import JUDGES
-from provisioner.runtime.docker_gpu import gpu_options, run_gpu_options
+from provisioner.runtime.docker.direct import store_ids
+from provisioner.runtime.docker.doctor import JUDGES
+from provisioner.runtime.docker.gpu import gpu_options, run_gpu_options
+from provisioner.runtime.docker.push import PushOptions, push_image
 
 if TYPE_CHECKING:
     from provisioner.console import Reporter
@@ -341,7 +341,7 @@ def holds_image(stdout: str, image_id: str) -> bool:
 
 
 class DockerDelivery:
-    """The docker runtime's delivery: the push of the pin (`image.push`, the way `push`
+    """The docker runtime's delivery: the push of the pin (`docker.push`, the way `push`
     says: runtime.base.PUSH_MODES), which sends each node only the layers it lacks,
     verifies the ID and only then moves the cluster tag."""
 
