@@ -30,6 +30,7 @@ from provisioner.node import commands
 from provisioner.runtime.docker import doctor as docker_doctor
 from provisioner.runtime.docker import runtime as docker
 from provisioner.runtime.docker.gpu import check_toolkit
+from provisioner.runtime.docker.gpu import gpu_methods as docker_gpu_methods
 from provisioner.runtime.docker.gpu import gpu_options as docker_gpu_options
 from provisioner.runtime.docker.runtime import CAPS as DOCKER_CAPS
 from provisioner.runtime.host import runtime as host
@@ -83,7 +84,7 @@ def test_eight_a100_with_the_full_toolkit() -> None:
     assert g.driver_version == "550.54.15" and "550.54.15" in g.module
     assert len(g.gpu_files) == 8 and "/dev/nvidiactl" in g.devices
     assert g.toolkit_version == "1.17.0" and g.nvidia_runtime
-    assert g.methods() == ("gpus", "runtime")  # the hook first: Docker's own --gpus
+    assert docker_gpu_methods(g) == ("gpus", "runtime")  # the hook first: Docker's own --gpus
 
 
 def test_cdi_spec_as_nvidia_ctk_writes_it() -> None:
@@ -98,7 +99,7 @@ def test_cdi_spec_as_nvidia_ctk_writes_it() -> None:
         "GPU-8c7d6e5f-4a3b-2c1d-0e9f-8a7b6c5d4e11",
         "all",
     )
-    assert g.methods() == ("cdi",)
+    assert docker_gpu_methods(g) == ("cdi",)
 
 
 def test_a_broken_cdi_file_is_named_not_fatal() -> None:
@@ -122,7 +123,7 @@ def test_both_docker_paths_read_the_same_runtimes() -> None:
 def test_simulated_gpu_node_captured_from_the_lab() -> None:
     g = node_facts("simulated_gpu").gpu
     assert [x.name for x in g.gpus] == ["Tesla T4", "Tesla T4"] and g.driver_ok
-    assert g.methods() == ("runtime",)  # the simulation's `nvidia` runtime, no hook
+    assert docker_gpu_methods(g) == ("runtime",)  # the simulation's `nvidia` runtime, no hook
     found = judged(g)
     assert {c: f.severity for c, f in found.items()} == {
         "gpu.driver": "ok",
@@ -459,7 +460,7 @@ def test_the_simulated_cdi_spec_is_read_as_the_doctor_reads_one_and_plans_cdi_by
         captured, gpus=gpus, runtimes={}, tools=(), cdi=(spec,),
         cdi_dirs=("/etc/cdi", "/var/run/cdi"),
     )  # fmt: skip
-    assert sim.methods() == ("cdi",)
+    assert docker_gpu_methods(sim) == ("cdi",)
     plan = plan_gpus(node(), sim, docker.RUNTIME.gpu_methods)
     assert plan is not None and plan.method == "cdi" and plan.uuids == uuids
     assert docker_gpu_options(plan) == [f"--device nvidia.com/gpu={u}" for u in uuids]

@@ -278,7 +278,7 @@ def test_an_edge_key_lives_minutes_not_the_push() -> None:
 
 
 def test_up_push_modes_choose_the_push() -> None:
-    from provisioner.runtime.docker.runtime import push_options
+    from provisioner.runtime.docker.delivery import push_options
 
     assert push_options("direct") == PushOptions()
     assert push_options("auto") == PushOptions(forward=True, chain_from=2)

@@ -16,7 +16,7 @@ from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote.results import Result
 from provisioner.runtime import runtime_for
 from provisioner.runtime.docker import direct, push
-from provisioner.runtime.docker.runtime import DockerDelivery, has_image_command, holds_image
+from provisioner.runtime.docker.delivery import DockerDelivery, has_image_command, holds_image
 from provisioner.runtime.podman.delivery import PodmanDelivery
 from provisioner.runtime.podman.delivery import holds_image as podman_holds
 from tests.unit.inventories import make_inventory

@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-from provisioner.checks import cluster_checks
 from provisioner.checks.facts import Container, NodeFacts, RuntimeFacts
 from provisioner.checks.findings import Finding, error, ok, warning
 from provisioner.checks.plan import Plan
 from provisioner.inventory import Node
 from provisioner.runtime.base import Judges
+from provisioner.runtime.container_checks import check_versions
 from provisioner.runtime.docker.gpu import check_toolkit
 
 ROOT = "/var/lib/docker"  # Docker's root when it does not say
@@ -243,7 +243,7 @@ CHECKS = {
 
 JUDGES = Judges(
     node=node_judges,
-    cluster=cluster_checks.check_versions,
+    cluster=check_versions,
     own_ray=own_ray,
     facts=FACTS,
     parse=parse,
