@@ -23,16 +23,19 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Entry:
-    module: str  # the module that implements it
+    package: str  # its folder: `runtime.py` (RUNTIME, JUDGES), `lab.py` (LAB), ...
     about: str  # what it does, in a few words (the fix of an unknown name lists these)
+
+    @property
+    def module(self) -> str:
+        """The module that implements it."""
+        return f"{self.package}.runtime"
 
 
 RUNTIMES: dict[str, Entry] = {
-    "docker": Entry("provisioner.runtime.docker.runtime", "Ray in the pinned image's container"),
-    "host": Entry("provisioner.runtime.host.runtime", "Ray from each node's own Python"),
-    "podman": Entry(
-        "provisioner.runtime.podman.runtime", "Ray in the pinned image, rootless Podman"
-    ),
+    "docker": Entry("provisioner.runtime.docker", "Ray in the pinned image's container"),
+    "host": Entry("provisioner.runtime.host", "Ray from each node's own Python"),
+    "podman": Entry("provisioner.runtime.podman", "Ray in the pinned image, rootless Podman"),
 }
 
 
@@ -84,6 +87,5 @@ def catalogue() -> dict[str, str]:
 
 def lab_recipe(name: str) -> LabRecipe:
     """The lab's node recipe of the runtime called `name` (its folder's `lab.py`)."""
-    package = RUNTIMES[name].module.rpartition(".")[0]
-    recipe: LabRecipe = importlib.import_module(f"{package}.lab").LAB
+    recipe: LabRecipe = importlib.import_module(f"{RUNTIMES[name].package}.lab").LAB
     return recipe

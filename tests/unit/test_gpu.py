@@ -34,6 +34,7 @@ from provisioner.runtime.docker.gpu import gpu_methods as docker_gpu_methods
 from provisioner.runtime.docker.gpu import gpu_options as docker_gpu_options
 from provisioner.runtime.docker.runtime import CAPS as DOCKER_CAPS
 from provisioner.runtime.host import runtime as host
+from provisioner.runtime.host.gpu import gpu_env as host_gpu_env
 from provisioner.runtime.host.runtime import CAPS as HOST_CAPS
 from tests.unit.inventories import docker_runtime, make_inventory
 
@@ -324,7 +325,7 @@ def test_the_runtimes_turn_the_plans_method_into_their_own_words() -> None:
         '-e \'RAY_OVERRIDE_LABELS={"ray.io/accelerator-type": "T4"}\'',
         "--label provisioner.gpus=cdi:GPU-a",
     ]
-    assert host.gpu_env(dataclasses.replace(plan, method="host")) == {
+    assert host_gpu_env(dataclasses.replace(plan, method="host")) == {
         "CUDA_VISIBLE_DEVICES": "GPU-a",
         "RAY_OVERRIDE_LABELS": '{"ray.io/accelerator-type": "T4"}',
     }
