@@ -125,7 +125,7 @@ def test_push_reaches_every_node_sending_only_missing_layers(
 
     # plain, so the bytes compare with the image's (compressed pushes: test_image_forward);
     # a head start whatever this machine's load makes of the link probes (its budget by
-    # the link: tests/unit/test_image_head_start.py; its gain: `make bench`, push-fast)
+    # the link: tests/unit/test_runtime_docker_head_start.py; its gain: `make bench`, push-fast)
     opts = PushOptions(compress="never", head_start="always")
     report = push_image(inventory, None, print, pin=pin, opts=opts)
 
