@@ -37,6 +37,7 @@ from provisioner.inventory import load_inventory
 from provisioner.lab.engine import docker_cli, exec_in, exec_rc
 from provisioner.lab.nodes import LabInfo, load_lab
 from provisioner.runtime import judges
+from provisioner.runtime.context import cluster_context
 
 T = TypeVar("T")
 BASE_PORT = 2201
@@ -203,7 +204,9 @@ def doctor_fan_out(eps: Endpoints, parallel: int, *, reachability: bool) -> floa
     """Seconds for the doctor on every endpoint (its own elapsed time, inventory load included)."""
     t0 = time.monotonic()
     report = run_doctor(
-        load_inventory(eps.inventory), parallelism=parallel, reachability=reachability
+        cluster_context(load_inventory(eps.inventory), lenient_pin=True),
+        parallelism=parallel,
+        reachability=reachability,
     )
     elapsed = time.monotonic() - t0
     unreachable = [f for f in report.errors if f.check.startswith("ssh")]
@@ -345,7 +348,9 @@ def ansible_available() -> bool:
 
 
 def lab_doctor(lab: LabInfo, parallel: int) -> dict[str, object]:
-    report = run_doctor(load_inventory(lab.inventory), parallelism=parallel)
+    report = run_doctor(
+        cluster_context(load_inventory(lab.inventory), lenient_pin=True), parallelism=parallel
+    )
     return {
         "elapsed_s": round(report.elapsed_s, 2),
         "errors": len(report.errors),

@@ -8,7 +8,14 @@
 The page is docs/reliability.md (`--page` names another).
 
 Every row is one scenario a test recorded (tests/e2e/faults/record.py): what must happen,
-what the test asserted and found to hold, and what it measured in that run. The table
+what the test asserted and found to hold, and what it measured in that run. The last two
+are rendered here from the values the test checked: a scenario records a template (its
+`observed`, its `measured`) and the values it asserted or measured (`values`, `measures`),
+and `fill` writes each value into its `{name}` (a list as its items, comma-separated). A
+template that names a value the test did not record, a recorded value the template does
+not show, or a template that shows no value at all is an error: the column cannot say
+more, or other, than what was checked. A passed scenario that recorded no `values` (prose
+alone), or a `measured` text without `measures`, is refused the same way. The table
 lists exactly the rows the record holds, sorted (faults first, then by name), so a new
 recording test needs nothing here: re-render the page with `make reliability-table`.
 `--check` compares every column but the last: the measurements differ from run to run
@@ -21,8 +28,11 @@ import argparse
 import difflib
 import json
 import re
+import string
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "build" / "reliability.json"
@@ -44,6 +54,65 @@ def cell(text: object) -> str:
     return "".join(c for c in flat if c.isprintable()).replace("|", "\\|").strip()
 
 
+class TemplateError(ValueError):
+    """A scenario's template and the values it recorded do not match."""
+
+
+class _Formatter(string.Formatter):
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if isinstance(value, list | tuple | set | frozenset):
+            items = sorted(value) if isinstance(value, set | frozenset) else value
+            return ", ".join(self.format_field(v, format_spec) for v in items)
+        return str(super().format_field(value, format_spec))
+
+
+def fields_of(template: str) -> set[str]:
+    """The value names a template shows (`{exit}`, `{seconds:.1f}`: exit, seconds)."""
+    names = set()
+    for _, name, _, _ in string.Formatter().parse(template):
+        if name is not None:
+            if not name.isidentifier():
+                raise TemplateError(f"`{{{name}}}` in {template!r} is not a value's name")
+            names.add(name)
+    return names
+
+
+def fill(template: str, values: Mapping[str, Any], what: str = "observed") -> str:
+    """`template` with each `{name}` replaced by the value the test recorded under it."""
+    names = fields_of(template)
+    if not names:
+        raise TemplateError(f"the {what} template shows none of the values it checked")
+    missing, unshown = names - set(values), set(values) - names
+    if missing:
+        raise TemplateError(f"the {what} template names {sorted(missing)}, never recorded")
+    if unshown:
+        raise TemplateError(f"the {what} template does not show {sorted(unshown)}")
+    return _Formatter().vformat(template, (), dict(values))
+
+
+def filled(r: Mapping[str, Any], column: str, values: str) -> str:
+    """The entry's `column` (observed or measured), filled from its `values`. An observed
+    column without values (prose alone) is a TemplateError, and so is a measured one,
+    but for an empty measured column (nothing measured)."""
+    text = str(r.get(column, ""))
+    if not r.get(values) and column == "measured" and not text:
+        return ""
+    if not r.get(values):
+        raise TemplateError(
+            f"the {column} column records no values ({values}): prose alone is not "
+            "shown; record what the test checked (s.expect, s.saw, s.measure)"
+        )
+    return fill(text, r[values], column)
+
+
+def rendered(r: Mapping[str, Any], column: str, values: str) -> str:
+    """`filled`, or exit naming the scenario."""
+    try:
+        return filled(r, column, values)
+    except (TemplateError, KeyError, ValueError, IndexError) as exc:
+        raise SystemExit(f"{r['scenario']}: {exc}") from None
+
+
 def rows(record: dict[str, dict[str, object]]) -> list[list[str]]:
     entries = sorted(
         record.values(), key=lambda r: (str(r.get("kind")) != "fault", str(r["scenario"]))
@@ -51,7 +120,7 @@ def rows(record: dict[str, dict[str, object]]) -> list[list[str]]:
     out = []
     for r in entries:
         asserted = (
-            str(r.get("observed", ""))
+            rendered(r, "observed", "values")
             if r.get("passed")
             else "**FAILED**: " + str(r.get("observed", "")).removeprefix("FAILED: ")
         )
@@ -61,7 +130,7 @@ def rows(record: dict[str, dict[str, object]]) -> list[list[str]]:
                 cell(r["scenario"]),
                 cell(r["expected"]),
                 cell(asserted),
-                cell(r.get("measured", "")),
+                cell(rendered(r, "measured", "measures") if r.get("passed") else ""),
             ]
         )
     return out

@@ -18,12 +18,11 @@ from rich.text import Text
 from provisioner.cli.common import InventoryOption, JsonOption, output
 from provisioner.console import Output, clean
 from provisioner.errors import InputError, ProvisionerError
-from provisioner.image.pin import Pin, read_pin
 from provisioner.inventory import Inventory, load_cluster, load_inventory
-from provisioner.inventory.loader import require_nodes
 from provisioner.local import write_output
 from provisioner.remote import Pool
 from provisioner.runtime.base import PUSH_ALIASES, PUSH_MODES
+from provisioner.runtime.context import ClusterContext, cluster_context
 
 # Each command imports its own part of the library when it runs: `up` starts connecting
 # to the nodes first, and loads the doctor and the rest of itself while they answer (a
@@ -35,27 +34,8 @@ if TYPE_CHECKING:
     from provisioner.cluster.board import Board
     from provisioner.cluster.logs import LogMatch
     from provisioner.jobs.control import Stopped
-    from provisioner.runtime.base import Runtime
 
 ForceOption = Annotated[bool, typer.Option("--force", help="Go on despite doctor errors.")]
-
-
-def _pin(inventory: Inventory) -> Pin:
-    if inventory.image_lock is None:
-        raise InputError(
-            "the inventory names no image pin (image.lock)",
-            "run `provisioner image build`, then set image.lock in the inventory",
-            where=str(inventory.path),
-        )
-    return read_pin(inventory.image_lock)
-
-
-def _runtime(inventory: Inventory) -> Runtime:
-    """The inventory's runtime, with the pin when the inventory names one."""
-    from provisioner.runtime import runtime_for
-
-    pin = _pin(inventory) if inventory.image_lock is not None else None
-    return runtime_for(inventory, pin)
 
 
 def _default_logs_dir(inventory: Inventory) -> Path:
@@ -100,8 +80,6 @@ def render(
     --slurm, an sbatch script that runs PLAYBOOK on Ray across a SLURM allocation.
     With --json: {"kind", "path" (null on stdout), "next", "text" (when not written)}."""
     from provisioner.cluster import render as render_mod
-    from provisioner.node import tls, token
-    from provisioner.runtime import runtime_for
 
     out = output(json_)
     inv = load_inventory(inventory)
@@ -111,12 +89,7 @@ def render(
             write_output(out_file, text, mode=0o755)
         _rendered(out, "sbatch", text, out_file, f"sbatch {out_file} (on the cluster's login node)")
         return
-    require_nodes(inv)
-    path = token.ensure_token(inv)
-    token.ensure_cluster_id(inv)
-    pin = _pin(inv) if inv.image_lock is not None else None
-    tls_dir = tls.render_files(inv) if inv.tls else None
-    text = render_mod.render(inv, path, runtime_for(inv, pin), tls_dir)
+    text = render_mod.render_cluster(cluster_context(inv))
     if out_file is not None:
         write_output(out_file, text)
     _rendered(out, "cluster.yaml", text, out_file, f"ray up -y {out_file}")
@@ -219,7 +192,7 @@ def up(
         )
     out = output(json_)
     inv = load_inventory(inventory)
-    pin = _pin(inv) if inv.image_lock is not None else None
+    cluster = cluster_context(inv, push=push)
     with Pool(inv).warm() as pool:  # the nodes answer while the rest of `up` loads
         from provisioner.cluster import up as up_mod
         from provisioner.cluster.preflight import DoctorStopped
@@ -234,9 +207,8 @@ def up(
         )
         try:
             result, slurm_job = up_mod.up_cluster(
-                inv,
+                cluster,
                 out.progress,
-                pin=pin,
                 options=options,
                 on_nodes=lambda held: out.watch_nodes(n.name for n in held.nodes),
                 pool=pool,
@@ -356,8 +328,7 @@ def status(inventory: InventoryOption, json_: JsonOption = False) -> None:
 
     out = output(json_)
     inv = load_inventory(inventory)
-    pin = _pin(inv) if inv.image_lock is not None else None
-    st, job = status_mod.status_cluster(inv, out.progress, pin=pin)
+    st, job = status_mod.status_cluster(cluster_context(inv), out.progress)
     if json_:
         out.emit({**st.to_json(), **({"slurm": job.to_json()} if job is not None else {})})
     else:
@@ -397,14 +368,15 @@ def down(
 
     out = output(json_)
     inv = load_inventory(inventory)
+    cluster = cluster_context(inv, with_pin=False)  # stopping Ray needs no pin
     stopped: list[Stopped] = []
 
     def on_nodes(held: Inventory) -> None:
         out.watch_nodes(n.name for n in held.nodes)
-        stopped.extend(_stop_jobs(held, results, yes, out))
+        stopped.extend(_stop_jobs(cluster.on(held), results, yes, out))
 
     target = None if no_logs else (logs_dir or _default_logs_dir(inv))
-    result = down_mod.down_cluster(inv, out.progress, logs_dir=target, on_nodes=on_nodes)
+    result = down_mod.down_cluster(cluster, out.progress, logs_dir=target, on_nodes=on_nodes)
     if result.queued_only:  # a job still queued, or none: nothing ran on any node
         _say_queued(out, result, json_)
         return
@@ -447,14 +419,15 @@ def _say_queued(out: Output, result: down_mod.DownResult, json_: bool) -> None:
         raise typer.Exit(1)
 
 
-def _stop_jobs(inv: Inventory, results: Path, yes: bool, out: Output) -> list[Stopped]:
+def _stop_jobs(cluster: ClusterContext, results: Path, yes: bool, out: Output) -> list[Stopped]:
     """The cluster's running jobs, stopped with --yes; nothing when its Jobs API is gone."""
     from provisioner.jobs.control import JobsRunning, stop_for_down
     from provisioner.jobs.link import Target
     from provisioner.node import token
 
+    inv = cluster.inventory
     try:
-        with Target(inv, None, token.local_token_path(inv)).link() as link:
+        with Target(inv, None, token.local_token_path(inv), cluster).link() as link:
             return stop_for_down(link, results, yes=yes, report=out.progress)
     except JobsRunning:
         raise
@@ -473,10 +446,11 @@ def logs(
 
     out = output(json_)
     inv = load_cluster(inventory)
+    runtime = cluster_context(inv).runtime
     out.watch_nodes(n.name for n in inv.nodes)
     target = out_dir or _default_logs_dir(inv)
     with Pool(inv) as pool:
-        got = collect(inv, pool, out.progress, directory=target, runtime=_runtime(inv))
+        got = collect(inv, pool, out.progress, directory=target, runtime=runtime)
     if json_:
         out.emit(got.to_json())
     else:
@@ -559,17 +533,17 @@ def tunnel_cmd(
     from provisioner.cluster import board as board_mod
     from provisioner.cluster.tunnel import tensorboard_port, tunnel
     from provisioner.node import token
-    from provisioner.runtime import runtime_for
 
     out = output(json_)
     inv = load_cluster(inventory)
-    runtime = runtime_for(inv)  # where Ray runs on the head; the pin is not needed here
+    # where Ray runs on the head; the pin is not needed here
+    runtime = cluster_context(inv, with_pin=False).runtime
     # SIGTERM (a service manager, `kill`) and SIGHUP (its terminal closed) end the tunnel as
     # Ctrl-C does, through the stack below, so TensorBoard stops with it on the head
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     with Pool(inv) as pool, ExitStack() as stack:
-        dash = stack.enter_context(tunnel(inv, local_port=port, pool=pool))
+        dash = stack.enter_context(tunnel(inv, runtime=runtime, local_port=port, pool=pool))
         board_port = tensorboard_port(inv.ports)
         head = pool.session(inv.head)
         with out.step("starting TensorBoard on the head"):

@@ -15,6 +15,7 @@ from provisioner.console import Output, clean
 from provisioner.doctor import DoctorReport, Finding, run_doctor
 from provisioner.inventory import load_cluster
 from provisioner.remote import Pool
+from provisioner.runtime.context import cluster_context
 
 _STYLE = {"error": "bold red", "warning": "yellow", "ok": "green"}
 
@@ -77,10 +78,11 @@ def doctor(
     """Diagnose every node before anything starts; exit 1 when any finding is an error."""
     out = output(json_)
     inv = load_cluster(inventory)
+    context = cluster_context(inv, lenient_pin=True)  # an unreadable pin is a finding
     with Pool(inv) as pool:
         inv = resolve_ray_subnet(inv, pool, out.progress)
         report = run_doctor(
-            inv,
+            context.on(inv),
             pool,
             report=out.progress,
             ray_up=ray_up,

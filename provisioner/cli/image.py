@@ -20,7 +20,8 @@ from provisioner.image.lock import (
 from provisioner.image.pin import BUILD_TAG, CLUSTER_TAG, pin_to_dict, read_pin
 from provisioner.inventory import load_cluster
 from provisioner.local import write_output
-from provisioner.runtime.docker.push import PushOptions, push_image
+from provisioner.runtime.context import cluster_context
+from provisioner.runtime.docker.push import PushOptions
 
 app = typer.Typer(
     help="The pinned cluster image: lock, build, push to every node.", no_args_is_help=True
@@ -221,7 +222,10 @@ def push_cmd(
     lock: LockFileOption = None,
     json_: JsonOption = False,
 ) -> None:
-    """Make every node hold exactly the pinned image under the cluster tag."""
+    """Make every node hold exactly the pinned image under the cluster tag, delivered by
+    the inventory's runtime as `up` delivers it (podman: `podman load`)."""
+    from provisioner.cluster.deliver import deliver_pin
+
     out = output(json_)
     inv = load_cluster(inventory)
     out.watch_nodes(n.name for n in inv.nodes)
@@ -243,7 +247,8 @@ def push_cmd(
             f"--compress must be auto, always or never, not {compress!r}",
             "auto chooses by the link; never sends the layers as `docker save` writes them",
         )
-    pin = read_pin(lock_path)
+    cluster = cluster_context(inv, pin_path=lock_path)
+    pin = cluster.require_pin()
     opts = PushOptions(
         compress=compress,  # type: ignore[arg-type]
         parallelism=parallel,
@@ -254,7 +259,7 @@ def push_cmd(
         tag=CLUSTER_TAG,
     )
     with out.step(f"pushing {pin.short_id()} to {len(inv.nodes)} node(s)"):
-        report = push_image(inv, None, out.progress, pin=pin, opts=opts)
+        report = deliver_pin(cluster, out.progress, options=opts)
     if json_:
         out.emit(report.to_json())
     else:

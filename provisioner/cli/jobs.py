@@ -3,7 +3,6 @@ it, and work with it after `submit` is gone (list, logs, stop, results)."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 from collections.abc import Callable
 from pathlib import Path
@@ -15,10 +14,11 @@ from rich.table import Table
 
 from provisioner.cli.common import JsonOption, output
 from provisioner.console import Output
-from provisioner.errors import InputError, OperationError, ProvisionerError
+from provisioner.errors import InputError
 from provisioner.jobs import JobOutcome, JobSpec, make_spec, submit
-from provisioner.jobs.link import Link, Target
-from provisioner.jobs.spec import JOB_ID, asks_for_help, priced
+from provisioner.jobs.link import Target
+from provisioner.jobs.repair import resuming, with_retries
+from provisioner.jobs.spec import asks_for_help, priced
 from provisioner.jobs.stream import Handlers
 from provisioner.jobs.submit import upload_for, upload_line
 from provisioner.jobs.tables import read_rows
@@ -50,7 +50,7 @@ ResultsOption = Annotated[
 ]
 
 
-def _target(inventory: Path | None, address: str | None, token_file: Path | None) -> Target:
+def target_for(inventory: Path | None, address: str | None, token_file: Path | None) -> Target:
     """Where the cluster is: the inventory (tunnel, token, SSH to the head), or an address."""
     from provisioner.inventory import load_cluster
     from provisioner.node import token
@@ -134,17 +134,17 @@ def submit_cmd(
         return
     if asks_for_help(spec.args) and _local_help(out, spec):
         return
-    target = _target(inventory, address, token_file)
+    target = target_for(inventory, address, token_file)
     spec = priced(spec, price, target.inventory.price_per_node_hour if target.inventory else None)
-    handlers = _handlers(out, json_, verbose)
+    handlers = make_handlers(out, json_, verbose)
     prepare = None
     if resume is not None:
-        spec, prepare = _resuming(target, spec, resume, results, handlers)
+        spec, prepare = resuming(target, spec, resume, results, handlers)
     if retries and not detach:
-        outcome = _with_retries(target, spec, results, retries, handlers, prepare)
+        outcome = with_retries(target, spec, results, retries, handlers, prepare)
     else:
         outcome = submit(target, spec, results, handlers=handlers, detach=detach, prepare=prepare)
-    _finish(out, json_, outcome)
+    finish(out, json_, outcome)
 
 
 def _show_upload(out: Output, upload: Upload, json_: bool) -> None:
@@ -158,140 +158,6 @@ def _show_upload(out: Output, upload: Upload, json_: bool) -> None:
         "(control it with .gitignore or .rayignore in that directory; "
         "see docs/guide.md, 'What is sent')"
     )
-
-
-REPAIR_TRIES = 5
-REPAIR_WAIT_S = 20.0
-
-
-def _with_retries(
-    target: Target,
-    spec: JobSpec,
-    results: Path,
-    retries: int,
-    handlers: Handlers,
-    prepare: Callable[[Link], None] | None,
-    *,
-    attach: bool = False,
-) -> JobOutcome:
-    from dataclasses import replace
-
-    from provisioner.jobs.resume import find_source, latest_checkpoint, seed
-    from provisioner.jobs.submit import submit_with_retries
-
-    inv = target.inventory
-    if inv is None:
-        raise InputError("--retries repairs the cluster with `up`: it needs -i INVENTORY", "add -i")
-
-    def repair() -> None:
-        import time
-
-        from provisioner.cli.cluster import _pin
-        from provisioner.cluster.up import UpOptions, up_cluster
-        from provisioner.errors import OperationError
-
-        # a node cut off or powered off for a while comes back: `up` is tried again
-        # (REPAIR_TRIES in all, REPAIR_WAIT_S apart) before the run gives up. It is the
-        # CLI's `up`: a scheduler's nodes are held first (the recorded job while alive).
-        for left in range(REPAIR_TRIES - 1, -1, -1):
-            try:
-                pin = _pin(inv) if inv.image_lock is not None else None
-                up_cluster(inv, handlers.report, pin=pin, options=UpOptions(doctor=False))
-                return
-            except OperationError as exc:
-                if left == 0:
-                    raise
-                handlers.report(
-                    f"repair failed ({exc}); trying again in {REPAIR_WAIT_S:.0f} s ({left} more)"
-                )
-                time.sleep(REPAIR_WAIT_S)
-
-    def resume_from(
-        following: JobSpec, previous: Path
-    ) -> tuple[JobSpec, Callable[[Link], None] | None]:
-        if latest_checkpoint(previous) is None:
-            handlers.report("no checkpoint came home: the next attempt starts afresh")
-            return following, prepare
-        source = find_source(str(previous), results)
-        source = replace(source, job_id=previous.name)
-
-        def step(link: Link) -> None:
-            handlers.report(
-                f"checkpoint for {following.job_id}: {seed(link, source, following.job_id)}"
-            )
-
-        return replace(following, resumed_from=previous.name), step
-
-    return submit_with_retries(
-        target,
-        spec,
-        results,
-        retries=retries,
-        repair=repair,
-        handlers=handlers,
-        prepare=prepare,
-        resume_prepare=resume_from,
-        attach=attach,
-    )
-
-
-def _drop_empty(folder: Path) -> None:
-    """Remove `folder` when it exists and holds nothing."""
-    with contextlib.suppress(OSError):
-        folder.rmdir()
-
-
-def _resuming(
-    target: Target, spec: JobSpec, value: str, results: Path, handlers: Handlers
-) -> tuple[JobSpec, Callable[[Link], None]]:
-    """The spec of a resumed run and the step that puts its checkpoint on the head."""
-    from dataclasses import replace
-
-    from provisioner.jobs.results import bring_home
-    from provisioner.jobs.resume import find_source, seed
-
-    if target.inventory is None:
-        raise InputError(
-            "--resume needs the inventory (the checkpoint goes to the head over SSH)",
-            "add -i INVENTORY",
-        )
-    home = results / value
-    by_id = not Path(value).expanduser().is_dir() and JOB_ID.fullmatch(value) is not None
-    known = home.is_dir()  # a job known here: its results came home before
-    unknown = f"--resume {value}: no such job is known here (no results of it came home here)"
-    if by_id:
-        handlers.report(f"bringing home what the head holds of {value}")
-        try:
-            bring_home(target, value, home)
-        except ProvisionerError as exc:
-            if known:
-                raise
-            kind = InputError if isinstance(exc, InputError) else OperationError
-            raise kind(
-                f"{unknown}; nor could the head be asked: {exc}",
-                f"check the job id (`provisioner jobs list -i INVENTORY`) or give a "
-                f"checkpoint folder; to ask the head: {exc.fix or 'reach it, then retry'}",
-                where=str(home),
-            ) from exc
-    try:
-        source = find_source(value, results)
-    except InputError as exc:
-        came = home.is_dir() and any(home.iterdir())  # the head knew the job, no checkpoint
-        if by_id and not known and not came:
-            _drop_empty(home)
-            raise InputError(
-                f"{unknown}, nor on the head",
-                "check the job id (`provisioner jobs list -i INVENTORY`), or give a "
-                "checkpoint folder",
-                where=str(home),
-            ) from exc
-        raise
-    handlers.report(f"resuming from {source.checkpoint}")
-
-    def prepare(link: Link) -> None:
-        handlers.report(f"checkpoint for {spec.job_id}: {seed(link, source, spec.job_id)}")
-
-    return replace(spec, resumed_from=source.label), prepare
 
 
 def _local_help(out: Output, spec: JobSpec) -> bool:
@@ -317,7 +183,7 @@ def _local_help(out: Output, spec: JobSpec) -> bool:
     return True
 
 
-def _handlers(out: Output, json_: bool, verbose: bool) -> Handlers:
+def make_handlers(out: Output, json_: bool, verbose: bool) -> Handlers:
     line = ProgressLine(out, echoing=verbose or json_)
     echo = out.progress if json_ else _echo(out)
 
@@ -399,7 +265,7 @@ def duration_text(seconds: float | None) -> str:
     return f"{s}s"
 
 
-def _finish(out: Output, json_: bool, outcome: JobOutcome) -> None:
+def finish(out: Output, json_: bool, outcome: JobOutcome) -> None:
     if json_:
         out.emit(outcome.to_json())
     else:

@@ -17,16 +17,16 @@ from provisioner.cli.jobs import (
     ResultsOption,
     TokenOption,
     VerboseOption,
-    _finish,
-    _handlers,
-    _target,
-    _with_retries,
     duration_text,
+    finish,
+    make_handlers,
     progress_text,
+    target_for,
 )
 from provisioner.errors import InputError, OperationError
 from provisioner.jobs import control
 from provisioner.jobs.client import JOB_LOG_CAP, job_log
+from provisioner.jobs.repair import with_retries
 from provisioner.jobs.results import bring_home
 from provisioner.jobs.spec import check_job_id
 from provisioner.jobs.stream import job_info, visible
@@ -53,7 +53,7 @@ def list_cmd(
 ) -> None:
     """Every job: id, playbook, status, started, duration, attempt, and its progress."""
     out = output(json_)
-    target = _target(inventory, address, token_file)
+    target = target_for(inventory, address, token_file)
     with target.link() as link:
         rows = control.list_jobs(link)
     now = time.time()
@@ -107,15 +107,15 @@ def logs_cmd(
     job_id = check_job_id(job)
     if retries is not None and not follow:
         raise InputError("--retries takes over a followed job", "add --follow")
-    target = _target(inventory, address, token_file)
+    target = target_for(inventory, address, token_file)
     if follow:
-        handlers = _handlers(out, json_, verbose=True if not json_ else verbose)
+        handlers = make_handlers(out, json_, verbose=True if not json_ else verbose)
         if retries is None:
-            _finish(out, json_, follow_to_end(target, job_id, results, handlers))
+            finish(out, json_, follow_to_end(target, job_id, results, handlers))
             return
         spec, _ = retry_spec(results, job_id)
-        outcome = _with_retries(target, spec, results, retries, handlers, None, attach=True)
-        _finish(out, json_, outcome)
+        outcome = with_retries(target, spec, results, retries, handlers, None, attach=True)
+        finish(out, json_, outcome)
         return
     with target.link() as link:
         job_info(link, job_id)
@@ -145,7 +145,7 @@ def stop_cmd(
     """Stop the job and wait until it has stopped (its results stay on the head)."""
     out = output(json_)
     job_id = check_job_id(job)
-    target = _target(inventory, address, token_file)
+    target = target_for(inventory, address, token_file)
     with target.link() as link:
         job_info(link, job_id)
         status, message = control.stop(link, job_id)
@@ -166,7 +166,7 @@ def results_cmd(
     is new or changed, each file verified by size and sha256), and draw its plots."""
     out = output(json_)
     job_id = check_job_id(job)
-    target = _target(inventory, None, None)
+    target = target_for(inventory, None, None)
     found = bring_home(target, job_id, results / job_id)
     if json_:
         out.emit({"job_id": job_id, **found.to_json()})

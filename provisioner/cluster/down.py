@@ -16,8 +16,8 @@ from provisioner.inventory import Inventory, Node
 from provisioner.inventory.loader import require_nodes
 from provisioner.node import commands, token
 from provisioner.remote import Pool, fan_out
-from provisioner.runtime import runtime_for
 from provisioner.runtime.base import Runtime
+from provisioner.runtime.context import ClusterContext
 
 
 @dataclass
@@ -77,10 +77,9 @@ def bring_down(
     report: Reporter = quiet,
     *,
     logs_dir: Path | None,
-    runtime: Runtime | None = None,
+    runtime: Runtime,
 ) -> DownResult:
     """Idempotent: nodes without this cluster's Ray are fine; unreachable nodes are errors."""
-    runtime = runtime or runtime_for(inventory)
     result = DownResult()
     if logs_dir is not None:
         try:
@@ -126,18 +125,19 @@ def bring_down(
 
 
 def down_cluster(
-    inventory: Inventory,
+    cluster: ClusterContext,
     report: Reporter = quiet,
     *,
     logs_dir: Path | None,
-    runtime: Runtime | None = None,
     on_nodes: Callable[[Inventory], None] | None = None,
 ) -> DownResult:
     """`down`: Ray stopped on the inventory's nodes, then the scheduler's job given back
     (before the allocation ever ran: the job only, nothing on any node, `queued_only`). A
     job still queued after that is an error. `on_nodes`: told the nodes before anything is
     stopped there, when there are nodes (the CLI watches them and stops the running jobs;
-    what it raises stops `down` before anything is stopped)."""
+    what it raises stops `down` before anything is stopped). `cluster`: the command's
+    context (its runtime is built for the nodes)."""
+    inventory = cluster.inventory
     if not allocation.on_nodes(inventory):
         with Pool(inventory) as pool:
             result = DownResult(queued_only=True)
@@ -148,6 +148,7 @@ def down_cluster(
             on_nodes(inventory)
         with Pool(inventory) as pool:
             inventory = subnet.resolve_ray_subnet(inventory, pool, report)
+            runtime = cluster.on(inventory).runtime
             result = bring_down(inventory, pool, report, logs_dir=logs_dir, runtime=runtime)
             result.slurm = allocation.give_back(inventory, pool, report)
     if result.slurm is not None and not result.slurm.left_queue:

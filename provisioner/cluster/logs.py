@@ -19,7 +19,6 @@ from provisioner.local import private_dir
 from provisioner.node import layout
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.receive import Limits, check_name, receive_tar
-from provisioner.runtime import runtime_for
 from provisioner.runtime.base import Runtime
 
 # What one node's logs may bring home (Ray's session logs are usually a few MiB).
@@ -303,10 +302,10 @@ def collect(
     report: Reporter = quiet,
     *,
     directory: Path,
-    runtime: Runtime | None = None,
+    runtime: Runtime,
 ) -> Collected:
     """Fetch every node's logs into DIRECTORY/NODE/ and triage them."""
-    command = collect_command(runtime or runtime_for(inventory))
+    command = collect_command(runtime)
 
     def one(node: Node) -> str:
         target = node_logs_dir(directory, node.name)  # before anything runs

@@ -16,8 +16,8 @@ from provisioner.console import Reporter, quiet
 from provisioner.doctor import DoctorReport, Finding, run_doctor
 from provisioner.doctor.gather import stop_listeners
 from provisioner.errors import OperationError
-from provisioner.inventory import Inventory
 from provisioner.remote import Pool
+from provisioner.runtime.context import ClusterContext
 
 
 @dataclass
@@ -66,7 +66,7 @@ class DoctorStopped(OperationError):
 
 
 def check(
-    inventory: Inventory,
+    context: ClusterContext,
     pool: Pool | None = None,
     report: Reporter = quiet,
     *,
@@ -79,7 +79,7 @@ def check(
     `keep_listeners` (with a `pool`): the doctor's listeners are left for the caller to end
     (the report's `listeners`), except when this raises: then they are ended here."""
     keep = keep_listeners and pool is not None
-    doctor = run_doctor(inventory, pool, report, ray_state=True, keep_listeners=keep)
+    doctor = run_doctor(context, pool, report, ray_state=True, keep_listeners=keep)
     blocking = blocking_errors(doctor.findings)
     waived = list(doctor.waived)
     result = Preflight(doctor, blocking, waived, forced=force and bool(blocking))
@@ -92,7 +92,7 @@ def check(
     if blocking and (not force or others):
         result.forced = False
         if pool is not None and doctor.listeners:
-            stop_listeners(pool, inventory, doctor.listeners)
+            stop_listeners(pool, context.inventory, doctor.listeners)
         raise DoctorStopped(result, others if force else [])
     for f in blocking:
         report(f"{f.host}: {f.check}: {f.message} (going on: --force)")

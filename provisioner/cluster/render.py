@@ -25,6 +25,7 @@ from provisioner.errors import InputError
 from provisioner.inventory import Inventory, Node
 from provisioner.node import commands, layout
 from provisioner.runtime.base import Runtime
+from provisioner.runtime.context import ClusterContext
 
 HEADER = """\
 # Ray cluster launcher config rendered by `provisioner render` from {inventory}.
@@ -183,3 +184,18 @@ def render(
     body = yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=1000)
     header = HEADER.format(inventory=inventory.path, name="cluster.yaml", cluster=inventory.cluster)
     return header + body
+
+
+def render_cluster(cluster: ClusterContext) -> str:
+    """`render`: the cluster's token and id made (kept when they exist), its TLS files
+    when the inventory asks for TLS, then the cluster.yaml of its runtime (the command's
+    context: the pin as it read it)."""
+    from provisioner.inventory.loader import require_nodes
+    from provisioner.node import tls, token
+
+    inventory = cluster.inventory
+    require_nodes(inventory)
+    path = token.ensure_token(inventory)
+    token.ensure_cluster_id(inventory)  # before the runtime is built: it names the cluster
+    tls_dir = tls.render_files(inventory) if inventory.tls else None
+    return render(inventory, path, cluster.runtime, tls_dir)

@@ -10,13 +10,12 @@ from provisioner.cluster import allocation, headprobe, subnet
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
-from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.inventory.loader import require_nodes
 from provisioner.node import commands
 from provisioner.remote import Pool, fan_out
-from provisioner.runtime import runtime_for
 from provisioner.runtime.base import Capabilities, RayState, Runtime
+from provisioner.runtime.context import ClusterContext
 
 
 @dataclass
@@ -114,12 +113,11 @@ def gather(
     pool: Pool,
     report: Reporter = quiet,
     *,
-    runtime: Runtime | None = None,
+    runtime: Runtime,
     states: dict[str, RayState] | None = None,
 ) -> ClusterStatus:
     """Look at every node (one SSH round trip each, none when `states` are given) and ask
     the head's GCS who is alive."""
-    runtime = runtime or runtime_for(inventory)
     errors: dict[str, ProvisionerError] = {}
     if states is None:
         states, errors = ray_states(inventory, pool, runtime)
@@ -140,16 +138,18 @@ def gather(
 
 
 def status_cluster(
-    inventory: Inventory, report: Reporter = quiet, *, pin: Pin | None = None
+    cluster: ClusterContext, report: Reporter = quiet
 ) -> tuple[ClusterStatus, allocation.Job | None]:
     """`status`: the scheduler's job that holds the nodes first, as the queue shows it
     (None: no scheduler, or none recorded; one gone from the queue is an OperationError),
-    then every node. Healthy when every node is and the job, if any, runs."""
+    then every node. Healthy when every node is and the job, if any, runs. `cluster`: the
+    command's context (its runtime is built for the nodes, the pin as it read it)."""
+    inventory = cluster.inventory
     job = allocation.job_status(inventory, report)
     inventory = require_nodes(inventory)
     with Pool(inventory) as pool:
         inventory = subnet.resolve_ray_subnet(inventory, pool, report)
-        found = gather(inventory, pool, report, runtime=runtime_for(inventory, pin))
+        found = gather(inventory, pool, report, runtime=cluster.on(inventory).runtime)
     return found, job
 
 

@@ -36,11 +36,11 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioner.errors import OperationError
+from provisioner.errors import InputError, OperationError
 from provisioner.inventory import Inventory, RayPorts
 from provisioner.remote import Pool
 from provisioner.remote.session import Session
-from provisioner.runtime.registry import runtime_for
+from provisioner.runtime.base import Runtime
 
 LISTEN_STATE = "0A"  # TCP_LISTEN in /proc/net/tcp
 # Local addresses (as /proc/net/tcp{,6} write them) of listeners that a connection to
@@ -226,6 +226,7 @@ def free_local_port() -> int:
 def tunnel(
     inventory: Inventory,
     *,
+    runtime: Runtime | None = None,
     remote_port: int | None = None,
     local_port: int | None = None,
     pool: Pool | None = None,
@@ -244,7 +245,13 @@ def tunnel(
             pool = stack.enter_context(Pool(inventory))
         session = pool.session(inventory.head)
         dashboard = port == inventory.ports.dashboard
-        sockets = runtime_for(inventory).sockets_command() if dashboard else None
+        if dashboard and runtime is None:
+            raise InputError(
+                "the dashboard's tunnel checks its listener is this cluster's Ray: it needs "
+                "the cluster's runtime",
+                "pass the command's runtime (`runtime.context.cluster_context`)",
+            )
+        sockets = runtime.sockets_command() if dashboard and runtime is not None else None
         check_listener(session, port, sockets=sockets, required=dashboard)
         stack.enter_context(session.forward(local, "127.0.0.1", port))
         yield f"http://127.0.0.1:{local}"

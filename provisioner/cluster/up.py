@@ -43,8 +43,8 @@ from provisioner.node import commands, layout, tls, token
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.fanout import beside
 from provisioner.remote.results import GroupResult, Result
-from provisioner.runtime import runtime_for
 from provisioner.runtime.base import DeliveryReport, RayState, Runtime
+from provisioner.runtime.context import ClusterContext
 
 
 @dataclass
@@ -248,7 +248,9 @@ def gpu_plans(
     can use go to Ray (`image_cuda`: its CUDA, "" the CPU build, None no image); the
     others are the second dict."""
     if facts is None or set(facts) != {n.name for n in inventory.nodes}:
-        facts = gather_facts(pool, inventory, "", reachability=False, parallelism=32).results
+        facts = gather_facts(
+            pool, inventory, "", reachability=False, parallelism=32, judges=runtime.judges
+        ).results
     gpus = {n: f.gpu for n, f in facts.items()}
     return withhold(plans_for(inventory.nodes, gpus, runtime.gpu_methods), gpus, image_cuda)
 
@@ -332,6 +334,11 @@ class UpContext:
     report: Reporter
     options: UpOptions = UpOptions()
 
+    @property
+    def cluster(self) -> ClusterContext:
+        """The command's context as the doctor takes it: this `up`'s nodes, runtime and pin."""
+        return ClusterContext(self.inventory, self.pin, push=self.options.push, built=self.runtime)
+
 
 def context(
     inventory: Inventory,
@@ -344,7 +351,7 @@ def context(
     """The context of one `up`: the cluster's id made (it marks what this cluster starts
     on the nodes) and the inventory's runtime built (an unknown one refused, exit 2)."""
     token.ensure_cluster_id(inventory)
-    runtime = runtime_for(inventory, pin, push=options.push)
+    runtime = ClusterContext(inventory, pin, push=options.push).runtime  # after the id
     return UpContext(inventory, pool, runtime, pin, report, options)
 
 
@@ -363,10 +370,9 @@ class Plan:
 
 
 def up_cluster(
-    inventory: Inventory,
+    cluster: ClusterContext,
     report: Reporter = quiet,
     *,
-    pin: Pin | None = None,
     options: UpOptions = UpOptions(),
     on_nodes: Callable[[Inventory], None] | None = None,
     pool: Pool | None = None,
@@ -377,7 +383,9 @@ def up_cluster(
     once they are known (the CLI watches them). `pool`: connections to the inventory's
     nodes to use (the CLI's, warming while the command loaded), left open; with a
     scheduler, to its login node only (the nodes it gives get their own). A token rotation
-    of a scheduler's inventory is refused (InputError) before anything runs."""
+    of a scheduler's inventory is refused (InputError) before anything runs. `cluster`: the
+    command's context (its inventory, and the pin it read once)."""
+    inventory = cluster.inventory
     if options.rotate_token and inventory.slurm is not None:
         raise InputError(
             "--rotate-token does not apply to a scheduler inventory: the allocation is the "
@@ -395,7 +403,7 @@ def up_cluster(
         if pool is None or job_id is not None:
             pool = stack.enter_context(Pool(held))
         held = subnet.resolve_ray_subnet(held, pool, report)
-        result = up(held, pool, report, pin=pin, options=options)
+        result = up(held, pool, report, pin=cluster.pin, options=options)
     return result, job_id
 
 
@@ -444,7 +452,7 @@ def check(ctx: UpContext, result: UpResult) -> DoctorReport | None:
     t0 = time.monotonic()
     ctx.report(f"doctor: checking {len(ctx.inventory.nodes)} node(s)")
     result.doctor = preflight.check(
-        ctx.inventory, ctx.pool, ctx.report, force=ctx.options.force, keep_listeners=True
+        ctx.cluster, ctx.pool, ctx.report, force=ctx.options.force, keep_listeners=True
     )
     result.timings["doctor"] = time.monotonic() - t0
     return result.doctor.report

@@ -17,7 +17,6 @@ from provisioner.checks.ports import Probe, listen_ports, parse_probe_output
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import GroupResult, Pool, fan_out
 from provisioner.remote.commands import script
-from provisioner.runtime import judges as judges_of
 from provisioner.runtime.base import Judges
 
 FACTS_TIMEOUT_S = 60.0
@@ -61,14 +60,14 @@ def gather_facts(
     reachability: bool,
     parallelism: int,
     ray_state: str = "",
-    judges: Judges | None = None,
+    judges: Judges,
 ) -> GroupResult[NodeFacts]:
     """Round 1 on every node at once. `ray_state`: the runtime's state command, run in the
     same round (section `ray_state`), so that `up` asks no node twice; `judges`: the
-    runtime's doctor (its facts section, run in the same round, and its parser; default:
-    the inventory's runtime's); `image_alt`: the pin's ID in Docker's containerd image
+    runtime's doctor (its facts section, run in the same round, and its parser: the given
+    runtime's, `Runtime.judges`); `image_alt`: the pin's ID in Docker's containerd image
     store, asked where `image_ref` is not found."""
-    own = judges if judges is not None else judges_of(inventory.runtime)
+    own = judges
     text = facts_script(own, ray_state)
 
     def one(node: Node) -> NodeFacts:

@@ -30,12 +30,13 @@ from provisioner.doctor.gather import (
     run_probes,
     stop_listeners,
 )
-from provisioner.errors import InputError, ProvisionerError
+from provisioner.errors import ProvisionerError
 from provisioner.gpu.plan import plans_for
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool
-from provisioner.runtime import catalogue, judges, runtime_for
-from provisioner.runtime.base import RayState, Runtime
+from provisioner.runtime import catalogue
+from provisioner.runtime.base import Judges, RayState, Runtime
+from provisioner.runtime.context import ClusterContext
 
 CATALOGUE: dict[str, str] = catalogue()
 """Every check the doctor may report (id -> what it looks at): the shared ones and each
@@ -118,7 +119,7 @@ OWN_RAY_CHECKS = frozenset({"ray.stale", "ports.free", "ports.worker_range"})
 
 
 def explained_by_own_ray(
-    findings: list[Finding], facts: NodeFacts, cluster: str, runtime: str
+    findings: list[Finding], facts: NodeFacts, cluster: str, judges: Judges
 ) -> list[Finding]:
     """Pure: on a node running this cluster's Ray, busy Ray ports are that Ray, not a fault.
 
@@ -126,7 +127,7 @@ def explained_by_own_ray(
     it; `provisioner down` stops it); on any other node they stay errors. The one own-Ray
     waiver: `up` reads these warnings, it does not waive anything itself.
     """
-    if not judges(runtime).own_ray(facts, cluster):
+    if not judges.own_ray(facts, cluster):
         return findings
     return [
         replace(
@@ -146,11 +147,11 @@ def is_waived(f: Finding) -> bool:
     return f.severity == "error" and f.check in OWN_RAY_CHECKS
 
 
-def node_findings(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
-    """Every single-node check (pure)."""
+def node_findings(node: Node, facts: NodeFacts, plan: Plan, judges: Judges) -> list[Finding]:
+    """Every single-node check (pure); `judges`: the runtime's (`Runtime.judges`)."""
     findings = [
         *check_sudo(node, facts, plan),
-        *judges(plan.runtime).node(node, facts, plan),
+        *judges.node(node, facts, plan),
         *check_ports(node, facts, plan),
         *check_neighbours(node, facts, plan),
         *check_stale_ray(node, facts, plan.cluster, plan.shared_nodes),
@@ -173,38 +174,22 @@ def node_findings(node: Node, facts: NodeFacts, plan: Plan) -> list[Finding]:
     return findings
 
 
-def pin_alt_id(inventory: Inventory) -> str:
-    """The pin's ID in Docker's containerd image store, when this machine can tell it (the
-    pin saved here, as a push to such a node leaves it); "" otherwise."""
-    if inventory.image_lock is None:
-        return ""
-    from provisioner.image.pin import read_pin
-    from provisioner.runtime.docker.direct import store_ids
-
-    try:
-        pin = read_pin(inventory.image_lock)
-    except InputError:
-        return ""
-    return next(iter(sorted(store_ids(pin) - {pin.image_id})), "")
-
-
-def read_pin_facts(inventory: Inventory) -> tuple[PinFacts | None, list[Finding]]:
-    if inventory.image_lock is None:
-        return None, []
-    from provisioner.image.pin import read_pin
-
-    try:
-        pin = read_pin(inventory.image_lock)
-    except InputError as exc:
+def pin_facts(context: ClusterContext) -> tuple[PinFacts | None, list[Finding]]:
+    """What the checks need of the pin the command read (a pin that could not be read: a
+    warning, and no pin)."""
+    pin, exc = context.pin, context.pin_error
+    if exc is not None:
         return None, [
             warning(
                 "image.present",
                 "local",
-                f"the image pin {inventory.image_lock} cannot be read: {exc.message}",
+                f"the image pin {context.inventory.image_lock} cannot be read: {exc.message}",
                 "",
                 exc.fix or "",
             )
         ]
+    if pin is None:
+        return None, []
     arch = str(pin.extra.get("architecture", "")) if pin.extra else ""
     cuda = str(pin.extra.get("cuda") or "") if pin.extra else ""
     return PinFacts(pin.image_id, pin.versions.python, pin.versions.ray, arch, cuda), []
@@ -262,7 +247,7 @@ def deep_gpu_check(
 
 
 def run_doctor(
-    inventory: Inventory,
+    context: ClusterContext,
     pool: Pool | None = None,
     report: Reporter = quiet,
     *,
@@ -273,7 +258,8 @@ def run_doctor(
     gpu_deep: bool = False,
     keep_listeners: bool = False,
 ) -> DoctorReport:
-    """Diagnose every node; never raises for a node's failure (it becomes a finding).
+    """Diagnose every node of the context's inventory, with its runtime and pin (given, as
+    the command read and built them); never raises for a node's failure (a finding).
 
     `pool`: SSH sessions to reuse (and leave open), as `up` does; otherwise its own.
     `ray_state`: also ask each node for this cluster's Ray in the same round (for `up`).
@@ -283,8 +269,8 @@ def run_doctor(
     `listeners`, for the caller to end in its own next command on each node (`up`: the
     start), one round trip fewer before Ray starts."""
     started = time.monotonic()
-    runtime = runtime_for(inventory)  # an unknown runtime is refused before any round
-    pin, findings = read_pin_facts(inventory)
+    inventory, runtime = context.inventory, context.runtime
+    pin, findings = pin_facts(context)
     plan = plan_for(
         inventory,
         pin,
@@ -294,7 +280,7 @@ def run_doctor(
         label=runtime.judges.label,
     )
     timings: dict[str, float] = {}
-    alt = pin_alt_id(inventory) if pin else ""
+    alt = runtime.image_alt_id() if pin else ""
     with ExitStack() as stack:
         pool = pool if pool is not None else stack.enter_context(Pool(inventory))
         report(f"gathering facts from {len(inventory.nodes)} node(s)")
@@ -318,11 +304,11 @@ def run_doctor(
                 findings.append(connection_finding(node, group.errors[node.name]))
             else:
                 facts = group.results[node.name]
-                judged = node_findings(node, facts, plan)
-                kept = explained_by_own_ray(judged, facts, inventory.cluster, plan.runtime)
+                judged = node_findings(node, facts, plan, runtime.judges)
+                kept = explained_by_own_ray(judged, facts, inventory.cluster, runtime.judges)
                 waived += [f for f, k in zip(judged, kept, strict=True) if f != k]
                 findings += kept
-        findings += judges(plan.runtime).cluster(group.results, plan)
+        findings += runtime.judges.cluster(group.results, plan)
         findings += check_models(group.results)
         if reachability:
             bound = {name: f.bound_ports for name, f in group.results.items() if f.listener_pid}

@@ -11,13 +11,17 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from provisioner.errors import InputError
 from provisioner.inventory import Inventory
 from provisioner.jobs.client import connect, ray_client_quiet
 from provisioner.remote import Pool
 from provisioner.remote.session import Session
+from provisioner.runtime.context import ClusterContext, cluster_context
+
+if TYPE_CHECKING:
+    from provisioner.runtime.base import Runtime
 
 
 @dataclass
@@ -45,6 +49,17 @@ class Target:
     inventory: Inventory | None = None
     address: str | None = None
     token_path: Path | None = None
+    # the command's context (the CLI's, built once); None: built here on first need
+    context: ClusterContext | None = None
+
+    @property
+    def runtime(self) -> Runtime:
+        """The inventory's runtime, from the command's context (built once)."""
+        if self.inventory is None:
+            raise InputError("no inventory given", "add -i INVENTORY")
+        if self.context is None:
+            self.context = cluster_context(self.inventory, with_pin=False)
+        return self.context.runtime
 
     @property
     def cluster(self) -> str:
@@ -62,7 +77,7 @@ class Target:
                 check_local_listener(url)  # the tunnel checks the head's listener itself
             else:
                 assert self.inventory is not None, "a Target needs an inventory or an address"
-                url = stack.enter_context(tunnel(self.inventory, pool=pool))
+                url = stack.enter_context(tunnel(self.inventory, runtime=self.runtime, pool=pool))
             yield Link(url, connect(url, self.token_path), pool, self.inventory)
 
     @contextmanager

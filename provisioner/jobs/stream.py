@@ -221,11 +221,9 @@ def head_verdict(state: RayState) -> str | None:
 def _head_verdict(target: Target) -> str | None:
     """`head_verdict` of the head's Ray, asked over SSH; None when the head does not
     answer (a link that drops is waited for, up to `give_up_after`)."""
-    from provisioner.runtime import runtime_for
-
     if target.inventory is None:
         return None
-    runtime = runtime_for(target.inventory)
+    runtime = target.runtime
     try:
         with target.ssh() as session:
             facts = session.run(runtime.state_command(), timeout=30)

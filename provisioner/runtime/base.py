@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from provisioner.gpu.plan import GpuPlan
     from provisioner.inventory import Inventory, Node
     from provisioner.remote import Pool, Session
+    from provisioner.runtime.docker.direct import PushOptions
 
 
 @dataclass(frozen=True)
@@ -168,10 +169,18 @@ class Runtime(Protocol):
     stopping: str  # progress line of a stop: "removing the Ray container"
     image_id: str  # the image ID Ray runs in ("": none, Ray runs from the node's own Python)
 
-    def delivery(self) -> Delivery | None:
+    def delivery(self, options: PushOptions | None = None) -> Delivery | None:
         """How the nodes get the image Ray runs (docker: the push of the pin; podman:
         `podman load`); None: nothing to deliver (host: the nodes bring their own Ray).
-        `up` delivers before any start."""
+        `up` delivers before any start. `options`: the push `image push` asks for (its
+        flags; a shape this runtime's delivery does not have is an InputError); None: the
+        way `push` says."""
+        ...
+
+    def image_alt_id(self) -> str:
+        """The pin's ID in another image store the nodes may name it by, when this machine
+        can tell it (docker: the containerd store's, from the pin saved here); "" otherwise.
+        The doctor asks the nodes for it beside the pin's own ID."""
         ...
 
     def state_command(self) -> str:

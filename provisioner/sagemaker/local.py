@@ -9,18 +9,32 @@ when the head's container exits, compose stops the others. Offline by constructi
 - the image is the local variant of the pin (not an ECR URI, so the SDK pulls nothing and
   never logs in to ECR);
 - the channels are local folders (FileSystemDataSource: no S3, so no boto session is made
-  for data; `code` holds the playbook's directory, `checkpoints` is RESULTS/JOB itself, so
-  checkpoints and metrics land here while the job runs, and a checkpoint put there first is
-  continued from, as SageMaker's checkpoint location is);
+  for data; `code` holds the playbook's directory, `checkpoints` a private staging folder
+  of the run's own, so a checkpoint put there first is continued from, as SageMaker's
+  checkpoint location is);
 - telemetry is off through the SDK's own config file (TelemetryOptOut), given with
   SAGEMAKER_USER_CONFIG_OVERRIDE; no AWS credentials are read or passed (the SDK only asks
   boto for them when a channel is in S3 or the image in ECR), and the EC2 metadata service
   is not asked for any (AWS_EC2_METADATA_DISABLED).
 
 Local mode has no /opt/ml/checkpoints sync, hence the `checkpoints` channel
-(PROVISIONER_SM_CHECKPOINT_DIR). The SDK leaves the compose project's containers and its
-`sagemaker-local` network behind; this module takes the project down afterwards, whatever
-happened.
+(PROVISIONER_SM_CHECKPOINT_DIR).
+
+A job's code runs as root over every folder its containers mount, so no folder this
+machine's code writes is ever mounted: RESULTS/JOB is not a channel. What the containers
+write (the checkpoint channel, while the job runs and once more at the end; /opt/ml/model
+at the end) comes home through `bring` (`provisioner.remote.receive`'s rules: no link
+followed, regular files only, bounded, private modes); a container's failure reason is
+read without following a link, at most FAILURE_READ_BYTES; the tool's own files
+(failure, summary.json, the plots) are written with `receive.write_file`. The SDK's own
+copy of /opt/ml/model and /opt/ml/output after the run (`retrieve_artifacts`, a
+`shutil.copytree` that follows links: it would read any file here, or /dev/zero until
+the disk is full) is not run.
+
+Each job gets a Docker network of its own (`sagemaker-local-JOB`; the SDK names every
+job's `sagemaker-local`), so no other local job's containers reach its Ray. The SDK leaves
+the compose project's containers and network behind; this module takes the project down
+afterwards, whatever happened.
 """
 
 from __future__ import annotations
@@ -30,6 +44,7 @@ import io
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import time
@@ -41,20 +56,26 @@ from typing import Any
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError, PrerequisiteError
 from provisioner.image.pin import read_pin
-from provisioner.jobs.plots import plot_results
+from provisioner.jobs.plots import SCALING_PNG, TRAINING_PNG, scaling_plot, training_plot
 from provisioner.jobs.resume import SEEDS, find_source
 from provisioner.jobs.spec import job_id_for
 from provisioner.jobs.tables import read_json
 from provisioner.jobs.upload import sendable_files
-from provisioner.sagemaker import plan
+from provisioner.remote.receive import write_file
+from provisioner.sagemaker import bring, plan
 from provisioner.sagemaker.container import contract
 from provisioner.sagemaker.image import ensure_image
 
 COMPOSE_FILE = "docker-compose.yaml"
+SDK_NETWORK = "sagemaker-local"  # the network the SDK's compose file names
 CHECKPOINTS_CHANNEL = "checkpoints"
 LOG_FILE = "sagemaker.log"  # what the SDK and compose printed (every container's output)
 OBJECT_STORE_BYTES = 256 * 1024 * 1024  # per container; docker's /dev/shm is 64 MiB
 DOWN_TIMEOUT_S = 120
+FAILURE_READ_BYTES = 4 * contract.FAILURE_BYTES  # of each container's failure file
+# the tool's own names in RESULTS/JOB: what the checkpoint channel holds by these names
+# stays there
+OWN_NAMES = (LOG_FILE, contract.FAILURE_FILE, "model")
 
 
 @dataclass(frozen=True)
@@ -216,9 +237,20 @@ def stage_code(playbook: Path, code: Path) -> None:
         shutil.copy2(path, code / rel)
 
 
+def make_token(root: Path) -> Path:
+    """The job's own Ray token: a folder (0700) holding `token` (0600, random), mounted in
+    every container as the `auth` channel; Ray reads it by path, so it is in no variable,
+    command line or log (see container/train.py)."""
+    auth = root / contract.AUTH_CHANNEL
+    auth.mkdir(mode=0o700)
+    write_file(auth, contract.TOKEN_FILE, secrets.token_hex(32).encode())
+    return auth
+
+
 def seed_resume(value: str, results_root: Path, home: Path) -> str:
-    """Put the checkpoint to continue from (and its run's metrics) into RESULTS/JOB, the
-    checkpoint channel, where the entry point finds it."""
+    """Put the checkpoint to continue from (and its run's metrics) into `home`, the
+    checkpoint channel's folder (before any container mounts it), where the entry point
+    finds it."""
     source = find_source(value, results_root)
     shutil.copytree(source.checkpoint, home / "checkpoints" / _iter_name(source.checkpoint))
     if source.results is not None:
@@ -252,16 +284,74 @@ def compose_down(cmd: list[str], root: Path) -> None:
 
 
 def failures(root: Path, hosts: int) -> str | None:
-    """The failure reasons the containers wrote, head first."""
+    """The failure reasons the containers wrote, head first (a link is not followed, and
+    at most FAILURE_READ_BYTES of each are read)."""
     found = []
     for i in range(1, hosts + 1):
-        for path in (root / f"algo-{i}" / "output" / contract.FAILURE_FILE,):
-            if path.is_file():
-                found.append(f"algo-{i}: {path.read_text(errors='replace').strip()}")
-    out = root / "artifacts" / "output" / contract.FAILURE_FILE
-    if not found and out.is_file():
-        found.append(out.read_text(errors="replace").strip())
+        text = bring.read_bounded(
+            root / f"algo-{i}" / "output" / contract.FAILURE_FILE, FAILURE_READ_BYTES
+        )
+        if text is not None:
+            found.append(f"algo-{i}: {text.strip()}")
     return "\n".join(found) or None
+
+
+def channel_skip(parts: tuple[str, ...]) -> bool:
+    """Names of the checkpoint channel that do not come home: files still being written
+    (`.tmp*`), and the tool's own names at the top."""
+    return any(p.startswith(".tmp") for p in parts) or (len(parts) == 1 and parts[0] in OWN_NAMES)
+
+
+def network_name(job_id: str) -> str:
+    """The job's own Docker network (the SDK names every job's `sagemaker-local`)."""
+    return f"{SDK_NETWORK}-{job_id}"
+
+
+def own_network(content: dict[str, Any], network: str) -> bool:
+    """Pure: the SDK's compose content with its shared network renamed to `network` (the
+    services keep the key `sagemaker-local`, so their host-name aliases stay); whether it
+    had that network."""
+    found = content.get("networks", {}).get(SDK_NETWORK)
+    if not isinstance(found, dict):
+        return False
+    found["name"] = network
+    return True
+
+
+@contextlib.contextmanager
+def sdk_patched(network: str) -> Iterator[None]:
+    """Two steps of the SDK's local mode changed while a job runs:
+
+    - its compose file names the job's own network, not the `sagemaker-local` every
+      local-mode job shares, so no other job's containers reach this one's Ray;
+    - its `retrieve_artifacts` (after compose exits) is not run: it copies every
+      container's /opt/ml/model and /opt/ml/output with `shutil.copytree`, following the
+      links a job left there; what it would copy comes home through `bring` instead."""
+    import yaml
+    from sagemaker.train.local.local_container import _LocalContainer
+
+    saved = {
+        k: _LocalContainer.__dict__[k] for k in ("retrieve_artifacts", "_generate_compose_file")
+    }
+    generate = saved["_generate_compose_file"]
+
+    def artifacts_path(self: Any, compose_data: dict[str, Any]) -> str:
+        return os.path.join(self.container_root, "artifacts")
+
+    def compose_file(self: Any, environment: dict[str, str], volumes: list[str]) -> Any:
+        content = generate(self, environment, volumes)
+        if own_network(content, network):
+            path = Path(self.container_root) / COMPOSE_FILE
+            path.write_text(yaml.dump(content, default_flow_style=False))
+        return content
+
+    setattr(_LocalContainer, "retrieve_artifacts", artifacts_path)  # noqa: B010
+    setattr(_LocalContainer, "_generate_compose_file", compose_file)  # noqa: B010
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(_LocalContainer, name, value)
 
 
 def run_local(opts: RunOptions, report: Reporter = quiet) -> RunResult:
@@ -281,7 +371,14 @@ def run_local(opts: RunOptions, report: Reporter = quiet) -> RunResult:
     code = root / "code"
     code.mkdir()
     stage_code(opts.playbook.resolve(), code)
-    resumed = seed_resume(opts.resume, opts.results_root, home) if opts.resume else None
+    # the checkpoint channel: the run's own folder, never RESULTS/JOB (see the top)
+    staging = root / CHECKPOINTS_CHANNEL
+    staging.mkdir(mode=0o700)
+    resumed = seed_resume(opts.resume, opts.results_root, staging) if opts.resume else None
+    auth = make_token(root)
+    where = f"SageMaker job {job_id}'s containers"
+    channel = bring.Sync(staging, home, "a job's results", where, skip=channel_skip)
+    model = bring.Sync(root / "model", home / "model", "a job's model", where)
     env = {
         contract.CHECKPOINT_DIR_ENV: str(contract.DATA_DIR / CHECKPOINTS_CHANNEL),
         "PROVISIONER_SM_OBJECT_STORE_BYTES": str(OBJECT_STORE_BYTES),
@@ -306,12 +403,17 @@ def run_local(opts: RunOptions, report: Reporter = quiet) -> RunResult:
                 local_container_root=str(root),
             )
             report(f"job {job_id}: {opts.instance_count} x {opts.instance_type}, image {image.tag}")
-            with contextlib.redirect_stdout(_Lines(log, report)):
+            with (
+                contextlib.redirect_stdout(_Lines(log, report)),
+                sdk_patched(network_name(job_id)),
+                bring.Background([channel]),
+            ):
                 try:
                     trainer.train(
                         input_data_config=[
                             InputData(channel_name=contract.CODE_CHANNEL, data_source=str(code)),
-                            InputData(channel_name=CHECKPOINTS_CHANNEL, data_source=str(home)),
+                            InputData(channel_name=CHECKPOINTS_CHANNEL, data_source=str(staging)),
+                            InputData(channel_name=contract.AUTH_CHANNEL, data_source=str(auth)),
                         ],
                         wait=True,
                         logs=True,
@@ -321,12 +423,18 @@ def run_local(opts: RunOptions, report: Reporter = quiet) -> RunResult:
     finally:
         compose_down(compose, root)
     seconds = time.monotonic() - started
-    model = root / "artifacts" / "model"
-    if model.is_dir() and any(model.iterdir()):
-        shutil.copytree(model, home / "model", dirs_exist_ok=True)
-    if failure is not None:
-        (home / contract.FAILURE_FILE).write_text(failure + "\n")
-    shutil.rmtree(root, ignore_errors=True)
+    try:  # the containers are gone: the last of the channel, and the model, come home
+        channel.once()
+        model.once()
+        for sync in (channel, model):
+            for name in sorted(sync.skipped):
+                report(f"left out {name}: not a regular file or directory (a link?)")
+            for line in sync.refused:
+                report(f"left out {line}")
+        if failure is not None:
+            write_file(home, contract.FAILURE_FILE, (failure + "\n").encode())
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # the token with it
     return _finish(opts, job_id, home, image.tag, seconds, failure, resumed)
 
 
@@ -352,9 +460,9 @@ def _finish(
         # what is billed (every instance for the whole job), in place of the container's
         # own node-hours of training
         summary["cost"] = plan.comparable_cost(summary["sagemaker"])
-        (home / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_file(home, "summary.json", json.dumps(summary, indent=1).encode())
     with contextlib.suppress(Exception):
-        plot_results(home)
+        plots(home)
     files = sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file())
     return RunResult(
         job_id=job_id,
@@ -367,6 +475,21 @@ def _finish(
         files=files,
         resumed_from=resumed,
     )
+
+
+def plots(home: Path) -> None:
+    """training.png (and scaling.png) from the metrics home, drawn in a private folder and
+    written with `write_file`."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for csv_name, png, draw in (
+            ("metrics.csv", TRAINING_PNG, training_plot),
+            ("scaling.csv", SCALING_PNG, scaling_plot),
+        ):
+            if (home / csv_name).is_file():
+                out = draw(home / csv_name, Path(tmp) / png)
+                write_file(home, png, out.read_bytes())
 
 
 def require_ok(result: RunResult) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from provisioner.errors import InputError
 from provisioner.image.pin import read_pin
 from provisioner.sagemaker import plan
+from provisioner.sagemaker.container import contract
 from provisioner.sagemaker.image import context_files, tag_for
 
 ACCOUNT = "<ACCOUNT_ID>"
@@ -70,8 +71,10 @@ def image_uri(account: str, region: str, tag: str) -> str:
     return f"{account}.dkr.ecr.{region}.amazonaws.com/{tag}"
 
 
-def push_script(tag: str, account: str, region: str, code_s3: str) -> str:
-    """Shell commands: the image to ECR and the code to S3 (pure)."""
+def push_script(tag: str, account: str, region: str, code_s3: str, auth_s3: str = "") -> str:
+    """Shell commands: the image to ECR, the code to S3, and a new Ray token for the job
+    (the `auth` channel's `token`: made from /dev/urandom and piped to S3, never on disk
+    here, on a command line or printed) (pure)."""
     repo, _, version = tag.partition(":")
     registry = f"{account}.dkr.ecr.{region}.amazonaws.com"
     return f"""#!/bin/sh
@@ -88,6 +91,8 @@ aws ecr get-login-password --region {region} \\
 docker tag {tag} {registry}/{repo}:{version}
 docker push {registry}/{repo}:{version}
 aws s3 sync --delete code/ {code_s3}
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' \\
+  | aws s3 cp --only-show-errors - {auth_s3}token
 """
 
 
@@ -122,7 +127,12 @@ trainer = ModelTrainer(
     output_data_config=OutputDataConfig(s3_output_path={s["output_s3"]}),
     stopping_condition=StoppingCondition(max_runtime_in_seconds={s["max_run_s"]}),
 )
-trainer.train(input_data_config=[InputData(channel_name="code", data_source={s["code_s3"]})])
+trainer.train(
+    input_data_config=[
+        InputData(channel_name="code", data_source={s["code_s3"]}),
+        InputData(channel_name="auth", data_source={s["auth_s3"]}),
+    ]
+)
 '''
 
 
@@ -160,7 +170,10 @@ def request_of(settings: dict[str, Any]) -> dict[str, Any]:
             stopping_condition=StoppingCondition(max_runtime_in_seconds=settings["max_run_s"]),
         )
         request = trainer._create_training_job_args(
-            input_data_config=[InputData(channel_name="code", data_source=settings["code_s3"])],
+            input_data_config=[
+                InputData(channel_name="code", data_source=settings["code_s3"]),
+                InputData(channel_name=contract.AUTH_CHANNEL, data_source=settings["auth_s3"]),
+            ],
             boto3=True,
         )
     return dict(request)
@@ -186,6 +199,7 @@ def render(opts: RenderOptions) -> Rendered:
         "checkpoint_s3": f"{prefix}/checkpoints/",
         "output_s3": f"{prefix}/output/",
         "code_s3": f"{prefix}/code/",
+        "auth_s3": f"{prefix}/auth/",
         "max_run_s": opts.max_run_s,
     }
     request = request_of(settings)
@@ -197,7 +211,9 @@ def render(opts: RenderOptions) -> Rendered:
     from provisioner.sagemaker.local import stage_code
 
     stage_code(opts.playbook.resolve(), code)
-    (out / "push.sh").write_text(push_script(tag, opts.account, opts.region, settings["code_s3"]))
+    (out / "push.sh").write_text(
+        push_script(tag, opts.account, opts.region, settings["code_s3"], settings["auth_s3"])
+    )
     (out / "push.sh").chmod(0o755)
     (out / "train_job.py").write_text(trainer_script(settings))
     (out / "create-training-job.json").write_text(json.dumps(request, indent=2) + "\n")

@@ -79,6 +79,7 @@ def test_a_hostile_results_directory_comes_home_bounded_and_without_its_links(
         assert "root:" in on_node(head, f"cat {remote}/etc/passwd")
         sizes = on_node(head, f"stat -c %s {remote}/huge.bin; du -k {remote}/huge.bin").split()
         assert int(sizes[0]) == 4 * 2**40 and int(sizes[1]) < 1024, sizes
+        s.saw(links=["keys", "ssh/", "etc/passwd"], tib=int(sizes[0]) // 2**40)
         keys_before = on_node(head, f"sha256sum {keys}")
 
         results = tmp_path / "r"
@@ -88,33 +89,39 @@ def test_a_hostile_results_directory_comes_home_bounded_and_without_its_links(
         # what the pull wrote here (staging folders included): the disk's free space is
         # shared with other work on this machine, so it is measured, not asserted
         written = sum(p.lstat().st_blocks * 512 for p in results.rglob("*"))
-        assert got.code == 1, (got.stdout + got.stderr)[-3000:]
+        s.expect("pulled", got.code, 1, (got.stdout + got.stderr)[-3000:])
         transfer = json.loads(got.stdout)["transfer"]
         (refused,) = transfer["files_refused"]
         assert refused.startswith("huge.bin: ") and "PROVISIONER_PULL_MAX_BYTES" in refused
+        s.saw(refused=refused.split(":")[0])
         came = {p.relative_to(results / job).as_posix() for p in (results / job).rglob("*")}
-        assert {"metrics.csv", "summary.json", "sub/plain.txt"} <= came, came
-        assert not came & {"huge.bin", "ssh", "keys", "etc", "job-status.json"}, came
+        home = {"metrics.csv", "summary.json", "sub/plain.txt"}
+        assert home <= came, came
+        s.saw(home=sorted(home))
+        s.expect("came", sorted(came & {"huge.bin", "ssh", "keys", "etc", "job-status.json"}), [])
         assert not any(("/" in c and c.split("/")[0] in ("ssh", "etc")) for c in came), came
         for path in (results / job).rglob("*"):
             assert (not path.is_symlink() and stat.S_ISREG(path.lstat().st_mode)) or path.is_dir()
-        assert written < 2**20, written  # a few small files, nothing of the 4 TiB
+        s.expect("under_1mib", written < 2**20, True, str(written))  # nothing of the 4 TiB
 
         down = cli("down", "-i", inv, "--yes", "--no-logs", "--results", str(tmp_path / "d"))
-        assert down.code == 0, (down.stdout + down.stderr)[-3000:]
-        assert on_node(head, f"sha256sum {keys}") == keys_before
+        s.expect("down", down.code, 0, (down.stdout + down.stderr)[-3000:])
+        s.expect("keys_same", on_node(head, f"sha256sum {keys}") == keys_before, True)
         status = on_node(head, f"stat -c %F {remote}/job-status.json; cat {remote}/job-status.json")
         assert status.startswith("regular file") and '"by": "down"' in status, status
+        s.saw(status="regular file")
         assert "ssh-" in on_node(head, f"cat {keys}")
         s.observed = (
-            "jobs results exit 1, huge.bin refused by name with the PROVISIONER_PULL_MAX_BYTES "
-            "fix; metrics.csv, summary.json, sub/plain.txt home; no link or its target came "
-            "(each link read its secret on the head); under 1 MiB written here; "
-            "down --yes exit 0: authorized_keys' sha256 unchanged, job-status.json a regular file"
+            "positive controls on the head: the links {links} each read their target, "
+            "huge.bin {tib} TiB; jobs results exit {pulled}, {refused} refused by name with "
+            "the PROVISIONER_PULL_MAX_BYTES fix; {home} home; of the links and huge.bin, "
+            "[{came}] came; under 1 MiB written here: {under_1mib}; down --yes exit {down}: "
+            "authorized_keys' sha256 unchanged: {keys_same}, job-status.json a {status}"
         )
+        s.measure(written=written, freed=before - after)
         s.measured = (
-            f"{written} bytes written here; this disk's free space changed by "
-            f"{before - after} bytes meanwhile (shared with other work)"
+            "{written} bytes written here; this disk's free space changed by {freed} bytes "
+            "meanwhile (shared with other work)"
         )
     again = cli("up", "-i", inv, "--json")
     assert again.code == 0, again.stderr[-3000:]

@@ -23,9 +23,11 @@ from provisioner.cli import run
 from provisioner.cluster import read_token, tunnel
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
+from provisioner.lab.config import LabNode
 from provisioner.lab.nodes import LabInfo
 from provisioner.node.token import ray_container
 from provisioner.runtime import runtime_for
+from provisioner.runtime.context import cluster_context
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -78,11 +80,27 @@ def test_up_from_nothing_then_second_up_changes_nothing(inventory: str, lab: Lab
     assert code == 0 and second["started"] == [] and second["changed"] is False
 
 
-def test_dead_worker_is_restarted_alone(inventory: str, lab: LabInfo) -> None:
+def container_started(lab: LabInfo, node: LabNode, container: str) -> tuple[str, str]:
+    """The node's Ray container as its Docker tells it: (its ID, when it started)."""
     from tests.e2e.helpers import ssh
 
-    worker = lab.nodes[2]
-    gone = ssh(lab, worker, "docker rm -f " + ray_container(load_inventory(Path(inventory))))
+    seen = ssh(lab, node, f"docker inspect -f '{{{{.Id}}}} {{{{.State.StartedAt}}}}' {container}")
+    assert seen.returncode == 0, (node.name, seen.stderr)
+    cid, started = seen.stdout.split()
+    return cid, started
+
+
+def test_dead_worker_is_restarted_alone(inventory: str, lab: LabInfo) -> None:
+    from provisioner.cluster import headprobe
+    from provisioner.remote import Pool
+    from tests.e2e.helpers import ssh
+
+    assert cli_json("up", "-i", inventory)[0] == 0  # idempotent: the cluster up, all of it
+    inv = load_inventory(Path(inventory))
+    container = ray_container(inv)  # named by the cluster's id, which `up` wrote
+    worker, others = lab.nodes[2], lab.nodes[:2]
+    before = {n.name: container_started(lab, n, container) for n in lab.nodes}
+    gone = ssh(lab, worker, "docker rm -f " + container)
     assert gone.returncode == 0, gone.stderr  # the container was there, and is removed
     code, st = cli_json("status", "-i", inventory)
     assert code == 1
@@ -90,6 +108,31 @@ def test_dead_worker_is_restarted_alone(inventory: str, lab: LabInfo) -> None:
     assert dead["container"] == "absent" and not dead["ray_alive"]
     code, again = cli_json("up", "-i", inventory)
     assert code == 0 and again["started"] == [worker.name]
+    # on the worker: a new Ray container, running, with a raylet in it
+    new_id, _ = container_started(lab, worker, container)
+    assert new_id != before[worker.name][0]
+    running = ssh(lab, worker, f"docker inspect -f '{{{{.State.Running}}}}' {container}")
+    assert running.stdout.strip() == "true", running.stdout + running.stderr
+    raylet = ssh(lab, worker, f"docker exec {container} pgrep -f raylet")
+    assert raylet.returncode == 0 and raylet.stdout.split(), raylet.stderr
+    # the other nodes' containers are the same ones, never restarted
+    for node in others:
+        assert container_started(lab, node, container) == before[node.name], node.name
+    # the cluster sees the worker: the GCS lists it alive, and a task pinned to it runs there
+    # (the removed raylet left without a goodbye: the GCS lists it alive beside the new one
+    # until its health checks fail; wait for that, to a deadline)
+    with Pool(inv) as pool:
+        session = pool.session(inv.head)
+        deadline = time.monotonic() + 120
+        while True:
+            listed = headprobe.gcs_nodes(session, runtime_for(inv))
+            alive = [n for n in listed if n.alive and n.ip == worker.address]
+            if len(alive) == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert len(alive) == 1, listed
+        placed = headprobe.placement(session, runtime_for(inv), [alive[0].node_id])
+    assert [(p["ok"], p.get("ran_on")) for p in placed] == [(True, worker.address)], placed
 
 
 # Every executable of the node's usual PATH linked into one directory, minus Python: a
@@ -201,7 +244,7 @@ def test_up_and_status_through_a_jump_host(inventory: str, lab: LabInfo, tmp_pat
 
 def test_jobs_api_needs_the_token(inventory: str) -> None:
     inv = load_inventory(Path(inventory))
-    with tunnel(inv) as url:
+    with tunnel(inv, runtime=cluster_context(inv, with_pin=False).runtime) as url:
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"{url}/api/jobs/", timeout=10)
         assert refused.value.code in (401, 403)
@@ -216,16 +259,56 @@ def test_token_not_in_json_or_ps(inventory: str, lab: LabInfo) -> None:
     from tests.e2e.helpers import ssh
 
     secret = read_token(load_inventory(Path(inventory)))
-    _, text = cli("status", "-i", inventory, "--json")
+    assert cli_json("up", "-i", inventory)[0] == 0  # idempotent: Ray on every node
+    code, text = cli("status", "-i", inventory, "--json")
+    assert code == 0 and json.loads(text)["alive_nodes"] == 3  # Ray runs on every node
     assert secret not in text
-    assert secret not in ssh(lab, lab.nodes[0], "ps auxww").stdout
+    for node in lab.nodes:
+        ps = ssh(lab, node, "ps auxww").stdout
+        # positive control: this `ps` shows Ray's own processes and their command lines
+        assert "raylet" in ps and "node_manager_port" in ps, (node.name, ps[-2000:])
+        if node == lab.nodes[0]:
+            assert "gcs_server" in ps, ps[-2000:]
+        assert secret not in ps, node.name
 
 
-def test_down_collects_logs_and_frees_ports(inventory: str, tmp_path: Path) -> None:
+LISTENING = "cat /proc/net/tcp /proc/net/tcp6"  # every TCP socket of the node's network
+
+
+def listening(lab: LabInfo, node: LabNode) -> set[int]:
+    """The TCP ports a node listens on, read from its kernel's socket tables (not `ss`,
+    which the tool's own check uses): state 0A is LISTEN."""
+    from tests.e2e.helpers import ssh
+
+    tables = ssh(lab, node, LISTENING)
+    assert tables.returncode == 0, tables.stderr
+    ports = set()
+    for line in tables.stdout.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[3] == "0A" and ":" in fields[1]:
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_down_collects_logs_and_frees_ports(inventory: str, lab: LabInfo, tmp_path: Path) -> None:
+    inv = load_inventory(Path(inventory))
+    ray = inv.ports.all_ports()
+    code, up = cli_json("up", "-i", inventory)  # idempotent: a cluster to take down
+    assert code == 0, up
+    # positive control: while the cluster is up, each node listens on Ray's ports there
+    held = {n.name: listening(lab, n) & ray for n in lab.nodes}
+    head = inv.ports
+    assert {head.gcs, head.node_manager, head.object_manager} <= held[lab.nodes[0].name], held
+    for node in lab.nodes[1:]:
+        assert {head.node_manager, head.object_manager} <= held[node.name], held
     code, result = cli_json("down", "-i", inventory, "-o", str(tmp_path / "logs"))
     assert code == 0 and result["ok"] and result["ports_busy"] == {}
-    for node in load_inventory(Path(inventory)).nodes:
-        assert (tmp_path / "logs" / node.name / "ray" / "raylet.out").exists()
+    # on each node, none of Ray's ports (the worker range included) listens any more
+    assert {n.name: listening(lab, n) & ray for n in lab.nodes} == {
+        n.name: set() for n in lab.nodes
+    }
+    for member in inv.nodes:
+        assert (tmp_path / "logs" / member.name / "ray" / "raylet.out").exists()
     code, st = cli_json("status", "-i", inventory)
     assert code == 1 and st["alive_nodes"] == 0
     assert all(n["container"] == "absent" for n in st["nodes"])
@@ -267,7 +350,9 @@ def test_doctor_listeners_left_for_up_end_and_nothing_else_does(
     inv = load_inventory(Path(inventory))
     head = lab.nodes[0]
     with Pool(inv) as pool:
-        report = run_doctor(inv, pool, ray_state=True, keep_listeners=True)
+        report = run_doctor(
+            cluster_context(inv, lenient_pin=True), pool, ray_state=True, keep_listeners=True
+        )
         try:
             assert report.round_trips == 2
             # positive control: every node still runs the listener the report names
@@ -286,7 +371,9 @@ def test_doctor_listeners_left_for_up_end_and_nothing_else_does(
             # the listener itself ends by the same command
             pid = report.listeners[head.name]
             assert ssh(lab, head, stop_listener_command(pid)).returncode == 0
-            time.sleep(0.5)
+            deadline = time.monotonic() + 30  # until the process is gone, or the deadline
+            while head.name in doctor_listeners(lab) and time.monotonic() < deadline:
+                time.sleep(0.2)
             assert head.name not in doctor_listeners(lab)
         finally:
             stop_listeners(pool, inv, report.listeners)

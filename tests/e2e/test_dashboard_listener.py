@@ -103,7 +103,7 @@ def test_a_stranger_listening_where_the_dashboard_should_gets_no_token(
         up = cli("up", "-i", inv, "--json")
         assert up.code == 0, up.stderr[-3000:]
         owner = on_node(head, f"grep '0100007F:{port:04X} 00000000:0000 0A' /proc/net/tcp")
-        assert owner.split()[7] == "0", owner  # the real dashboard: root, in the container
+        s.expect("owner", owner.split()[7], "0", owner)  # the real dashboard: root's
         ran = cli(
             "submit",
             "-i",
@@ -114,12 +114,20 @@ def test_a_stranger_listening_where_the_dashboard_should_gets_no_token(
             str(book / "hello.py"),
         )
         assert ran.code == 0 and "the real dashboard ran this" in ran.text, ran.text[-3000:]
+        s.saw(ran=ran.code)
 
         down = cli("down", "-i", inv, "--yes", "--no-logs", "--results", str(tmp_path / "d"))
         assert down.code == 0, down.text[-3000:]
         own_uid = int(on_node(head, f"id -u {head.user}"))
         got = {uid: refused(inv, head, port, uid, book) for uid in (0, STRANGER, own_uid)}
         assert got == {0: "", STRANGER: "", own_uid: ""}, got  # not one request, no token
+        # (refused() asserted each: jobs list and submit exit 1, NotThisCluster, the uid)
+        s.saw(
+            listeners=["root", "another user", "the SSH user"],
+            exit=1,
+            kind="NotThisCluster",
+            requests=sum(len(v) for v in got.values()),
+        )
 
         # positive control: the same recorder where this cluster's Ray would run (a
         # container with its name and id label, the node's network) does get the token
@@ -139,14 +147,20 @@ def test_a_stranger_listening_where_the_dashboard_should_gets_no_token(
             seen = on_node(head, f"cat {own}")
         finally:
             on_node(head, f"docker rm -f {name} >/dev/null")
-        assert f"Authorization: Bearer {token}" in seen, (seen[:300], labelled.text[-2000:])
-        s.observed = (
-            "the real dashboard's socket is root's and the job it was sent ran (exit 0); with "
-            "the recorder on the port as root, as another user and as the SSH user: jobs list "
-            "and submit exit 1, error NotThisCluster naming its uid, the recorder got no "
-            "request; the same recorder in a container named and labelled as this cluster's "
-            "got the bearer token (positive control)"
+        s.expect(
+            "bearer",
+            f"Authorization: Bearer {token}" in seen,
+            True,
+            seen[:300] + labelled.text[-2000:],
         )
-        s.measured = f"dashboard port {port}, uids 0, {STRANGER}, {own_uid}"
+        s.observed = (
+            "the real dashboard's socket is uid {owner}'s and the job it was sent ran (exit "
+            "{ran}); with the recorder on the port as {listeners}: jobs list and submit exit "
+            "{exit}, error {kind} naming its uid, the recorder got {requests} bytes of "
+            "request; the same recorder in a container named and labelled as this cluster's "
+            "got the bearer token (positive control): {bearer}"
+        )
+        s.measure(port=port, uids=[0, STRANGER, own_uid])
+        s.measured = "dashboard port {port}, uids {uids}"
     again = cli("up", "-i", inv, "--json")
     assert again.code == 0, again.stderr[-3000:]

@@ -24,6 +24,7 @@ from provisioner.lab.config import LabNode
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.flavours import FLAVOURS
 from provisioner.lab.nodes import LabInfo
+from provisioner.runtime.context import cluster_context
 from tests.cli import cli
 from tests.e2e.faults.record import scenario
 
@@ -35,7 +36,7 @@ def sh(node: LabNode, script: str) -> str:
 
 
 def doctor(inventory: Path) -> DoctorReport:
-    return run_doctor(load_inventory(inventory))
+    return run_doctor(cluster_context(load_inventory(inventory), lenient_pin=True))
 
 
 def errors_by_host(report: DoctorReport) -> dict[str, set[str]]:
@@ -182,23 +183,32 @@ def test_clock_off_on_one_node_is_named(lab: LabInfo) -> None:
         finally:
             faults.unclock(lab, worker)
         warned = {f.host: f for f in report.findings if f.check == "clock.offset"}
-        assert {h for h, f in warned.items() if f.severity != "ok"} == {worker.name}, warned
+        flagged = {h for h, f in warned.items() if f.severity != "ok"}
+        assert flagged == {worker.name}, warned
+        s.saw(flagged=len(flagged), checked=len(warned))
         finding = warned[worker.name]
-        assert finding.severity == "warning" and "ahead of" in finding.message, finding
+        s.expect("severity", finding.severity, "warning", str(finding))
+        s.expect("ahead", "ahead of" in finding.message, True, str(finding))
         said = re.search(r"offset ([+-][\d.]+)s", finding.evidence)
         assert said is not None, finding.evidence
         offset = float(said.group(1))
-        assert 295 < offset < 305, finding.evidence
-        assert "chrony" in finding.fix
-        assert not report.errors, report.errors
+        s.expect("near_300", 295 < offset < 305, True, finding.evidence)
+        s.expect("chrony", "chrony" in finding.fix, True, finding.fix)
+        s.expect("errors", len(report.errors), 0, str(report.errors))
         after = doctor(lab.inventory)
-        assert {f.severity for f in after.findings if f.check == "clock.offset"} == {"ok"}
-        s.observed = (
-            "the doctor's `clock.offset` warns on that node alone (its clock so many seconds "
-            "ahead of this machine's, the offset within 5 s of 300 ± its bound as evidence, the "
-            "fix: time synchronisation), no error; once undone, every node's clock agrees"
+        s.expect(
+            "after",
+            sorted({f.severity for f in after.findings if f.check == "clock.offset"}),
+            ["ok"],
         )
-        s.measured = f"offset {offset:+.3f} s measured; doctor {report.elapsed_s:.1f} s"
+        s.observed = (
+            "the doctor's `clock.offset` not ok on {flagged} of {checked} nodes, that worker: "
+            "severity {severity}, its message saying ahead of: {ahead}, the offset in its "
+            "evidence within 5 s of 300: {near_300}, the fix naming chrony: {chrony}; "
+            "{errors} errors; once undone, every node's `clock.offset`: {after}"
+        )
+        s.measure(offset=offset, doctor=report.elapsed_s)
+        s.measured = "offset {offset:+.3f} s measured; doctor {doctor:.1f} s"
 
 
 def test_ray_only_in_login_shell(lab: LabInfo, tmp_path: Path) -> None:
@@ -261,13 +271,15 @@ def test_unknown_host_keys_refused_then_recorded_with_accept_new(
 ) -> None:
     fresh = tmp_path / "known_hosts"
     strict = edited_inventory(lab, tmp_path, known_hosts=str(fresh))
-    report = run_doctor(load_inventory(strict), reachability=False)
+    report = run_doctor(
+        cluster_context(load_inventory(strict), lenient_pin=True), reachability=False
+    )
     assert {f.host for f in report.errors if f.check == "ssh.hostkey"} == {
         n.name for n in lab.nodes
     }
     assert not fresh.exists()
     tofu = edited_inventory(lab, tmp_path, known_hosts=str(fresh), host_key_policy="accept-new")
-    report = run_doctor(load_inventory(tofu), reachability=False)
+    report = run_doctor(cluster_context(load_inventory(tofu), lenient_pin=True), reachability=False)
     assert report.errors == []
     recorded = fresh.read_text().splitlines()
     assert {line.split()[0] for line in recorded} == {n.address for n in lab.nodes}
@@ -277,7 +289,9 @@ def test_wrong_key_is_an_auth_error(lab: LabInfo, tmp_path: Path) -> None:
     key = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     inventory = edited_inventory(lab, tmp_path, key=str(key))
-    report = run_doctor(load_inventory(inventory), reachability=False)
+    report = run_doctor(
+        cluster_context(load_inventory(inventory), lenient_pin=True), reachability=False
+    )
     assert {f.host for f in report.errors} == {n.name for n in lab.nodes}
     assert {f.check for f in report.errors} == {"ssh.auth"}
     assert str(key) in report.errors[0].fix
@@ -288,7 +302,9 @@ def test_hung_sshd_is_bounded(lab: LabInfo, tmp_path: Path) -> None:
     inventory = edited_inventory(lab, tmp_path, connect_timeout=2)
     faults.hang(lab, worker)
     try:
-        report = run_doctor(load_inventory(inventory), reachability=False)
+        report = run_doctor(
+            cluster_context(load_inventory(inventory), lenient_pin=True), reachability=False
+        )
     finally:
         faults.unhang(lab, worker)
     assert errors_by_host(report) == {worker.name: {"ssh.connect"}}
@@ -356,7 +372,9 @@ def test_every_node_check_faulted_in_one_doctor_run(lab: LabInfo, tmp_path: Path
             (two, "small-tmp"),
             (two, "other-source"),
         ):
-            report = run_doctor(load_inventory(path), ray_up=True)
+            report = run_doctor(
+                cluster_context(load_inventory(path), lenient_pin=True), ray_up=True
+            )
     finally:
         faults.release(lab, head, worker_port)
     found: dict[tuple[str, str], set[str]] = {}

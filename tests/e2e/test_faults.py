@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -164,26 +165,29 @@ def test_changed_host_key_is_refused_by_push_and_up(inv: str, lab: LabInfo) -> N
             with new_host_keys(worker):
                 push = cli("image", "push", "-i", inv, "--json")
                 up = cli("up", "-i", inv, "--json")
-            assert push.code == 1, push.stderr[-2000:]
+            s.expect("push_exit", push.code, 1, push.stderr[-2000:])
             doc = push.json()
             assert [e["host"] for e in doc["errors"]] == [worker.name], doc["errors"]
             fix = doc["errors"][0]["fix"]
             exact = f"ssh-keygen -f {lab.known_hosts} -R {worker.address}"
             assert exact in fix, fix
             assert {n["host"] for n in doc["nodes"]} == {n.name for n in lab.nodes[:2]}
-            assert image_on(worker, CLUSTER_TAG) == ""  # nothing ran there
-            assert up.code == 1 and up.json()["stopped_by"] == "doctor", up.stderr[-2000:]
+            s.expect("tag_there", image_on(worker, CLUSTER_TAG), "")  # nothing ran there
+            s.expect("up_exit", up.code, 1, up.stderr[-2000:])
+            s.expect("stopped_by", up.json()["stopped_by"], "doctor")
             blocking = up.json()["doctor"]["blocking"]
             assert {f["host"] for f in blocking} == {worker.name}, blocking
             assert any(f["check"] == "ssh.hostkey" and exact in f["fix"] for f in blocking)
-            assert all(container_state(lab, n) == "absent" for n in lab.nodes)
+            s.expect("containers", [container_state(lab, n) for n in lab.nodes], ["absent"] * 3)
+            s.saw(refused=len(doc["errors"]), served=len(doc["nodes"]))
             s.observed = (
-                "`image push` exit 1 naming that node only, with the fix "
-                "`ssh-keygen -f KNOWN_HOSTS -R ADDRESS`; its image tag untouched (nothing ran "
-                "there); the 2 other nodes served; `up` stopped by the doctor with the same "
-                "fix, no container started anywhere"
+                "`image push` exit {push_exit}, refused on {refused} node (that one) with the fix "
+                "`ssh-keygen -f KNOWN_HOSTS -R ADDRESS`; its image tag there: '{tag_there}' "
+                "(nothing ran there); {served} other nodes served; `up` exit {up_exit}, stopped "
+                "by the {stopped_by} with the same fix; Ray containers: {containers}"
             )
-            s.measured = f"push refused in {push.seconds:.1f} s, up in {up.seconds:.1f} s"
+            s.measure(push=push.seconds, up=up.seconds)
+            s.measured = "push refused in {push:.1f} s, up in {up:.1f} s"
         finally:  # re-tag first: untagging the only tag left would delete the image
             again = cli("image", "push", "-i", inv)
             on_node(worker, "docker rmi faults/hold:1 >/dev/null 2>&1; true")
@@ -216,6 +220,7 @@ def test_hung_sshd_bounds_every_command(inv: str, lab: LabInfo, tmp_path: Path) 
             assert run.code == 1, (name, run.stderr[-1500:])
             assert run.seconds < limit, (name, run.seconds)
             assert names_node(run, worker.name), (name, run.text[-1500:])
+        s.expect("exits", sorted({r.code for r in runs.values()}), [1])
         doctor = runs["doctor"].json()
         assert {f["host"] for f in doctor["findings"] if f["severity"] == "error"} == {worker.name}
         status = runs["status"].json()
@@ -229,11 +234,14 @@ def test_hung_sshd_bounds_every_command(inv: str, lab: LabInfo, tmp_path: Path) 
         assert set(logs["nodes"]) == others and set(logs["errors"]) == {worker.name}
         down = runs["down"].json()
         assert set(down["removed"]) == others and set(down["errors"]) == {worker.name}
+        s.saw(commands=list(runs), limit=limit, connect_timeout=3, served=len(others))
         s.observed = (
-            f"doctor, status, up, image push, logs and down each ended within the {limit:.0f} s "
-            "bound (connect timeout 3 s) with exit 1 naming that node; the other 2 nodes served"
+            "{commands} each ended within the {limit:.0f} s bound (connect timeout "
+            "{connect_timeout} s) with exit {exits} naming that node; the other {served} nodes "
+            "served"
         )
-        s.measured = ", ".join(f"{k} {r.seconds:.1f} s" for k, r in runs.items())
+        s.measure(times=[f"{k} {r.seconds:.1f} s" for k, r in runs.items()])
+        s.measured = "{times}"
 
 
 def test_disk_filling_during_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: Path) -> None:
@@ -254,24 +262,28 @@ def test_disk_filling_during_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
             report = push_image(inventory, None, print, pin=blob, opts=opts)
         finally:
             on_node(worker, unfill)
+        s.expect("failed", len(report.errors), 1)
         assert set(report.errors) == {worker.name}, report.errors
         err = report.errors[worker.name]
-        assert getattr(err, "kind", "") == "no-space", (err, err.fix)
+        s.expect("kind", getattr(err, "kind", ""), "no-space")
         assert "disk" in str(err) and err.fix and "docker system prune" in err.fix
         assert report.nodes[lab.nodes[0].name].action == "send"
-        assert not holding(worker, blob) and image_on(worker, BLOB_TAG) == ""
-        for node in lab.nodes[:2]:  # the positive control: the same check finds it there
-            assert pin_under(node, BLOB_TAG, blob), node.name
+        s.expect("left", len(holding(worker, blob)), 0)
+        s.expect("tag", image_on(worker, BLOB_TAG), "")
+        loaded = [n.name for n in lab.nodes[:2] if pin_under(n, BLOB_TAG, blob)]
+        # the positive control: the same check finds it on the others
+        s.expect("loaded", len(loaded), 2)
         t_again = time.monotonic()
         again = push_image(inventory, None, print, pin=blob, opts=opts)
         assert again.ok, again.errors
-        assert pin_under(worker, BLOB_TAG, blob)
+        s.expect("then", pin_under(worker, BLOB_TAG, blob), True)
         s.observed = (
-            "a `no-space` error for that node naming the disk, with the fix (free space, "
-            "`docker system prune`); no image or tag left there; the 2 other nodes loaded; "
-            "the next push completed"
+            "a `{kind}` error on {failed} node (that one) naming the disk, with the fix (free "
+            "space, `docker system prune`); {left} image and tag '{tag}' left there; the "
+            "{loaded} other nodes loaded; the next push loaded it there: {then}"
         )
-        s.measured = f"the next push {time.monotonic() - t_again:.1f} s (48 MB)"
+        s.measure(again=time.monotonic() - t_again)
+        s.measured = "the next push {again:.1f} s (48 MB)"
 
 
 def test_image_push_through_a_jump_host(inv: str, lab: LabInfo, blob: Pin, tmp_path: Path) -> None:
@@ -294,36 +306,68 @@ def test_image_push_through_a_jump_host(inv: str, lab: LabInfo, blob: Pin, tmp_p
         drop_blob(lab, blob)
 
 
+LOADING = "pgrep -f '(^|[ /])docker load' >/dev/null"  # a node's `docker load` reads a push
+
+
 def test_ctrl_c_during_image_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: Path) -> None:
     lock = tmp_path / "blob.lock.json"
     write_pin(blob, lock)
     blob_inv = str(edited_inventory(Path(inv), tmp_path / "inv.yaml", image={"lock": str(lock)}))
     drop_blob(lab, blob)
     real = read_pin(load_inventory(Path(inv)).image_lock)  # type: ignore[arg-type]
+    loading: list[str] = []  # the nodes whose `docker load` was reading the push at SIGINT
+
+    def ctrl_c_once_a_node_loads(proc: subprocess.Popen[str]) -> None:
+        deadline = time.monotonic() + 30
+        while not loading and time.monotonic() < deadline and proc.poll() is None:
+            loading.extend(n.name for n in lab.nodes if probe(n, LOADING)[0] == 0)
+        proc.send_signal(signal.SIGINT)
+
     with scenario(
         "Ctrl-C (SIGINT) during `image push`",
         "stops within seconds, says where each node stood, no half-loaded image tagged; "
         "a re-run completes",
     ) as s:
         try:
-            run = interrupt("image", "push", "-i", blob_inv, when="sending 1 layer", delay=0.5)
-            assert run.code == 130, run.stderr[-2000:]
+            run = during(
+                "image", "push", "-i", blob_inv,
+                when="sending 1 layer", action=ctrl_c_once_a_node_loads,
+            )  # fmt: skip
+            # the push had started: a node was loading it when SIGINT came (seen there)
+            assert loading, f"no node's docker load ran before SIGINT:\n{run.stderr[-2000:]}"
+            s.expect("exit", run.code, 130, run.stderr[-2000:])
             assert run.after_signal is not None and run.after_signal < 10, run.after_signal
             assert states_said(run, lab), run.stderr[-2000:]
-            tagged = {n.name for n in lab.nodes if pin_under(n, CLUSTER_TAG, blob)}
-            loaded = {n.name for n in lab.nodes if holding(n, blob)}
-            assert tagged == loaded  # a node holds the image under the tag only when whole
+            # each node is left either with the whole image under the tag, or as it was:
+            # the tag on the old image, no piece of the new one, no `docker load` left
+            whole = {n.name for n in lab.nodes if pin_under(n, CLUSTER_TAG, blob)}
+            for node in lab.nodes:
+                if node.name not in whole:
+                    assert pin_under(node, CLUSTER_TAG, real), node.name
+                    assert not holding(node, blob), node.name
+            stray = [n.name for n in lab.nodes if probe(n, LOADING)[0] == 0]
+            deadline = time.monotonic() + 30  # a load reading a closed channel ends soon
+            while stray and time.monotonic() < deadline:
+                time.sleep(0.5)
+                stray = [n.name for n in lab.nodes if probe(n, LOADING)[0] == 0]
+            s.expect("stray", stray, [])
+            s.saw(bound=10)
             rerun = cli("image", "push", "-i", blob_inv, "--json")
-            assert rerun.code == 0, rerun.stderr[-2000:]
-            assert all(pin_under(n, CLUSTER_TAG, blob) for n in lab.nodes)
+            s.expect("rerun", rerun.code, 0, rerun.stderr[-2000:])
+            s.expect("then", [pin_under(n, CLUSTER_TAG, blob) for n in lab.nodes], [True] * 3)
             s.observed = (
-                "exit 130 within the 10 s bound after SIGINT; each node's last step shown; "
-                "a node holds the image under the tag only when it is whole; re-run exit 0, "
-                "every node holds it"
+                "a node's `docker load` was reading the push at SIGINT; exit {exit} within the "
+                "{bound} s bound after it; each node's last step shown; each node left with the "
+                "whole image under the tag or with its old image under it and no piece of the "
+                "new one; `docker load` left running: "
+                "[{stray}]; re-run exit {rerun}, each node holds it: {then}"
+            )
+            s.measure(
+                after=run.after_signal, loading=len(loading), kept=len(lab.nodes) - len(whole)
             )
             s.measured = (
-                f"exit {run.after_signal:.1f} s after SIGINT; "
-                f"{len(lab.nodes) - len(tagged)} node(s) were left without the image"
+                "exit {after:.1f} s after SIGINT; {loading} node(s) loading at SIGINT; "
+                "{kept} node(s) were left without the image"
             )
         finally:
             restore = cli("image", "push", "-i", inv)
@@ -341,19 +385,23 @@ def test_ctrl_c_during_up_then_rerun(inv: str, lab: LabInfo) -> None:
         "stops within seconds, says where each node stood; a re-run completes",
     ) as s:
         run = interrupt("up", "-i", inv, "--json", when="starting the worker container", delay=0.3)
-        assert run.code == 130, run.stderr[-2000:]
+        s.expect("exit", run.code, 130, run.stderr[-2000:])
         assert run.after_signal is not None and run.after_signal < 10, run.after_signal
         assert states_said(run, lab), run.stderr[-2000:]
         error = run.json()["error"]  # --json: stdout still holds one document
-        assert error["kind"] == "interrupted" and len(error["nodes"]) == len(lab.nodes), error
+        s.expect("kind", error["kind"], "interrupted")
+        s.expect("said", len(error["nodes"]), len(lab.nodes))
         rerun = cli("up", "-i", inv, "--json")
-        assert rerun.code == 0, rerun.stderr[-3000:]
-        assert rerun.json()["status"]["alive_nodes"] == len(lab.nodes)
+        s.expect("rerun", rerun.code, 0, rerun.stderr[-2000:])
+        s.expect("alive", rerun.json()["status"]["alive_nodes"], len(lab.nodes))
+        s.saw(bound=10)
         s.observed = (
-            "exit 130 within the 10 s bound after SIGINT, each node's last step shown (with "
-            "`--json`: one document, error kind `interrupted`); re-run exit 0, every node alive"
+            "exit {exit} within the {bound} s bound after SIGINT, the last step of each of the "
+            "{said} nodes shown (with `--json`: one document, error kind `{kind}`); re-run "
+            "exit {rerun}, {alive} nodes alive"
         )
-        s.measured = f"exit {run.after_signal:.1f} s after SIGINT; re-run {rerun.seconds:.1f} s"
+        s.measure(after=run.after_signal, again=rerun.seconds)
+        s.measured = "exit {after:.1f} s after SIGINT; re-run {again:.1f} s"
 
 
 def test_node_dies_during_up(inv: str, lab: LabInfo) -> None:
@@ -374,7 +422,7 @@ def test_node_dies_during_up(inv: str, lab: LabInfo) -> None:
                 when=f"{worker.name}: starting the worker container",
                 action=lambda _: faults.stop(lab, worker),
             )
-            assert run.code == 1, run.stderr[-3000:]
+            s.expect("exit", run.code, 1, run.stderr[-2000:])
             said = [ln for ln in run.stderr.splitlines() if ln.startswith("error:")]
             assert said and worker.name in said[0], run.stderr[-3000:]
             assert "did not join" in said[0] or "could not start" in said[0], said
@@ -388,25 +436,27 @@ def test_node_dies_during_up(inv: str, lab: LabInfo) -> None:
                     break
                 time.sleep(2)
             assert alive == {head.name, other.name}, alive
+            s.saw(others=len(alive))
         finally:
             faults.start(lab, worker)
         rerun = cli("up", "-i", inv, "--json")
-        assert rerun.code == 0, rerun.stderr[-3000:]
+        s.expect("rerun", rerun.code, 0, rerun.stderr[-2000:])
         doc = rerun.json()
         assert set(doc["started"]) <= {worker.name}, doc["started"]
-        assert {head.name, other.name} <= set(doc["unchanged"])
-        assert doc["status"]["alive_nodes"] == len(lab.nodes)
+        s.expect("unchanged", len({head.name, other.name} & set(doc["unchanged"])), 2)
+        s.expect("alive", doc["status"]["alive_nodes"], len(lab.nodes))
         s.observed = (
-            "exit 1 naming the node (did not join / could not start Ray); `status`: the two "
-            "others alive; the re-run after the node returned: exit 0, every node alive, the "
-            "two others unchanged and nothing started but that node (nothing at all when its "
-            "container came back by its restart policy)"
+            "exit {exit} naming the node (did not join / could not start Ray); `status`: the "
+            "{others} others alive; the re-run after the node returned: exit {rerun}, {alive} "
+            "nodes alive, the {unchanged} others unchanged and nothing started but that node "
+            "(nothing at all when its container came back by its restart policy)"
         )
-        s.measured = (
-            f"exit 1 after {run.seconds:.1f} s; the re-run started "
-            f"{'that node' if doc['started'] else 'nothing (its container came back)'} "
-            f"in {rerun.seconds:.1f} s"
+        s.measure(
+            first=run.seconds,
+            started="that node" if doc["started"] else "nothing (its container came back)",
+            again=rerun.seconds,
         )
+        s.measured = "exit 1 after {first:.1f} s; the re-run started {started} in {again:.1f} s"
 
 
 PLAYBOOK = """\
@@ -486,14 +536,24 @@ def test_worker_cut_off_during_a_job(inv: str, lab: LabInfo, tmp_path: Path) -> 
         finally:
             faults.uncut(lab, head, worker)
         assert lost_after, "status never named the lost node"
-        assert all(ps_clean) and len(ps_clean) == len(lab.nodes)
-        if job.code == 0:
-            assert job.json()["status"] == "SUCCEEDED"
-            outcome = "the job went on on the other nodes and succeeded"
-        else:
-            assert job.code == 1 and ("FAILED" in job.stderr or "error:" in job.stderr)
-            outcome = "the job failed with: " + job.stderr.strip().splitlines()[-1][:100]
-        assert logs.code == 0, logs.stderr[-2000:]
+        s.saw(status_exit=1)  # `cut` returned only on `status` exit 1 naming it not alive
+        s.expect("ps_clean", ps_clean, [True] * len(lab.nodes))
+        # the playbook is written for a lost node: the job goes on on the other two and
+        # succeeds; the client exits 0 and brings its log home
+        s.expect("exit", job.code, 0, job.stderr[-2000:])
+        doc = job.json()
+        s.expect("status", doc["status"], "SUCCEEDED")
+        log = Path(doc["results_dir"]) / "job.log"
+        assert log.is_file(), doc
+        text = log.read_text()
+        assert "all rounds done" in text, text[-2000:]
+        rounds = [ln for ln in text.splitlines() if ln.startswith("round ") and ": [" in ln]
+        last = rounds[-1].split(": ", 1)[1]
+        # the rounds after the cut ran on the head and the other worker, not the lost one
+        s.expect("last_round_on_lost", worker.address in last, False)
+        s.saw(rounds=len(rounds))
+        s.expect("logs_exit", logs.code, 0, logs.stderr[-2000:])
+        s.expect("logs_from", len(logs.json()["nodes"]), len(lab.nodes))
         assert set(logs.json()["nodes"]) == {n.name for n in lab.nodes}
         for n in lab.nodes:
             assert (tmp_path / "logs" / n.name / "container.log").exists()
@@ -502,16 +562,19 @@ def test_worker_cut_off_during_a_job(inv: str, lab: LabInfo, tmp_path: Path) -> 
             for p in (tmp_path / "logs").rglob("*")
             if p.is_file() and token.encode() in p.read_bytes()
         ]
-        assert not leaked, leaked
+        s.expect("leaked", leaked, [])
         repair = cli("up", "-i", inv, "--json")
-        assert repair.code == 0, repair.stderr[-3000:]
+        s.expect("repair", repair.code, 0, repair.stderr[-2000:])
         s.observed = (
-            "while the job ran, `status` (exit 1) named the worker not alive; the job either "
-            "succeeded on the other nodes or failed with a clear message; the logs of all 3 "
-            "nodes collected, no token in them nor in `ps` on any node; `up` after the cut "
-            "was healed: exit 0"
+            "while the job ran, `status` (exit {status_exit}) named the worker not alive; the "
+            "job went on on the other nodes: the client exit {exit}, the job {status}, its "
+            "log home with all {rounds} rounds, the last of them on the lost worker: "
+            "{last_round_on_lost}; `logs` exit {logs_exit} with the logs of {logs_from} "
+            "nodes, the token in none of them ([{leaked}]) nor in `ps` on any node "
+            "({ps_clean}); `up` after the cut was healed: exit {repair}"
         )
-        s.measured = f"`status` named it {lost_after[0]:.0f} s after the cut; {outcome}"
+        s.measure(lost=lost_after[0])
+        s.measured = "`status` named it {lost:.0f} s after the cut"
 
 
 def jobs_listed(inv: str) -> dict[str, str]:
@@ -540,21 +603,23 @@ def test_ctrl_c_during_a_foreground_submit(inv: str, lab: LabInfo, tmp_path: Pat
             "submit", "-i", inv, "--results", str(results), "--json", str(book),
             when="started", timeout=240,
         )  # fmt: skip
-        assert run.code == 130, run.stderr[-2000:]
+        s.expect("exit", run.code, 130, run.stderr[-2000:])
         assert run.after_signal is not None and run.after_signal < limit, run.after_signal
         doc = run.json()  # --json: stdout still holds the outcome
         job = doc["job_id"]
         assert doc["interrupted"] is True and doc["detached"] is True, doc
-        assert jobs_listed(inv)[job] == "RUNNING"
+        s.expect("then", jobs_listed(inv)[job], "RUNNING")
         stop = cli("jobs", "stop", job, "-i", inv, "--json")
         assert stop.code == 0 and stop.json()["status"] == "STOPPED", stop.stderr[-2000:]
-        assert jobs_listed(inv)[job] == "STOPPED"
+        s.expect("stopped", jobs_listed(inv)[job], "STOPPED")
+        s.saw(bound=limit)
         s.observed = (
-            f"exit 130 within the {limit:.0f} s bound after SIGINT, the job named; "
-            "`jobs list` (Ray's Jobs API) shows it RUNNING after the interrupt; `jobs stop` "
-            "made it STOPPED"
+            "exit {exit} within the {bound:.0f} s bound after SIGINT, the job named; "
+            "`jobs list` (Ray's Jobs API) shows it {then} after the interrupt; `jobs stop` "
+            "made it {stopped}"
         )
-        s.measured = f"exit {run.after_signal:.1f} s after SIGINT"
+        s.measure(after=run.after_signal)
+        s.measured = "exit {after:.1f} s after SIGINT"
 
 
 def test_ctrl_c_during_down_then_rerun(inv: str, lab: LabInfo, tmp_path: Path) -> None:
@@ -565,17 +630,20 @@ def test_ctrl_c_during_down_then_rerun(inv: str, lab: LabInfo, tmp_path: Path) -
         run = interrupt(
             "down", "-i", inv, "-o", str(tmp_path / "logs"), when="removing the Ray container"
         )
-        assert run.code == 130, run.stderr[-2000:]
+        s.expect("exit", run.code, 130, run.stderr[-2000:])
         assert run.after_signal is not None and run.after_signal < 10, run.after_signal
         assert states_said(run, lab), run.stderr[-2000:]
         rerun = cli("down", "-i", inv, "--no-logs", "--json")
-        assert rerun.code == 0 and rerun.json()["ok"], rerun.stderr[-2000:]
-        assert all(container_state(lab, n) == "absent" for n in lab.nodes)
+        s.expect("rerun", rerun.code, 0, rerun.stderr[-2000:])
+        assert rerun.json()["ok"], rerun.stderr[-2000:]
+        s.expect("containers", [container_state(lab, n) for n in lab.nodes], ["absent"] * 3)
+        s.saw(bound=10, said=len(lab.nodes))
         s.observed = (
-            "exit 130 within the 10 s bound after SIGINT, each node's last step shown; "
-            "re-run exit 0, every node's Ray container gone"
+            "exit {exit} within the {bound} s bound after SIGINT, the last step of each of the "
+            "{said} nodes shown; re-run exit {rerun}, the Ray containers: {containers}"
         )
-        s.measured = f"exit {run.after_signal:.1f} s after SIGINT"
+        s.measure(after=run.after_signal)
+        s.measured = "exit {after:.1f} s after SIGINT"
 
 
 # --- a hung sshd: only the tool's own lines; Ctrl-C while `up` connects (issue 47) --------

@@ -33,6 +33,7 @@ from provisioner.lab.nodes import LabInfo
 from provisioner.node.token import ray_container
 from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
+from provisioner.runtime.context import cluster_context
 from tests.cli import cli
 from tests.e2e.test_doctor import broken
 
@@ -88,7 +89,7 @@ def test_doctor_names_each_gpu_fault_with_its_fix(
     inv = load_inventory(with_cuda_pin(inventory, tmp_path, {"GPU": 4}))
     # driver 470 under a CUDA 12.8 image; 4 GPUs asked of a 2-GPU node; T4 beside A100
     with broken(lab, (w1, "gpu-old-driver"), (w2, "gpu-a100")):
-        report = run_doctor(inv, reachability=False)
+        report = run_doctor(cluster_context(inv, lenient_pin=True), reachability=False)
     assert gpu_findings(report) == {
         (w1.name, "gpu.cuda"): "error",
         (w1.name, "gpu.count"): "error",
@@ -99,7 +100,9 @@ def test_doctor_names_each_gpu_fault_with_its_fix(
     assert "one GPU model per cluster" in fix_of(report, "cluster", "gpu.models")
     # GPUs and their driver but no toolkit; the toolkit but no working driver
     with broken(lab, (w1, "gpu-no-toolkit"), (w2, "gpu-no-driver")):
-        report = run_doctor(load_inventory(inventory), reachability=False)
+        report = run_doctor(
+            cluster_context(load_inventory(inventory), lenient_pin=True), reachability=False
+        )
     found = gpu_findings(report)
     assert found[(w1.name, "gpu.toolkit")] == "error"
     assert found[(w2.name, "gpu.driver")] == "error"
@@ -108,7 +111,11 @@ def test_doctor_names_each_gpu_fault_with_its_fix(
     assert not any(host == lab.nodes[0].name for host, _ in found)  # the head: no GPU, no word
     # the deep check: the simulated runtime is runc, so no GPU shows inside the image
     with broken(lab, (w1, "gpu")):
-        report = run_doctor(load_inventory(inventory), reachability=False, gpu_deep=True)
+        report = run_doctor(
+            cluster_context(load_inventory(inventory), lenient_pin=True),
+            reachability=False,
+            gpu_deep=True,
+        )
     deep = [f for f in report.findings if f.check == "gpu.container"]
     assert [(f.host, f.severity) for f in deep] == [(w1.name, "error")]
     assert "0 of 2 GPU(s) are visible" in deep[0].message, deep[0]

@@ -362,28 +362,36 @@ def test_another_users_processes_naming_the_clusters_temp_dir_survive_up_and_dow
                         if f"/tmp/prov-{cluster}/" in ln
                     ]
                     assert set(decoys[node.name]) <= set(named), (named, decoys)
+                    s.saw(named=True)
                 inventory = str(as_user_inventory(host_lab, tmp_path, user, cluster))
                 t0 = time.monotonic()
                 try:
                     code, up, err = cli_json("up", "-i", inventory)
-                    assert code == 0, (err[-2000:], json.dumps(up)[-3000:])
-                    assert up["status"]["alive_nodes"] == 3, up["status"]
-                    for node in host_lab.nodes:  # positive control: ours run
-                        assert own_raylets(node, user, cluster), (user, node.name)
+                    s.expect("up", code, 0, err[-2000:] + json.dumps(up)[-3000:])
+                    s.expect("alive", up["status"]["alive_nodes"], 3, str(up["status"]))
+                    ours = sum(bool(own_raylets(n, user, cluster)) for n in host_lab.nodes)
+                    s.expect("ours", ours, len(host_lab.nodes), user)  # positive control
                     code, down, err = cli_json("down", "-i", inventory, "--no-logs")
                     assert code == 0 and down["ok"], err[-3000:]
+                    s.saw(down=code)
                 finally:
                     cli("down", "-i", inventory, "--no-logs")
                 runs[user] = time.monotonic() - t0
+                left, survived = 0, 0
                 for node in host_lab.nodes:
                     assert own_raylets(node, user, cluster) == [], (user, node.name)
+                    left += len(own_raylets(node, user, cluster))
                     pids = " ".join(decoys[node.name])
                     alive = as_root(node, f"kill -0 {pids} && echo alive")
                     assert alive.strip() == "alive", f"{user}'s down stopped another user's process"
+                    survived += alive.strip() == "alive"
+                s.saw(left=left, survived=survived)
+        s.saw(users=list(runs))
         s.observed = (
             "the other user's raylet and Ray-looking worker, on every node, named the "
-            "cluster's temp dir; as the lab user and as root: `up` exit 0 with every node "
-            "alive and the SSH user's own raylet on each, `down` exit 0 with none left; the "
-            "other user's processes alive after both"
+            "cluster's temp dir in `ps -e`: {named}; as each of {users}: `up` exit {up} with "
+            "{alive} nodes alive and the SSH user's own raylet on {ours}, `down` exit {down} "
+            "with {left} left; the other user's processes alive after both on {survived} nodes"
         )
-        s.measured = ", ".join(f"up+down as {u}: {t:.0f} s" for u, t in runs.items())
+        s.measure(runs=[f"up+down as {u}: {t:.0f} s" for u, t in runs.items()])
+        s.measured = "{runs}"

@@ -69,14 +69,18 @@ def test_known_hosts_markers_are_handled(inv: str, lab: LabInfo, tmp_path: Path)
         kind="security",
     ) as s:
         run = cli("status", "-i", str(edited), "--json")
-        assert run.code == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
+        s.expect("exit", run.code, 1, run.stderr[-2000:])
+        s.expect("traceback", "Traceback" in run.stderr, False, run.stderr[-2000:])
         nodes = {n["name"]: n for n in json.loads(run.stdout)["nodes"]}
         refused = nodes.pop(worker.name)
-        assert not refused["ssh_ok"] and "@revoked" in refused["error"], refused
+        s.expect("ssh_ok", refused["ssh_ok"], False, str(refused))
+        s.expect("revoked", "@revoked" in refused["error"], True, str(refused))
         assert all(n["ssh_ok"] and n["container"] == "running" for n in nodes.values()), nodes
+        s.saw(others=len(nodes))
         s.observed = (
-            f"status exit 1: {worker.name} refused ({refused['error'][:70]}...); "
-            f"{len(nodes)} other nodes checked as usual; no traceback"
+            "status exit {exit}: the worker's ssh_ok {ssh_ok}, its error naming @revoked: "
+            "{revoked}; the {others} other nodes checked as usual (ssh ok, container running); "
+            "a traceback: {traceback}"
         )
 
 
@@ -120,25 +124,39 @@ def test_a_job_leaving_links_and_escapes_brings_only_its_files_home(
             str(book / "links.py"),
         )
         shown = run.stdout + run.stderr
-        assert run.code == 0, shown[-3000:]
+        s.expect("exit", run.code, 0, shown[-3000:])
         (job,) = (tmp_path / "r").iterdir()
         home = snapshot(job)
         assert {"metrics.csv", "summary.json", "job.log", "training.png"} <= home, home
-        assert not home & {"passwd", "up", "sub/home", "pipe"}, home
+        s.expect(
+            "left",
+            sorted({"passwd", "up", "sub/home", "pipe"} - home),
+            ["passwd", "pipe", "sub/home", "up"],
+        )
+        modes, links = set(), 0
         for path in (job, *job.rglob("*")):
             mode = stat.S_IMODE(path.lstat().st_mode)
             assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
             assert not path.is_symlink(), path
-        assert not any(c in shown for c in TERMINAL_BYTES), [
-            c for c in TERMINAL_BYTES if c in shown
-        ]
-        assert "[/tmp/x] [bold red]not markup[/]" in shown
-        assert "\\x1b]0;pwned\\x07" in shown
-        assert "secrets on the cluster: []" in shown
-        assert "left out as secrets: .env, id_ed25519" in run.stderr
+            modes.add(oct(mode))
+            links += path.is_symlink()
+        s.expect("links", links, 0)
+        s.saw(
+            home=sorted(home & {"metrics.csv", "summary.json", "job.log", "training.png"}),
+            modes=modes,
+        )
+        found = [c for c in TERMINAL_BYTES if c in shown]
+        s.expect("escapes", len(found), 0, repr(found))
+        s.expect("markup", "[/tmp/x] [bold red]not markup[/]" in shown, True)
+        s.expect("shown", "\\x1b]0;pwned\\x07" in shown, True)
+        s.expect("on_cluster", "secrets on the cluster: []" in shown, True)
+        s.expect("secrets", "left out as secrets: .env, id_ed25519" in run.stderr, True)
         s.observed = (
-            f"exit 0; home: {sorted(home)} (links, FIFO left behind); "
-            "escapes shown as \\x1b..., markup as text; .env and id_ed25519 not sent"
+            "exit {exit}; home: {home} (among others), every file and folder mode in {modes}, "
+            "{links} links; not brought home (left on the head): {left}; no terminal control "
+            "byte shown: {escapes} found; the escape shown as `\\x1b]0;pwned\\x07`: {shown}; "
+            "markup shown as text: {markup}; the job saw no secret beside the playbook: "
+            "{on_cluster}; `left out as secrets: .env, id_ed25519` said: {secrets}"
         )
 
 
@@ -185,17 +203,23 @@ def test_a_node_answering_down_with_a_hostile_tar(inv: str, lab: LabInfo, tmp_pa
             run = cli("down", "-i", inv, "-o", str(tmp_path / "logs"), "--json")
         finally:
             on_node(worker, "rm -f /usr/local/bin/tar /tmp/hostile-logs.b64")
-        assert run.code == 1, run.stderr[-3000:]
+        s.expect("exit", run.code, 1, run.stderr[-3000:])
         out = json.loads(run.stdout)
         names = {n.name for n in load_inventory(Path(inv)).nodes}
         assert set(out["removed"]) == names  # Ray stopped everywhere all the same
         refused = out["logs"]["errors"][worker.name]
-        assert "symbolic link" in refused, refused
+        s.expect("link", "symbolic link" in refused, True, refused)
         assert set(out["logs"]["nodes"]) == names - {worker.name}
-        assert (outside / ".bashrc").read_text() == "mine\n" and snapshot(outside) == {".bashrc"}
-        assert not (tmp_path / "logs" / worker.name).exists()
-        assert not [p for p in snapshot(tmp_path / "logs") if ".receiving" in p]
+        s.expect("bashrc", (outside / ".bashrc").read_text(), "mine\n")
+        s.expect("outside", sorted(snapshot(outside)), [".bashrc"])
+        s.expect("worker_logs", (tmp_path / "logs" / worker.name).exists(), False)
+        partial = [p for p in snapshot(tmp_path / "logs") if ".receiving" in p]
+        s.expect("partial", len(partial), 0, repr(partial))
         assert all((tmp_path / "logs" / n / "container.log").exists() for n in out["logs"]["nodes"])
+        s.saw(removed=len(out["removed"]), collected=len(out["logs"]["nodes"]))
         s.observed = (
-            f"exit 1; {worker.name}: {refused[:90]}...; Ray removed from {len(names)} nodes"
+            "exit {exit}; the worker's logs refused, its error naming a symbolic link: {link}; "
+            "a logs folder for it: {worker_logs}; the {collected} other nodes' logs collected "
+            "(container.log each); Ray removed from {removed} nodes; outside the logs folder "
+            "only {outside}, its .bashrc still {bashrc!r}; partial downloads left: {partial}"
         )

@@ -407,7 +407,11 @@ def test_forward_gives_each_edge_its_own_key_that_only_its_receiver_accepts(
                 assert all(path.endswith("/send.key") for path in found), found
             keys = {name: next(iter(found)) for name, found in held.items() if found}
             publics = {public for found in held.values() for public in found.values()}
-            assert len(publics) == 2  # a key per edge, no key shared
+            s.expect("keys", len(publics), 2)  # a key per edge, no key shared
+            s.saw(
+                edges=len(receiver),
+                held=sorted({len(found) for n, found in held.items() if n in receiver}),
+            )
             for name, held_lines in lines.items():
                 assert len(held_lines) == (0 if name == first.name else 1), (name, held_lines)
             for sender, to in receiver.items():  # from the sender only, the hop, minutes
@@ -430,8 +434,10 @@ def test_forward_gives_each_edge_its_own_key_that_only_its_receiver_accepts(
                     if target.name == to.name:  # positive control: accepted, and the
                         # forced command refuses a second load in this round
                         assert rc == 3 and "received its stream already" in out, out
+                        s.saw(hop=rc)
                     else:
                         assert rc == 255 and "Permission denied" in out, (sender, target, out)
+                        s.saw(others=rc)
                 # the same key from a node that is not its sender: refused (from=)
                 other = next(n for n in nodes if n.name not in (sender, to.name))
                 rc, out = on_node(sender_node, f"base64 -w0 {key}")
@@ -443,26 +449,30 @@ def test_forward_gives_each_edge_its_own_key_that_only_its_receiver_accepts(
                 on_node(other, f"rm -f {copy}")
                 assert rc == 255 and "Permission denied" in out, (other.name, to.name, out)
                 probes[(f"{other.name} with {sender}'s key", to.name)] = rc
+                s.saw(stolen=rc)
         finally:
             dockerd(last, "CONT")
             worker.join(600)
         assert result, "the push did not return"
         push_report = result[0]
-        assert push_report.ok, push_report.errors
+        s.expect("push_ok", push_report.ok, True, str(push_report.errors))
         for node in nodes:  # loaded and verified everywhere; no key left anywhere
             assert image_on(node, pin.tag) == pin_id(node, pin), node.name
             assert authorized_keys(node) == keys_before[node.name], node.name
             assert not private_keys(node), node.name
+        s.saw(nodes=len(nodes), left=sum(len(private_keys(n)) for n in nodes))
         s.observed = (
-            "mid-round, with the chain held at its last node: each sender held exactly one "
-            "private key (2 edges, 2 keys), each key in exactly one authorized_keys, its "
-            "receiver's, from the sender's address, forced to the hop, expiring in minutes; "
-            "real ssh with it: its receiver accepted it and the hop refused a second load "
-            "(exit 3), every other node refused it, and so did its receiver from another "
-            "node's address; after the push: loaded and verified everywhere, no private key "
+            "mid-round, with the chain held at its last node: each sender held {held} "
+            "private key ({edges} edges, {keys} keys), each key in exactly one "
+            "authorized_keys, its receiver's, from the sender's address, forced to the hop, "
+            "expiring in minutes; real ssh with it: its receiver accepted it and the hop "
+            "refused a second load (exit {hop}), every other node refused it (exit {others}), "
+            "and so did its receiver from another node's address (exit {stolen}); after the "
+            "push (ok: {push_ok}): loaded and verified on {nodes} nodes, {left} private keys "
             "on any node, authorized_keys byte for byte as before"
         )
-        s.measured = f"{len(probes)} ssh probes"
+        s.measure(probes=len(probes))
+        s.measured = "{probes} ssh probes"
 
 
 def test_ctrl_c_mid_round_removes_every_relay_key(
@@ -570,22 +580,26 @@ def test_a_hop_keeps_no_tag_its_sender_put_in_the_stream(
             # positive control: a plain `docker load` takes the sender's tag
             assert feed(victim, "docker load") == 0
             assert image_on(node, victim) not in ("", own_id)
+            s.saw(control="moved")
             on_node(node, f"docker tag {own_id} {victim}")
             assert image_on(node, victim) == own_id
 
             code, foreign = hop(victim)
             assert code == FOREIGN_RC and foreign == [victim], (code, foreign)
-            assert image_on(node, victim) == own_id, "the sender's tag stayed"
+            s.saw(hop=code, reported=len(foreign))
+            s.expect("kept", image_on(node, victim) == own_id, True, "the sender's tag stayed")
             # a pin's stream: saved by ID, it names no tag, and goes through
             code, foreign = hop(evil.image_id)
             assert code == 0 and foreign == [], (code, foreign)
-            assert image_on(node, victim) == own_id
+            s.saw(by_id=code, by_id_reported=len(foreign))
+            s.expect("unchanged", image_on(node, victim) == own_id, True)
         finally:
             subprocess.run(["docker", "image", "rm", victim], capture_output=True, check=False)
             on_node(node, f"rm -rf {work}")
         s.observed = (
             "positive control: the sender's stream naming the node's tag, into a plain "
-            "`docker load`, moved that tag to the sender's image; through the hop: exit "
-            f"{FOREIGN_RC}, the tag reported, the node's tag on its own image again; a stream "
-            "saved by ID went through the hop (exit 0) and changed no tag"
+            "`docker load`, {control} that tag to the sender's image; through the hop: exit "
+            "{hop}, {reported} tag reported, the node's tag on its own image again: {kept}; "
+            "a stream saved by ID went through the hop (exit {by_id}, {by_id_reported} tags "
+            "reported), the tag still on the node's own image: {unchanged}"
         )

@@ -20,9 +20,7 @@ from provisioner.inventory import load_inventory
 from provisioner.jobs import make_spec, submit
 from provisioner.jobs.client import AuthRefused
 from provisioner.jobs.link import Target
-from provisioner.jobs.stream import Handlers
 from provisioner.lab.nodes import LabInfo
-from provisioner.node.token import local_token_path
 from tests.e2e.helpers import cli
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
@@ -160,25 +158,60 @@ def test_submit_without_the_token_is_refused(inventory: str, tmp_path: Path) -> 
 def test_ctrl_c_detaches_and_the_job_goes_on_until_jobs_stop(
     inventory: str, tmp_path: Path
 ) -> None:
-    book = tmp_path / "book" / "forever.py"
+    """A real SIGINT to a real `provisioner submit` (started as at a terminal: SIGINT at its
+    default), as Ctrl-C sends it: the client stops following and says so (exit 130); the
+    job outlives it on the head and completes there; `jobs stop` stops a job."""
+    import re
+    import time
+
+    from tests.e2e.faults.lab import interrupt
+
+    book = tmp_path / "book" / "outlives.py"
     book.parent.mkdir()
-    book.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    book.write_text(
+        "import time\nprint('started', flush=True)\ntime.sleep(20)\n"
+        "print('outlived the client', flush=True)\n"
+    )
+    run = interrupt(
+        "submit", "-i", inventory, "--verbose", "--results", str(tmp_path / "results"), str(book),
+        when="started", watch="stdout", timeout=240,
+    )  # fmt: skip
+    assert run.code == 130, run.text[-2000:]
+    said = re.search(r"job (\S+): RUNNING; it runs on the cluster", run.stdout)
+    assert said, run.text[-2000:]
+    job = said.group(1)
+    assert "stopped following; the job was not stopped" in run.stdout, run.stdout[-2000:]
+    assert f"provisioner jobs stop {job}" in run.stdout, run.stdout[-2000:]
 
-    def press_ctrl_c(line: str) -> None:
-        if line == "started":
-            raise KeyboardInterrupt
+    def listed() -> dict[str, Any]:
+        code, out, err = cli("jobs", "list", "-i", inventory, "--json")
+        assert code == 0, err[-2000:]
+        return {j["job_id"]: j for j in json.loads(out)["jobs"]}
 
-    inv = load_inventory(Path(inventory))
-    target = Target(inv, None, local_token_path(inv))
-    spec = make_spec(book)
-    outcome = submit(target, spec, tmp_path, handlers=Handlers(on_line=press_ctrl_c))
-    assert outcome.interrupted and outcome.detached and outcome.status == "RUNNING"
-    code, out, _ = cli("jobs", "list", "-i", inventory, "--json")
-    listed = {j["job_id"]: j for j in json.loads(out)["jobs"]}
-    assert code == 0 and listed[spec.job_id]["status"] == "RUNNING"
-    assert listed[spec.job_id]["playbook"] == "forever.py"
-    code, out, err = cli("jobs", "stop", spec.job_id, "-i", inventory, "--json")
+    assert listed()[job]["status"] == "RUNNING"  # the head's Jobs API: it runs on
+    assert listed()[job]["playbook"] == "outlives.py"
+    deadline = time.monotonic() + 180  # until it ends on the head (20 s of sleep), or this
+    while listed()[job]["status"] == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(2)
+    assert listed()[job]["status"] == "SUCCEEDED"
+    code, out, err = cli("jobs", "logs", job, "-i", inventory)
+    assert code == 0 and "outlived the client" in out, (out + err)[-2000:]
+    # and a job that runs on is stopped by `jobs stop`
+    forever = tmp_path / "book2" / "forever.py"
+    forever.parent.mkdir()
+    forever.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    run = interrupt(
+        "submit", "-i", inventory, "--verbose", "--results", str(tmp_path / "results2"),
+        str(forever),
+        when="started", watch="stdout", timeout=240,
+    )  # fmt: skip
+    assert run.code == 130, run.text[-2000:]
+    said = re.search(r"job (\S+): RUNNING; it runs on the cluster", run.stdout)
+    assert said, run.text[-2000:]
+    assert listed()[said.group(1)]["status"] == "RUNNING"
+    code, out, err = cli("jobs", "stop", said.group(1), "-i", inventory, "--json")
     assert code == 0 and json.loads(out)["status"] == "STOPPED", err[-2000:]
+    assert listed()[said.group(1)]["status"] == "STOPPED"
 
 
 def test_resume_of_a_job_unknown_here_and_on_the_head(lab: LabInfo, tmp_path: Path) -> None:

@@ -169,20 +169,65 @@ def test_the_pin_goes_into_each_podmans_load_in_a_stream_it_reads(
             for report in pool_of_rounds.map(run, rounds):
                 assert not report.errors, report.errors
                 got.update({n: (p.codec, p.bytes_sent) for n, p in report.nodes.items()})
+        held = 0
         for node in podman_lab.nodes:
             assert holds(node) == bare, node.name  # loaded and verified by ID
+            held += holds(node) == bare
+        s.saw(held=held)
         assert got[old.name][0] == "" and got[old.name][1] >= pin.size, got  # 4.3: no gzip
         assert got[new.name][0] == "gz" and got[new.name][1] < 0.5 * pin.size, got
         assert got[other.name][0] == "zst" and got[other.name][1] < 0.4 * pin.size, got
-        assert (tmp_path / "zst" / f"{bare}.tar.zst").stat().st_size < 0.4 * pin.size  # kept
+        s.saw(
+            gzip_only=[
+                f"Podman {versions[n.name]}: {got[n.name][0] or 'plain'}" for n in (old, new)
+            ],
+            with_zstd=f"Podman {versions[other.name]}: {got[other.name][0]}",
+        )
+        s.expect(
+            "kept",
+            (tmp_path / "zst" / f"{bare}.tar.zst").stat().st_size < 0.4 * pin.size,
+            True,
+        )
         s.observed = (
-            "gzip only on this machine: Podman 4.3 sent the pin plain (every byte), Podman "
-            "5.4 the gzip stream (under half the bytes); with zstd, Podman 4.3 the zstd "
-            "stream (under 0.4 of them); each then held the pin under its ID"
+            "gzip only on this machine: {gzip_only} (plain: every byte; gz: under half the "
+            "bytes); with zstd: {with_zstd} (under 0.4 of them), the zstd stream kept in the "
+            "cache under 0.4 of the bytes: {kept}; {held} nodes then held the pin under its ID"
         )
-        s.measured = ", ".join(
-            f"Podman {versions[n]}: {c or 'plain'} {b / 1e6:,.0f} MB" for n, (c, b) in got.items()
+        s.measure(
+            sent=[
+                f"Podman {versions[n]}: {c or 'plain'} {b / 1e6:,.0f} MB"
+                for n, (c, b) in got.items()
+            ]
         )
+        s.measured = "{sent}"
+
+
+def test_image_push_loads_the_pin_into_podman(
+    inventory: str, podman_lab: LabInfo, image_pin: Path
+) -> None:
+    """`image push` delivers as `up` does: on this inventory, through each node's `podman
+    load` (the nodes have no Docker). One node's Podman lacks the pin: it gets it, under
+    its ID; the others, holding it, are sent nothing."""
+    pin = read_pin(image_pin)
+    bare = pin.image_id.removeprefix("sha256:")
+    target = podman_lab.nodes[-1]
+
+    def holds(node: LabNode) -> str:
+        out = ssh(podman_lab, node, f"podman image inspect --format '{{{{.Id}}}}' {bare}")
+        return out.stdout.strip()
+
+    ssh(podman_lab, target, f"podman rmi -f {bare} >/dev/null 2>&1; true")
+    before = {node.name: holds(node) for node in podman_lab.nodes}
+    assert before[target.name] == ""  # the control: this node lacks it now
+    code, doc, err = cli_json("image", "push", "-i", inventory)
+    assert code == 0, (doc, err)
+    for node in podman_lab.nodes:
+        assert holds(node) == bare, node.name  # in the user's Podman, by its ID
+    actions = {n["host"]: n["action"] for n in doc["nodes"]}
+    assert actions == {name: "none" if held == bare else "send" for name, held in before.items()}, (
+        actions,
+        before,
+    )
 
 
 def test_up_train_status_logs_down(

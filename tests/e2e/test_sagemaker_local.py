@@ -314,3 +314,186 @@ def test_a_failing_playbook_writes_its_reason_and_the_cli_shows_it(
     home = Path(doc["results"])
     assert "invalid int value: 'many'" in (home / "failure").read_text()
     assert _containers(home.name, all_=True) == []
+
+
+HOSTILE = """\
+import argparse, os, sys
+from pathlib import Path
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--outside", required=True)
+out = Path(parser.parse_args().outside)  # a folder of the machine that runs the job
+results = Path(os.environ["PROVISIONER_RESULTS_DIR"])  # the checkpoint channel
+model = Path(os.environ.get("SM_MODEL_DIR", "/opt/ml/model"))
+(results / "kept.txt").write_text("a normal result\\n")
+os.symlink(out / "victim.txt", results / "failure")
+os.symlink(out / "summary.json", results / "summary.json")
+os.symlink(out / "victim-dir", results / "model")
+os.mkfifo(results / "pipe")
+model.mkdir(parents=True, exist_ok=True)
+(model / "weights.txt").write_text("model weights\\n")
+os.symlink(out / "secret.txt", model / "stolen.txt")
+os.symlink(out, model / "stolen-dir")
+print("HOSTILE-JOB-FAILS-ON-PURPOSE", flush=True)
+sys.exit(3)
+"""
+
+
+def test_a_hostile_jobs_links_write_nothing_outside_its_results(
+    image_pin: Path, tmp_path: Path
+) -> None:
+    """A job's code runs as root over the folders its containers mount. This one plants
+    links to this machine's files where the tool writes after the run (`failure`,
+    `summary.json`, `model` in its results; links and a FIFO in /opt/ml/model) and fails:
+    nothing outside is written or read into the results, and what it wrote as plain files
+    (a result, the model) and its failure still come home."""
+    outside = tmp_path / "outside"
+    (outside / "victim-dir").mkdir(parents=True)
+    (outside / "victim.txt").write_text("the user's own file\n")
+    (outside / "summary.json").write_text('{"iterations": 7}')
+    (outside / "secret.txt").write_text("SECRET-OF-THIS-MACHINE\n")
+    before = {p.name: p.read_bytes() for p in outside.iterdir() if p.is_file()}
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "hostile.py").write_text(HOSTILE)
+    results = tmp_path / "results"
+    args = _run_args(results, image_pin, "--instance-count", "1", "--", "--outside", str(outside))
+    args[args.index(str(PLAYBOOK))] = str(job / "hostile.py")
+    code, doc, err = _finish(
+        subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), 300
+    )
+    # nothing outside changed: no failure text, summary or model written through a link
+    after = {p.name: p.read_bytes() for p in outside.iterdir() if p.is_file()}
+    assert after == before, (after, doc, err[-3000:])
+    assert list((outside / "victim-dir").iterdir()) == [], (doc, err[-3000:])
+    assert code == 1 and doc.get("status") == "failed", (code, doc, err[-3000:])
+    home = Path(doc["results"])
+    # and nothing outside was read into the results
+    assert not [p for p in home.rglob("*") if p.is_symlink()]
+    files = [p for p in home.rglob("*") if p.is_file()]
+    assert not [p for p in files if b"SECRET-OF-THIS-MACHINE" in p.read_bytes()]
+    assert not (home / "summary.json").exists() and doc["summary"] is None
+    # positive controls: the job's plain files came home, and its failure is reported
+    assert (home / "kept.txt").read_text() == "a normal result\n"
+    assert (home / "model" / "weights.txt").read_text() == "model weights\n"
+    assert "HOSTILE-JOB-FAILS-ON-PURPOSE" in doc["failure"]
+    assert "exited with status 3" in doc["failure"]
+    failure = home / "failure"
+    assert not failure.is_symlink() and "HOSTILE-JOB-FAILS-ON-PURPOSE" in failure.read_text()
+    assert _containers(home.name, all_=True) == []
+
+
+PROBE = """\
+import json, os, time
+from pathlib import Path
+
+import ray
+
+ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+results = Path(os.environ["PROVISIONER_RESULTS_DIR"])
+(results / "nodes.txt").write_text(str(sum(1 for n in ray.nodes() if n["Alive"])))
+release = Path("/tmp/release")  # made by the test once it has tried the head's Ray
+deadline = time.monotonic() + 600
+while not release.exists() and time.monotonic() < deadline:
+    time.sleep(1)
+(results / "summary.json").write_text(json.dumps({"iterations": 0}))
+"""
+# a driver of the head's Ray (its GCS by the head's name), as anyone on the job's network
+CLIENT = (
+    "import ray; ray.init(address='algo-1:6379', logging_level='ERROR', log_to_driver=False); "
+    "print('NODES', sum(1 for n in ray.nodes() if n['Alive']))"
+)
+RAY_PYTHON = "/opt/ray/bin/python3"  # the image's Python, with its Ray
+
+
+def _names(job_id: str) -> dict[str, str]:
+    """The job's running containers by host: algo-1 -> its container's name."""
+    out = subprocess.run(
+        ["docker", "ps", "--filter", f"name=sm-{job_id}_", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return {h: n for n in out for h in ("algo-1", "algo-2") if h in n}
+
+
+def _exec(container: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["docker", "exec", container, "timeout", "120", *argv],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_the_jobs_ray_refuses_a_driver_without_its_token(image_pin: Path, tmp_path: Path) -> None:
+    """Ray in a job's containers has a token of the job's own: a driver on the job's network
+    without it is refused by the head's GCS; with it (the positive control) the same driver
+    sees both hosts, and the job completes on both. The token is in no log, no variable
+    and no output of the run."""
+    job = tmp_path / "probe"
+    job.mkdir()
+    (job / "probe.py").write_text(PROBE)
+    results = tmp_path / "results"
+    args = _run_args(results, image_pin, "--instance-count", "2")
+    args[args.index(str(PLAYBOOK))] = str(job / "probe.py")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        home = None
+        while home is None or not (home / "nodes.txt").is_file():
+            assert proc.poll() is None, f"the run ended early: {proc.communicate()[1][-3000:]}"
+            assert time.monotonic() < deadline, "the job's playbook did not start in 600 s"
+            found = [p for p in results.glob("probe-*") if p.is_dir()]
+            home = found[0] if found else None
+            time.sleep(1)
+        names = _names(home.name)
+        assert set(names) == {"algo-1", "algo-2"}, names
+        networks = {
+            n: json.loads(
+                subprocess.run(
+                    ["docker", "inspect", "-f", "{{json .NetworkSettings.Networks}}", name],
+                    capture_output=True,
+                    text=True,
+                ).stdout
+            ).keys()
+            for n, name in names.items()
+        }
+        token = _exec(names["algo-1"], "cat", "/opt/ml/input/data/auth/token").stdout.strip()
+        env = _exec(names["algo-2"], "env").stdout
+        without = _exec(
+            names["algo-2"], "env", "-u", "RAY_AUTH_MODE", "-u", "RAY_AUTH_TOKEN_PATH",
+            RAY_PYTHON, "-c", CLIENT,
+        )  # fmt: skip
+        with_token = _exec(
+            names["algo-2"], "env", "RAY_AUTH_MODE=token",
+            "RAY_AUTH_TOKEN_PATH=/opt/ml/input/data/auth/token", RAY_PYTHON, "-c", CLIENT,
+        )  # fmt: skip
+        _exec(names["algo-1"], "touch", "/tmp/release")
+        code, doc, err = _finish(proc, 300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    refused = without.stdout + without.stderr
+    assert without.returncode != 0 and "NODES" not in without.stdout, refused[-3000:]
+    assert "InvalidAuthToken" in refused or "nauthenticated" in refused, refused[-3000:]
+    # positive controls: with the job's token the same driver sees both hosts, and the job
+    # completes on both
+    assert with_token.returncode == 0, (with_token.stdout + with_token.stderr)[-3000:]
+    assert "NODES 2" in with_token.stdout, with_token.stdout
+    assert code == 0 and doc["status"] == "completed", (code, doc, err[-3000:])
+    assert (home / "nodes.txt").read_text() == "2"
+    # on a network of the job's own (not the `sagemaker-local` every local-mode job
+    # shares), taken down with the job
+    own = f"sagemaker-local-{home.name}"
+    assert {n: set(v) for n, v in networks.items()} == {"algo-1": {own}, "algo-2": {own}}
+    left = subprocess.run(
+        ["docker", "network", "ls", "-q", "--filter", f"name=^{own}$"],
+        capture_output=True,
+        text=True,
+    )
+    assert left.returncode == 0 and left.stdout.strip() == "", left
+    # the token: 64 hex digits, given by file only (not in the containers' variables, the
+    # run's output or its log)
+    assert len(token) == 64 and all(c in "0123456789abcdef" for c in token), len(token)
+    assert token not in env and token not in err and token not in json.dumps(doc)
+    assert token not in (home / "sagemaker.log").read_text()

@@ -93,7 +93,7 @@ def test_hostile_values_in_validated_fields_are_rejected(lab: LabInfo, tmp_path:
         "no marker file on any node",
         kind="security",
     ) as s:
-        tried = 0
+        tried, exits = 0, set()
         for field, put in REJECTED_FIELDS.items():
             for value in HOSTILE:
                 doc = yaml.safe_load(base)
@@ -106,11 +106,13 @@ def test_hostile_values_in_validated_fields_are_rejected(lab: LabInfo, tmp_path:
                     assert field.split(".")[-1].split("[")[0] in text, (field, text)
                     assert "Traceback" not in text and "unexpected" not in text
                     tried += 1
-        assert no_marker_anywhere(lab)
+                    exits.add(code)
+        s.expect("marker", no_marker_anywhere(lab), True)
+        s.saw(tried=tried, fields=len(REJECTED_FIELDS), values=len(HOSTILE), exits=exits)
         s.observed = (
-            f"{tried} runs of doctor, up, status, image push, down and logs with "
-            f"{len(REJECTED_FIELDS)} fields x {len(HOSTILE)} hostile values: each exit 2 naming "
-            "the field, no traceback; no marker file on any node"
+            "{tried} runs of doctor, up, status, image push, down and logs with {fields} "
+            "fields x {values} hostile values: each exit {exits} naming the field, no "
+            "traceback; no marker file on any node: {marker}"
         )
 
 
@@ -149,11 +151,12 @@ def test_hostile_labels_and_resources_reach_the_node_quoted(
                 result = session.run(shim + start, timeout=30).check()
                 assert f"--labels=zone={value}" in result.stdout.split("\0")
                 checked += 2
-        assert no_marker_anywhere(lab)
+        s.expect("marker", no_marker_anywhere(lab), True)
+        s.saw(checked=checked, values=len(HOSTILE))
         s.observed = (
-            f"{checked} commands (`up`'s `docker run`, cluster.yaml's `ray start`) with "
-            f"{len(HOSTILE)} hostile values run by a node's login shell: each value arrived as "
-            "one intact word; no marker file on any node"
+            "{checked} commands (`up`'s `docker run`, cluster.yaml's `ray start`) with "
+            "{values} hostile values run by a node's login shell: each value arrived as one "
+            "intact word; no marker file on any node: {marker}"
         )
 
 
@@ -185,23 +188,27 @@ def test_token_never_shown(inv: str, lab: LabInfo, tmp_path: Path) -> None:
         }
         for name, run in runs.items():
             assert token not in run.text, name
+        s.saw(outputs=list(runs))
         assert runs["up"].code == 0 and runs["logs"].code == 0, runs["up"].stderr[-2000:]
         # positive controls: the output searched holds what it should
         assert runs["submit"].code == 0, runs["submit"].stderr[-2000:]
         assert "hello from the job" in runs["submit"].text
-        assert runs["submit"].json()["status"] == "SUCCEEDED"
+        s.expect("job", runs["submit"].json()["status"], "SUCCEEDED")
         assert token not in (tmp_path / "cluster.yaml").read_text()
         assert "ray start" in (tmp_path / "cluster.yaml").read_text()
         files = [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]
         assert len(files) > 3 and not [p for p in files if token.encode() in p.read_bytes()]
         assert any(p.name == "raylet.out" for p in files), [p.name for p in files][:20]
+        shown: set[str] = set()
         for node in lab.nodes:  # every process of the node, its nested containers' included
             ps = on_node(node, "ps auxwwe")
             assert token not in ps, node.name
             # positive control: this `ps` shows Ray's processes and their environments
             assert "raylet" in ps and "RAY_AUTH_TOKEN_PATH=" in ps, (node.name, ps[-2000:])
+            shown |= {w for w in ("raylet", "RAY_AUTH_TOKEN_PATH") if w in ps}
             if node == lab.nodes[0]:
                 assert "gcs_server" in ps, ps[-2000:]
+                shown.add("gcs_server (on the head)")
             # the `up` above installed it: the node's file holds the token, mode 0600
             out = on_node(node, f"stat -c '%a %U' /home/{node.user}/{token_on_node}")
             assert out.split() == ["600", node.user], (node.name, out)
@@ -209,17 +216,20 @@ def test_token_never_shown(inv: str, lab: LabInfo, tmp_path: Path) -> None:
             assert held == token, node.name
         state = Path(inventory.state_dir)
         holders = [p for p in state.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+        s.expect("holders", len(holders), 1)
         assert holders == [local_token_path(inventory)], holders
         modes = {str(p): oct(p.stat().st_mode & 0o777) for p in (holders[0], lab.key)}
-        assert set(modes.values()) == {"0o600"}, modes
+        s.expect("modes", sorted(set(modes.values())), ["0o600"])
+        s.saw(nodes=len(lab.nodes), shown=shown)
         s.observed = (
-            "absent from `ps` with environments on 3 nodes (which shows raylet, gcs_server on "
-            "the head, and RAY_AUTH_TOKEN_PATH), cluster.yaml, the collected logs (raylet.out "
-            "among them), the output of up (which installed it on every node again), status, "
-            "doctor, submit --json (which showed the job's output) and logs, and the state "
-            "dir but for its own file; the local token, node tokens and the lab key are 0600"
+            "absent from `ps` with environments on {nodes} nodes (which shows {shown}), "
+            "cluster.yaml, the collected logs (raylet.out among them), the output of {outputs} "
+            "(up installed it on every node again; submit --json showed the job's output, the "
+            "job {job}), and the state dir but for its own file ({holders} file); the local "
+            "token, node tokens and the lab key are mode {modes}"
         )
-        s.measured = f"{len(files)} collected log files searched"
+        s.measure(files=len(files))
+        s.measured = "{files} collected log files searched"
 
 
 REACH = """
@@ -262,20 +272,24 @@ def test_dashboard_and_jobs_api_not_reachable_from_another_node(inv: str, lab: L
         for what, (node, host, port, path) in targets.items():
             script = f"python3 -c {shlex.quote(REACH)} {host} {port} {path}"
             seen[what] = on_node(node, script).strip()
-        assert seen["dashboard /api/jobs/"].startswith("unreachable"), seen
+        s.expect("dashboard", seen["dashboard /api/jobs/"].split()[0], "unreachable")
         assert " 401 " in seen["agent /api/job_agent/jobs/"], seen
-        assert not seen["GCS"].startswith("unreachable"), seen
-        assert seen["dashboard on the head's 127.0.0.1"].startswith("HTTP/"), seen
+        s.saw(agent=401)
+        s.expect("gcs", not seen["GCS"].startswith("unreachable"), True)
+        s.expect("on_head", seen["dashboard on the head's 127.0.0.1"][:5], "HTTP/")
         s.observed = (
-            "from a worker: the dashboard port unreachable (bound to the head's 127.0.0.1) "
-            "while the head's GCS port accepts the same worker's connection; on the head "
-            "itself the dashboard answers; the dashboard agent's HTTP port answers 401 "
-            "without the token"
+            "from a worker: the dashboard port {dashboard} (bound to the head's 127.0.0.1) "
+            "while the head's GCS port accepts the same worker's connection: {gcs}; on the "
+            "head itself the dashboard answers ({on_head}...); the dashboard agent's HTTP port "
+            "answers {agent} without the token"
         )
-        s.measured = "; ".join(
-            f"{k}: {v if v.isprintable() else 'connected (a binary answer)'}"
-            for k, v in seen.items()
+        s.measure(
+            seen=[
+                f"{k}: {v if v.isprintable() else 'connected (a binary answer)'}"
+                for k, v in seen.items()
+            ]
         )
+        s.measured = "{seen}"
 
 
 NODE_LABELS = """
@@ -317,7 +331,7 @@ def test_labels_reach_ray_as_one_label_each(inv: str, lab: LabInfo, tmp_path: Pa
             hostile = labelled(Path(inv), tmp_path / "hostile.yaml", {"zone": value})
             code, text = in_process("up", "-i", str(hostile))
             assert code == 2 and "labels.zone" in text and "Traceback" not in text, text[-800:]
-            refused[value] = text
+            refused[value] = code
         labels = {"example.com/zone": "rack-1.row_2", "tier": "a-b"}
         with_labels = labelled(Path(inv), tmp_path / "labelled.yaml", labels)
         on_node(worker, f"docker rm -f {ray_container(inventory)}")  # `up` starts it again
@@ -346,9 +360,16 @@ def test_labels_reach_ray_as_one_label_each(inv: str, lab: LabInfo, tmp_path: Pa
             for address, node_labels in listed
         }
         assert own == {n.address: (labels if n == worker else {}) for n in lab.nodes}, own
-        s.observed = (
-            "`up` with the values `a,b=c`, `a=b`, `gpu,zone=x`: exit 2 naming the label, "
-            "nothing started; `example.com/zone: rack-1.row_2` and `tier: a-b`: Ray's node list "
-            "shows exactly these two labels on that worker and none on the others"
+        s.saw(
+            refused=[f"`{v}`" for v in refused],
+            exits=sorted(set(refused.values())),
+            labels=sorted(f"`{k}: {v}`" for k, v in own[worker.address].items()),
+            others=sorted({len(v) for a, v in own.items() if a != worker.address}),
         )
-        s.measured = f"up with the labels {up.seconds:.1f} s"
+        s.observed = (
+            "`up` with the values {refused}: exit {exits} naming the label, nothing started; "
+            "{labels}: Ray's node list shows exactly these labels on that worker and {others} "
+            "on the others"
+        )
+        s.measure(up=up.seconds)
+        s.measured = "up with the labels {up:.1f} s"

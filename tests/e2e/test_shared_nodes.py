@@ -419,21 +419,23 @@ def test_a_namesake_cluster_from_another_state_folder_is_left_alone_by_our_up_an
             their_name = layout.container_name(name, their_id)
             assert all(v == f"/{their_name} " + v.split()[1] + f" true {their_id}"
                        for v in before.values()), before  # fmt: skip
+            s.saw(labelled=len(before))
 
             code, doc, err = as_(ours, "down", "--no-logs")
-            assert code == 0, err[-3000:]
-            assert containers(lab, name) == before  # the same containers, still running
+            s.expect("our_down", code, 0, err[-3000:])
+            s.expect("kept", containers(lab, name) == before, True)  # the same, still running
 
             code, doc, err = as_(ours, "up")
-            assert code == 1, err[-3000:]
+            s.expect("our_up", code, 1, err[-3000:])
             said = err + str(doc)
             assert "another cluster of the same name" in said and their_id in said, said[-3000:]
-            assert containers(lab, name) == before
+            s.saw(named_theirs=their_id in said)
+            s.expect("untouched", containers(lab, name) == before, True)
 
             # positive control: their own down does remove them
             code, _, err = as_(theirs, "down", "--no-logs")
-            assert code == 0, err[-3000:]
-            assert set(containers(lab, name).values()) == {""}
+            s.expect("their_down", code, 0, err[-3000:])
+            s.expect("after_theirs", sorted(set(containers(lab, name).values())), [""])
 
             # a container with our very name and no id label: not ours, left alone
             our_id = cluster_id(ours)
@@ -446,21 +448,24 @@ def test_a_namesake_cluster_from_another_state_folder_is_left_alone_by_our_up_an
             kept = containers(lab, name, also=our_name)[head.name]
             assert kept.startswith(f"/{our_name} ") and kept.endswith(" false"), kept
             code, doc, err = as_(ours, "down", "--no-logs")
-            assert code == 0, err[-3000:]
+            s.expect("down_planted", code, 0, err[-3000:])
             assert f"{our_name} on this node carries no cluster id" in err, err[-3000:]
             assert "left alone" in err and containers(lab, name, also=our_name)[head.name] == kept
+            s.saw(down_said="carries no cluster id ... left alone")
             code, doc, err = as_(ours, "up")
             said = err + str(doc)
             assert code == 1 and "carries no cluster id" in said, said[-3000:]
-            assert containers(lab, name, also=our_name)[head.name] == kept
+            s.saw(up_planted=code)
+            s.expect("planted_kept", containers(lab, name, also=our_name)[head.name] == kept, True)
             ssh(lab, head, f"docker rm -f {our_name}")
 
             # positive control: then ours starts, named and labelled with our id
             code, _, err = as_(ours, "up")
-            assert code == 0, err[-3000:]
+            s.expect("ours_up", code, 0, err[-3000:])
             now = containers(lab, name)
             assert all(v.startswith(f"/{our_name} ") and v.endswith(f" true {our_id}")
                        for v in now.values()), now  # fmt: skip
+            s.saw(ours=len(now))
         finally:
             if (ours / "clusters" / name / "cluster_id").exists():  # a planted one left
                 planted_name = layout.container_name(name, cluster_id(ours))
@@ -470,10 +475,12 @@ def test_a_namesake_cluster_from_another_state_folder_is_left_alone_by_our_up_an
         assert set(containers(lab, name).values()) == {""}
         s.observed = (
             "the other state folder's containers carried its own cluster id (label and "
-            "name) on every node; our `down`: exit 0, the same containers still running; our "
-            "`up`: exit 1 naming the other cluster's id, its containers untouched; its own "
-            "`down` removed them; a container created with our container's name and no id "
-            "label: our `down` exit 0 saying it carries no cluster id, left alone; our `up` "
-            "exit 1 saying so; once it was removed our `up` started ours, named and labelled "
-            "with our id"
+            "name) on {labelled} nodes; our `down`: exit {our_down}, the same containers "
+            "still running: {kept}; our `up`: exit {our_up} naming the other cluster's id: "
+            "{named_theirs}, its containers untouched: {untouched}; its own `down` exit "
+            "{their_down} removed them (containers left: [{after_theirs}]); a container "
+            "created with our container's name and no id label: our `down` exit "
+            "{down_planted} saying `{down_said}`; our `up` exit {up_planted} saying so; the "
+            "container untouched by both: {planted_kept}; once it was removed our `up` exit "
+            "{ours_up} started ours, named and labelled with our id, on {ours} nodes"
         )

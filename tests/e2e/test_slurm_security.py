@@ -128,7 +128,7 @@ def test_another_user_who_pre_creates_job_directories_runs_nothing(
                 f"PYTHONDONTWRITEBYTECODE=1 "
                 f"{VENV_PY} -c pass; rm -f /home/lab/t")  # fmt: skip
         control = loot(first)
-        assert control.startswith("lab token='tok'"), control
+        s.expect("control", control.startswith("lab token='tok'"), True, control)
         as_root(first, f"rm -f {LOOT}/*")
 
         script = tmp_path / "train.sbatch"
@@ -166,38 +166,47 @@ def test_another_user_who_pre_creates_job_directories_runs_nothing(
                 if rc == 0:
                     seen[node.name] = out
             time.sleep(1)
-        assert len(seen) == len(compute), seen
+        s.expect("running", len(seen), len(compute), str(seen))
         for name, out in seen.items():
             assert "dirs: lab 700 " in out and "RAY_AUTH_TOKEN_PATH=" in out, (name, out)
             assert "RAY_AUTH_TOKEN=" not in out, (name, out)
+        s.saw(dirs="lab 700", env="RAY_AUTH_TOKEN_PATH")
 
         wait_gone(slurm_lab, str(job_id), timeout=300)
         results = f"/home/lab/provisioner-results/{slurm_lab.name}-{job_id}"
         rc, summary = exec_rc(first.container, f"cat {results}/summary.json")
         _, log = exec_rc(first.container, f"cat /home/lab/{slurm_lab.name}-{job_id}.out")
         assert rc == 0, f"no summary.json: {summary}\n{log[-3000:]}"
-        assert json.loads(summary)["iterations"] == 2
+        s.expect("iterations", json.loads(summary)["iterations"], 2)
         assert f"driver exited with 0; results in {results}" in log, log[-3000:]
         assert log.count(f"in /tmp/rayjob-{job_id}.") == len(compute), log[-3000:]
 
         planted = f"/tmp/rayjob-{job_id} /tmp/rayjob-{job_id}.XXXXXX /tmp/ray"
+        ran, wrote, kept, left_over = 0, 0, 0, 0
         for node in compute:
             assert loot(node) == "", f"{node.name}: the planted code ran: {loot(node)}"
+            ran += loot(node) != ""
             ours = as_root(node, f"find {planted} -user lab")
             assert ours.strip() == "", f"{node.name}: the job wrote into planted folders: {ours}"
+            wrote += ours.strip() != ""
             intact = as_root(node, f"ls /tmp/rayjob-{job_id}/playbook")
             assert "sitecustomize.py" in intact  # the planted file was there all along
+            kept += "sitecustomize.py" in intact
             left = as_root(node, f"find /tmp -maxdepth 1 -name 'rayjob-{job_id}.*' -user lab")
             assert left.strip() == "", f"{node.name}: job directories left: {left}"
+            left_over += left.strip() != ""
+        s.saw(ran=ran, wrote=wrote, kept=kept, left=left_over)
         s.observed = (
             "positive control: the planted sitecustomize.py ran as the job's user and read "
-            "a token file once its folder was on PYTHONPATH; the job, whose old directory "
-            "name was planted on every node, trained to the end; each node's Ray ran in a "
-            "directory of the job's user, mode 0700, its raylet given the token's file, "
-            "never the token; the planted code never ran, nothing of the job's user in the "
-            "planted folders, the job's directories removed at the end"
+            "a token file once its folder was on PYTHONPATH: {control}; the job, whose old "
+            "directory name was planted on every node, trained to the end ({iterations} "
+            "iterations); Ray seen running on {running} nodes, each in directories of "
+            "`{dirs}`, its raylet's environment naming {env}, never the token; the planted "
+            "sitecustomize.py still there on {kept} nodes yet ran on {ran}; nodes where the "
+            "job wrote into the planted folders: {wrote}; with its directories left: {left}"
         )
-        s.measured = f"{len(ids)} job ids x 2 names planted on {len(compute)} nodes"
+        s.measure(ids=len(ids), nodes=len(compute))
+        s.measured = "{ids} job ids x 2 names planted on {nodes} nodes"
 
 
 SCONTROL_WRAPPER = """#!/bin/sh
@@ -246,7 +255,7 @@ def test_a_login_node_that_answers_hostile_node_names_writes_nothing_outside_the
             assert "show hostnames" in as_root(login, "cat /tmp/scontrol-calls")  # it answered
             node = json.loads(record.read_text())["nodes"][0]["name"]
             code, _, err = cli("logs", "-i", inventory, "-o", str(logs))
-            assert code == 0, err[-3000:]
+            s.expect("control", code, 0, err[-3000:])
             assert [p.name for p in logs.iterdir()] == [node] and (logs / node).is_dir()
             code, down, err = cli_json("down", "-i", inventory, "--no-logs")
             assert code == 0 and down["slurm"]["left_queue"], err[-3000:]
@@ -257,19 +266,25 @@ def test_a_login_node_that_answers_hostile_node_names_writes_nothing_outside_the
                 "..": rf"s|^{node}$|..|",
                 "-oProxyCommand=x as the address": r"s|NodeAddr=[^ ]*|NodeAddr=-oProxyCommand=x|",
             }
+            exits, wheres, queued, recorded = set(), set(), 0, 0
             for what, sed in cases.items():
                 as_root(login, f"printf '%s\\n' {shlex.quote(sed)} >/tmp/scontrol.sed")
                 code, out, err = cli("up", "-i", inventory, "--json")
                 assert code == 2, (what, code, err[-3000:])
+                exits.add(code)
                 error = json.loads(out)["error"]
                 assert error["kind"] == "InputError" and error["where"] == login.name, error
+                wheres.add("the login node" if error["where"] == login.name else error["where"])
                 assert "refused a node of the SLURM allocation" in error["message"], error
                 assert "cancelling it" in err, (what, err[-2000:])
                 left = on_login(slurm_lab, f"squeue -h -n provisioner-{cluster} -o %i")
                 assert not left.strip(), f"{what}: a job left queued: {left}"
+                queued += bool(left.strip())
                 assert not record.exists(), f"{what}: recorded"
+                recorded += record.exists()
                 code, _, err = cli("logs", "-i", inventory, "-o", str(logs / "x"))
                 assert code == 2 and "has no SLURM allocation" in err, (what, err[-2000:])
+            s.saw(hostile=list(cases), exits=exits, where=wheres, queued=queued, recorded=recorded)
             as_root(login, ": >/tmp/scontrol.sed")
 
             # read back: a record that holds such a name (as an older provisioner wrote it)
@@ -280,27 +295,30 @@ def test_a_login_node_that_answers_hostile_node_names_writes_nothing_outside_the
             data["nodes"][0]["name"] = "../../escape"
             record.write_text(json.dumps(data))
             code, out, err = cli("logs", "-i", inventory, "-o", str(logs / "y"), "--json")
-            assert code == 2, err[-3000:]
+            s.expect("read_back", code, 2, err[-3000:])
             assert "recorded SLURM allocation" in json.loads(out)["error"]["message"], out
             record.write_text(good)  # positive control: the same record with its own name
             code, _, err = cli("logs", "-i", inventory, "-o", str(logs / "y"))
             node = json.loads(good)["nodes"][0]["name"]
             assert code == 0 and [p.name for p in (logs / "y").iterdir()] == [node], err[-3000:]
+            s.saw(own_name=code)
         finally:
             as_root(login, ": >/tmp/scontrol.sed")
             cli("down", "-i", inventory, "--no-logs")
-        assert not absolute.exists() and not (tmp_path / "escape").exists()
-        assert [p.name for p in (tmp_path / "deep").iterdir()] == ["logs"]
+        s.expect("escaped", absolute.exists() or (tmp_path / "escape").exists(), False)
+        s.expect("beside", [p.name for p in (tmp_path / "deep").iterdir()], ["logs"])
         assert sorted(p.name for p in logs.iterdir()) == sorted([node, "y"])
         s.observed = (
             "positive control: through the same scontrol wrapper, plain names gave a "
-            "cluster whose logs landed in LOGS/NODE; `../../escape`, an absolute path and "
-            "`..` as names, `-oProxyCommand=x` as an address: each `up` exit 2 naming the "
-            "login node, its job cancelled, nothing recorded; a record holding such a name "
-            "refused where it is read back (exit 2), the same record with its own name "
-            "collected; nothing written outside the logs folder"
+            "cluster whose logs landed in LOGS/NODE (logs exit {control}); as the answer: "
+            "{hostile}: each `up` exit {exits} naming {where}, jobs left queued: {queued}, "
+            "records written: {recorded}; a record holding such a name refused where it is "
+            "read back (exit {read_back}), the same record with its own name collected (exit "
+            "{own_name}); in the logs folder's parent only {beside}; a file written at the "
+            "escaping paths: {escaped}"
         )
-        s.measured = f"{len(cases)} hostile answers refused"
+        s.measure(refused=len(cases))
+        s.measured = "{refused} hostile answers refused"
 
 
 PWNED = "/tmp/provisioner-pwned-scope"
@@ -335,6 +353,7 @@ def test_a_login_node_that_answers_a_scoped_address_runs_nothing(
             # positive control: that text, read as code by the lab user's bash, runs
             as_user(login, "lab", f"cd /tmp && bash -c {shlex.quote('echo ' + SCOPED)}")
             assert marked(slurm_lab) == [login.name]
+            s.saw(control=["the login node" if m == login.name else m for m in marked(slurm_lab)])
             as_root(login, f"rm -f {PWNED}")
             assert marked(slurm_lab) == []
 
@@ -342,23 +361,28 @@ def test_a_login_node_that_answers_a_scoped_address_runs_nothing(
             # run by the same bash: the address is an argument, never code
             wait = wait_for_port_command(SCOPED, 9, 0.2, "true")
             rc, out = exec_rc(login.container, f"su -s /bin/bash lab -c {shlex.quote(wait)}")
-            assert rc == 1, (rc, out[-1500:])  # it timed out: port 9 of that address never answers
-            assert marked(slurm_lab) == [], "the wait-for-port command ran the scope id"
+            s.expect("wait", rc, 1, out[-1500:])  # it timed out: port 9 never answers
+            s.expect("after_wait", len(marked(slurm_lab)), 0, "the wait-for-port command ran it")
 
             sed = f"s|NodeAddr=[^ ]*|NodeAddr={SCOPED}|"
             as_root(login, f"printf '%s\\n' {shlex.quote(sed)} >/tmp/scontrol.sed")
             code, out, err = cli("up", "-i", inventory, "--json")
-            assert code == 2, (code, err[-3000:])
+            s.expect("exit", code, 2, err[-3000:])
             assert "show node" in as_root(login, "cat /tmp/scontrol-calls")  # it answered
             error = json.loads(out)["error"]
             assert error["kind"] == "InputError" and error["where"] == login.name, error
             assert "refused a node of the SLURM allocation" in error["message"], error
-            assert "scope id that is not an interface's name" in error["message"], error
+            s.expect(
+                "scope",
+                "scope id that is not an interface's name" in error["message"],
+                True,
+                str(error),
+            )
             assert "Traceback" not in err and "cancelling it" in err, err[-2000:]
             left = on_login(slurm_lab, f"squeue -h -n provisioner-{cluster} -o %i")
-            assert not left.strip(), f"a job left queued: {left}"
-            assert not record.exists(), "recorded"
-            assert marked(slurm_lab) == [], "the scope id ran"
+            s.expect("queued", left.strip(), "", "a job left queued")
+            s.expect("recorded", record.exists(), False)
+            s.expect("marked", marked(slurm_lab), [], "the scope id ran")
         finally:
             as_root(login, ": >/tmp/scontrol.sed")
             cli("down", "-i", inventory, "--no-logs")
@@ -366,8 +390,10 @@ def test_a_login_node_that_answers_a_scoped_address_runs_nothing(
                 exec_rc(node.container, f"rm -f {PWNED}")
         s.observed = (
             "positive control: the address read as code by the lab user's bash on the login "
-            "node created the marker file; the wait-for-port command given that address "
-            "timed out and created nothing; `up` with the login node answering it: exit 2 "
-            "naming the login node and the scope id, its job cancelled, nothing recorded, "
-            "the marker on no node nor here"
+            "node created the marker file on {control}; the wait-for-port command given that "
+            "address exited {wait} (timed out), the marker then on {after_wait} nodes; `up` "
+            "with the login node answering it: exit {exit} naming the login node and the "
+            "scope id as not an interface's name: {scope}, its job cancelled (queued: "
+            "`{queued}`), a record written: {recorded}; the marker on no node nor here: "
+            "[{marked}]"
         )

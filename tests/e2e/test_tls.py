@@ -275,9 +275,10 @@ def test_ray_traffic_runs_tls_with_the_cluster_ca(
         t0 = time.monotonic()
         code, up, err = cli_json("up", "-i", inventory)
         assert code == 0, err[-3000:]
-        assert up["status"]["alive_nodes"] == len(lab.nodes), up["status"]
+        s.expect("alive", up["status"]["alive_nodes"], len(lab.nodes), str(up["status"]))
         seen = check_gcs(inv, tmp_path)
         assert_gcs_tls(inv, seen)
+        s.saw(probes=sorted(seen))
 
         # A driver on a worker: the node's own files get in; no TLS, another CA's
         # certificate (with its CA, or beside the cluster's CA) do not.
@@ -288,6 +289,7 @@ def test_ray_traffic_runs_tls_with_the_cluster_ca(
         container = ray_container(inv)
         own_rc, own_out = driver(worker, container, head, {})
         assert own_rc == 0 and f"CONNECTED {len(lab.nodes)}" in own_out, own_out
+        s.saw(own=f"CONNECTED {len(lab.nodes)}")
         refused = {
             "no TLS": {"RAY_USE_TLS": "0"},
             "another CA": tls.ray_env(folder),
@@ -302,6 +304,7 @@ def test_ray_traffic_runs_tls_with_the_cluster_ca(
             for name, future in tries.items():
                 rc, out = future.result()
                 assert "CONNECTED" not in out, (name, rc, out)
+        s.saw(drivers=list(refused))
 
         # A raylet joining from a worker: with the cluster's files it joins; with no TLS,
         # or another CA's certificate beside the cluster's CA, it never appears alive
@@ -309,6 +312,7 @@ def test_ray_traffic_runs_tls_with_the_cluster_ca(
         assert joined["ours"], joined  # positive control: the cluster's files get in
         assert joined["no TLS refused"] and joined["another CA refused"], joined
         assert not joined["no TLS"] and not joined["another CA's cert, our CA"], joined
+        s.saw(raylets=[f"{k}: {v}" for k, v in joined.items()])
 
         # PPO with an env runner on every node: the job's driver and workers have TLS too
         code, out, err = cli(
@@ -318,43 +322,47 @@ def test_ray_traffic_runs_tls_with_the_cluster_ca(
         )  # fmt: skip
         assert code == 0, err[-3000:]
         job = json.loads(out)
-        assert job["status"] == "SUCCEEDED", job
+        s.expect("job", job["status"], "SUCCEEDED", str(job))
         runners = json.loads((tmp_path / "results" / job["job_id"] / "runners.json").read_text())
         assert {r["node_ip"] for r in runners} == {n.address for n in lab.nodes}, runners
+        s.saw(runner_nodes=len({r["node_ip"] for r in runners}))
 
         # rotation: a new CA on every node; a client of the old CA is refused
         before = tls.load(tls.ca_path(inv))
         code, rotated, err = cli_json("up", "-i", inventory, "--rotate-token")
         assert code == 0 and rotated["token"]["rotated"], err[-3000:]
         after = tls.load(tls.ca_path(inv))
-        assert after.fingerprint() != before.fingerprint()
+        s.expect("new_ca", after.fingerprint() != before.fingerprint(), True)
         assert not tls.next_ca_path(inv).exists()
         old_ca = tmp_path / "old-ca.crt"
         old_ca.write_bytes(before.cert_pem())
         old = client_files(tmp_path, "old", before, "127.0.0.1")
         gcs = inv.ports.gcs
         old_seen = handshake(inv.head.address, gcs, old_ca, *old)
-        assert not old_seen.verified and not old_seen.grpc, old_seen
+        s.expect("old_verified", old_seen.verified, False, str(old_seen))
+        s.expect("old_grpc", old_seen.grpc, False, str(old_seen))
         (tmp_path / "after").mkdir()
         new_seen = check_gcs(inv, tmp_path / "after")  # the new CA's certificate works
         assert_gcs_tls(inv, new_seen)
+        s.saw(after=sorted(new_seen))
         s.observed = (
-            "after `up`, a TLS client at the head's GCS port got a certificate of the "
-            "cluster's CA for the head's address and an HTTP/2 SETTINGS frame with a "
-            "certificate of that CA; without a certificate, or with another CA's, the "
-            "connection was closed at the handshake and nothing was served; the dashboard "
-            "agent's HTTP port (the control) showed no TLS; a driver on a worker connected "
-            "with the node's files and did not with no TLS, another CA's files, or another "
-            "CA's certificate beside the cluster's CA; a raylet started on a worker with the "
-            "cluster's files and token joined (alive in the GCS), the same with no TLS or "
-            "with another CA's certificate beside the cluster's CA never appeared alive; "
-            "PPO trained with env runners on every "
-            "node; after `up --rotate-token` the CA was new and the old CA's certificate "
-            "was refused"
+            "after `up` ({alive} nodes alive), TLS clients at the head's GCS port ({probes}): "
+            "with a certificate of the cluster's CA, that CA's certificate for the head's "
+            "address and an HTTP/2 SETTINGS frame; without a certificate, or with another "
+            "CA's, closed at the handshake, nothing served; the dashboard agent's HTTP port "
+            "(the control) without TLS; a driver on a worker with the node's files: "
+            "{own}; refused (no CONNECTED): {drivers}; raylets started on a worker: {raylets}; "
+            "PPO {job} with env runners on {runner_nodes} nodes; after `up --rotate-token` a "
+            "new CA: {new_ca}, the old CA's certificate verified: {old_verified}, served gRPC: "
+            "{old_grpc}; the same clients against the new CA: {after}"
         )
-        s.measured = f"{time.monotonic() - t0:.0f} s in all; refused: " + "; ".join(
-            f"{k}: {v.error[:60]}" for k, v in seen.items() if k in ("none", "other CA's cert")
+        s.measure(
+            seconds=time.monotonic() - t0,
+            refused=[
+                f"{k}: {v.error[:60]}" for k, v in seen.items() if k in ("none", "other CA's cert")
+            ],
         )
+        s.measured = "{seconds:.0f} s in all; refused: {refused}"
     code, down, err = cli_json("down", "-i", inventory, "--no-logs")
     assert code == 0 and down["ok"], err[-3000:]
 

@@ -10,6 +10,7 @@ import pytest
 from provisioner.cluster import down
 from provisioner.cluster.allocation import Job, on_nodes
 from provisioner.inventory import load_inventory
+from provisioner.runtime.context import cluster_context
 from provisioner.slurm.commands import QueueState
 from tests.unit.inventories import make_inventory
 from tests.unit.test_slurm import SLURM_INV
@@ -61,7 +62,9 @@ def test_down_before_the_allocation_ran_touches_no_node(
     inv = load_inventory(path)
     assert not on_nodes(inv)
     told: list[object] = []
-    result = down.down_cluster(inv, logs_dir=tmp_path / "logs", on_nodes=told.append)
+    result = down.down_cluster(
+        cluster_context(inv), logs_dir=tmp_path / "logs", on_nodes=told.append
+    )
     assert result.queued_only and result.ok and not result.removed
     assert result.slurm is not None and result.slurm.to_json() == {
         "job_id": None,

@@ -20,6 +20,7 @@ from provisioner.checks.plan import PinFacts, Plan
 from provisioner.doctor import CATALOGUE
 from provisioner.doctor.run import node_findings
 from provisioner.inventory import Node, RayPorts, SSHSettings
+from provisioner.runtime import judges
 from provisioner.runtime.container_checks import check_versions
 from provisioner.runtime.docker.doctor import parse as docker_parse
 from provisioner.runtime.docker.runtime import CAPS as DOCKER_CAPS
@@ -39,7 +40,7 @@ def facts(name: str, node: Node) -> NodeFacts:
 
 
 def judged(name: str, node: Node, plan: Plan = PLAN) -> list[Finding]:
-    return node_findings(node, facts(name, node), plan)
+    return node_findings(node, facts(name, node), plan, judges(plan.runtime))
 
 
 def problems(findings: list[Finding]) -> set[tuple[str, str]]:
@@ -149,17 +150,22 @@ def test_clock_offset() -> None:
 
 def test_truncated_output_is_reported() -> None:
     text = (GOLDEN / "healthy_head.txt").read_text().split("@@listening")[0]
-    findings = node_findings(HEAD, parse_facts(HEAD.name, text, runtime=docker_parse), PLAN)
+    findings = node_findings(
+        HEAD, parse_facts(HEAD.name, text, runtime=docker_parse), PLAN, judges(PLAN.runtime)
+    )
     assert ("doctor.facts", "warning") in problems(findings)
 
 
 def test_rsync_needed_only_for_ray_up() -> None:
     f = facts("healthy_head", HEAD)
     f.rsync = ""
-    plain = node_findings(HEAD, f, PLAN)
+    plain = node_findings(HEAD, f, PLAN, judges(PLAN.runtime))
     assert not [x for x in plain if x.check == "tools.rsync"]
     ray_up = node_findings(
-        HEAD, f, Plan(ports=RayPorts(), head=HEAD.name, ray_up=True, caps=DOCKER_CAPS)
+        HEAD,
+        f,
+        Plan(ports=RayPorts(), head=HEAD.name, ray_up=True, caps=DOCKER_CAPS),
+        judges(PLAN.runtime),
     )
     assert ("tools.rsync", "error") in problems(ray_up)
 
@@ -206,7 +212,9 @@ def test_node_text_in_a_fix_is_quoted_for_pasting() -> None:
     f = facts("ray_login_only", WORKER1)
     hostile_dir = "/opt/x $(touch /tmp/pwned)"
     f.login = dataclasses.replace(f.login, ray=f"{hostile_dir}/ray")
-    (finding,) = [g for g in node_findings(WORKER1, f, PLAN) if g.check == "shell.env"]
+    (finding,) = [
+        g for g in node_findings(WORKER1, f, PLAN, judges(PLAN.runtime)) if g.check == "shell.env"
+    ]
     assert f"export PATH={shlex.quote(hostile_dir)}:" in finding.fix
     stale = facts("stale_raylet", HEAD)
     stale.runtime = dataclasses.replace(

@@ -55,7 +55,7 @@ def test_the_login_shells_ray_is_parsed_with_its_interpreter_and_stack() -> None
 
 def test_clean_host_nodes_have_no_errors_and_no_docker_checks() -> None:
     for name, node in (("host_head", HEAD), ("host_worker", W1)):
-        found = node_findings(node, facts(name, node), PLAN)
+        found = node_findings(node, facts(name, node), PLAN, judges(PLAN.runtime))
         assert not [f for f in found if f.severity == "error"], found
         assert not any(f.check.startswith(("docker.", "image.")) for f in found)
         assert all(f.check in CATALOGUE for f in found)
@@ -70,7 +70,11 @@ def test_dockers_disk_does_not_matter_in_host_mode() -> None:
     # a runtime's images (its round asks df for /tmp and $HOME only)
     full = facts("host_head", HEAD)
     assert full.runtime.data_root == ""
-    host_disk = [f for f in node_findings(HEAD, full, PLAN) if f.check == "resources.disk"]
+    host_disk = [
+        f
+        for f in node_findings(HEAD, full, PLAN, judges(PLAN.runtime))
+        if f.check == "resources.disk"
+    ]
     assert not any("Docker" in f.message for f in host_disk)
     # the same node as the docker runtime parses it: Docker's root, with its thresholds
     as_docker = parse_facts(HEAD.name, (GOLDEN / "host_head.txt").read_text(), runtime=docker_parse)
@@ -81,7 +85,7 @@ def test_dockers_disk_does_not_matter_in_host_mode() -> None:
     docker = replace(PLAN, runtime="docker", caps=DOCKER_CAPS, runtime_label="Docker")
     (bad_disk,) = [
         f
-        for f in node_findings(HEAD, low, docker)
+        for f in node_findings(HEAD, low, docker, judges(docker.runtime))
         if f.check == "resources.disk" and root in f.message
     ]
     assert bad_disk.severity == "error" and "Docker's data" in bad_disk.message
@@ -152,10 +156,12 @@ def test_this_clusters_running_ray_is_waived_on_its_node_only() -> None:
     assert host.own_ray(running, "lead-host") and not host.own_ray(running, "other")
     assert not host.own_ray(running, "lead")  # a name that is a prefix of this one
     busy = [error("ports.free", HEAD.name, "port 6379 (gcs) is in use by gcs_server")]
-    assert [f.severity for f in explained_by_own_ray(busy, running, "lead-host", "host")] == [
-        "warning"
+    assert [
+        f.severity for f in explained_by_own_ray(busy, running, "lead-host", judges("host"))
+    ] == ["warning"]
+    assert [f.severity for f in explained_by_own_ray(busy, running, "other", judges("host"))] == [
+        "error"
     ]
-    assert [f.severity for f in explained_by_own_ray(busy, running, "other", "host")] == ["error"]
 
 
 def test_a_nodes_ray_version_reaches_a_suggested_pip_install_quoted_or_not_at_all() -> None:

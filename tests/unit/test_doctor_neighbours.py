@@ -21,6 +21,7 @@ from provisioner.cluster.up import _refuse_foreign_gcs
 from provisioner.doctor.run import DoctorReport, node_findings
 from provisioner.errors import OperationError
 from provisioner.inventory import Inventory, Node, RayPorts, SSHSettings
+from provisioner.runtime import judges
 from provisioner.runtime.base import RayState
 from provisioner.runtime.docker.doctor import parse as docker_parse
 from provisioner.runtime.docker.runtime import CAPS as DOCKER_CAPS
@@ -65,7 +66,7 @@ def test_a_third_cluster_on_overlapping_ports_is_an_error_naming_the_other() -> 
     free = free_base([head, worker], ports)
     assert free == 21000
     plan = plan_for("i15-c", ports, free)
-    found = by_check(node_findings(HEAD, head, plan), "ray.cluster")
+    found = by_check(node_findings(HEAD, head, plan, judges(plan.runtime)), "ray.cluster")
     (error,) = [f for f in found if f.severity == "error"]
     assert error.message == (
         "cluster i15-b's Ray (container ray-i15-b, a job is running) uses port(s) "
@@ -74,7 +75,9 @@ def test_a_third_cluster_on_overlapping_ports_is_an_error_naming_the_other() -> 
     assert "ray: {port_base: 21000}" in error.fix and "leave it running" in error.fix
     (fine,) = [f for f in found if f.severity == "ok"]
     assert fine.message.startswith("cluster i15's Ray (container ray-i15) runs here on other")
-    everything = node_findings(HEAD, head, plan) + node_findings(WORKER, worker, plan)
+    everything = node_findings(HEAD, head, plan, judges(plan.runtime)) + node_findings(
+        WORKER, worker, plan, judges(plan.runtime)
+    )
     # nothing else blames the other clusters, and no fix removes or stops them
     assert not [f for f in everything if f.check == "ray.stale" and f.severity == "error"]
     assert not any("rm -f" in f.fix or "provisioner down" in f.fix for f in found)
@@ -87,7 +90,10 @@ def test_another_cluster_on_its_own_block_is_fine_and_its_own_ray_is_this_cluste
         ("i15-b", RayPorts.from_base(20000), "i15"),
         ("i15", RayPorts(), "i15-b"),
     ):
-        found = by_check(node_findings(HEAD, head, plan_for(cluster, ports)), "ray.cluster")
+        found = by_check(
+            node_findings(HEAD, head, plan_for(cluster, ports), judges("docker")),
+            "ray.cluster",
+        )
         assert [(f.severity, f.message.split("'s Ray")[0]) for f in found] == [
             ("ok", f"cluster {other}")
         ]
@@ -97,7 +103,9 @@ def test_the_usual_ports_meet_the_usual_ports() -> None:
     """Two clusters left on Ray's usual ports: the second is stopped, naming the first."""
     head = facts("two_clusters_head", HEAD)
     plan = plan_for("other", RayPorts(), 21000)
-    errors = [f for f in node_findings(HEAD, head, plan) if f.severity == "error"]
+    errors = [
+        f for f in node_findings(HEAD, head, plan, judges(plan.runtime)) if f.severity == "error"
+    ]
     assert {f.check for f in errors} == {"ray.cluster"}
     messages = " ".join(f.message for f in errors)
     assert "cluster i15's Ray" in messages and "6379" in messages and "10001-19999" in messages
@@ -146,12 +154,14 @@ def test_host_mode_rays_are_told_by_their_node_directory() -> None:
     )
     (error,) = [
         f
-        for f in node_findings(node, head, plan)
+        for f in node_findings(node, head, plan, judges(plan.runtime))
         if f.check == "ray.cluster" and f.severity == "error"
     ]
     assert error.message.startswith(
         "cluster i15-host-b's Ray (processes in the temp dir of cluster i15-host-b) uses "
         "port(s) 22500-22508, 22600-22999"
     )
-    stale = [f for f in node_findings(node, head, plan) if f.check == "ray.stale"]
+    stale = [
+        f for f in node_findings(node, head, plan, judges(plan.runtime)) if f.check == "ray.stale"
+    ]
     assert [f.severity for f in stale] == ["ok"]

@@ -7,6 +7,7 @@ from dataclasses import replace
 from provisioner.checks.facts import Container, NodeFacts, RuntimeFacts
 from provisioner.checks.findings import Finding, error
 from provisioner.doctor.run import explained_by_own_ray
+from provisioner.runtime import judges
 
 BUSY = [
     error("ports.free", "n0", "port 6379 (gcs) is in use by gcs_server", "", "stop it"),
@@ -21,7 +22,7 @@ def facts(*containers: Container) -> NodeFacts:
 
 def test_own_running_ray_turns_its_port_findings_into_warnings() -> None:
     out = explained_by_own_ray(
-        BUSY, facts(Container("ray-demo", "sha256:x", "running", "demo")), "demo", "docker"
+        BUSY, facts(Container("ray-demo", "sha256:x", "running", "demo")), "demo", judges("docker")
     )
     assert [(f.check, f.severity) for f in out] == [
         ("ports.free", "warning"),
@@ -34,13 +35,15 @@ def test_own_running_ray_turns_its_port_findings_into_warnings() -> None:
 def test_host_mode_own_ray_is_a_raylet_naming_this_clusters_temp_dir() -> None:
     short = "  913 raylet /v/raylet --raylet_socket_name=/tmp/prov-demo/session_x/sockets/raylet"
     own = replace(NodeFacts(host="n0"), ray_processes=(short,))
-    assert [f.severity for f in explained_by_own_ray(BUSY, own, "demo", "host")] == [
+    assert [f.severity for f in explained_by_own_ray(BUSY, own, "demo", judges("host"))] == [
         "warning",
         "warning",
         "error",
     ]
     longer = replace(NodeFacts(host="n0"), ray_processes=(short.replace("-demo/", "-demo2/"),))
-    assert [f.severity for f in explained_by_own_ray(BUSY, longer, "demo", "host")] == ["error"] * 3
+    assert [f.severity for f in explained_by_own_ray(BUSY, longer, "demo", judges("host"))] == [
+        "error"
+    ] * 3
     # a Ray an older provisioner started in the node directory itself is this cluster's too
     ours = (
         "  912 raylet /v/ray/core/src/ray/raylet/raylet "
@@ -48,10 +51,10 @@ def test_host_mode_own_ray_is_a_raylet_naming_this_clusters_temp_dir() -> None:
     )
     other = ours.replace("/clusters/demo/", "/clusters/other/")
     own = replace(NodeFacts(host="n0"), ray_processes=(ours,))
-    out = explained_by_own_ray(BUSY, own, "demo", "host")
+    out = explained_by_own_ray(BUSY, own, "demo", judges("host"))
     assert [f.severity for f in out] == ["warning", "warning", "error"]
     foreign = replace(NodeFacts(host="n0"), ray_processes=(other,))
-    assert [f.severity for f in explained_by_own_ray(BUSY, foreign, "demo", "host")] == [
+    assert [f.severity for f in explained_by_own_ray(BUSY, foreign, "demo", judges("host"))] == [
         "error"
     ] * 3
 
@@ -61,5 +64,5 @@ def test_other_clusters_or_stopped_containers_stay_errors() -> None:
         Container("ray-other", "x", "running", "other"),
         Container("ray-demo", "x", "exited", "demo"),
     ):
-        out: list[Finding] = explained_by_own_ray(BUSY, facts(c), "demo", "docker")
+        out: list[Finding] = explained_by_own_ray(BUSY, facts(c), "demo", judges("docker"))
         assert [f.severity for f in out] == ["error"] * 3

@@ -27,6 +27,7 @@ from provisioner.gpu.facts import GpuFacts, parse_cdi_spec, parse_gpu_facts
 from provisioner.gpu.plan import GpuPlan, plan_gpus
 from provisioner.inventory import Node, RayPorts, SSHSettings, load_inventory
 from provisioner.node import commands
+from provisioner.runtime import judges
 from provisioner.runtime.docker import doctor as docker_doctor
 from provisioner.runtime.docker import runtime as docker
 from provisioner.runtime.docker.gpu import check_toolkit
@@ -210,9 +211,9 @@ def test_gpus_under_a_cpu_image_are_a_warning() -> None:
 def test_host_mode_needs_no_container_toolkit() -> None:
     plan = dataclasses.replace(PLAN, runtime="host", caps=HOST_CAPS)
     f = NodeFacts("n", gpu=gpu_facts("no_toolkit_t4"))
-    checks = {x.check for x in node_findings(node(), f, plan)}
+    checks = {x.check for x in node_findings(node(), f, plan, judges(plan.runtime))}
     assert "gpu.driver" in checks and "gpu.toolkit" not in checks
-    assert "gpu.toolkit" in {x.check for x in node_findings(node(), f, PLAN)}
+    assert "gpu.toolkit" in {x.check for x in node_findings(node(), f, PLAN, judges(PLAN.runtime))}
 
 
 def test_mixed_models_across_the_cluster_warn() -> None:
@@ -226,7 +227,7 @@ def test_mixed_models_across_the_cluster_warn() -> None:
 
 def test_gpu_checks_run_in_the_doctors_node_findings() -> None:
     f = node_facts("simulated_gpu_no_toolkit")
-    checks = {x.check: x.severity for x in node_findings(node(), f, PLAN)}
+    checks = {x.check: x.severity for x in node_findings(node(), f, PLAN, judges(PLAN.runtime))}
     assert checks["gpu.toolkit"] == "error" and checks["docker.daemon"] == "ok"
 
 

@@ -454,6 +454,85 @@ def test_the_inventorys_default_runtime_is_registered() -> None:
     assert DEFAULT_RUNTIME in RUNTIMES
 
 
+# --- one context per command ----------------------------------------------------------------
+#
+# The inventory's runtime is built in one place: `runtime/context.py`'s `cluster_context`
+# (the CLI builds one per command and hands it down); the registry only defines it.
+
+RUNTIME_FOR_CALLERS = {"provisioner/runtime/context.py"}
+
+
+def calls_of(source: str, name: str) -> list[int]:
+    """The lines where `source` calls a function called `name` (`f(...)` or `m.f(...)`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if called == name:
+                found.append(node.lineno)
+    return found
+
+
+def private_imports(source: str) -> list[str]:
+    """`from M import _name`: a private name of another module (dunders aside)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{node.lineno}: from {node.module} import {alias.name}")
+    return found
+
+
+def test_the_call_finder_sees_calls_and_private_imports() -> None:
+    """Positive control: the readers the checks below rely on."""
+    source = (
+        "from provisioner.runtime import runtime_for\n"
+        "from provisioner.cli.cluster import _pin\n"
+        "from provisioner import __version__\n"
+        "def f(inv):\n"
+        "    a = runtime_for(inv)\n"
+        "    return registry.runtime_for(inv, None)\n"
+    )
+    assert calls_of(source, "runtime_for") == [5, 6]
+    assert private_imports(source) == ["2: from provisioner.cli.cluster import _pin"]
+
+
+def test_the_runtime_is_built_in_one_place() -> None:
+    callers = {}
+    for path in source_files():
+        lines = calls_of(path.read_text(), "runtime_for")
+        if lines:
+            callers[str(path.relative_to(ROOT))] = lines
+    assert set(callers) == RUNTIME_FOR_CALLERS, callers
+    assert sum(len(v) for v in callers.values()) == 1, callers
+
+
+def test_the_doctor_builds_no_runtime_and_looks_up_no_judges_by_name() -> None:
+    """The doctor is given the runtime and the pin (the command's context): it calls
+    neither `runtime_for`, nor the registry's `judges(name)`, nor reads the pin."""
+    found = []
+    for path in sorted((PACKAGE / "doctor").rglob("*.py")):
+        source = path.read_text()
+        for name in ("runtime_for", "judges", "read_pin", "cluster_context"):
+            found += [f"{path.relative_to(ROOT)}:{n}: {name}" for n in calls_of(source, name)]
+        for node in ast.walk(ast.parse(source)):  # nor under another name
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "provisioner.runtime"
+            ):
+                names = {a.name for a in node.names} & {"runtime_for", "judges", "context"}
+                found += [f"{path.relative_to(ROOT)}:{node.lineno}: imports {n}" for n in names]
+    assert not found, found
+
+
+def test_the_cli_imports_no_private_name_of_another_module() -> None:
+    found = []
+    for path in sorted((PACKAGE / "cli").rglob("*.py")):
+        found += [f"{path.relative_to(ROOT)}:{h}" for h in private_imports(path.read_text())]
+    assert not found, "the CLI imports private names:\n  " + "\n  ".join(found)
+
+
 def test_the_architecture_doc_lists_what_each_package_imports() -> None:
     """docs/architecture.md's layering table says, for each package, what it imports: it
     must be the graph the code has (so the doc stays true)."""

@@ -151,3 +151,63 @@ def test_up_delivers_nothing_for_a_runtime_without_a_delivery(tmp_path: Path) ->
     up.prepare(ctx, result)
     assert result.push is None and "push" in result.timings
     assert result.to_json()["push"] is None
+
+
+class _Refusing:
+    """A node's session that records what it is asked and fails it (the push stops there)."""
+
+    def __init__(self, host: str, asked: list[str]) -> None:
+        self.host = host
+        self.asked = asked
+
+    def run(self, command: str, **kwargs: Any) -> Result:
+        self.asked.append(command)
+        raise RemoteError(self.host, "refused (test)", "none", kind="remote")
+
+    def __getattr__(self, name: str) -> Any:
+        def other(*args: Any, **kwargs: Any) -> Any:
+            self.asked.append(f"<{name}>")
+            raise RemoteError(self.host, "refused (test)", "none", kind="remote")
+
+        return other
+
+
+def test_image_push_on_a_podman_inventory_goes_through_podmans_delivery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`image push` delivers as `up` does: on a Podman inventory the first thing a node is
+    asked is what its Podman holds (then `podman load`), never Docker's push."""
+    from provisioner import remote
+    from provisioner.cli import image as cli_image
+    from provisioner.cli import run
+    from provisioner.image.pin import write_pin
+    from provisioner.runtime.podman.delivery import state_command
+
+    pin = make_pin(image_id=PIN_ID)
+    lock = tmp_path / "image.lock.json"
+    write_pin(pin, lock)
+    inventory = make_inventory(tmp_path, runtime="podman", image_lock=lock)
+    asked: list[str] = []
+
+    class _Pool:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def __enter__(self) -> _Pool:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+        def session(self, node: Any) -> _Refusing:
+            return _Refusing(node.name, asked)
+
+    monkeypatch.setattr(cli_image, "load_cluster", lambda path: inventory)
+    monkeypatch.setattr(remote, "Pool", _Pool)
+    monkeypatch.setattr(push, "Pool", _Pool)
+    assert run(["image", "push", "-i", str(tmp_path / "inventory.yaml"), "--json"]) == 1
+    assert asked and set(asked) == {state_command(PIN_ID)}, asked
+    assert not any("docker load" in a for a in asked)

@@ -464,8 +464,8 @@ def test_own_ray_is_this_clusters_running_container() -> None:
     assert not podman.JUDGES.own_ray(running, "another")
     assert not podman.JUDGES.own_ray(golden("podman_head"), "e2e-podman")
     # the busy ports and Ray processes there are this cluster's own: warnings, not errors
-    judged = node_findings(HEAD, running, plan())
-    kept = explained_by_own_ray(judged, running, "e2e-podman", "podman")
+    judged = node_findings(HEAD, running, plan(), judges(plan().runtime))
+    kept = explained_by_own_ray(judged, running, "e2e-podman", judges("podman"))
     assert any(f.check == "ray.stale" and f.severity == "error" for f in judged)
     assert not [f for f in kept if f.severity == "error"], [
         f for f in kept if f.severity == "error"

@@ -272,6 +272,11 @@ def test_render_writes_the_sdks_request_for_four_c5_2xlarge(tmp_path: Path) -> N
     script = (out / "train_job.py").read_text()
     compile(script, "train_job.py", "exec")
     assert "instance_count=4" in script and done.image_uri in script
+    # the job's Ray token: the `auth` channel, a file push.sh makes and pipes to S3
+    (auth,) = [c for c in request["InputDataConfig"] if c["ChannelName"] == contract.AUTH_CHANNEL]
+    auth_s3 = auth["DataSource"]["S3DataSource"]["S3Uri"]
+    assert "head -c 32 /dev/urandom" in push and f"- {auth_s3}token" in push
+    assert repr(auth_s3) in script
 
 
 def test_progress_shows_the_entry_points_and_the_loops_lines_only() -> None:
@@ -342,3 +347,131 @@ def test_the_written_cost_is_the_written_hours_times_the_price() -> None:
         assert c["cost"] == round(c["instance_hours"] * 0.5, 5), (seconds, c)
         mine = rlrun.cost_of("node-hour", 2 * seconds / 3600, 0.5)
         assert mine["cost"] == round(mine["hours"] * 0.5, 5), (seconds, mine)
+
+
+def test_the_entry_point_gives_ray_the_jobs_token_by_path_or_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    env = {f"SM_CHANNEL_{contract.AUTH_CHANNEL.upper()}": str(tmp_path)}
+    with pytest.raises(contract.ContractError, match="no Ray token"):
+        train.use_token(dict(env))
+    (tmp_path / contract.TOKEN_FILE).write_text("f" * 64)
+    train.use_token(env)
+    assert env["RAY_AUTH_MODE"] == "token"
+    assert env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / contract.TOKEN_FILE)
+    assert "f" * 64 not in json.dumps(env)
+
+
+def test_a_local_jobs_token_is_private_and_its_own(tmp_path: Path) -> None:
+    from provisioner.sagemaker.local import make_token
+
+    one, two = tmp_path / "a", tmp_path / "b"
+    one.mkdir()
+    two.mkdir()
+    tokens = []
+    for root in (one, two):
+        auth = make_token(root)
+        token = auth / contract.TOKEN_FILE
+        assert (auth.stat().st_mode & 0o777, token.stat().st_mode & 0o777) == (0o700, 0o600)
+        tokens.append(token.read_text())
+    assert tokens[0] != tokens[1] and all(len(t) == 64 for t in tokens)
+
+
+def _planted(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A staging folder as a hostile job leaves it: plain files beside links to this
+    machine's files and folders, a FIFO, and a name a tar would refuse."""
+    import os
+
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "secret.txt").write_text("SECRET")
+    staging = tmp_path / "staging"
+    (staging / "checkpoints" / "iter-000001").mkdir(parents=True)
+    (staging / "metrics.csv").write_text("iteration\n1\n")
+    (staging / "checkpoints" / "iter-000001" / "state.pkl").write_bytes(b"\0state")
+    (staging / "failure").symlink_to(outside / "secret.txt")
+    (staging / "model").symlink_to(outside / "dir")
+    (staging / "stolen.txt").symlink_to(outside / "secret.txt")
+    (staging / "stolen-dir").symlink_to(outside)
+    os.mkfifo(staging / "pipe")
+    (staging / ".tmp-metrics.csv").write_text("half")
+    (staging / "bad\nname").write_text("x")
+    return staging, tmp_path / "home", outside
+
+
+def test_what_a_job_leaves_comes_home_as_plain_files_and_no_link_is_followed(
+    tmp_path: Path,
+) -> None:
+    from provisioner.sagemaker import bring
+    from provisioner.sagemaker.local import channel_skip
+
+    staging, home, outside = _planted(tmp_path)
+    sync = bring.Sync(staging, home, "a job's results", "the test", skip=channel_skip)
+    assert sorted(sync.once()) == ["checkpoints/iter-000001/state.pkl", "metrics.csv"]
+    found = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
+    assert found == ["checkpoints", "checkpoints/iter-000001",
+                     "checkpoints/iter-000001/state.pkl", "metrics.csv"]  # fmt: skip
+    assert (home / "checkpoints" / "iter-000001" / "state.pkl").read_bytes() == b"\0state"
+    assert sync.skipped == {"stolen.txt", "stolen-dir", "pipe", "bad\nname"}
+    assert sorted(p.name for p in outside.rglob("*")) == ["dir", "secret.txt"]
+    assert (home / "metrics.csv").stat().st_mode & 0o777 == 0o600
+    # again: only what changed comes (the metrics rewritten), and it replaces the old copy
+    assert sync.once() == []
+    (staging / "metrics.csv").write_text("iteration\n1\n2\n")
+    assert sync.once() == ["metrics.csv"]
+    assert (home / "metrics.csv").read_text() == "iteration\n1\n2\n"
+
+
+def test_a_containers_failure_is_read_bounded_and_never_through_a_link(tmp_path: Path) -> None:
+    import os
+
+    from provisioner.sagemaker import bring
+
+    (tmp_path / "secret").write_text("SECRET")
+    (tmp_path / "failure").write_text("x" * 10_000)
+    (tmp_path / "link").symlink_to(tmp_path / "secret")
+    os.mkfifo(tmp_path / "pipe")
+    assert bring.read_bounded(tmp_path / "failure", 100) == "x" * 100
+    assert bring.read_bounded(tmp_path / "link", 100) is None
+    assert bring.read_bounded(tmp_path / "pipe", 100) is None  # not opened to wait on
+    assert bring.read_bounded(tmp_path / "absent", 100) is None
+
+
+def test_the_sdks_compose_file_names_the_jobs_own_network_and_it_copies_nothing(
+    tmp_path: Path,
+) -> None:
+    import yaml
+    from sagemaker.train.local.local_container import _LocalContainer
+
+    from provisioner.sagemaker.local import COMPOSE_FILE, network_name, sdk_patched
+
+    c = _LocalContainer(
+        training_job_name="unit",
+        instance_type="local",
+        instance_count=2,
+        image="provisioner/ray-sagemaker:unit",
+        container_root=str(tmp_path),
+        input_data_config=[],
+        environment={},
+        hyper_parameters={},
+        container_entrypoint=None,
+        container_arguments=None,
+    )
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "stolen").symlink_to(tmp_path / "secret")
+    (tmp_path / "secret").write_text("SECRET")
+    volumes = [f"{tmp_path / 'model'}:/opt/ml/model"]
+    with sdk_patched(network_name("job-1")):
+        content = c._generate_compose_file({}, volumes)
+        c.retrieve_artifacts(content)
+    written = yaml.safe_load((tmp_path / COMPOSE_FILE).read_text())
+    assert written["networks"] == {"sagemaker-local": {"name": "sagemaker-local-job-1"}}
+    assert written["services"]["algo-2"]["networks"] == {"sagemaker-local": {"aliases": ["algo-2"]}}
+    assert not (tmp_path / "artifacts").exists()  # nothing copied (through the link or not)
+    # afterwards the SDK is itself again (the positive control of both)
+    c._generate_compose_file({}, volumes)
+    assert yaml.safe_load((tmp_path / COMPOSE_FILE).read_text())["networks"] == {
+        "sagemaker-local": {"name": "sagemaker-local"}
+    }
+    c.retrieve_artifacts(content)  # the SDK's own copy reads through the job's link
+    assert (tmp_path / "artifacts" / "model" / "stolen").read_text() == "SECRET"

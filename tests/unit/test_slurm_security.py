@@ -29,6 +29,7 @@ from provisioner.inventory.allocation import (
     write_allocation,
 )
 from provisioner.inventory.models import Slurm
+from provisioner.runtime import runtime_for
 from provisioner.slurm import commands
 from provisioner.slurm.sbatch import (
     JOB_DIR_MAX,
@@ -160,7 +161,8 @@ def test_collect_refuses_a_node_name_before_running_anything(tmp_path: Path) -> 
 
             return Session()
 
-    out = collect(inv, Pool(), directory=tmp_path / "logs", runtime=None)  # type: ignore[arg-type]
+    runtime = runtime_for(inv)
+    out = collect(inv, Pool(), directory=tmp_path / "logs", runtime=runtime)  # type: ignore[arg-type]
     assert out.nodes == ["h"] and "../escape" in out.errors, out
     assert "refused the logs of node" in out.errors["../escape"]
     assert len(ran) == 1 and not (tmp_path / "escape").exists()

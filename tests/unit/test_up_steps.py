@@ -124,6 +124,7 @@ def test_the_clis_flags_become_the_options_with_the_same_defaults(
 class _FakeInventory:
     slurm = None
     image_lock = None
+    runtime = "docker"
     nodes = ()  # the CLI's pool warms to none
 
 
@@ -134,3 +135,51 @@ def test_the_context_refuses_an_unknown_runtime_before_anything_runs(
     inv = make_inventory(tmp_path, runtime="nosuch")
     with pytest.raises(InputError, match="nosuch"):
         up.context(inv, None, pin=None)  # type: ignore[arg-type]
+
+
+def test_one_up_reads_the_pin_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`provisioner up` reads the pin file once and hands it down: the doctor (through to
+    its verdict, which stops this `up`: no node answers) is given it and reads none."""
+    from contextlib import contextmanager
+
+    from provisioner.cli import cluster as cli_cluster
+    from provisioner.cli import run
+    from provisioner.cluster import subnet
+    from provisioner.doctor import run as doctor_run
+    from provisioner.errors import RemoteError
+    from provisioner.image import pin as pin_mod
+    from provisioner.image.pin import write_pin
+    from provisioner.remote.results import GroupResult
+
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    lock = tmp_path / "image.lock.json"
+    write_pin(make_pin(), lock)
+    inv = make_inventory(tmp_path, image_lock=lock)
+    reads: list[Path] = []
+    real = pin_mod.read_pin
+
+    def counted(path: Path) -> Any:
+        reads.append(path)
+        return real(path)
+
+    class _Pool:
+        @contextmanager
+        def warm(self) -> Any:
+            yield self
+
+    def unreached(pool: Any, inventory: Any, *args: Any, **kwargs: Any) -> Any:
+        return GroupResult(errors={n.name: RemoteError(n.name, "unreached", "") for n in inv.nodes})
+
+    monkeypatch.setattr(pin_mod, "read_pin", counted)
+    monkeypatch.setattr(cli_cluster, "read_pin", counted, raising=False)  # where it was bound
+    monkeypatch.setattr(cli_cluster, "load_inventory", lambda path: inv)
+    monkeypatch.setattr(cli_cluster, "Pool", lambda inventory: _Pool())
+    monkeypatch.setattr(subnet, "resolve_ray_subnet", lambda held, pool, report: held)
+    monkeypatch.setattr(up, "install_token_and_tls", lambda inventory, pool: None)
+    monkeypatch.setattr(doctor_run, "gather_facts", unreached)
+    monkeypatch.setattr(doctor_run, "run_probes", lambda *a, **k: ({}, GroupResult()))
+    assert run(["up", "-i", str(inv.path), "--json"]) == 1
+    assert '"stopped_by": "doctor"' in capsys.readouterr().out  # the doctor ran, and judged
+    assert reads == [lock]

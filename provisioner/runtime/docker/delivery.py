@@ -64,10 +64,12 @@ class DockerDelivery:
         push: str = "auto",
         *,
         node_ids: dict[str, str] | None = None,
+        options: PushOptions | None = None,
     ) -> None:
         self.inventory = inventory
         self.pin = pin
         self.push = push
+        self.options = options  # `image push`'s flags; None: the push `push` says
         self.image_id = pin.image_id if pin else ""
         # node -> the pin's ID in its image store (Docker's containerd image store: its
         # manifest's digest), as `deliver` found them (the doctor's round, or a push where
@@ -104,14 +106,14 @@ class DockerDelivery:
                 "(or `runtime: host` to run Ray from the nodes' own Python)",
                 where=str(self.inventory.path),
             )
-        report(f"image: making every node hold {self.pin.short_id()} (push: {self.push})")
+        opts = self.options or push_options(self.push)
+        shape = "image push" if self.options else f"push: {self.push}"
+        report(f"image: making every node hold {self.pin.short_id()} ({shape})")
         ready = ready or {}
         # the ID each node the doctor saw holding the pin has it by: its start runs that,
         # with no image lookup first (`DockerRuntime.start_command`)
         self.node_ids.update(ready)
-        pushed = push_image(
-            self.inventory, pool, report, pin=self.pin, opts=push_options(self.push), held=ready
-        )
+        pushed = push_image(self.inventory, pool, report, pin=self.pin, opts=opts, held=ready)
         self.node_ids.update(
             (name, n.image_id)
             for name, n in pushed.nodes.items()

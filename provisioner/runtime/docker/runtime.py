@@ -30,7 +30,7 @@ from provisioner.runtime.containers import (
     tls_options,
 )
 from provisioner.runtime.docker.delivery import DockerDelivery, tag_holds_pin_command
-from provisioner.runtime.docker.direct import store_ids
+from provisioner.runtime.docker.direct import PushOptions, store_ids
 from provisioner.runtime.docker.doctor import JUDGES
 from provisioner.runtime.docker.gpu import gpu_methods, gpu_options, run_gpu_options
 
@@ -128,9 +128,20 @@ class DockerRuntime(ContainerRuntime):
         self.node_ids: dict[str, str] = {}
         self._store_ids: frozenset[str] | None = None
 
-    def delivery(self) -> DockerDelivery:
+    def delivery(self, options: PushOptions | None = None) -> DockerDelivery:
         # the push tells the pin's ID on nodes whose image store names it otherwise
-        return DockerDelivery(self.inventory, self.pin, self.push, node_ids=self.node_ids)
+        return DockerDelivery(
+            self.inventory, self.pin, self.push, node_ids=self.node_ids, options=options
+        )
+
+    def image_alt_id(self) -> str:
+        """The pin's ID in Docker's containerd image store (its manifest's digest), when
+        this machine can tell it: the pin saved here, as a push to such a node leaves it."""
+        if self.pin is None:
+            return ""
+        if self._store_ids is None:
+            self._store_ids = store_ids(self.pin)
+        return next(iter(sorted(self._store_ids - {self.pin.image_id})), "")
 
     def started_state(self) -> RayState:
         return RayState(status="running", runs=self.image)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from provisioner.checks.facts import NodeFacts
 from provisioner.gpu.facts import GpuFacts
@@ -33,6 +34,9 @@ from provisioner.remote.commands import login_shell
 from provisioner.runtime.base import Capabilities, Judges, RayState, RenderSection
 from provisioner.runtime.host.doctor import check_host_versions, node_judges
 from provisioner.runtime.host.gpu import gpu_env
+
+if TYPE_CHECKING:
+    from provisioner.runtime.docker.direct import PushOptions
 
 START_LOG = "start.log"
 STOP_WAIT_S = 15
@@ -281,8 +285,11 @@ class HostRuntime:
         self.image_id = ""
         self.cluster_id = read_cluster_id(inventory)  # "" before the first `up`
 
-    def delivery(self) -> None:
+    def delivery(self, options: PushOptions | None = None) -> None:
         return None  # the nodes bring their own Ray; the doctor checked the versions
+
+    def image_alt_id(self) -> str:
+        return ""  # no image
 
     def state_command(self) -> str:
         return state_command(self.cluster, self.cluster_id)

@@ -229,10 +229,13 @@ class PodmanDelivery:
     the pin into each node's `podman load`, verified by ID; a node that holds it is sent
     nothing."""
 
-    def __init__(self, inventory: Inventory, pin: Pin | None) -> None:
+    def __init__(
+        self, inventory: Inventory, pin: Pin | None, options: LoadOptions | None = None
+    ) -> None:
         self.inventory = inventory
         self.pin = pin
         self.image_id = pin.image_id if pin else ""
+        self.options = options or LoadOptions()
 
     def has_command(self) -> str:
         return has_image_command(self.image_id)
@@ -260,7 +263,7 @@ class PodmanDelivery:
         pin = self._pin()
         report(f"image: making every node's Podman hold {pin.short_id()} (podman load)")
         nodes = [n for n in self.inventory.nodes if n.name not in ready]
-        out = deliver(pool, nodes, pin, report)
+        out = deliver(pool, nodes, pin, report, self.options)
         for name in ready:
             out.nodes[name] = NodeDelivery(name, "none", len(pin.layers), via="doctor")
         return out

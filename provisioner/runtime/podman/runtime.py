@@ -17,6 +17,7 @@ import shlex
 from functools import partial
 from typing import Any
 
+from provisioner.errors import InputError
 from provisioner.gpu.facts import GpuFacts
 from provisioner.gpu.plan import GpuPlan
 from provisioner.image.pin import Pin
@@ -25,8 +26,9 @@ from provisioner.node import layout
 from provisioner.runtime import containers
 from provisioner.runtime.base import RayState
 from provisioner.runtime.containers import CAPS, ContainerRuntime
+from provisioner.runtime.docker.direct import PushOptions
 from provisioner.runtime.docker.gpu import gpu_options, run_gpu_options
-from provisioner.runtime.podman.delivery import PodmanDelivery, bare_id, full_id
+from provisioner.runtime.podman.delivery import LoadOptions, PodmanDelivery, bare_id, full_id
 from provisioner.runtime.podman.doctor import JUDGES
 from provisioner.runtime.podman.gpu import gpu_methods
 
@@ -124,8 +126,19 @@ class PodmanRuntime(ContainerRuntime):
     def _pin(self) -> Pin:
         return self.delivery()._pin()
 
-    def delivery(self) -> PodmanDelivery:
-        return PodmanDelivery(self.inventory, self.pin)
+    def delivery(self, options: PushOptions | None = None) -> PodmanDelivery:
+        if options is not None and (options.relay or options.forward):
+            raise InputError(
+                "the podman runtime loads the image from this machine into each node's "
+                "Podman: it has no star or chain",
+                "drop --star/--chain",
+                where="--star/--chain",
+            )
+        load = LoadOptions() if options is None else LoadOptions(compress=options.compress)
+        return PodmanDelivery(self.inventory, self.pin, load)
+
+    def image_alt_id(self) -> str:
+        return ""  # Podman names the pin by its own ID (bare)
 
     def started_state(self) -> RayState:
         return RayState(status="running", runs=self.image_id or None)

@@ -39,6 +39,11 @@ CODE_CHANNEL = "code"
 # where checkpoints and the live results go, when not /opt/ml/checkpoints (local mode has
 # no checkpoint sync, so `sagemaker run` points this at a channel it mounts)
 CHECKPOINT_DIR_ENV = "PROVISIONER_SM_CHECKPOINT_DIR"
+# the job's Ray token: a file `token` in the `auth` channel, made per job by `sagemaker run`;
+# Ray reads it by path (RAY_AUTH_TOKEN_PATH), so it is never in a variable, an argument or
+# a log, as on a cluster (provisioner/node/token.py)
+AUTH_CHANNEL = "auth"
+TOKEN_FILE = "token"
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
 
@@ -173,6 +178,16 @@ def output_dir(env: Mapping[str, str]) -> PurePosixPath:
 
 def checkpoint_dir(env: Mapping[str, str]) -> PurePosixPath:
     return PurePosixPath(env.get(CHECKPOINT_DIR_ENV, str(CHECKPOINT_DIR)))
+
+
+def token_path(env: Mapping[str, str]) -> PurePosixPath:
+    return channel_dir(AUTH_CHANNEL, env) / TOKEN_FILE
+
+
+def ray_auth_env(token: PurePosixPath) -> dict[str, str]:
+    """The variables that make every Ray process (`ray start`, a driver) use the job's
+    token, read from the file `token`; the same as a cluster's nodes get."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
 
 
 def failure_text(reason: str) -> str:

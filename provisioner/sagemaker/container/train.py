@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from types import FrameType
 
@@ -258,11 +258,26 @@ def write_failure(env: Mapping[str, str], reason: str) -> None:
     (out / contract.FAILURE_FILE).write_text(contract.failure_text(reason))
 
 
+def use_token(environ: MutableMapping[str, str]) -> None:
+    """Every Ray process of this host (`ray start`, the playbook, the node count) with the
+    job's token: refused (ContractError) when the `auth` channel holds none, since a Ray
+    without one runs the code of anyone who reaches its port."""
+    token = contract.token_path(environ)
+    if not Path(token).is_file():
+        raise contract.ContractError(
+            f"no Ray token at {token} (the `{contract.AUTH_CHANNEL}` channel); Ray is not "
+            "started without one"
+        )
+    environ.update(contract.ray_auth_env(token))
+
+
 def main(argv: list[str] | None = None) -> int:
-    env = dict(os.environ)
     stop = Stop()
     signal.signal(signal.SIGTERM, stop.handle)
+    env = dict(os.environ)
     try:
+        use_token(os.environ)  # inherited by every process started here
+        env = dict(os.environ)
         res = contract.parse_resources(
             read_text(Path(contract.CONFIG_DIR / "resourceconfig.json")), env
         )

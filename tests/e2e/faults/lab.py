@@ -64,10 +64,11 @@ def during(
     action: Callable[[subprocess.Popen[str]], None],
     delay: float = 0.0,
     timeout: float = 300,
+    watch: str = "stderr",
 ) -> Run:
-    """Run the CLI; call `action(process)` `delay` seconds after a stderr line contains
-    `when`. Fails when the line never comes (the command ended first). `after_signal`:
-    seconds from the action to the exit."""
+    """Run the CLI; call `action(process)` `delay` seconds after a line of its `watch`
+    stream ("stderr" or "stdout") contains `when`. Fails when the line never comes (the
+    command ended first). `after_signal`: seconds from the action to the exit."""
     t0 = time.monotonic()
     proc = subprocess.Popen(
         [PROVISIONER, *args],
@@ -77,21 +78,20 @@ def during(
         env={**os.environ, "COLUMNS": "200"},
         preexec_fn=sigint_as_at_a_terminal,
     )
-    lines: list[str] = []
+    got: dict[str, list[str]] = {"stdout": [], "stderr": []}
     seen = threading.Event()
 
-    def read() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.append(line)
-            if when in line:
+    def read(name: str) -> None:
+        stream = getattr(proc, name)
+        assert stream is not None
+        for line in stream:
+            got[name].append(line)
+            if name == watch and when in line:
                 seen.set()
 
-    stdout: list[str] = []
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    out_reader = threading.Thread(target=lambda: stdout.append(proc.stdout.read()), daemon=True)  # type: ignore[union-attr]
-    out_reader.start()
+    readers = [threading.Thread(target=read, args=(n,), daemon=True) for n in got]
+    for reader in readers:
+        reader.start()
     acted: float | None = None
     try:
         while proc.poll() is None and time.monotonic() - t0 < timeout:
@@ -105,29 +105,33 @@ def during(
         except subprocess.TimeoutExpired:
             raise AssertionError(
                 f"`provisioner {' '.join(args[:2])}` neither finished nor failed within "
-                f"{timeout:.0f}s; last output: {''.join(lines)[-300:]}"
+                f"{timeout:.0f}s; last output: {''.join(got[watch])[-300:]}"
             ) from None
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    reader.join(5)
-    out_reader.join(5)
-    out = "".join(stdout)
+    for reader in readers:
+        reader.join(5)
+    out, err = "".join(got["stdout"]), "".join(got["stderr"])
     end = time.monotonic()
-    err = "".join(lines)
-    assert acted is not None, f"never saw {when!r}; the command ended first:\n{err[-2000:]}"
+    said = "".join(got[watch])
+    assert acted is not None, f"never saw {when!r}; the command ended first:\n{said[-2000:]}"
     return Run(proc.returncode, out, err, end - t0, end - acted)
 
 
-def interrupt(*args: str, when: str, delay: float = 0.0, timeout: float = 300) -> Run:
-    """Ctrl-C: SIGINT to the CLI `delay` seconds after a stderr line contains `when`."""
+def interrupt(
+    *args: str, when: str, delay: float = 0.0, timeout: float = 300, watch: str = "stderr"
+) -> Run:
+    """Ctrl-C: SIGINT to the CLI `delay` seconds after a line of its `watch` stream
+    contains `when`."""
     return during(
         *args,
         when=when,
         action=lambda p: p.send_signal(signal.SIGINT),
         delay=delay,
         timeout=timeout,
+        watch=watch,
     )
 
 
