@@ -43,11 +43,11 @@ from bench_repeats import Attempt, Repeats, summary
 
 from provisioner.errors import InputError
 from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin
-from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.config import LabConfig, LabNode
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up, load_config
+from provisioner.runtime.docker.push import PushOptions, push_image
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("bring-up", "fan-out", "latency", "ssh", "push", "link", "training", "tls", "scale")

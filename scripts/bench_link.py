@@ -23,8 +23,8 @@ from bench_push import one_node, remove_pin
 
 from provisioner.console import quiet
 from provisioner.image.pin import CLUSTER_TAG, Pin
-from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import Inventory, Node
+from provisioner.runtime.docker.push import PushOptions, push_image
 
 
 def ssh_argv(node: Node, command: str) -> list[str]:

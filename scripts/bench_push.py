@@ -29,9 +29,9 @@ from typing import Any
 
 from provisioner.console import quiet
 from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin
-from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.remote import Pool
+from provisioner.runtime.docker.push import PushOptions, push_image
 
 SMALL_TAG = "provisioner/bench:push"
 

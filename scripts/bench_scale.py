@@ -30,12 +30,12 @@ from bench_repeats import Repeats
 
 from provisioner.console import quiet
 from provisioner.image.pin import Pin, read_pin
-from provisioner.image.plan import LOAD_FACTOR
-from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_inventory
 from provisioner.lab import wire
 from provisioner.lab.config import LabConfig
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up
+from provisioner.runtime.docker.push import PushOptions, push_image
+from provisioner.runtime.docker.push_plan import LOAD_FACTOR
 
 MODES = ("direct", "star", "forward")
 PROVISIONER = [sys.executable, "-m", "provisioner"]

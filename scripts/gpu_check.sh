@@ -48,9 +48,10 @@ from provisioner.checks.facts import parse_facts
 from provisioner.checks.gpu_checks import check_gpus
 from provisioner.checks.plan import PinFacts, Plan
 from provisioner.gpu.plan import plan_gpus
-from provisioner.runtime.docker_gpu import gpu_options as docker_gpu_options
+from provisioner.runtime.docker.gpu import gpu_methods as docker_gpu_methods
+from provisioner.runtime.docker.gpu import gpu_options as docker_gpu_options
 from provisioner.inventory import Node, RayPorts, SSHSettings
-from provisioner.runtime.docker import CAPS, DockerRuntime
+from provisioner.runtime.docker.runtime import CAPS, DockerRuntime
 out, pin_path = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 facts = parse_facts("this-node", (out / "facts.txt").read_text())
 g = facts.gpu
@@ -67,7 +68,7 @@ for f in findings:
 plan = plan_gpus(node, g, DockerRuntime.gpu_methods)
 (out / "plan.json").write_text(json.dumps({"options": docker_gpu_options(plan) if plan else [], "count": plan.count if plan else 0, "accelerator_type": plan.accelerator_type if plan else None}))
 listed = len([ln for ln in smi.splitlines() if ln.startswith("GPU ")])
-line = f"{len(g.gpus)} GPU(s) parsed (nvidia-smi -L lists {listed}), driver {g.driver_version}, toolkit {g.toolkit_version or '?'}, ways in: {', '.join(g.methods()) or 'none'}"
+line = f"{len(g.gpus)} GPU(s) parsed (nvidia-smi -L lists {listed}), driver {g.driver_version}, toolkit {g.toolkit_version or '?'}, ways in: {', '.join(docker_gpu_methods(g)) or 'none'}"
 (out / "facts-line.txt").write_text(line)
 ok = g.driver_ok and len(g.gpus) == listed and plan is not None and not [f for f in findings if f.severity == "error"]
 sys.exit(0 if ok else 1)

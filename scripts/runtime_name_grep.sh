@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Branches on a runtime's name outside provisioner/runtime/ (and the lab, which builds the
-# nodes each runtime needs): a comparison, a table keyed by names, a name as a default or
+# Branches on a runtime's name outside provisioner/runtime/ (the lab included: it asks each
+# runtime for its node recipe): a comparison, a table keyed by names, a name as a default or
 # passed where a runtime goes. No output: none. Usage: scripts/runtime_name_grep.sh [DIR]
 # (DIR: the package folder, default provisioner). tests/unit/test_layering.py runs this
 # and the same check on the code's syntax.
@@ -15,5 +15,5 @@ grep -rnE --include='*.py' \
   -e ",\s*$q($names)$q\)" \
   -e "$q($names)$q:\s*$q[a-z]*\.log" \
   -e "host_mode|RUNTIME_LOG" \
-  "$dir" | grep -v "^$dir/runtime/\|^$dir/lab/\|DEFAULT_RUNTIME = "
+  "$dir" | grep -v "^$dir/runtime/\|DEFAULT_RUNTIME = "
 exit 0

@@ -18,10 +18,10 @@ from provisioner.image.lock import (
     resolve_without_download,
 )
 from provisioner.image.pin import BUILD_TAG, CLUSTER_TAG, pin_to_dict, read_pin
-from provisioner.image.push import PushOptions
 from provisioner.inventory import load_cluster
 from provisioner.local import write_output
 from provisioner.runtime.context import cluster_context
+from provisioner.runtime.docker.push import PushOptions
 
 app = typer.Typer(
     help="The pinned cluster image: lock, build, push to every node.", no_args_is_help=True

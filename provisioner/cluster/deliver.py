@@ -1,5 +1,5 @@
 """`image push`: the pin delivered to every node by the inventory's runtime, as `up`
-delivers it (docker: the push of `image/`, in the shape the flags ask for; podman: `podman
+delivers it (docker: the push of `runtime/docker/`, in the shape the flags ask for; podman: `podman
 load` from this machine), each node verified by ID."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from provisioner.node.delivery import DeliveryReport
 from provisioner.runtime.context import ClusterContext
 
 if TYPE_CHECKING:
-    from provisioner.image.direct import PushOptions
+    from provisioner.runtime.docker.direct import PushOptions
 
 
 def deliver_pin(

@@ -108,20 +108,6 @@ class GpuFacts:
         """Some part of the NVIDIA Container Toolkit is installed."""
         return bool(self.tools) or self.nvidia_runtime or bool(self.cdi_gpus)
 
-    def methods(self) -> tuple[str, ...]:
-        """The ways this node's Docker can hand GPUs to a container, preferred first:
-        `gpus` (Docker's --gpus device requests: the toolkit's hook), `runtime` (the
-        `nvidia` runtime with NVIDIA_VISIBLE_DEVICES), `cdi` (`--device nvidia.com/gpu=...`,
-        where Docker reads CDI specs)."""
-        found = []
-        if HOOK in self.tools:
-            found.append("gpus")
-        if self.nvidia_runtime:
-            found.append("runtime")
-        if self.cdi_gpus and self.cdi_dirs:
-            found.append("cdi")
-        return tuple(found)
-
 
 @dataclass(frozen=True)
 class Selection:

@@ -4,7 +4,7 @@ The inventory says which GPUs (`gpus:` indices or UUIDs, or `resources: {GPU: n}
 nothing: all the node has); the node's facts (the doctor's round) say which it has; the
 runtime says which ways it can hand them to Ray (`Runtime.gpu_methods`). `plan_gpus` joins
 them into a `GpuPlan`, whose method is data (gpus, runtime, cdi or host) that the
-runtime turns into its own words (`runtime.docker_gpu.gpu_options`, `runtime.host.gpu_env`);
+runtime turns into its own words (`runtime.docker.gpu.gpu_options`, `runtime.host.runtime.gpu_env`);
 `ray start` gets `--num-gpus` and the accelerator type either way.
 
 A GPU goes to Ray only where the image's torch can use it (`usable`): Ray's GPU resource is

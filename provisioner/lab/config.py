@@ -11,15 +11,18 @@ from typing import Any
 
 from provisioner.errors import InputError
 from provisioner.image.base import LABEL as LABEL  # the lab labels its nodes with it too
+from provisioner.inventory.models import DEFAULT_RUNTIME
 from provisioner.lab.flavours import DEFAULT_FLAVOUR, FLAVOURS, per_node
 from provisioner.local import state_root
+from provisioner.runtime.base import LabRecipe
+from provisioner.runtime.registry import lab_recipe
+from provisioner.runtime.registry import names as runtime_names
 
 LAB_USER = "lab"
 DEFAULT_NAME = "lab"
 DEFAULT_SUBNET = "10.250.0.0/24"
 FIRST_HOST = 10  # node i gets the subnet's address .10 + i
 MAX_NODES = 32
-LAB_RUNTIMES = ("docker", "host", "podman")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
 
 
@@ -59,9 +62,10 @@ class LabConfig:
     name: str = DEFAULT_NAME
     subnet: str = DEFAULT_SUBNET
     nodes: int = 3
-    # host: nodes with Ray in a virtualenv on the login shell's PATH; podman: nodes with
-    # rootless Podman for a login user without Docker
-    runtime: str = "docker"
+    # the runtime its inventory names; its nodes are built by that runtime's lab recipe
+    # (`runtime.registry.lab_recipe`: e.g. nodes with Docker, with rootless Podman for a
+    # login user without Docker, or with Ray in a virtualenv on the login shell's PATH)
+    runtime: str = DEFAULT_RUNTIME
     # a SLURM cluster: node 0 is the login node (slurmctld), `nodes` compute nodes (slurmd,
     # Ray in a virtualenv as in host mode) reached only through it
     slurm: bool = False
@@ -81,7 +85,7 @@ class LabConfig:
         name: str | None = None,
         subnet: str | None = None,
         nodes: int = 3,
-        runtime: str = "docker",
+        runtime: str = DEFAULT_RUNTIME,
         slurm: bool = False,
         flavours: tuple[str, ...] = (DEFAULT_FLAVOUR,),
         data_subnet: str | None = None,
@@ -90,11 +94,16 @@ class LabConfig:
             name=name or os.environ.get("PROVISIONER_LAB_NAME") or DEFAULT_NAME,
             subnet=subnet or os.environ.get("PROVISIONER_LAB_SUBNET") or DEFAULT_SUBNET,
             nodes=nodes,
-            runtime="host" if slurm else runtime,
+            runtime=slurm_runtime() if slurm else runtime,
             slurm=slurm,
             flavours=flavours,
             data_subnet=data_subnet,
         )
+
+    @property
+    def recipe(self) -> LabRecipe:
+        """What the lab builds for a node of its runtime (the runtime's lab recipe)."""
+        return lab_recipe(self.runtime)
 
     @property
     def prefix(self) -> str:
@@ -134,12 +143,10 @@ class LabConfig:
 
     @property
     def storage_target(self) -> str:
-        """Where node_storage is mounted in a node: Docker's root, or for podman the login
-        user's Podman store (a host directory: native overlay needs one that is not
-        itself overlay)."""
-        if self.runtime == "podman":
-            return f"/home/{LAB_USER}/.local/share/containers"
-        return "/var/lib/docker"
+        """Where node_storage is mounted in a node: its runtime's image store (Docker's
+        root, or the login user's Podman store: a host directory, as native overlay needs
+        one that is not itself overlay)."""
+        return self.recipe.storage.format(user=LAB_USER)
 
     @property
     def slurm_conf(self) -> Path:
@@ -189,17 +196,18 @@ def validate(cfg: LabConfig) -> None:
         raise InputError(
             f"lab subnet {cfg.subnet!r} must be a private IPv4 network", "use e.g. 10.250.0.0/24"
         )
-    if cfg.runtime not in LAB_RUNTIMES:
+    if cfg.runtime not in runtime_names():
         raise InputError(
-            f"--runtime must be one of {', '.join(LAB_RUNTIMES)}, got {cfg.runtime!r}",
-            "docker: nodes with Docker for the pinned image; host: nodes with Ray in a "
-            "virtualenv; podman: nodes with rootless Podman for the pinned image",
+            f"--runtime must be one of {', '.join(runtime_names())}, got {cfg.runtime!r}",
+            "; ".join(f"{name}: {lab_recipe(name).about}" for name in runtime_names()),
         )
     if not 1 <= cfg.nodes <= MAX_NODES:
         raise InputError(f"--nodes must be between 1 and {MAX_NODES}, got {cfg.nodes}")
-    if cfg.slurm and cfg.runtime != "host":
+    if cfg.slurm and not cfg.recipe.slurm:
+        slurm = slurm_runtime()
         raise InputError(
-            "a SLURM lab runs Ray in host mode", "leave out --runtime (or say --runtime host)"
+            f"a SLURM lab runs Ray in {slurm} mode",
+            f"leave out --runtime (or say --runtime {slurm})",
         )
     _validate_flavours(cfg)
     if net.num_addresses < FIRST_HOST + cfg.nodes + 3:
@@ -243,12 +251,17 @@ def _validate_flavours(cfg: LabConfig) -> None:
             "--flavours trixie: Slurm 24.11)",
         )
     stores = [f for f in cfg.flavours if FLAVOURS[f].containerd_store]
-    if cfg.runtime == "podman" and stores:
+    if not cfg.recipe.docker_stores and stores:
         raise InputError(
-            f"--runtime podman nodes have no Docker, so no {stores[0]} image store",
+            f"--runtime {cfg.runtime} nodes have no Docker, so no {stores[0]} image store",
             "give bookworm (Podman 4.3) or trixie (Podman 5.4) nodes, e.g. --flavours "
             "bookworm,trixie",
         )
+
+
+def slurm_runtime() -> str:
+    """The runtime a SLURM lab's nodes run Ray with (the one whose lab recipe says so)."""
+    return next(name for name in runtime_names() if lab_recipe(name).slurm)
 
 
 def _ssh_section(cfg: LabConfig) -> dict[str, Any]:
@@ -273,9 +286,9 @@ def inventory_document(cfg: LabConfig, image_lock: Path | None = None) -> dict[s
         "head": _inventory_node(nodes[0]),
         "workers": [_inventory_node(n) for n in nodes[1:]],
     }
-    if cfg.runtime != "docker":
+    if cfg.runtime != DEFAULT_RUNTIME:
         doc["runtime"] = cfg.runtime
-    if cfg.runtime in ("docker", "podman") and image_lock is not None:
+    if cfg.recipe.pinned_image and image_lock is not None:
         doc["image"] = {"lock": str(image_lock.resolve())}
     return doc
 
@@ -321,7 +334,7 @@ def slurm_inventory_document(
             "time": "00:30:00",
             "cpus_per_node": SLURM_CPUS,
         },
-        "runtime": "host",
+        "runtime": slurm_runtime(),
     }
 
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from docker.errors import NotFound
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, LabError
+from provisioner.inventory.models import DEFAULT_RUNTIME
 from provisioner.lab.config import (
     LABEL,
     LabConfig,
@@ -31,6 +33,8 @@ from provisioner.lab.config import (
 from provisioner.lab.engine import client, docker_cli, exec_rc
 from provisioner.lab.flavours import DEFAULT_FLAVOUR
 from provisioner.lab.images import (
+    HOST_DOCKERFILE,
+    PODMAN_RECIPE,
     ensure_host_node_image,
     ensure_node_image,
     ensure_podman_node_image,
@@ -107,7 +111,7 @@ def load_config(name: str | None = None) -> LabConfig:
         name=data["name"],
         subnet=data["subnet"],
         nodes=data["nodes"],
-        runtime=data.get("runtime", "docker"),
+        runtime=data.get("runtime", DEFAULT_RUNTIME),
         slurm=data.get("slurm", False),
         flavours=tuple(data.get("flavours", [DEFAULT_FLAVOUR])),
         data_subnet=data.get("data_subnet"),
@@ -179,13 +183,14 @@ def _node_images(cfg: LabConfig, images_dir: Path, report: Reporter) -> dict[str
     if cfg.slurm:
         flavours = dict.fromkeys(cfg.node_flavours())
         return {f: ensure_slurm_node_image(images_dir, report, f) for f in flavours}
-    if cfg.runtime == "host":
-        flavours = dict.fromkeys(cfg.node_flavours())
-        return {f: ensure_host_node_image(images_dir, report, f) for f in flavours}
-    if cfg.runtime == "podman":
-        flavours = dict.fromkeys(cfg.node_flavours())
-        return {f: ensure_podman_node_image(report, f) for f in flavours}
-    return {f: ensure_node_image(report, f) for f in dict.fromkeys(cfg.node_flavours())}
+    # the node image the runtime's lab recipe names, by its Dockerfile (lab/recipe/)
+    builds: dict[str, Callable[[str], str]] = {
+        "node.Dockerfile": lambda f: ensure_node_image(report, f),
+        HOST_DOCKERFILE: lambda f: ensure_host_node_image(images_dir, report, f),
+        PODMAN_RECIPE[0]: lambda f: ensure_podman_node_image(report, f),
+    }
+    build = builds[cfg.recipe.dockerfile]
+    return {f: build(f) for f in dict.fromkeys(cfg.node_flavours())}
 
 
 def _write_slurm_files(cfg: LabConfig) -> None:

@@ -1,6 +1,6 @@
 """What a runtime's image delivery reports (`runtime.base.Delivery`): per node what it did
 and what it sent, and the errors, one a node. Neutral: the docker runtime's push
-(`image.push`, which calls these `NodePush` and `PushReport`) and the podman runtime's
+(`runtime.docker.push`, which calls these `NodePush` and `PushReport`) and the podman runtime's
 `podman load` both report in it, and `up` puts it in its result as `push`."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class NodeDelivery:
     store: str = "classic"  # the node's image store: "classic" or "containerd"
     image_id: str = ""  # the pin's ID in that store (the containerd store: its own)
     # a cold plain send: the base image's bytes sent ahead on a channel of their own
-    # (image.direct.HeadStart; the stream in bytes_sent carries those layers too)
+    # (runtime.docker.direct.HeadStart; the stream in bytes_sent carries those layers too)
     head_start_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:

@@ -26,9 +26,27 @@ if TYPE_CHECKING:
     from provisioner.console import Reporter
     from provisioner.gpu.facts import GpuFacts
     from provisioner.gpu.plan import GpuPlan
-    from provisioner.image.direct import PushOptions
     from provisioner.inventory import Inventory, Node
     from provisioner.remote import Pool, Session
+    from provisioner.runtime.docker.direct import PushOptions
+
+
+@dataclass(frozen=True)
+class LabRecipe:
+    """What the lab (`provisioner.lab`, which asks each runtime for it: the runtime never
+    imports the lab) builds for a node of this runtime: `about`, what its nodes have (the
+    lab's --runtime help); `dockerfile`, the lab's node recipe (lab/recipe/) its nodes are
+    built from; `storage`, where a node's storage folder is mounted in it (its image
+    store); `docker_stores`: its nodes run Docker, so a flavour may switch Docker's image
+    store; `pinned_image`: Ray runs in the pinned image, so the lab's inventory names the
+    pin; `slurm`: a SLURM lab's nodes run Ray this way."""
+
+    about: str
+    dockerfile: str
+    storage: str = "/var/lib/docker"
+    docker_stores: bool = False
+    pinned_image: bool = False
+    slurm: bool = False
 
 
 # The states (Docker's and Podman's container states) of a Ray that is present but gone.
@@ -240,6 +258,7 @@ __all__ = [
     "Delivery",
     "DeliveryReport",
     "Judges",
+    "LabRecipe",
     "NodeDelivery",
     "RayState",
     "RenderSection",

@@ -1,7 +1,8 @@
 """The runtimes an inventory may name: an explicit table, one line per runtime.
 
-A new runtime is one new module of `provisioner.runtime` (exposing `RUNTIME`, a class that
-implements `runtime.base.Runtime`, and `JUDGES`) plus its line here. The inventory holds
+A new runtime is one new folder of `provisioner.runtime` (its `runtime.py` exposing
+`RUNTIME`, a class that implements `runtime.base.Runtime`, and `JUDGES`; its `lab.py`
+exposing `LAB`, the lab's node recipe) plus its line here. The inventory holds
 the name as data (`Inventory.runtime`, and where it is written); this table refuses a name
 it does not know, naming that place, whenever a verb builds the runtime.
 """
@@ -17,13 +18,18 @@ from provisioner.errors import InventoryError
 if TYPE_CHECKING:
     from provisioner.image.pin import Pin
     from provisioner.inventory import Inventory
-    from provisioner.runtime.base import Judges, Runtime
+    from provisioner.runtime.base import Judges, LabRecipe, Runtime
 
 
 @dataclass(frozen=True)
 class Entry:
-    module: str  # the module that implements it
+    package: str  # its folder: `runtime.py` (RUNTIME, JUDGES), `lab.py` (LAB), ...
     about: str  # what it does, in a few words (the fix of an unknown name lists these)
+
+    @property
+    def module(self) -> str:
+        """The module that implements it."""
+        return f"{self.package}.runtime"
 
 
 RUNTIMES: dict[str, Entry] = {
@@ -77,3 +83,9 @@ def catalogue() -> dict[str, str]:
     for name in names():
         found.update(judges(name).checks)
     return found
+
+
+def lab_recipe(name: str) -> LabRecipe:
+    """The lab's node recipe of the runtime called `name` (its folder's `lab.py`)."""
+    recipe: LabRecipe = importlib.import_module(f"{RUNTIMES[name].package}.lab").LAB
+    return recipe

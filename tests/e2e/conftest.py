@@ -209,8 +209,8 @@ def cluster_inventory(lab: LabInfo, lab_config: LabConfig, image_pin: Path) -> I
     """
     from provisioner.cli import run
     from provisioner.image.pin import read_pin
-    from provisioner.image.push import push_image
     from provisioner.inventory import load_inventory
+    from provisioner.runtime.docker.push import push_image
 
     info = lab_up(lab_config, print, image_pin)  # the same lab (its flavours), now pinned
     inv = load_inventory(info.inventory)

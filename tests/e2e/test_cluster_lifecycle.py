@@ -153,7 +153,7 @@ def test_facts_fallbacks_tell_the_same_docker_facts(inventory: str, lab: LabInfo
     from provisioner.doctor.gather import facts_script
     from provisioner.image.pin import read_pin
     from provisioner.runtime import judges
-    from provisioner.runtime.docker_doctor import DockerFacts
+    from provisioner.runtime.docker.doctor import DockerFacts
     from tests.e2e.helpers import ssh_args
 
     inv = load_inventory(Path(inventory))

@@ -24,7 +24,6 @@ import pytest
 
 from provisioner.doctor.gather import LISTENER_MARK
 from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin, write_pin
-from provisioner.image.push import PushOptions, push_image
 from provisioner.inventory import load_inventory
 from provisioner.lab import faults
 from provisioner.lab.config import LabNode
@@ -32,6 +31,7 @@ from provisioner.lab.engine import client
 from provisioner.lab.nodes import LabInfo
 from provisioner.node import layout
 from provisioner.node.token import read_token
+from provisioner.runtime.docker.push import PushOptions, push_image
 from tests.e2e.faults.lab import (
     Run,
     cli,

@@ -22,22 +22,22 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.image.chain_plan import (
-    FOREIGN_RC,
-    hop_script,
-    parse_round_result,
-    round_result_command,
-)
-from provisioner.image.direct import SavedCache
 from provisioner.image.pin import Pin, read_pin
-from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.image.savestream import containerd_id
-from provisioner.image.star import RELAY_COMMAND
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.lab import faults, wire
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.images import filler_image
 from provisioner.lab.nodes import LabInfo
+from provisioner.runtime.docker.chain_plan import (
+    FOREIGN_RC,
+    hop_script,
+    parse_round_result,
+    round_result_command,
+)
+from provisioner.runtime.docker.direct import SavedCache
+from provisioner.runtime.docker.push import PushOptions, PushReport, push_image
+from provisioner.runtime.docker.star import RELAY_COMMAND
 
 REPO = "provisioner/forward-test"
 

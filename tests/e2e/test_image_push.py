@@ -24,12 +24,12 @@ import pytest
 from provisioner.image.base import ensure_base_image
 from provisioner.image.build import BuildOptions, build_image
 from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin
-from provisioner.image.push import PushOptions, PushReport, push_image
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.lab.engine import client, exec_rc
 from provisioner.lab.images import filler_image
 from provisioner.lab.nodes import LabInfo
 from provisioner.remote import Session
+from provisioner.runtime.docker.push import PushOptions, PushReport, push_image
 from tests.e2e.faults.lab import image_store
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
@@ -125,7 +125,7 @@ def test_push_reaches_every_node_sending_only_missing_layers(
 
     # plain, so the bytes compare with the image's (compressed pushes: test_image_forward);
     # a head start whatever this machine's load makes of the link probes (its budget by
-    # the link: tests/unit/test_image_head_start.py; its gain: `make bench`, push-fast)
+    # the link: tests/unit/test_runtime_docker_head_start.py; its gain: `make bench`, push-fast)
     opts = PushOptions(compress="never", head_start="always")
     report = push_image(inventory, None, print, pin=pin, opts=opts)
 

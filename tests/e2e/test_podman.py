@@ -31,7 +31,7 @@ from provisioner.lab.nodes import LabInfo
 from provisioner.node.delivery import DeliveryReport
 from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
-from provisioner.runtime.podman_image import LoadOptions, deliver
+from provisioner.runtime.podman.delivery import LoadOptions, deliver
 from tests.e2e.faults.record import scenario
 from tests.e2e.helpers import RECORDER, cli, cli_json, ssh
 

@@ -27,8 +27,8 @@ from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
 from provisioner.node.token import local_token_path, ray_container, read_token
 from provisioner.remote import Pool
-from provisioner.runtime import docker
-from provisioner.runtime.docker import DockerRuntime
+from provisioner.runtime.docker import runtime as docker
+from provisioner.runtime.docker.runtime import DockerRuntime
 from tests.e2e.faults.lab import cli, edited_inventory, on_node, probe
 from tests.e2e.faults.record import scenario
 

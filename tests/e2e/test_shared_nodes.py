@@ -28,7 +28,7 @@ from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
 from provisioner.node import layout
 from provisioner.node.token import ray_container
-from provisioner.runtime.host import temp_dir_mark
+from provisioner.runtime.host.runtime import temp_dir_mark
 from tests.e2e.faults.lab import edited_inventory, lab_container
 from tests.e2e.helpers import cli, cli_json, ssh
 

@@ -20,7 +20,7 @@ from provisioner.inventory.allocation import job_ports
 from provisioner.lab.config import LabNode, slurm_inventory_document
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo, load_config
-from provisioner.runtime import host
+from provisioner.runtime.host import runtime as host
 from tests.e2e.faults.lab import interrupt
 from tests.e2e.helpers import cli, ssh, ssh_args
 

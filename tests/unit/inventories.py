@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from provisioner.inventory import Inventory, Node, SSHSettings
-from provisioner.runtime.docker import DockerRuntime
+from provisioner.runtime.docker.runtime import DockerRuntime
 
 
 def make_inventory(tmp: Path, *, workers: int = 2, **kw: object) -> Inventory:

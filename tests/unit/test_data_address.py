@@ -17,7 +17,7 @@ from provisioner.cluster.headprobe import GcsNode
 from provisioner.errors import InventoryError
 from provisioner.inventory import Inventory, Node, RayPorts, SSHSettings, load_inventory
 from provisioner.node import commands, tls
-from provisioner.runtime import docker
+from provisioner.runtime.docker import runtime as docker
 from tests.unit.inventories import make_inventory
 
 NATIVE = """\

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.checks.cluster_checks import check_clock, check_versions
+from provisioner.checks.cluster_checks import check_clock
 from provisioner.checks.facts import NodeFacts, parse_facts
 from provisioner.checks.findings import Finding, ordered
 from provisioner.checks.plan import PinFacts, Plan
@@ -21,9 +21,10 @@ from provisioner.doctor import CATALOGUE
 from provisioner.doctor.run import node_findings
 from provisioner.inventory import Node, RayPorts, SSHSettings
 from provisioner.runtime import judges
-from provisioner.runtime.docker import CAPS as DOCKER_CAPS
-from provisioner.runtime.docker_doctor import parse as docker_parse
-from provisioner.runtime.host import CAPS as HOST_CAPS
+from provisioner.runtime.container_checks import check_versions
+from provisioner.runtime.docker.doctor import parse as docker_parse
+from provisioner.runtime.docker.runtime import CAPS as DOCKER_CAPS
+from provisioner.runtime.host.runtime import CAPS as HOST_CAPS
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
 SSH = SSHSettings(user="lab")

@@ -20,10 +20,12 @@ from provisioner.checks.plan import Plan
 from provisioner.doctor import CATALOGUE
 from provisioner.doctor.run import explained_by_own_ray, node_findings
 from provisioner.inventory import Node, RayPorts, SSHSettings
-from provisioner.runtime import host, judges
-from provisioner.runtime.docker import CAPS as DOCKER_CAPS
-from provisioner.runtime.docker_doctor import parse as docker_parse
-from provisioner.runtime.host import CAPS as HOST_CAPS
+from provisioner.runtime import judges
+from provisioner.runtime.docker.doctor import parse as docker_parse
+from provisioner.runtime.docker.runtime import CAPS as DOCKER_CAPS
+from provisioner.runtime.host import doctor as host_doctor
+from provisioner.runtime.host import runtime as host
+from provisioner.runtime.host.runtime import CAPS as HOST_CAPS
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
 SSH = SSHSettings(user="lab")
@@ -138,14 +140,14 @@ def test_the_control_machines_ray_must_match_the_clusters() -> None:
 
 def test_a_named_interpreter_that_is_missing_is_an_error() -> None:
     plan = replace(PLAN, ray_python="/opt/nowhere/bin/python")
-    found = host.check_host_python(HEAD, facts("host_head", HEAD), plan)
+    found = host_doctor.check_host_python(HEAD, facts("host_head", HEAD), plan)
     assert bad(found) == {("ray.python", "error", HEAD.name)}
     assert "/opt/nowhere/bin/python" in found[0].message
 
 
 def test_no_ray_at_all_is_an_error_with_the_fix() -> None:
     bare = replace(facts("host_head", HEAD), login=facts("host_head", HEAD).plain)
-    (finding,) = host.check_host_python(HEAD, bare, PLAN)
+    (finding,) = host_doctor.check_host_python(HEAD, bare, PLAN)
     assert finding.severity == "error" and "ray: {python: PATH}" in finding.fix
 
 
@@ -175,5 +177,5 @@ def test_a_nodes_ray_version_reaches_a_suggested_pip_install_quoted_or_not_at_al
         (control,) = [f for f in found if f.check == "ray.control"]
         assert control.severity == "error" and expected in control.fix, control.fix
         assert "curl" not in control.fix
-    assert host.pip_requirement("rllib", "2.60.0rc1") == "'ray[rllib]==2.60.0rc1'"
-    assert host.pip_requirement("rllib", "2.60.0; rm -rf ~").startswith("'ray[rllib]' ")
+    assert host_doctor.pip_requirement("rllib", "2.60.0rc1") == "'ray[rllib]==2.60.0rc1'"
+    assert host_doctor.pip_requirement("rllib", "2.60.0; rm -rf ~").startswith("'ray[rllib]' ")

@@ -23,8 +23,8 @@ from provisioner.errors import OperationError
 from provisioner.inventory import Inventory, Node, RayPorts, SSHSettings
 from provisioner.runtime import judges
 from provisioner.runtime.base import RayState
-from provisioner.runtime.docker import CAPS as DOCKER_CAPS
-from provisioner.runtime.docker_doctor import parse as docker_parse
+from provisioner.runtime.docker.doctor import parse as docker_parse
+from provisioner.runtime.docker.runtime import CAPS as DOCKER_CAPS
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
 SSH = SSHSettings(user="lab")

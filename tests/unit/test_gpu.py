@@ -27,11 +27,16 @@ from provisioner.gpu.facts import GpuFacts, parse_cdi_spec, parse_gpu_facts
 from provisioner.gpu.plan import GpuPlan, plan_gpus
 from provisioner.inventory import Node, RayPorts, SSHSettings, load_inventory
 from provisioner.node import commands
-from provisioner.runtime import docker, docker_doctor, host, judges
-from provisioner.runtime.docker import CAPS as DOCKER_CAPS
-from provisioner.runtime.docker_gpu import check_toolkit
-from provisioner.runtime.docker_gpu import gpu_options as docker_gpu_options
-from provisioner.runtime.host import CAPS as HOST_CAPS
+from provisioner.runtime import judges
+from provisioner.runtime.docker import doctor as docker_doctor
+from provisioner.runtime.docker import runtime as docker
+from provisioner.runtime.docker.gpu import check_toolkit
+from provisioner.runtime.docker.gpu import gpu_methods as docker_gpu_methods
+from provisioner.runtime.docker.gpu import gpu_options as docker_gpu_options
+from provisioner.runtime.docker.runtime import CAPS as DOCKER_CAPS
+from provisioner.runtime.host import runtime as host
+from provisioner.runtime.host.gpu import gpu_env as host_gpu_env
+from provisioner.runtime.host.runtime import CAPS as HOST_CAPS
 from tests.unit.inventories import docker_runtime, make_inventory
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -81,7 +86,7 @@ def test_eight_a100_with_the_full_toolkit() -> None:
     assert g.driver_version == "550.54.15" and "550.54.15" in g.module
     assert len(g.gpu_files) == 8 and "/dev/nvidiactl" in g.devices
     assert g.toolkit_version == "1.17.0" and g.nvidia_runtime
-    assert g.methods() == ("gpus", "runtime")  # the hook first: Docker's own --gpus
+    assert docker_gpu_methods(g) == ("gpus", "runtime")  # the hook first: Docker's own --gpus
 
 
 def test_cdi_spec_as_nvidia_ctk_writes_it() -> None:
@@ -96,7 +101,7 @@ def test_cdi_spec_as_nvidia_ctk_writes_it() -> None:
         "GPU-8c7d6e5f-4a3b-2c1d-0e9f-8a7b6c5d4e11",
         "all",
     )
-    assert g.methods() == ("cdi",)
+    assert docker_gpu_methods(g) == ("cdi",)
 
 
 def test_a_broken_cdi_file_is_named_not_fatal() -> None:
@@ -120,7 +125,7 @@ def test_both_docker_paths_read_the_same_runtimes() -> None:
 def test_simulated_gpu_node_captured_from_the_lab() -> None:
     g = node_facts("simulated_gpu").gpu
     assert [x.name for x in g.gpus] == ["Tesla T4", "Tesla T4"] and g.driver_ok
-    assert g.methods() == ("runtime",)  # the simulation's `nvidia` runtime, no hook
+    assert docker_gpu_methods(g) == ("runtime",)  # the simulation's `nvidia` runtime, no hook
     found = judged(g)
     assert {c: f.severity for c, f in found.items()} == {
         "gpu.driver": "ok",
@@ -312,7 +317,7 @@ def test_docker_gpu_options_each_way() -> None:
 def test_the_runtimes_turn_the_plans_method_into_their_own_words() -> None:
     """The plan is data; each runtime hands it over its own way: a container's run options
     (the GPUs, Ray's accelerator label, the signature label) or host mode's environment."""
-    from provisioner.runtime.docker_gpu import run_gpu_options
+    from provisioner.runtime.docker.gpu import run_gpu_options
 
     plan = GpuPlan("cdi", ("GPU-a",), (0,), "T4", ("GPU-a",))
     assert run_gpu_options(None) == []
@@ -321,7 +326,7 @@ def test_the_runtimes_turn_the_plans_method_into_their_own_words() -> None:
         '-e \'RAY_OVERRIDE_LABELS={"ray.io/accelerator-type": "T4"}\'',
         "--label provisioner.gpus=cdi:GPU-a",
     ]
-    assert host.gpu_env(dataclasses.replace(plan, method="host")) == {
+    assert host_gpu_env(dataclasses.replace(plan, method="host")) == {
         "CUDA_VISIBLE_DEVICES": "GPU-a",
         "RAY_OVERRIDE_LABELS": '{"ray.io/accelerator-type": "T4"}',
     }
@@ -457,7 +462,7 @@ def test_the_simulated_cdi_spec_is_read_as_the_doctor_reads_one_and_plans_cdi_by
         captured, gpus=gpus, runtimes={}, tools=(), cdi=(spec,),
         cdi_dirs=("/etc/cdi", "/var/run/cdi"),
     )  # fmt: skip
-    assert sim.methods() == ("cdi",)
+    assert docker_gpu_methods(sim) == ("cdi",)
     plan = plan_gpus(node(), sim, docker.RUNTIME.gpu_methods)
     assert plan is not None and plan.method == "cdi" and plan.uuids == uuids
     assert docker_gpu_options(plan) == [f"--device nvidia.com/gpu={u}" for u in uuids]

@@ -13,7 +13,8 @@ import paramiko
 import pytest
 
 from provisioner.image.pin import pin_to_dict, write_pin
-from provisioner.image.star import (
+from provisioner.inventory import load_inventory
+from provisioner.runtime.docker.star import (
     RELAY_COMMAND,
     add_key_command,
     authorized_line,
@@ -22,7 +23,6 @@ from provisioner.image.star import (
     relay_command,
     remove_key_command,
 )
-from provisioner.inventory import load_inventory
 from tests.cli import cli
 from tests.unit.test_image_lock import make_pin
 

@@ -33,10 +33,10 @@ from provisioner.image.compress import (
     sender_cores,
     stream_zlib,
 )
-from provisioner.image.direct import SavedCache, saved_problems
 from provisioner.image.pin import Pin, Versions
-from provisioner.image.plan import facts_script, parse_facts
 from provisioner.image.savestream import read_saved
+from provisioner.runtime.docker.direct import SavedCache, saved_problems
+from provisioner.runtime.docker.push_plan import facts_script, parse_facts
 
 PIN_BYTES = 1_892_815_123  # the pin's size
 MBIT_50 = 50e6 / 8

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from provisioner.image.pin import Pin, Versions
-from provisioner.image.plan import decide, facts_script, parse_facts
 from provisioner.image.savestream import (
     SavedImage,
     containerd_id,
@@ -19,6 +18,7 @@ from provisioner.image.savestream import (
     oci_layout,
     read_saved,
 )
+from provisioner.runtime.docker.push_plan import decide, facts_script, parse_facts
 from tests.unit.test_image_savestream import (
     CONFIG,
     DIFF_IDS,
@@ -136,7 +136,7 @@ def test_the_facts_say_which_store_and_decide_uses_the_nodes_id() -> None:
 def test_store_ids_add_the_containerd_id_only_when_the_pin_is_saved_here(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from provisioner.image.direct import store_ids
+    from provisioner.runtime.docker.direct import store_ids
 
     pin = replace(PIN, image_id=f"sha256:{CONFIG}")
     assert store_ids(pin, tmp_path) == {pin.image_id}  # nothing saved: nothing is saved now
@@ -153,7 +153,7 @@ def test_the_doctor_sees_the_pin_under_either_stores_id() -> None:
 
     from provisioner.checks.facts import NodeFacts
     from provisioner.doctor.run import DoctorReport
-    from provisioner.runtime.docker_doctor import DockerFacts
+    from provisioner.runtime.docker.doctor import DockerFacts
 
     own, alt = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 
@@ -171,7 +171,7 @@ def test_a_node_not_pushed_now_runs_the_pin_under_its_stores_id(tmp_path: Path) 
     import os
     import subprocess
 
-    from provisioner.runtime.docker import with_image_fallback
+    from provisioner.runtime.docker.runtime import with_image_fallback
 
     own, alt = "sha256:" + "1" * 64, "sha256:" + "2" * 64
     command = f"mkdir -p {tmp_path}/x && docker run -d --name ray {own} ray start"
@@ -198,7 +198,7 @@ def test_a_node_the_doctor_saw_holding_the_pin_starts_it_by_that_id_with_no_look
     """The doctor's round told each node's ID for the pin (its own, or the containerd
     store's): the start runs that ID, where it looked the image up on the node first."""
     from provisioner.remote import Pool
-    from provisioner.runtime import docker
+    from provisioner.runtime.docker import runtime as docker
     from tests.unit.inventories import make_inventory
 
     own, alt = PIN.image_id, "sha256:" + "2" * 64

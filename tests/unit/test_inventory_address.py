@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from provisioner.errors import InputError, InventoryError
-from provisioner.image import star
 from provisioner.inventory import load_inventory
 from provisioner.inventory.address import address_problem, checked_address
 from provisioner.inventory.allocation import AllocatedNode
 from provisioner.node import tls
+from provisioner.runtime.docker import star
 from tests.unit.test_inventory import NATIVE
 
 GOOD = [

@@ -155,3 +155,29 @@ def test_a_data_network_gives_each_node_its_ray_address() -> None:
         f"{{ iptables -C INPUT -d 10.250.8.11 -p tcp --dport 22 {c} -j DROP 2>/dev/null || "
         f"iptables -I INPUT -d 10.250.8.11 -p tcp --dport 22 {c} -j DROP; }}"
     )
+
+
+def test_the_lab_builds_each_runtimes_nodes_by_the_recipe_that_runtime_gives() -> None:
+    """The lab names no runtime: each registered runtime gives it a node recipe (its
+    folder's lab.py), whose Dockerfile is one of the lab's, and the lab's choices follow it:
+    where a node's storage is mounted, whether the inventory names the pin, which runtime a
+    SLURM lab runs, and the --runtime error's list."""
+    from provisioner.lab.config import slurm_runtime
+    from provisioner.runtime.registry import lab_recipe, names
+
+    recipes = Path(__file__).parents[2] / "provisioner" / "lab" / "recipe"
+    for name in names():
+        assert (recipes / lab_recipe(name).dockerfile).is_file(), name
+    assert LabConfig(runtime="docker").storage_target == "/var/lib/docker"
+    assert LabConfig(runtime="host").storage_target == "/var/lib/docker"
+    assert LabConfig(runtime="podman").storage_target == "/home/lab/.local/share/containers"
+    assert slurm_runtime() == "host" and LabConfig.from_env(slurm=True).runtime == "host"
+    lock = Path("/x/image.lock")
+    assert inventory_document(LabConfig(runtime="podman"), lock)["image"] == {"lock": str(lock)}
+    assert "image" not in inventory_document(LabConfig(runtime="host"), lock)
+    with pytest.raises(InputError) as bad:
+        LabConfig(runtime="nope")
+    assert "nope" in bad.value.message
+    assert "podman: nodes with rootless Podman for the pinned image" in bad.value.fix
+    with pytest.raises(InputError, match="runs Ray in host mode"):
+        LabConfig(runtime="docker", slurm=True)

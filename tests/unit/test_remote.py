@@ -306,8 +306,8 @@ def test_an_authentication_cut_short_is_not_a_refusal_and_a_push_retries_it() ->
     (whose retries reconnect) tries again. Positive control: a real refusal stays `auth`."""
     from paramiko.auth_strategy import AuthResult, AuthStrategy, SourceResult
 
-    from provisioner.image.direct import RETRYABLE
     from provisioner.remote.auth import KeysRefused
+    from provisioner.runtime.docker.direct import RETRYABLE
 
     def refused_with(*reasons: Exception) -> KeysRefused:
         result = AuthResult(strategy=AuthStrategy(ssh_config=paramiko.SSHConfig()))

@@ -166,7 +166,7 @@ def test_the_pinned_image_goes_by_the_cluster_tag_checked_by_its_layers_on_each_
     import subprocess
 
     from provisioner.image.pin import CLUSTER_TAG, Pin, Versions
-    from provisioner.runtime.docker import DockerRuntime
+    from provisioner.runtime.docker.runtime import DockerRuntime
 
     layers = ("sha256:" + "1" * 64, "sha256:" + "2" * 64)
     pin = Pin(

@@ -12,13 +12,13 @@ import pytest
 
 from provisioner.cluster import up
 from provisioner.errors import InputError, RemoteError
-from provisioner.image import direct, push
 from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote.results import Result
 from provisioner.runtime import runtime_for
-from provisioner.runtime.docker import DockerDelivery, has_image_command, holds_image
-from provisioner.runtime.podman_image import PodmanDelivery
-from provisioner.runtime.podman_image import holds_image as podman_holds
+from provisioner.runtime.docker import direct, push
+from provisioner.runtime.docker.delivery import DockerDelivery, has_image_command, holds_image
+from provisioner.runtime.podman.delivery import PodmanDelivery
+from provisioner.runtime.podman.delivery import holds_image as podman_holds
 from tests.unit.inventories import make_inventory
 from tests.unit.test_image_lock import make_pin
 
@@ -181,7 +181,7 @@ def test_image_push_on_a_podman_inventory_goes_through_podmans_delivery(
     from provisioner.cli import image as cli_image
     from provisioner.cli import run
     from provisioner.image.pin import write_pin
-    from provisioner.runtime.podman_image import state_command
+    from provisioner.runtime.podman.delivery import state_command
 
     pin = make_pin(image_id=PIN_ID)
     lock = tmp_path / "image.lock.json"

@@ -1,4 +1,4 @@
-"""The docker runtime's doctor (runtime/docker_doctor.py): its facts section inside the one
+"""The docker runtime's doctor (runtime/docker/doctor.py): its facts section inside the one
 round trip, its parser, and its judges, on facts captured from lab nodes (golden/doctor/)."""
 
 from __future__ import annotations
@@ -14,8 +14,12 @@ from provisioner.checks.plan import PinFacts, Plan
 from provisioner.doctor import CATALOGUE
 from provisioner.doctor.gather import RUNTIME_MARK, _script, facts_script
 from provisioner.inventory import Node, RayPorts, SSHSettings
-from provisioner.runtime import docker, docker_doctor, judges, podman, podman_doctor
-from provisioner.runtime.docker_doctor import DockerFacts, check_docker, check_image
+from provisioner.runtime import judges
+from provisioner.runtime.docker import doctor as docker_doctor
+from provisioner.runtime.docker import runtime as docker
+from provisioner.runtime.docker.doctor import DockerFacts, check_docker, check_image
+from provisioner.runtime.podman import doctor as podman_doctor
+from provisioner.runtime.podman import runtime as podman
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
 SSH = SSHSettings(user="lab")

@@ -30,10 +30,9 @@ from provisioner.doctor.run import explained_by_own_ray, node_findings
 from provisioner.gpu.plan import GpuPlan
 from provisioner.inventory import Node, RayPorts, SSHSettings
 from provisioner.node import layout, tls, token
-from provisioner.runtime import judges, podman, runtime_for
-from provisioner.runtime.podman_doctor import CHECKS, FACTS, PodmanFacts
-from provisioner.runtime.podman_doctor import parse_facts as parse_podman
-from provisioner.runtime.podman_image import (
+from provisioner.runtime import judges, runtime_for
+from provisioner.runtime.podman import runtime as podman
+from provisioner.runtime.podman.delivery import (
     bare_id,
     full_id,
     has_image_command,
@@ -41,6 +40,8 @@ from provisioner.runtime.podman_image import (
     podman_reads,
     state_command,
 )
+from provisioner.runtime.podman.doctor import CHECKS, FACTS, PodmanFacts
+from provisioner.runtime.podman.doctor import parse_facts as parse_podman
 from tests.unit.inventories import make_inventory
 from tests.unit.test_image_lock import make_pin
 
@@ -485,7 +486,8 @@ def test_the_section_names_podmans_graph_root_for_the_disk_check() -> None:
 
 
 def test_both_container_runtimes_guard_with_one_builder_in_their_own_words() -> None:
-    from provisioner.runtime import docker, podman
+    from provisioner.runtime.docker import runtime as docker
+    from provisioner.runtime.podman import runtime as podman
 
     cid = "0123456789abcdef"
     d, p = docker.remove_container_command("demo", cid), podman.remove_command("demo", cid)

@@ -10,8 +10,8 @@ import pytest
 from provisioner.errors import InventoryError
 from provisioner.inventory import load_inventory
 from provisioner.runtime import registry
-from provisioner.runtime.docker import DockerRuntime
-from provisioner.runtime.host import HostRuntime
+from provisioner.runtime.docker.runtime import DockerRuntime
+from provisioner.runtime.host.runtime import HostRuntime
 from tests.cli import cli
 
 INVENTORY = """\

@@ -23,7 +23,7 @@ from provisioner.errors import InputError
 from provisioner.inventory import Inventory, Node, RayPorts, SSHSettings
 from provisioner.node import token
 from provisioner.remote.commands import masked
-from provisioner.runtime import docker
+from provisioner.runtime.docker import runtime as docker
 from tests.unit.inventories import docker_runtime
 
 SHIM = "docker() { printf '%s\\0' \"$@\"; }; ray() { printf '%s\\0' \"$@\"; }; mkdir() { :; }; "

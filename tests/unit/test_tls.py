@@ -15,7 +15,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from provisioner.errors import InputError
 from provisioner.node import tls
-from provisioner.runtime import docker, host
+from provisioner.runtime.docker import runtime as docker
+from provisioner.runtime.host import runtime as host
 from tests.unit.inventories import make_inventory
 
 

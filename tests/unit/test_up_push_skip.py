@@ -6,8 +6,8 @@ from pathlib import Path
 
 from provisioner.checks.facts import parse_facts
 from provisioner.doctor.run import DoctorReport
-from provisioner.image.push import push_image
-from provisioner.runtime.docker_doctor import parse as docker_parse
+from provisioner.runtime.docker.doctor import parse as docker_parse
+from provisioner.runtime.docker.push import push_image
 from tests.unit.inventories import make_inventory
 from tests.unit.test_image_lock import make_pin
 

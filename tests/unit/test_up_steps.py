@@ -12,8 +12,8 @@ from provisioner.cluster import status, up
 from provisioner.cluster.headprobe import GcsNode, Joined
 from provisioner.errors import InputError
 from provisioner.gpu.plan import GpuPlan, signature
-from provisioner.runtime import docker
 from provisioner.runtime.base import RayState
+from provisioner.runtime.docker import runtime as docker
 from tests.unit.inventories import make_inventory
 from tests.unit.test_image_lock import make_pin
 

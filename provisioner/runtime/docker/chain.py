@@ -29,7 +29,12 @@ from dataclasses import dataclass, replace
 
 from provisioner.console import Reporter
 from provisioner.errors import ConnectError, ProvisionerError, RemoteError
-from provisioner.image.chain_plan import (
+from provisioner.image.compress import compressed_stream
+from provisioner.image.pin import Pin
+from provisioner.image.savestream import SavedImage, partial, passthrough
+from provisioner.inventory import Inventory, Node
+from provisioner.remote import Pool, fan_out
+from provisioner.runtime.docker.chain_plan import (
     ALIVE_S,
     HOP_SCRIPT,
     SEND_KEY,
@@ -49,8 +54,7 @@ from provisioner.image.chain_plan import (
     sent_bytes,
     write_hop_command,
 )
-from provisioner.image.compress import compressed_stream
-from provisioner.image.direct import (
+from provisioner.runtime.docker.direct import (
     Guarded,
     NodePush,
     PushOptions,
@@ -64,10 +68,8 @@ from provisioner.image.direct import (
     save_stream,
     verify_and_tag,
 )
-from provisioner.image.pin import Pin
-from provisioner.image.plan import NodePlan
-from provisioner.image.savestream import SavedImage, partial, passthrough
-from provisioner.image.star import (
+from provisioner.runtime.docker.push_plan import NodePlan
+from provisioner.runtime.docker.star import (
     Added,
     RelayKey,
     add_key_command,
@@ -78,8 +80,6 @@ from provisioner.image.star import (
     remove_failed,
     remove_key_command,
 )
-from provisioner.inventory import Inventory, Node
-from provisioner.remote import Pool, fan_out
 
 
 class _Run:

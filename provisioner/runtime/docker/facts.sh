@@ -1,4 +1,4 @@
-# The docker runtime's section of the doctor's facts script (runtime/docker_doctor.py):
+# The docker runtime's section of the doctor's facts script (runtime/docker/doctor.py):
 # run inside provisioner/doctor/facts.sh (with its `has`, `lookup`, `with_timeout`,
 # PROVISIONER_MEMO and `$image`: the pinned ID), before its disks are told.
 # python3 (first on the plain PATH) tells its version and, over the Docker socket, the

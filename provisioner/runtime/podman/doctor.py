@@ -14,16 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from provisioner.checks import cluster_checks
 from provisioner.checks.facts import Container, NodeFacts, RuntimeFacts
 from provisioner.checks.findings import Finding, error, ok, warning
-from provisioner.checks.gpu_checks import concerned, evidence
 from provisioner.checks.plan import Plan
-from provisioner.gpu.facts import GpuFacts
 from provisioner.inventory import Node
-from provisioner.runtime import docker_doctor
 from provisioner.runtime.base import Judges
-from provisioner.runtime.podman_image import full_id
+from provisioner.runtime.container_checks import check_versions
+from provisioner.runtime.docker import doctor as docker_doctor
+from provisioner.runtime.podman.delivery import full_id
+from provisioner.runtime.podman.gpu import check_cdi
 
 MIN_VERSION = (4, 0)  # rootless --network host, docker-archive loads, CDI
 SUBID_MIN = 65536  # an image's files may belong to any UID below 65536
@@ -441,33 +440,6 @@ def check_image(node: Node, facts: NodeFacts, p: PodmanFacts, plan: Plan) -> lis
     ]
 
 
-WAYS = "CDI (--device nvidia.com/gpu=...)"
-CDI_GENERATE = "sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
-
-
-def gpu_methods(facts: GpuFacts) -> tuple[str, ...]:
-    """Podman hands GPUs over through CDI only (its specs in /etc/cdi or /var/run/cdi)."""
-    return ("cdi",) if facts.cdi_gpus else ()
-
-
-def check_cdi(node: Node, g: GpuFacts) -> list[Finding]:
-    """A node with GPUs has a CDI spec for them: Podman's way to hand them to a container."""
-    if not concerned(node, g) or not (g.gpus or g.gpu_files):
-        return []
-    if g.cdi_gpus:
-        return [ok("gpu.toolkit", node.name, f"containers get GPUs through {WAYS}")]
-    specs = ", ".join(f"{s.path} ({s.kind or s.error})" for s in g.cdi) or "none"
-    return [
-        error(
-            "gpu.toolkit",
-            node.name,
-            "GPUs but no CDI spec for them: a Podman container gets no GPU",
-            f"{evidence(g)}\nCDI specs: {specs}",
-            f"install nvidia-container-toolkit, then {CDI_GENERATE}",
-        )
-    ]
-
-
 def parse(sections: Mapping[str, str]) -> PodmanFacts:
     """Pure: the node's sections -> Podman's facts (its section `runtime`)."""
     return parse_facts(sections.get("runtime", ""))
@@ -510,7 +482,7 @@ CHECKS = {
 
 JUDGES = Judges(
     node=node_judges,
-    cluster=cluster_checks.check_versions,
+    cluster=check_versions,
     own_ray=own_ray,
     facts=FACTS,
     parse=parse,

@@ -9,7 +9,7 @@ import shlex
 
 from provisioner.checks.findings import Finding, error, ok
 from provisioner.checks.gpu_checks import concerned, evidence
-from provisioner.gpu.facts import GPU_KIND, GpuFacts
+from provisioner.gpu.facts import GPU_KIND, HOOK, GpuFacts
 from provisioner.gpu.plan import GpuPlan, accelerator_label_env, signature
 from provisioner.inventory import Node
 from provisioner.node import layout
@@ -23,6 +23,21 @@ WAYS = {
     "runtime": "the nvidia runtime (NVIDIA_VISIBLE_DEVICES)",
     "cdi": "CDI (--device nvidia.com/gpu=...)",
 }
+
+
+def gpu_methods(g: GpuFacts) -> tuple[str, ...]:
+    """The ways this node's Docker can hand GPUs to a container, preferred first:
+    `gpus` (Docker's --gpus device requests: the toolkit's hook), `runtime` (the
+    `nvidia` runtime with NVIDIA_VISIBLE_DEVICES), `cdi` (`--device nvidia.com/gpu=...`,
+    where Docker reads CDI specs)."""
+    found = []
+    if HOOK in g.tools:
+        found.append("gpus")
+    if g.nvidia_runtime:
+        found.append("runtime")
+    if g.cdi_gpus and g.cdi_dirs:
+        found.append("cdi")
+    return tuple(found)
 
 
 def gpu_options(plan: GpuPlan) -> list[str]:
@@ -79,7 +94,7 @@ def check_toolkit(node: Node, g: GpuFacts) -> list[Finding]:
     that asks for none)."""
     if not concerned(node, g) or not (g.gpus or g.gpu_files):
         return []
-    methods = g.methods()
+    methods = gpu_methods(g)
     version = f" (toolkit {g.toolkit_version})" if g.toolkit_version else ""
     if methods:
         return [

@@ -21,8 +21,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from provisioner.image.plan import NodePlan
 from provisioner.image.savestream import SavedImage
+from provisioner.runtime.docker.push_plan import NodePlan
 
 HOP_SCRIPT = "hop"  # the script each node runs for the stream it receives, in its relay dir
 RECEIVED = "received"  # bytes the node's hop read from its sender, counted by `wc -c`

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.image.chain_plan import (
+from provisioner.image.savestream import read_saved
+from provisioner.runtime.docker.chain_plan import (
     FOREIGN_RC,
     Chain,
     Hop,
@@ -32,10 +33,9 @@ from provisioner.image.chain_plan import (
     sent_bytes,
     write_hop_command,
 )
-from provisioner.image.direct import PushOptions
-from provisioner.image.plan import NodePlan
-from provisioner.image.savestream import read_saved
-from provisioner.image.star import RELAY_COMMAND, authorized_line, make_relay_key
+from provisioner.runtime.docker.direct import PushOptions
+from provisioner.runtime.docker.push_plan import NodePlan
+from provisioner.runtime.docker.star import RELAY_COMMAND, authorized_line, make_relay_key
 
 
 def plan(first_missing: int, action: str = "send") -> NodePlan:
@@ -346,7 +346,7 @@ def test_an_edge_key_lives_minutes_not_the_push() -> None:
 
 
 def test_up_push_modes_choose_the_push() -> None:
-    from provisioner.runtime.docker import push_options
+    from provisioner.runtime.docker.delivery import push_options
 
     assert push_options("direct") == PushOptions()
     assert push_options("auto") == PushOptions(forward=True, chain_from=2)

@@ -30,8 +30,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from provisioner.console import Reporter
 from provisioner.errors import InputError, ProvisionerError, RemoteError
-from provisioner.image.chain_plan import guarded_load_lines
-from provisioner.image.direct import (
+from provisioner.image.pin import Pin
+from provisioner.inventory import Inventory, Node
+from provisioner.inventory.address import address_problem
+from provisioner.remote import Pool, Session, fan_out
+from provisioner.remote.hostkeys import read_known_hosts
+from provisioner.runtime.docker.chain_plan import guarded_load_lines
+from provisioner.runtime.docker.direct import (
     NodePush,
     PushOptions,
     PushReport,
@@ -40,11 +45,6 @@ from provisioner.image.direct import (
     retrying,
     verify_and_tag,
 )
-from provisioner.image.pin import Pin
-from provisioner.inventory import Inventory, Node
-from provisioner.inventory.address import address_problem
-from provisioner.remote import Pool, Session, fan_out
-from provisioner.remote.hostkeys import read_known_hosts
 
 KEY_GRACE_S = 600  # the relay key's lifetime beyond the push's own timeouts
 

@@ -47,13 +47,6 @@ from provisioner.image.compress import (
     sender_cores,
 )
 from provisioner.image.pin import CLUSTER_TAG, Pin
-from provisioner.image.plan import (
-    NodePlan,
-    decide,
-    facts_script,
-    parse_facts,
-    verify_and_tag_command,
-)
 from provisioner.image.savepipe import (
     SavePipe,
     SaveSource,
@@ -76,6 +69,13 @@ from provisioner.inventory import Node
 from provisioner.local import need, state_root
 from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote import Pool, Result, Session
+from provisioner.runtime.docker.push_plan import (
+    NodePlan,
+    decide,
+    facts_script,
+    parse_facts,
+    verify_and_tag_command,
+)
 
 # A broken stream, a failed load, a command past its time, or a reconnection whose
 # authentication an overloaded node did not finish: the next attempt may well succeed.

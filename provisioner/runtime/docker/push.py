@@ -13,12 +13,18 @@ import time
 from collections.abc import Callable, Collection
 
 from provisioner.console import Reporter, quiet
-from provisioner.image.chain import push_forwarded
-from provisioner.image.direct import NodePush, PushOptions, PushReport, SavedCache, push_node
 from provisioner.image.pin import Pin
-from provisioner.image.star import push_relayed
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool, fan_out
+from provisioner.runtime.docker.chain import push_forwarded
+from provisioner.runtime.docker.direct import (
+    NodePush,
+    PushOptions,
+    PushReport,
+    SavedCache,
+    push_node,
+)
+from provisioner.runtime.docker.star import push_relayed
 
 __all__ = ["NodePush", "PushOptions", "PushReport", "push_image"]
 

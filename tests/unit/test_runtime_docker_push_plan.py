@@ -8,7 +8,7 @@ import pytest
 
 from provisioner.errors import RemoteError
 from provisioner.image.pin import CLUSTER_TAG
-from provisioner.image.plan import (
+from provisioner.runtime.docker.push_plan import (
     SPARE_BYTES,
     ImageFacts,
     decide,

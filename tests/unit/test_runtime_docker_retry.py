@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from provisioner.errors import RemoteError
-from provisioner.image import direct
-from provisioner.image.direct import PushOptions, push_node
-from provisioner.image.plan import NodePlan
 from provisioner.inventory import Node, SSHSettings
+from provisioner.runtime.docker import direct
+from provisioner.runtime.docker.direct import PushOptions, push_node
+from provisioner.runtime.docker.push_plan import NodePlan
 from tests.unit.test_image_lock import make_pin
 
 NODE = Node(name="n1", address="10.250.9.11", role="worker", ssh=SSHSettings(user="lab"))

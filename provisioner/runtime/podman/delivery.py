@@ -5,7 +5,7 @@ user, and is verified by ID. Podman keeps a docker-archive under the ID Docker g
 holds the pin already is sent nothing.
 
 Compressed when the link says so, by the same rule and the same kept stream as Docker's
-cold push (`image.direct.whole_codec`, `send_whole`): `podman load` decompresses its
+cold push (`runtime.docker.direct.whole_codec`, `send_whole`): `podman load` decompresses its
 input itself. Which codecs it reads, tried in the lab with the pin's stream
 (`podman_reads`): Podman 4.3 (Debian 12) loads zstd but refuses gzip ("loading tar
 component manifest.json: archive/tar: invalid tar header", from gzip -1 and pigz alike);
@@ -25,7 +25,12 @@ from typing import TYPE_CHECKING
 
 from provisioner.errors import InputError, RemoteError
 from provisioner.image.compress import Codec, Mode, local_codecs, pick_codec
-from provisioner.image.direct import (
+from provisioner.image.pin import Pin
+from provisioner.image.savepipe import SaveSource, kept_any
+from provisioner.inventory import Inventory, Node
+from provisioner.node.delivery import DeliveryReport, NodeDelivery
+from provisioner.remote import fan_out
+from provisioner.runtime.docker.direct import (
     Guarded,
     Progress,
     SavedCache,
@@ -33,11 +38,6 @@ from provisioner.image.direct import (
     send_whole,
     whole_codec,
 )
-from provisioner.image.pin import Pin
-from provisioner.image.savepipe import SaveSource, kept_any
-from provisioner.inventory import Inventory, Node
-from provisioner.node.delivery import DeliveryReport, NodeDelivery
-from provisioner.remote import fan_out
 
 if TYPE_CHECKING:
     from provisioner.console import Reporter

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.image.direct import SAVE_BPS, budget_for, head_start_image, held_back
-from provisioner.image.plan import verify_and_tag_command
+from provisioner.runtime.docker.direct import SAVE_BPS, budget_for, head_start_image, held_back
+from provisioner.runtime.docker.push_plan import verify_and_tag_command
 from tests.unit.test_image_lock import L1, L2, L3, D, make_pin
 
 BASE, TORCH, WHOLE, OTHER = ("sha256:" + c * 64 for c in "bcde")

@@ -2,7 +2,7 @@
 parser for it, and its judges, each finding with its fix: Docker installed and running,
 usable by the SSH user without sudo (`docker.*`), the pinned image on the node (`image.*`),
 the shells (`shell.env`, a warning: Ray runs in the image) and the GPU toolkit
-(`runtime/docker_gpu.py`).
+(`runtime/docker/gpu.py`).
 
 The section reads Docker's socket from python3 (a docker CLI call costs ~20 ms, this whole
 call less), else the docker CLI, and prints the sections `@@docker`, `@@docker_sudo`,
@@ -18,13 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-from provisioner.checks import cluster_checks
 from provisioner.checks.facts import Container, NodeFacts, RuntimeFacts
 from provisioner.checks.findings import Finding, error, ok, warning
 from provisioner.checks.plan import Plan
 from provisioner.inventory import Node
 from provisioner.runtime.base import Judges
-from provisioner.runtime.docker_gpu import check_toolkit
+from provisioner.runtime.container_checks import check_versions
+from provisioner.runtime.docker.gpu import check_toolkit
 
 ROOT = "/var/lib/docker"  # Docker's root when it does not say
 
@@ -38,7 +38,7 @@ _ARCH = {
 }
 
 # Run inside the doctor's facts script (bash), before its disks are told.
-FACTS = resources.files("provisioner.runtime").joinpath("docker_facts.sh").read_text()
+FACTS = resources.files("provisioner.runtime.docker").joinpath("facts.sh").read_text()
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def check_shells(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
     else:
         message = "python3/ray differ between a login shell and a non-interactive one"
         fix = f"set PATH (and any virtualenv activation) the same way for both: {where}"
-    # host mode has its own (runtime/host.py): here only the user's own commands are affected
+    # host mode has its own (runtime/host/): here only the user's own commands are affected
     message += " (Ray runs inside the pinned image: only commands on the host are affected)"
     return [warning("shell.env", node.name, message, evidence, fix)]
 
@@ -243,7 +243,7 @@ CHECKS = {
 
 JUDGES = Judges(
     node=node_judges,
-    cluster=cluster_checks.check_versions,
+    cluster=check_versions,
     own_ray=own_ray,
     facts=FACTS,
     parse=parse,
