@@ -309,6 +309,15 @@ def test_image_push_through_a_jump_host(inv: str, lab: LabInfo, blob: Pin, tmp_p
 LOADING = "pgrep -f '(^|[ /])docker load' >/dev/null"  # a node's `docker load` reads a push
 
 
+def processes(lab: LabInfo, names: list[str]) -> str:
+    """The process lists of the named nodes (what a failure shows)."""
+    return "\n".join(
+        f"== {n.name}\n{probe(n, 'ps -eo pid,ppid,stat,etime,args')[1][-3000:]}"
+        for n in lab.nodes
+        if n.name in names
+    )
+
+
 def test_ctrl_c_during_image_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: Path) -> None:
     lock = tmp_path / "blob.lock.json"
     write_pin(blob, lock)
@@ -346,13 +355,13 @@ def test_ctrl_c_during_image_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
                     assert pin_under(node, CLUSTER_TAG, real), node.name
                     assert not holding(node, blob), node.name
             stray = [n.name for n in lab.nodes if probe(n, LOADING)[0] == 0]
-            # a load reading a closed channel ends once the node's dockerd has read what came:
-            # under the full suite's load that took over 30 s (two nodes still loading then)
-            deadline = time.monotonic() + 120
+            # the push ends its own loads on the nodes (by their pids) as it stops: left to
+            # notice the closed channel by themselves, two still read 120 s on (full suite)
+            deadline = time.monotonic() + 15
             while stray and time.monotonic() < deadline:
                 time.sleep(0.5)
                 stray = [n.name for n in lab.nodes if probe(n, LOADING)[0] == 0]
-            s.expect("stray", stray, [])
+            s.expect("stray", stray, [], processes(lab, stray))
             s.saw(bound=10)
             rerun = cli("image", "push", "-i", blob_inv, "--json")
             s.expect("rerun", rerun.code, 0, rerun.stderr[-2000:])

@@ -9,9 +9,11 @@ import math
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
 from tests.e2e.faults.lab import sigint_as_at_a_terminal
 from tests.e2e.helpers import cli, ssh
-from tests.e2e.test_long_runs import SMALL, wait_for
+from tests.e2e.test_long_runs import SMALL
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 TAG = "ppo/episode_return_mean"
@@ -112,6 +114,46 @@ def listening_story(lab: LabInfo, port: int, tunnel: subprocess.Popen[str]) -> s
     return f"port {port}: {seen.stdout[-1500:]} | tunnel exit {tunnel.returncode}: {err[-1500:]}"
 
 
+def job_story(inventory: str, job: str) -> str:
+    """The job's status and the tail of its log, for a failure's message."""
+    code, out, err = cli("jobs", "list", "-i", inventory, "--json")
+    status = (
+        {j["job_id"]: j["status"] for j in json.loads(out)["jobs"]}.get(job, "not listed")
+        if code == 0
+        else f"jobs list failed: {err[-500:]}"
+    )
+    _, log, log_err = cli("jobs", "logs", job, "-i", inventory)
+    return f"job {job}: {status}\n{(log or log_err)[-3000:]}"
+
+
+def points_while_running(
+    inventory: str,
+    job: str,
+    tunnel: subprocess.Popen[str],
+    board: str,
+    run: str,
+    enough: Callable[[list[list[float]]], bool],
+) -> list[list[float]]:
+    """TensorBoard's points of the job once `enough`; a job or a tunnel that ended before
+    (or 600 s without them) fails the test with the job's status and log."""
+    deadline, checked = time.monotonic() + 600, time.monotonic()
+    while time.monotonic() < deadline:
+        if enough(found := points(board, run)):
+            return found
+        if tunnel.poll() is not None:
+            err = tunnel.stderr.read() if tunnel.stderr is not None else ""
+            raise AssertionError(f"the tunnel ended ({tunnel.returncode}): {err[-2000:]}")
+        if time.monotonic() - checked > 20:
+            checked = time.monotonic()
+            code, out, _ = cli("jobs", "list", "-i", inventory, "--json")
+            jobs = json.loads(out)["jobs"] if code == 0 else []
+            ended = ("SUCCEEDED", "FAILED", "STOPPED")
+            if {j["job_id"]: j["status"] for j in jobs}.get(job) in ended:
+                raise AssertionError(f"the job ended first: {job_story(inventory, job)}")
+        time.sleep(0.5)
+    raise AssertionError(f"600 s without the points: {job_story(inventory, job)}")
+
+
 def same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5)
 
@@ -134,13 +176,14 @@ def test_tensorboard_answers_through_the_tunnel_with_a_running_jobs_scalars(
         assert opened["serving"] is True and opened["state"] == "started", opened
         assert opened["head_port"] == head_port and head_listens(lab, head_port)
         board, run = opened["url"], f"{job}/tensorboard"
-        seen = wait_for(lambda: len(p := points(board, run)) >= 3 and p, 600, "3 points")
+        seen = points_while_running(inventory, job, tunnel, board, run, lambda p: len(p) >= 3)
         code, out, err = cli("jobs", "list", "-i", inventory, "--json")
         assert code == 0, err[-2000:]
         status = {j["job_id"]: j["status"] for j in json.loads(out)["jobs"]}[job]
         assert status == "RUNNING"  # served from the head while the job runs
         # and TensorBoard follows the job: more points come while it runs
-        more = wait_for(lambda: len(p := points(board, run)) > len(seen) and p, 600, "more")
+        grown = len(seen)
+        more = points_while_running(inventory, job, tunnel, board, run, lambda p: len(p) > grown)
     finally:
         tunnel.send_signal(signal.SIGINT)
         try:

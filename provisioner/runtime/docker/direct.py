@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import secrets
+import shlex
 import subprocess
 import tarfile
 import threading
@@ -80,7 +83,47 @@ from provisioner.runtime.docker.push_plan import (
 # A broken stream, a failed load, a command past its time, or a reconnection whose
 # authentication an overloaded node did not finish: the next attempt may well succeed.
 RETRYABLE = frozenset({"connection-lost", "load-failed", "command-timeout", "auth-timeout"})
-LOAD_COMMAND = "docker load"
+# Under the SSH user's home: while a push's `docker load` reads its stream, the loader's
+# pid, in a file named for the push (`load_command`), so that a push interrupted here ends
+# its own loads on the nodes (`end_loads_command`) rather than leave them reading.
+LOADS_DIR = ".provisioner/loads"
+_PUSH_ID = re.compile(r"[0-9a-f]{8,64}")
+
+
+def _loads_dir() -> str:
+    return f'"$HOME"/{LOADS_DIR}'
+
+
+def _checked_push_id(push_id: str) -> str:
+    if not _PUSH_ID.fullmatch(push_id):
+        raise ValueError(f"a push id is 8-64 lowercase hex digits, not {push_id!r}")
+    return push_id
+
+
+def load_command(push_id: str, loader: str = "docker") -> str:
+    """`LOADER load` of the stream on stdin, its pid kept in LOADS_DIR/PUSH_ID.SHELLPID while
+    it reads (gone once it ended); exits with the load's status. `push_id`: the push's
+    own id (hex), which `end_loads_command` names."""
+    d, f = _loads_dir(), f"{_loads_dir()}/{_checked_push_id(push_id)}.$$"
+    return (
+        # a command put in the background reads /dev/null (POSIX; dash even with `<&0`):
+        # the stream goes in as fd 3 first
+        f"mkdir -p {d} || exit 1; exec 3<&0; {shlex.quote(loader)} load <&3 3<&- & p=$!; "
+        f"exec 3<&-; echo $p > {f}; "
+        f'wait "$p"; rc=$?; rm -f {f}; exit "$rc"'
+    )
+
+
+def end_loads_command(push_id: str) -> str:
+    """Run on a node once a push was interrupted: end each load of that push still reading
+    (by the pid its file holds), and drop the files."""
+    pattern = f"{_loads_dir()}/{_checked_push_id(push_id)}.*"
+    return (
+        f'for f in {pattern}; do [ -f "$f" ] || continue; p=$(cat "$f"); '
+        'case "$p" in ""|*[!0-9]*) ;; *) kill "$p" 2>/dev/null ;; esac; rm -f "$f"; done; true'
+    )
+
+
 # how fast `docker save` is taken to prepare its export, before its first byte (here: 1.95 GB
 # in 11.5 s, 170 MB/s); taken faster, so the head start's budget errs short
 SAVE_BPS = 300e6
@@ -104,6 +147,9 @@ class PushOptions:
     # much as the probed link carries in `docker save`'s lead; always: the longest, at
     # most half the pin, whatever the link (tests); never
     head_start: HeadStartMode = "auto"
+    # names the pid files of this push's loads on the nodes (`load_command`): a push
+    # (`push`) takes a fresh one, so that its interrupt ends its own loads only
+    push_id: str = field(default_factory=lambda: secrets.token_hex(8), compare=False)
 
 
 # What a push reports is the runtimes' neutral delivery report (`node.delivery`): the
@@ -194,8 +240,10 @@ class HeadStart:
     ended. Once the pin is verified, the image sent ahead is removed again (`drop`): only
     the pin is left on the node."""
 
-    def __init__(self, session: Session, pin: Pin, budget: float, timeout: float) -> None:
-        self.session, self.pin, self.timeout = session, pin, timeout
+    def __init__(
+        self, session: Session, pin: Pin, budget: float, timeout: float, command: str
+    ) -> None:
+        self.session, self.pin, self.timeout, self.command = session, pin, timeout, command
         self.budget = budget
         self.done = threading.Event()
         self.image_id = ""
@@ -220,7 +268,7 @@ class HeadStart:
             self.image_id, k = chosen
             with save_stream(self.image_id) as out:
                 result = self.session.run_streaming_stdin(
-                    LOAD_COMMAND, passthrough(out), on_bytes=self._count, timeout=self.timeout
+                    self.command, passthrough(out), on_bytes=self._count, timeout=self.timeout
                 )
             self.loaded = result.ok and self.image_id in result.stdout
             self.note = (
@@ -672,6 +720,7 @@ def _stream_layers(
     saved: SavedCache,
     out: Sent,
 ) -> None:
+    load = load_command(opts.push_id)
     with closing(SaveSource(pin.image_id)) as source:
         cold = plan.first_missing == 0 and plan.store != "containerd"
         if cold and not kept_any(saved.directory, pin.image_id):
@@ -691,7 +740,7 @@ def _stream_layers(
             chunks = oci_layout(saved.get(report), pin.layers, plan.first_missing, on_omitted)
             guarded = Guarded(chunks)
             result = session.run_streaming_stdin(
-                LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
+                load, iter(guarded), on_bytes=progress, timeout=opts.timeout
             )
         elif out.codec is not None and plan.first_missing == 0:
             cold_stream(session, pin, out, opts, saved, progress, source)
@@ -709,26 +758,26 @@ def _stream_layers(
             )
             guarded = Guarded(chunks)
             result = session.run_streaming_stdin(
-                LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
+                load, iter(guarded), on_bytes=progress, timeout=opts.timeout
             )
         elif plan.first_missing == 0:
             link = 0.0
             if opts.head_start == "auto":
                 link = probed[-1] if probed else probe_link(session)
             budget = budget_for(opts.head_start, pin, link)
-            head = HeadStart(session, pin, budget, opts.timeout).start() if budget else None
+            head = HeadStart(session, pin, budget, opts.timeout, load).start() if budget else None
             out.head_start = head
             chunks = source.chunks()
             guarded = Guarded(held_back(chunks, head.wait) if head else chunks)
             result = session.run_streaming_stdin(
-                LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
+                load, iter(guarded), on_bytes=progress, timeout=opts.timeout
             )
             if head is not None:
                 report(f"{session.host}: {head.note or 'head start did not end'}")
         else:
             guarded = Guarded(partial(saved.get(report), plan.first_missing, on_omitted))
             result = session.run_streaming_stdin(
-                LOAD_COMMAND, iter(guarded), on_bytes=progress, timeout=opts.timeout
+                load, iter(guarded), on_bytes=progress, timeout=opts.timeout
             )
         check_load(session, plan.image_id or pin.image_id, guarded, result)
         out.bytes_sent = progress.sent
@@ -752,7 +801,7 @@ def cold_stream(
         out.codec,
         saved,
         source,
-        LOAD_COMMAND,
+        load_command(opts.push_id),
         progress,
         opts.timeout,
         lambda guarded, result: check_load(session, pin.image_id, guarded, result),

@@ -8,20 +8,25 @@ Every node in parallel (bounded), each from this machine (`direct.py`); or with
 
 from __future__ import annotations
 
+import contextlib
+import secrets
 import threading
 import time
 from collections.abc import Callable, Collection
+from dataclasses import replace
 
 from provisioner.console import Reporter, quiet
+from provisioner.errors import ProvisionerError
 from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
-from provisioner.remote import Pool, fan_out
+from provisioner.remote import Pool, Session, fan_out
 from provisioner.runtime.docker.chain import push_forwarded
 from provisioner.runtime.docker.direct import (
     NodePush,
     PushOptions,
     PushReport,
     SavedCache,
+    end_loads_command,
     push_node,
 )
 from provisioner.runtime.docker.star import push_relayed
@@ -60,6 +65,7 @@ def push_image(
         return out
     own = pool is None
     pool = pool or Pool(inventory)
+    opts = replace(opts, push_id=secrets.token_hex(8))
     try:
         if opts.forward and inventory.workers:
             push_forwarded(pool, inventory, pin, opts, report, out)
@@ -75,6 +81,9 @@ def push_image(
             )
             out.nodes.update(group.results)
             out.errors.update(group.errors)
+    except BaseException:  # Ctrl-C (or a bug): this push's loads end with it
+        end_loads(pool, opts.push_id)
+        raise
     finally:
         if own:
             pool.close()
@@ -91,3 +100,28 @@ def _bind(pool: Pool, pin: Pin, opts: PushOptions, report: Reporter) -> Callable
             report(line)
 
     return lambda node: push_node(pool, node, pin, opts, locked_report, saved)
+
+
+END_LOADS_S = 5.0  # how long an interrupted push waits for its nodes to end its loads
+
+
+def end_loads(pool: Pool, push_id: str) -> None:
+    """End the loads of push `push_id` still reading on the nodes it reached (each by the
+    pid its file holds, `end_loads_command`), at most END_LOADS_S: once the push is
+    interrupted nothing sends to them again, and a `docker load` left reading a stream cut
+    half-way would go on until the node's sshd and dockerd noticed (minutes, on a loaded
+    node). A node that does not answer in time keeps its load until then."""
+    command = end_loads_command(push_id)
+
+    def end(session: Session) -> None:
+        with contextlib.suppress(ProvisionerError):
+            session.run(command, timeout=END_LOADS_S)
+
+    threads = [
+        threading.Thread(target=end, args=(s,), daemon=True) for s in pool.open_sessions().values()
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + END_LOADS_S
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
