@@ -111,7 +111,7 @@ def measure(
     if fanout:
         for relay in (False, True):
             remove_pin(inv, list(inv.nodes), pin, tag)
-            report = push_image(inv, None, quiet, pin=pin, opts=replace(opts, relay=relay))
+            report = push_image(inv, None, quiet, pin=pin, opts=replace(opts, star=relay))
             if not report.ok:
                 raise SystemExit(f"push (relay={relay}) failed: {report.errors}")
             key = "relay" if relay else "direct"

@@ -115,14 +115,15 @@ class RenderSection:
 
 
 PUSH_MODES = ("auto", "direct", "chain")
-"""`up --push`: direct, every node from this machine; chain, the forwarding relay (this
-machine sends once into a chain of the nodes lacking layers: `image push --chain`); auto,
-the chain when two or more nodes lack layers (it then sends less over this machine's
-link), else direct."""
+"""`up --push`: direct, every node from this machine; chain, this machine sends once into a
+chain of the nodes lacking layers, each streaming on what it receives (`image push
+--chain`); auto, the chain when two or more nodes lack layers (it then sends less over this
+machine's link), else direct. The third shape, the star (`image push --star`: the head sends
+to every worker), is not a mode of `up`."""
 
 PUSH_ALIASES = {"relay": "chain"}
-"""Earlier names of a push mode, still accepted: `--push relay` was the chain (the star,
-`image push --star`, is not a mode of `up`)."""
+"""Deprecated names of a push mode, still accepted with a note: `--push relay` was the
+chain."""
 
 
 class Delivery(Protocol):

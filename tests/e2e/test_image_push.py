@@ -267,7 +267,7 @@ def test_relay_sends_about_one_image_from_the_control_machine(
             assert image_on(node, small.tag) == image_on(node, small.image_id) == ""
 
         report = push_image(
-            inventory, None, print, pin=small, opts=PushOptions(relay=True, tag=small.tag)
+            inventory, None, print, pin=small, opts=PushOptions(star=True, tag=small.tag)
         )
 
         assert_ok(report)
@@ -344,7 +344,7 @@ def test_a_corrupt_cached_layer_and_saved_image_are_dropped_and_the_push_lands_t
         one = replace(one, workers=(replace(second, role="worker"),))
     nodes = one.nodes
     cache = tmp_path / "cache"
-    opts = PushOptions(tag=top.tag, cache_dir=cache, compress="always", forward=forward)
+    opts = PushOptions(tag=top.tag, cache_dir=cache, compress="always", chain=forward)
     try:
         assert_ok(push_image(one, None, print, pin=bottom, opts=replace(opts, tag=bottom.tag)))
         assert_ok(push_image(one, None, print, pin=top, opts=opts))  # the entries are made

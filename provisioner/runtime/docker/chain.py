@@ -1,4 +1,4 @@
-"""Forwarding relay: the control machine sends the image once, and every node streams what
+"""The chain: the control machine sends the image once, and every node streams what
 it receives on to the next node while it loads it (`image push --forward`, `up --push`).
 
 The plan is chain_plan.py's. Here: one round trip per node gathers what it holds
@@ -134,7 +134,7 @@ class _EdgeKey:
     added: Added | None = None
 
 
-def push_forwarded(
+def push_chain(
     pool: Pool,
     inventory: Inventory,
     pin: Pin,
@@ -178,8 +178,8 @@ def push_forwarded(
             except ProvisionerError as exc:
                 out.errors[name] = exc
         return
-    out.mode = "forward"
-    run.report(f"forwarding relay: control -> {' -> '.join(order)}")
+    out.mode = "chain"
+    run.report(f"chain: control -> {' -> '.join(order)}")
     try:
         ready = _set_up(run, order, out)
         order = [n for n in order if n in ready]
@@ -517,4 +517,4 @@ def _tear_down(run: _Run, out: PushReport) -> None:
         out.errors.setdefault(name, exc)
 
 
-__all__ = ["RelayKey", "push_forwarded"]
+__all__ = ["RelayKey", "push_chain"]

@@ -24,7 +24,7 @@ def push_options(mode: str) -> PushOptions:
     """The push `up --push MODE` makes (runtime.base.PUSH_MODES)."""
     if mode == "direct":
         return PushOptions()
-    return PushOptions(forward=True, chain_from=1 if mode == "chain" else 2)
+    return PushOptions(chain=True, chain_from=1 if mode == "chain" else 2)
 
 
 def has_image_command(image_id: str) -> str:

@@ -1,5 +1,5 @@
 """One node's push from this machine, and what a push reports; shared by the direct push
-(`push.py`) and the relay (`star.py`).
+(`push.py`), the star (`star.py`) and the chain (`chain.py`).
 
 One round trip gathers Docker's state; a pure decision says send nothing, only re-tag,
 or send the layers the node lacks; the layers go as a `docker save` stream (with held
@@ -92,9 +92,9 @@ HeadStartMode = Literal["auto", "always", "never"]
 class PushOptions:
     parallelism: int = 4
     retries: int = 2  # fresh attempts after a broken stream
-    relay: bool = False
-    forward: bool = False  # the forwarding relay: every node streams on what it receives
-    chain_from: int = 2  # forward: chain when this many nodes lack layers, else send direct
+    star: bool = False  # the star: once to the head, which sends on to every worker
+    chain: bool = False  # the chain: every node streams on what it receives
+    chain_from: int = 2  # chain: chain when this many nodes lack layers, else send direct
     full: bool = False  # send every layer even if the node holds some
     timeout: float = 1800.0  # per node
     tag: str = CLUSTER_TAG

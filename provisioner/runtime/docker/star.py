@@ -1,4 +1,4 @@
-"""Relay mode: send the image once to the head, which sends it on to the workers.
+"""The star: send the image once to the head, which sends it on to the workers.
 
 The control machine pushes to the head as usual, then the head runs
 `docker save PIN | ssh WORKER docker load` for each worker that lacks the image, with
@@ -100,7 +100,7 @@ def authorized_line(
     """The worker's authorized_keys line: only from the head, only `docker load`, no
     forwarding and no pty (`restrict`), and refused by sshd after `expiry`
     (YYYYMMDDHHMMSSZ, UTC), should the removal never run (SIGKILL, a lost connection).
-    The forwarding relay passes its senders' addresses (comma-separated) and its hop
+    The chain passes its senders' addresses (comma-separated) and its hop
     script as the one command."""
     return f"{_line_prefix(head_address, command)}{expiry}{_line_suffix(key)}"
 
@@ -383,7 +383,7 @@ def _relay_worker(
                 raise RemoteError(
                     worker.name,
                     f"the head could not send the image: {result.tail(3)}",
-                    "check that the head reaches the worker's sshd, or push without --relay",
+                    "check that the head reaches the worker's sshd, or push without --star",
                     kind="relay",
                 )
             out.layers_sent = len(pin.layers)
@@ -399,7 +399,7 @@ def _relay_worker(
     return retrying(attempt, opts.retries, lambda exc: exc.kind == "relay", again)
 
 
-def push_relayed(
+def push_star(
     pool: Pool,
     inventory: Inventory,
     pin: Pin,
@@ -416,7 +416,7 @@ def push_relayed(
         for w in inventory.workers:
             out.errors[w.name] = RemoteError(
                 w.name,
-                "not pushed: the relay head failed",
+                "not pushed: the star's head failed",
                 "fix the head, push again",
                 kind="relay",
             )

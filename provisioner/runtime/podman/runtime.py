@@ -127,7 +127,7 @@ class PodmanRuntime(ContainerRuntime):
         return self.delivery()._pin()
 
     def delivery(self, options: PushOptions | None = None) -> PodmanDelivery:
-        if options is not None and (options.relay or options.forward):
+        if options is not None and (options.star or options.chain):
             raise InputError(
                 "the podman runtime loads the image from this machine into each node's "
                 "Podman: it has no star or chain",
