@@ -1,6 +1,6 @@
 """What a runtime's image delivery reports (`runtime.base.Delivery`): per node what it did
 and what it sent, and the errors, one a node. Neutral: the docker runtime's push
-(`runtime.docker.push`, which calls these `NodePush` and `PushReport`) and the podman runtime's
+(`runtime.docker.push`) and the podman runtime's
 `podman load` both report in it, and `up` puts it in its result as `push`."""
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from provisioner.lab import faults, wire
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.images import filler_image
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.delivery import DeliveryReport
 from provisioner.runtime.docker.chain_plan import (
     FOREIGN_RC,
     hop_script,
@@ -36,7 +37,7 @@ from provisioner.runtime.docker.chain_plan import (
     round_result_command,
 )
 from provisioner.runtime.docker.direct import SavedCache
-from provisioner.runtime.docker.push import PushOptions, PushReport, push_image
+from provisioner.runtime.docker.push import PushOptions, push_image
 from provisioner.runtime.docker.star import RELAY_COMMAND
 
 REPO = "provisioner/forward-test"
@@ -96,7 +97,7 @@ def authorized_keys(node: Node) -> bytes:
 CACHE = Path(tempfile.gettempdir()) / "provisioner-forward-test-cache"  # not the user's cache
 
 
-def push(inv: Inventory, pin: Pin, *, star: bool = False, chain: bool = False) -> PushReport:
+def push(inv: Inventory, pin: Pin, *, star: bool = False, chain: bool = False) -> DeliveryReport:
     opts = PushOptions(tag=pin.tag, star=star, chain=chain, cache_dir=CACHE)
     return push_image(inv, None, print, pin=pin, opts=opts)
 
@@ -153,7 +154,9 @@ def test_a_compressed_push_direct_and_chained_sends_fewer_bytes_and_compresses_o
     single = replace(inventory, head=replace(first, role="head"), workers=())
     cache = tmp_path / "cache"  # a cache of its own: the first compressed push misses
 
-    def counted_push(inv: Inventory, compress: str, chain: bool = False) -> tuple[PushReport, int]:
+    def counted_push(
+        inv: Inventory, compress: str, chain: bool = False
+    ) -> tuple[DeliveryReport, int]:
         remove(list(inv.nodes), pin)
         wire.start(lab)
         opts = PushOptions(tag=pin.tag, chain=chain, cache_dir=cache, compress=compress)  # type: ignore[arg-type]
@@ -267,7 +270,7 @@ def test_a_node_stopped_mid_relay_leaves_the_nodes_after_it_with_the_verified_im
     remove(list(inventory.nodes), pin)
     keys = authorized_keys(middle)
     wire.start(lab)
-    result: list[PushReport] = []
+    result: list[DeliveryReport] = []
     worker = threading.Thread(target=lambda: result.append(push(inventory, pin, chain=True)))
     worker.start()
     try:
@@ -371,7 +374,7 @@ def test_forward_gives_each_edge_its_own_key_that_only_its_receiver_accepts(
     remove(nodes, pin)
     keys_before = {n.name: authorized_keys(n) for n in nodes}
     assert all(not private_keys(n) for n in nodes), "a private key left from before"
-    result: list[PushReport] = []
+    result: list[DeliveryReport] = []
 
     def report(line: str) -> None:
         print(line)

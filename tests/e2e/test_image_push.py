@@ -28,8 +28,9 @@ from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.lab.engine import client, exec_rc
 from provisioner.lab.images import filler_image
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.delivery import DeliveryReport
 from provisioner.remote import Session
-from provisioner.runtime.docker.push import PushOptions, PushReport, push_image
+from provisioner.runtime.docker.push import PushOptions, push_image
 from tests.e2e.faults.lab import image_store
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
@@ -106,7 +107,7 @@ def wipe(node: Node) -> None:
     assert rc == 0 and out.strip() == "0", out
 
 
-def assert_ok(report: PushReport) -> None:
+def assert_ok(report: DeliveryReport) -> None:
     assert report.ok, {h: str(e) for h, e in report.errors.items()}
 
 
@@ -192,11 +193,11 @@ def test_a_different_image_under_the_cluster_tag_is_corrected(
     assert image_on(node, CLUSTER_TAG) == pin_id(node, pin)
 
 
-def push_killed_once(inventory: Inventory, pin: Pin, node: Node, retries: int) -> PushReport:
+def push_killed_once(inventory: Inventory, pin: Pin, node: Node, retries: int) -> DeliveryReport:
     """Push in the background; once bytes flow to `node`, kill its `docker load` (the one
     this push started, by its PID) as a dropped transfer would end it."""
     lines: list[str] = []
-    result: list[PushReport] = []
+    result: list[DeliveryReport] = []
     worker = threading.Thread(
         target=lambda: result.append(
             push_image(inventory, None, lines.append, pin=pin, opts=PushOptions(retries=retries))

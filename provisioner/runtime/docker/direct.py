@@ -67,7 +67,7 @@ from provisioner.image.savestream import (
 )
 from provisioner.inventory import Node
 from provisioner.local import need, state_root
-from provisioner.node.delivery import DeliveryReport, NodeDelivery
+from provisioner.node.delivery import NodeDelivery
 from provisioner.remote import Pool, Result, Session
 from provisioner.runtime.docker.push_plan import (
     NodePlan,
@@ -104,12 +104,6 @@ class PushOptions:
     # much as the probed link carries in `docker save`'s lead; always: the longest, at
     # most half the pin, whatever the link (tests); never
     head_start: HeadStartMode = "auto"
-
-
-# What a push reports is the runtimes' neutral delivery report (`node.delivery`): the
-# names the image code has always used.
-NodePush = NodeDelivery
-PushReport = DeliveryReport
 
 
 @contextmanager
@@ -468,7 +462,7 @@ class Sent:
     record: CacheRecord = field(default_factory=CacheRecord)
     head_start: HeadStart | None = None  # the image loaded ahead (a plain cold send)
 
-    def into(self, out: NodePush) -> None:
+    def into(self, out: NodeDelivery) -> None:
         out.bytes_sent, out.bytes_omitted = self.bytes_sent, self.bytes_omitted
         out.codec = self.codec.family if self.codec else ""
         out.compress_reason = self.reason
@@ -899,16 +893,16 @@ def push_node(
     opts: PushOptions,
     report: Reporter,
     saved: SavedCache | None = None,
-) -> NodePush:
+) -> NodeDelivery:
     """Make one node hold the pin under the cluster tag, retrying a broken stream."""
     saved = saved or SavedCache(pin, opts.cache_dir)
     t0 = time.monotonic()
 
-    def attempt(n: int) -> NodePush:
+    def attempt(n: int) -> NodeDelivery:
         session = pool.session(node)
         plan = gather_plan(session, pin, opts, saved, report)
         drop = ""
-        outcome = NodePush(
+        outcome = NodeDelivery(
             node.name,
             plan.action,
             len(pin.layers),
@@ -936,7 +930,7 @@ def push_node(
     return retrying(attempt, opts.retries, lambda exc: exc.kind in RETRYABLE, again)
 
 
-def _summary(n: NodePush) -> str:
+def _summary(n: NodeDelivery) -> str:
     if n.action == "none":
         return f"{n.host}: already holds the pinned image; nothing sent"
     if n.action == "tag":

@@ -15,18 +15,17 @@ from collections.abc import Callable, Collection
 from provisioner.console import Reporter, quiet
 from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
+from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote import Pool, fan_out
 from provisioner.runtime.docker.chain import push_chain
 from provisioner.runtime.docker.direct import (
-    NodePush,
     PushOptions,
-    PushReport,
     SavedCache,
     push_node,
 )
 from provisioner.runtime.docker.star import push_star
 
-__all__ = ["NodePush", "PushOptions", "PushReport", "push_image"]
+__all__ = ["PushOptions", "push_image"]
 
 DEFAULT_OPTIONS = PushOptions()
 
@@ -39,7 +38,7 @@ def push_image(
     pin: Pin,
     opts: PushOptions = DEFAULT_OPTIONS,
     held: Collection[str] = (),
-) -> PushReport:
+) -> DeliveryReport:
     """Push the pin to every node of the inventory; one node's failure stops no other.
 
     `pool`: SSH sessions to reuse (and leave open), as `up` does; None: its own.
@@ -48,12 +47,12 @@ def push_image(
     them, a star or a chain plans its own senders. `up` runs containers by the pinned ID: no tag
     is needed."""
     t0 = time.monotonic()
-    out = PushReport(pin.image_id, opts.tag)
+    out = DeliveryReport(pin.image_id, opts.tag)
     everyone = {n.name for n in inventory.nodes}
     if not everyone <= set(held) and (opts.star or opts.chain):
         held = ()
     for name in held:
-        out.nodes[name] = NodePush(name, "none", len(pin.layers), via="doctor")
+        out.nodes[name] = NodeDelivery(name, "none", len(pin.layers), via="doctor")
     todo = [n for n in inventory.nodes if n.name not in held]
     if not todo:
         report("image: every node holds the pinned image (the doctor saw it); nothing sent")
@@ -82,7 +81,9 @@ def push_image(
     return out
 
 
-def _bind(pool: Pool, pin: Pin, opts: PushOptions, report: Reporter) -> Callable[[Node], NodePush]:
+def _bind(
+    pool: Pool, pin: Pin, opts: PushOptions, report: Reporter
+) -> Callable[[Node], NodeDelivery]:
     lock = threading.Lock()
     saved = SavedCache(pin, opts.cache_dir)
 

@@ -33,13 +33,12 @@ from provisioner.errors import InputError, ProvisionerError, RemoteError
 from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.inventory.address import address_problem
+from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.hostkeys import read_known_hosts
 from provisioner.runtime.docker.chain_plan import guarded_load_lines
 from provisioner.runtime.docker.direct import (
-    NodePush,
     PushOptions,
-    PushReport,
     gather_plan,
     push_node,
     retrying,
@@ -359,14 +358,14 @@ def _relay_worker(
     creds: tuple[str, str],
     report: Reporter,
     head_id: str = "",
-) -> NodePush:
+) -> NodeDelivery:
     t0 = time.monotonic()
 
-    def attempt(n: int) -> NodePush:
+    def attempt(n: int) -> NodeDelivery:
         ws = pool.session(worker)
         plan = gather_plan(ws, pin, opts, report=report)
         image_id = plan.image_id or pin.image_id
-        out = NodePush(
+        out = NodeDelivery(
             worker.name,
             plan.action,
             len(pin.layers),
@@ -405,7 +404,7 @@ def push_star(
     pin: Pin,
     opts: PushOptions,
     report: Reporter,
-    out: PushReport,
+    out: DeliveryReport,
 ) -> None:
     """The head from here, then every worker from the head (in parallel, bounded)."""
     head = inventory.head
