@@ -21,7 +21,7 @@ from provisioner.image.pin import BUILD_TAG, CLUSTER_TAG, pin_to_dict, read_pin
 from provisioner.inventory import load_cluster
 from provisioner.local import write_output
 from provisioner.runtime.context import cluster_context
-from provisioner.runtime.docker.push import PushOptions
+from provisioner.runtime.delivery_options import PushOptions
 
 app = typer.Typer(
     help="The pinned cluster image: lock, build, push to every node.", no_args_is_help=True

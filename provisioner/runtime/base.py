@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from provisioner.gpu.plan import GpuPlan
     from provisioner.inventory import Inventory, Node
     from provisioner.remote import Pool, Session
-    from provisioner.runtime.docker.direct import PushOptions
+    from provisioner.runtime.delivery_options import PushOptions
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import pytest
 import typer
 
 from provisioner.image.savestream import read_saved
+from provisioner.runtime.delivery_options import PushOptions
 from provisioner.runtime.docker.chain_plan import (
     FOREIGN_RC,
     Chain,
@@ -34,7 +35,6 @@ from provisioner.runtime.docker.chain_plan import (
     sent_bytes,
     write_hop_command,
 )
-from provisioner.runtime.docker.direct import PushOptions
 from provisioner.runtime.docker.push_plan import NodePlan
 from provisioner.runtime.docker.star import RELAY_COMMAND, authorized_line, make_relay_key
 

@@ -35,6 +35,7 @@ from provisioner.image.savestream import SavedImage, partial, passthrough
 from provisioner.inventory import Inventory, Node
 from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote import Pool, fan_out
+from provisioner.runtime.delivery_options import PushOptions
 from provisioner.runtime.docker.chain_plan import (
     ALIVE_S,
     HOP_SCRIPT,
@@ -57,7 +58,6 @@ from provisioner.runtime.docker.chain_plan import (
 )
 from provisioner.runtime.docker.direct import (
     Guarded,
-    PushOptions,
     SavedCache,
     Sent,
     check_codec_all,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Literal, TypeVar
+from typing import IO, TypeVar
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import OperationError, ProvisionerError, RemoteError
@@ -46,7 +46,7 @@ from provisioner.image.compress import (
     sample_rate,
     sender_cores,
 )
-from provisioner.image.pin import CLUSTER_TAG, Pin
+from provisioner.image.pin import Pin
 from provisioner.image.savepipe import (
     SavePipe,
     SaveSource,
@@ -69,6 +69,7 @@ from provisioner.inventory import Node
 from provisioner.local import need, state_root
 from provisioner.node.delivery import NodeDelivery
 from provisioner.remote import Pool, Result, Session
+from provisioner.runtime.delivery_options import HeadStartMode, PushOptions
 from provisioner.runtime.docker.push_plan import (
     NodePlan,
     decide,
@@ -85,25 +86,6 @@ LOAD_COMMAND = "docker load"
 # in 11.5 s, 170 MB/s); taken faster, so the head start's budget errs short
 SAVE_BPS = 300e6
 T = TypeVar("T")
-HeadStartMode = Literal["auto", "always", "never"]
-
-
-@dataclass(frozen=True)
-class PushOptions:
-    parallelism: int = 4
-    retries: int = 2  # fresh attempts after a broken stream
-    star: bool = False  # the star: once to the head, which sends on to every worker
-    chain: bool = False  # the chain: every node streams on what it receives
-    chain_from: int = 2  # chain: chain when this many nodes lack layers, else send direct
-    full: bool = False  # send every layer even if the node holds some
-    timeout: float = 1800.0  # per node
-    tag: str = CLUSTER_TAG
-    cache_dir: Path | None = None  # saved images for partial sends; default: the state dir
-    compress: Mode = "auto"  # auto: by the link (compress.choose); always; never
-    # a cold node's plain send: an image starting the pin goes ahead (HeadStart); auto: as
-    # much as the probed link carries in `docker save`'s lead; always: the longest, at
-    # most half the pin, whatever the link (tests); never
-    head_start: HeadStartMode = "auto"
 
 
 @contextmanager

@@ -17,9 +17,9 @@ from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote import Pool, fan_out
+from provisioner.runtime.delivery_options import PushOptions
 from provisioner.runtime.docker.chain import push_chain
 from provisioner.runtime.docker.direct import (
-    PushOptions,
     SavedCache,
     push_node,
 )

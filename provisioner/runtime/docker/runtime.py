@@ -29,8 +29,9 @@ from provisioner.runtime.containers import (
     shm_size,
     tls_options,
 )
+from provisioner.runtime.delivery_options import PushOptions
 from provisioner.runtime.docker.delivery import DockerDelivery, tag_holds_pin_command
-from provisioner.runtime.docker.direct import PushOptions, store_ids
+from provisioner.runtime.docker.direct import store_ids
 from provisioner.runtime.docker.doctor import JUDGES
 from provisioner.runtime.docker.gpu import gpu_methods, gpu_options, run_gpu_options
 

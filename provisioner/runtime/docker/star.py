@@ -36,9 +36,9 @@ from provisioner.inventory.address import address_problem
 from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.hostkeys import read_known_hosts
+from provisioner.runtime.delivery_options import PushOptions
 from provisioner.runtime.docker.chain_plan import guarded_load_lines
 from provisioner.runtime.docker.direct import (
-    PushOptions,
     gather_plan,
     push_node,
     retrying,

@@ -36,7 +36,7 @@ from provisioner.runtime.host.doctor import check_host_versions, node_judges
 from provisioner.runtime.host.gpu import gpu_env
 
 if TYPE_CHECKING:
-    from provisioner.runtime.docker.direct import PushOptions
+    from provisioner.runtime.delivery_options import PushOptions
 
 START_LOG = "start.log"
 STOP_WAIT_S = 15

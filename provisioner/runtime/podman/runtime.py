@@ -26,7 +26,7 @@ from provisioner.node import layout
 from provisioner.runtime import containers
 from provisioner.runtime.base import RayState
 from provisioner.runtime.containers import CAPS, ContainerRuntime
-from provisioner.runtime.docker.direct import PushOptions
+from provisioner.runtime.delivery_options import PushOptions
 from provisioner.runtime.docker.gpu import gpu_options, run_gpu_options
 from provisioner.runtime.podman.delivery import LoadOptions, PodmanDelivery, bare_id, full_id
 from provisioner.runtime.podman.doctor import JUDGES
