@@ -21,8 +21,8 @@ from provisioner.errors import InputError, ProvisionerError
 from provisioner.inventory import Inventory, load_cluster, load_inventory
 from provisioner.local import write_output
 from provisioner.remote import Pool
-from provisioner.runtime.base import PUSH_ALIASES, PUSH_MODES
 from provisioner.runtime.context import ClusterContext, cluster_context
+from provisioner.runtime.protocol import PUSH_ALIASES, PUSH_MODES
 
 # Each command imports its own part of the library when it runs: `up` starts connecting
 # to the nodes first, and loads the doctor and the rest of itself while they answer (a

@@ -145,7 +145,7 @@ def build_cmd(
     images, wheels_dir = _dirs(images_dir, wheelhouse)
     chosen = "given"
     if base is None:
-        from provisioner.image.base import build_base
+        from provisioner.image.base_image import build_base
 
         choice = build_base(out.progress)
         base, chosen = choice.tag, choice.how

@@ -15,7 +15,7 @@ from provisioner.cluster.probe import MARK
 from provisioner.errors import OperationError
 from provisioner.node import commands
 from provisioner.remote import Session
-from provisioner.runtime.base import Runtime
+from provisioner.runtime.protocol import Runtime
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError
-from provisioner.image.base import LABEL as LABEL  # the lab labels its nodes with it too
+from provisioner.image.base_image import LABEL as LABEL  # the lab labels its nodes with it too
 from provisioner.inventory.models import DEFAULT_RUNTIME
 from provisioner.lab.flavours import DEFAULT_FLAVOUR, FLAVOURS, per_node
 from provisioner.local import state_root
-from provisioner.runtime.base import LabRecipe
+from provisioner.runtime.protocol import LabRecipe
 from provisioner.runtime.registry import lab_recipe
 from provisioner.runtime.registry import names as runtime_names
 

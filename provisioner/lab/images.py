@@ -1,6 +1,6 @@
 """Images for the lab, built locally without any registry, reused until their recipe changes.
 
-- the base: `provisioner.image.base` (Debian bookworm with Python 3.11, or trixie with
+- the base: `provisioner.image.base_image` (Debian bookworm with Python 3.11, or trixie with
   Python 3.13, from debootstrap);
 - the node: base + sshd + dockerd + a login user, one per flavour (`flavours.py`): the
   base of its Debian release, and for the containerd flavour Docker's containerd image
@@ -26,7 +26,7 @@ from docker.errors import BuildError, ImageNotFound
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import LabError, PrerequisiteError
-from provisioner.image.base import ensure_base_image
+from provisioner.image.base_image import ensure_base_image
 from provisioner.image.pin import Pin
 from provisioner.lab.config import LABEL
 from provisioner.lab.engine import client

@@ -1,4 +1,4 @@
-"""What a runtime's image delivery reports (`runtime.base.Delivery`): per node what it did
+"""What a runtime's image delivery reports (`runtime.protocol.Delivery`): per node what it did
 and what it sent, and the errors, one a node. Neutral: the docker runtime's push
 (`runtime.docker.push`) and the podman runtime's
 `podman load` both report in it, and `up` puts it in its result as `push`."""

@@ -1,5 +1,5 @@
 """How an image delivery sends the pin (`image push`'s flags, `up --push`'s mode): the
-options every runtime's `delivery(options)` takes (`runtime.base.Runtime`). Docker's push
+options every runtime's `delivery(options)` takes (`runtime.protocol.Runtime`). Docker's push
 reads them all; Podman refuses the star and the chain; the host delivers no image."""
 
 from __future__ import annotations

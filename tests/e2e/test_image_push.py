@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.image.base import ensure_base_image
+from provisioner.image.base_image import ensure_base_image
 from provisioner.image.build import BuildOptions, build_image
 from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin
 from provisioner.inventory import Inventory, Node, load_inventory

@@ -1,4 +1,4 @@
-"""The runtimes' image delivery seam (`runtime.base.Delivery`): whether a node has the image
+"""The runtimes' image delivery seam (`runtime.protocol.Delivery`): whether a node has the image
 (a command and a pure parser), delivering it, verifying it by ID; and the neutral report
 (`node.delivery`) it returns, which `up` puts in its result as `push`."""
 

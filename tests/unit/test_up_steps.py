@@ -11,9 +11,9 @@ import pytest
 from provisioner.cluster import status, up
 from provisioner.cluster.headprobe import GcsNode, Joined
 from provisioner.errors import InputError
-from provisioner.gpu.plan import GpuPlan, signature
-from provisioner.runtime.base import RayState
+from provisioner.gpu.assignment import GpuPlan, signature
 from provisioner.runtime.docker import runtime as docker
+from provisioner.runtime.protocol import RayState
 from tests.unit.inventories import make_inventory
 from tests.unit.test_image_lock import make_pin
 

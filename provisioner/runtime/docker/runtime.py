@@ -14,13 +14,12 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from provisioner.gpu.assignment import GpuPlan
 from provisioner.gpu.facts import GpuFacts
-from provisioner.gpu.plan import GpuPlan
 from provisioner.image.pin import CLUSTER_TAG, Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout
 from provisioner.runtime import containers
-from provisioner.runtime.base import RayState
 from provisioner.runtime.containers import (
     CAPS,
     CONTAINER_ENV,
@@ -34,6 +33,7 @@ from provisioner.runtime.docker.delivery import DockerDelivery, tag_holds_pin_co
 from provisioner.runtime.docker.direct import store_ids
 from provisioner.runtime.docker.doctor import JUDGES
 from provisioner.runtime.docker.gpu import gpu_methods, gpu_options, run_gpu_options
+from provisioner.runtime.protocol import RayState
 
 
 def start_guard(cluster: str, name: str, cluster_id: str) -> str:

@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 
     from provisioner.checks.facts import NodeFacts
     from provisioner.checks.findings import Finding
-    from provisioner.checks.plan import Plan
+    from provisioner.checks.intent import Plan
     from provisioner.console import Reporter
+    from provisioner.gpu.assignment import GpuPlan
     from provisioner.gpu.facts import GpuFacts
-    from provisioner.gpu.plan import GpuPlan
     from provisioner.inventory import Inventory, Node
     from provisioner.remote import Pool, Session
     from provisioner.runtime.delivery_options import PushOptions
@@ -63,7 +63,7 @@ class RayState:
     restarts: int = 0
     exit_code: int | None = None
     oom_killed: bool = False
-    gpus: str | None = None  # the GPUs it was given (gpu.plan.signature); None: not recorded
+    gpus: str | None = None  # the GPUs it was given (gpu.assignment.signature); None: not recorded
 
     @property
     def running(self) -> bool:
