@@ -202,7 +202,10 @@ def validate(cfg: LabConfig) -> None:
             "; ".join(f"{name}: {lab_recipe(name).about}" for name in runtime_names()),
         )
     if not 1 <= cfg.nodes <= MAX_NODES:
-        raise InputError(f"--nodes must be between 1 and {MAX_NODES}, got {cfg.nodes}")
+        raise InputError(
+            f"--nodes must be between 1 and {MAX_NODES}, got {cfg.nodes}",
+            f"pass --nodes N with N from 1 to {MAX_NODES}",
+        )
     if cfg.slurm and not cfg.recipe.slurm:
         slurm = slurm_runtime()
         raise InputError(

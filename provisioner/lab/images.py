@@ -286,14 +286,22 @@ def _docker_build(
             network_mode="bridge",
         ):
             if "error" in chunk:
-                raise LabError(f"building {tag} failed: {chunk['error'].strip()}")
+                raise LabError(
+                    f"building {tag} failed: {chunk['error'].strip()}",
+                    "read the build's error above; check the docker daemon (`docker info`) "
+                    "and its disk space, then run `provisioner lab up` again",
+                )
             line = str(chunk.get("stream", "")).strip()
             now = time.monotonic()
             if line and (line.startswith("Step") or now - last > 5):
                 report(f"build {tag}: {line[:100]}")
                 last = now
     except BuildError as exc:
-        raise LabError(f"building {tag} failed: {exc}") from exc
+        raise LabError(
+            f"building {tag} failed: {exc}",
+            "read the build's error above; check the docker daemon (`docker info`) and its "
+            "disk space, then run `provisioner lab up` again",
+        ) from exc
 
 
 def filler_image(

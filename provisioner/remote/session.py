@@ -369,11 +369,18 @@ class Session:
             handle.prefetch()
         except FileNotFoundError:
             raise RemoteError(
-                self.host, f"{remote} does not exist on the node", None, kind="sftp"
+                self.host,
+                f"{remote} does not exist on the node",
+                "check the path on the node; the job or command that writes it may not have run",
+                kind="sftp",
             ) from None
         except CONNECT_ERRORS as exc:
             raise RemoteError(
-                self.host, f"cannot read {remote}: {exc}", None, kind="sftp"
+                self.host,
+                f"cannot read {remote}: {exc}",
+                "check the node's sshd and its SFTP subsystem (`provisioner doctor -i INVENTORY`), "
+                "then run the command again",
+                kind="sftp",
             ) from None
         return handle
 
@@ -386,7 +393,11 @@ class Session:
                 sftp.chmod(remote, mode)
         except CONNECT_ERRORS as exc:
             raise RemoteError(
-                self.host, f"cannot write {remote}: {exc}", None, kind="sftp"
+                self.host,
+                f"cannot write {remote}: {exc}",
+                "check the node's disk space and sshd (`provisioner doctor -i INVENTORY`), then "
+                "run the command again",
+                kind="sftp",
             ) from None
 
     def close(self) -> None:
