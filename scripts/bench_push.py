@@ -38,7 +38,8 @@ SMALL_TAG = "provisioner/bench:push"
 
 def small_pin(pin: Pin, megabytes: int) -> Pin:
     """A one-layer image of `megabytes` fixed pseudo-random bytes (the same ID on every run)."""
-    from provisioner.lab.images import filler_image
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.labtools
+    from tests.labtools.filler import filler_image
 
     return filler_image(pin, f"{SMALL_TAG}-{megabytes}", megabytes)
 

@@ -4,7 +4,7 @@ For each N (one lab at a time: made, measured, removed), on a lab of N nodes:
 - push of a small test image (one layer of fixed pseudo-random bytes) to every node that
   holds none of it, three ways: direct, star (`--star`), chain
   (`--chain`): total seconds, bytes the control machine sent and bytes the busiest
-  node sent, both counted on the wire by the kernel (provisioner.lab.wire);
+  node sent, both counted on the wire by the kernel (tests/labtools/wire.py);
 - the pin itself to every node (the chain), then `provisioner up` vs `ray up` of
   the rendered file until every node is alive, with Ray's own start (bench_up.py);
 - the doctor on the N nodes; `provisioner down`.
@@ -31,11 +31,13 @@ from bench_repeats import Repeats
 from provisioner.console import quiet
 from provisioner.image.pin import Pin, read_pin
 from provisioner.inventory import load_inventory
-from provisioner.lab import wire
 from provisioner.lab.config import LabConfig
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up
 from provisioner.runtime.docker.push import PushOptions, push_image
 from provisioner.runtime.docker.push_plan import LOAD_FACTOR
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.labtools: the lab's helpers
+from tests.labtools import wire
 
 MODES = ("direct", "star", "forward")
 PROVISIONER = [sys.executable, "-m", "provisioner"]

@@ -112,11 +112,6 @@ def join(
     )
 
 
-def alive_addresses(nodes: list[GcsNode], stale: frozenset[str] = frozenset()) -> set[str]:
-    """Addresses of the nodes the GCS lists as alive (leaving out the node IDs in `stale`)."""
-    return set(fresh_nodes(nodes, stale))
-
-
 def fresh_nodes(nodes: list[GcsNode], stale: frozenset[str] = frozenset()) -> dict[str, GcsNode]:
     """Pure: address -> the alive node there, leaving out node IDs in `stale`.
 

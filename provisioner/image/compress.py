@@ -40,7 +40,6 @@ import io
 import json
 import os
 import random
-import shlex
 import shutil
 import subprocess
 import tarfile
@@ -100,11 +99,6 @@ def compress_argv(codec: Codec, threads: int = 0) -> list[str]:
             else ["pigz", "-p", str(int(threads)), level, "-c"]
         )
     return []
-
-
-def render_argv(argv: Sequence[str]) -> str:
-    """An argv as one shell line, every word quoted (for the report and tests)."""
-    return shlex.join(argv)
 
 
 def node_reads(engine: str) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """End to end: the chain (`image push --chain`) on the lab's real sshd and dockerd.
 
 Small test images (fixed pseudo-random bytes, one or two layers) keep it cheap. Bytes
-are counted on the wire by the kernel (provisioner.lab.wire: iptables counters in each
+are counted on the wire by the kernel (tests/labtools/wire.py: iptables counters in each
 node), not taken from the push's own report. The tests leave the cluster image alone
 and remove their own images from the nodes at the end.
 """
@@ -25,9 +25,8 @@ import pytest
 from provisioner.image.pin import Pin, read_pin
 from provisioner.image.savestream import containerd_id
 from provisioner.inventory import Inventory, Node, load_inventory
-from provisioner.lab import faults, wire
+from provisioner.lab import faults
 from provisioner.lab.engine import exec_rc
-from provisioner.lab.images import filler_image
 from provisioner.lab.nodes import LabInfo
 from provisioner.node.delivery import DeliveryReport
 from provisioner.runtime.docker.chain_plan import (
@@ -39,6 +38,8 @@ from provisioner.runtime.docker.chain_plan import (
 from provisioner.runtime.docker.direct import SavedCache
 from provisioner.runtime.docker.push import PushOptions, push_image
 from provisioner.runtime.docker.star import RELAY_COMMAND
+from tests.labtools import wire
+from tests.labtools.filler import filler_image
 
 REPO = "provisioner/forward-test"
 

@@ -26,12 +26,12 @@ from provisioner.image.build import BuildOptions, build_image
 from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.lab.engine import client, exec_rc
-from provisioner.lab.images import filler_image
 from provisioner.lab.nodes import LabInfo
 from provisioner.node.delivery import DeliveryReport
 from provisioner.remote import Session
 from provisioner.runtime.docker.push import PushOptions, push_image
 from tests.e2e.faults.lab import image_store
+from tests.labtools.filler import filler_image
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
 OLDER_TAG = "provisioner/ray:torch-stage"
