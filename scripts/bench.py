@@ -1179,7 +1179,7 @@ def scale_markdown(results: list[dict[str, Any]], image: int) -> str:
         row("doctor (s)", "doctor", "{:.2f}"),
         row("`provisioner down` (s)", "down", "{:.1f}"),
     ]
-    for m, name in (("direct", "direct"), ("star", "star relay"), ("forward", "forwarding relay")):
+    for m, name in (("direct", "direct"), ("star", "star"), ("forward", "chain")):
         lines += [
             row(f"push {name}: time (s)", f"{m}_s", "{:.1f}"),
             row(f"push {name}: control machine sent (images)", f"{m}_control", "{:.2f}"),

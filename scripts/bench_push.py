@@ -38,7 +38,8 @@ SMALL_TAG = "provisioner/bench:push"
 
 def small_pin(pin: Pin, megabytes: int) -> Pin:
     """A one-layer image of `megabytes` fixed pseudo-random bytes (the same ID on every run)."""
-    from provisioner.lab.images import filler_image
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.labtools
+    from tests.labtools.filler import filler_image
 
     return filler_image(pin, f"{SMALL_TAG}-{megabytes}", megabytes)
 
@@ -111,7 +112,7 @@ def measure(
     if fanout:
         for relay in (False, True):
             remove_pin(inv, list(inv.nodes), pin, tag)
-            report = push_image(inv, None, quiet, pin=pin, opts=replace(opts, relay=relay))
+            report = push_image(inv, None, quiet, pin=pin, opts=replace(opts, star=relay))
             if not report.ok:
                 raise SystemExit(f"push (relay={relay}) failed: {report.errors}")
             key = "relay" if relay else "direct"

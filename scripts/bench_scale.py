@@ -2,10 +2,10 @@
 
 For each N (one lab at a time: made, measured, removed), on a lab of N nodes:
 - push of a small test image (one layer of fixed pseudo-random bytes) to every node that
-  holds none of it, three ways: direct, star relay (`--star`), forwarding relay
+  holds none of it, three ways: direct, star (`--star`), chain
   (`--chain`): total seconds, bytes the control machine sent and bytes the busiest
-  node sent, both counted on the wire by the kernel (provisioner.lab.wire);
-- the pin itself to every node (forwarding relay), then `provisioner up` vs `ray up` of
+  node sent, both counted on the wire by the kernel (tests/labtools/wire.py);
+- the pin itself to every node (the chain), then `provisioner up` vs `ray up` of
   the rendered file until every node is alive, with Ray's own start (bench_up.py);
 - the doctor on the N nodes; `provisioner down`.
 scripts/bench.py (`--rows scale --scale-nodes 3,6,10`) turns this into rows, a plot and
@@ -31,11 +31,13 @@ from bench_repeats import Repeats
 from provisioner.console import quiet
 from provisioner.image.pin import Pin, read_pin
 from provisioner.inventory import load_inventory
-from provisioner.lab import wire
 from provisioner.lab.config import LabConfig
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up
 from provisioner.runtime.docker.push import PushOptions, push_image
 from provisioner.runtime.docker.push_plan import LOAD_FACTOR
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.labtools: the lab's helpers
+from tests.labtools import wire
 
 MODES = ("direct", "star", "forward")
 PROVISIONER = [sys.executable, "-m", "provisioner"]
@@ -59,8 +61,8 @@ def push_three_ways(lab: LabInfo, pin: Pin, rep: Repeats, n: int, cache: Path) -
             wire.start(lab)
             opts = PushOptions(
                 tag=pin.tag,
-                relay=mode == "star",
-                forward=mode == "forward",
+                star=mode == "star",
+                chain=mode == "forward",
                 parallelism=max(4, n) if mode == "direct" else 4,
                 cache_dir=cache,
             )
@@ -135,10 +137,10 @@ def measure(
             log(f"scale {n}: no bring-up rows: {short}")
         if bring_up and not short:
             inv = load_inventory(lab.inventory)
-            how = "direct, one node at a time (disk)" if one_by_one else "forwarding relay"
+            how = "direct, one node at a time (disk)" if one_by_one else "chain"
             log(f"scale {n}: the pin ({pin.size / 1e9:.1f} GB) to every node, {how}")
             t1 = time.monotonic()
-            opts = PushOptions(parallelism=1) if one_by_one else PushOptions(forward=True)
+            opts = PushOptions(parallelism=1) if one_by_one else PushOptions(chain=True)
             pushed = push_image(inv, None, quiet, pin=pin, opts=opts)
             result["pin_push"] = {
                 "ok": pushed.ok,

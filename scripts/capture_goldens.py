@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from provisioner.doctor.gather import facts_script
@@ -24,11 +25,20 @@ from provisioner.lab.config import LabConfig, LabNode
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo, lab_down, lab_up
 from provisioner.remote import Pool
-from provisioner.remote.commands import script, with_env
+from provisioner.remote.commands import script
 from provisioner.runtime import judges
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "unit" / "golden" / "doctor"
 IMAGE_TAG = "provisioner-golden/empty:1"
+
+
+def with_env(env: Mapping[str, str], cmd: str) -> str:
+    """`cmd` with environment variables set (names checked, values quoted)."""
+    for name in env:
+        if not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise ValueError(f"not an environment variable name: {name!r}")
+    assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
+    return f"env {assignments} {cmd}" if assignments else cmd
 
 
 def facts_text(

@@ -46,8 +46,8 @@ bash provisioner/doctor/facts.sh 127.0.0.1 127.0.0.1 "" "" 0 <provisioner/doctor
 import json, sys, pathlib, subprocess
 from provisioner.checks.facts import parse_facts
 from provisioner.checks.gpu_checks import check_gpus
-from provisioner.checks.plan import PinFacts, Plan
-from provisioner.gpu.plan import plan_gpus
+from provisioner.checks.intent import PinFacts, Plan
+from provisioner.gpu.assignment import plan_gpus
 from provisioner.runtime.docker.gpu import gpu_methods as docker_gpu_methods
 from provisioner.runtime.docker.gpu import gpu_options as docker_gpu_options
 from provisioner.inventory import Node, RayPorts, SSHSettings

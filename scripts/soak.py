@@ -1,5 +1,5 @@
 """`make soak`: one PPO run of about 15 minutes with `submit --retries`, under a storm of
-at least 10 faults of 6 kinds at random moments (provisioner/lab/storm.py), on a lab of
+at least 10 faults of 6 kinds at random moments (tests/labtools/storm.py), on a lab of
 its own. The run must end SUCCEEDED with every result file home and verified.
 
 The record goes to bench-results/soak.json: each fault's kind, when it happened, the time
@@ -26,7 +26,9 @@ from provisioner.image.build import BuildOptions, build_image
 from provisioner.lab.config import LabConfig
 from provisioner.lab.images import ensure_base_image
 from provisioner.lab.nodes import lab_down, lab_up
-from provisioner.lab.storm import Storm, schedule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.labtools: the lab's helpers
+from tests.labtools.storm import Storm, schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "images"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from provisioner.checks.facts import NodeFacts
 from provisioner.checks.findings import Finding, ok, warning
-from provisioner.checks.plan import CLOCK_WARN_S
+from provisioner.checks.intent import CLOCK_WARN_S
 
 
 def clock_offset(f: NodeFacts) -> float | None:

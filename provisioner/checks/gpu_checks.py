@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from provisioner.checks.facts import NodeFacts
 from provisioner.checks.findings import Finding, error, ok, warning
-from provisioner.checks.plan import Plan
+from provisioner.checks.intent import Plan
+from provisioner.gpu.assignment import CPU_IMAGE_FIX, MINIMUM_DRIVER, version
 from provisioner.gpu.facts import GpuFacts, select
-from provisioner.gpu.plan import CPU_IMAGE_FIX, MINIMUM_DRIVER, version
 from provisioner.inventory import Node
 
 DRIVER_FIX = (

@@ -11,7 +11,7 @@ import ipaddress
 
 from provisioner.checks.facts import NodeFacts
 from provisioner.checks.findings import Finding, error, ok, warning
-from provisioner.checks.plan import (
+from provisioner.checks.intent import (
     DISK_ERROR_GIB,
     DISK_WARN_GIB,
     MEMORY_WARN_GIB,

@@ -7,8 +7,8 @@ import shlex
 
 from provisioner.checks.facts import Listener, NodeFacts
 from provisioner.checks.findings import Finding, error, ok, warning
+from provisioner.checks.intent import Plan
 from provisioner.checks.neighbours import RayOnNode, port_owner, rays_on_node
-from provisioner.checks.plan import Plan
 from provisioner.checks.ports import needed_ports
 from provisioner.inventory import Node
 from provisioner.node import layout

@@ -21,8 +21,8 @@ from provisioner.errors import InputError, ProvisionerError
 from provisioner.inventory import Inventory, load_cluster, load_inventory
 from provisioner.local import write_output
 from provisioner.remote import Pool
-from provisioner.runtime.base import PUSH_ALIASES, PUSH_MODES
 from provisioner.runtime.context import ClusterContext, cluster_context
+from provisioner.runtime.protocol import PUSH_ALIASES, PUSH_MODES
 
 # Each command imports its own part of the library when it runs: `up` starts connecting
 # to the nodes first, and loads the doctor and the rest of itself while they answer (a
@@ -152,8 +152,8 @@ def up(
         typer.Option(
             "--push",
             help="How the image goes: direct (every node from here), chain (this machine "
-            "sends once, each node forwards to the next; `relay` is its old name), auto "
-            "(chain when 2+ nodes lack it).",
+            "sends once, each node forwards to the next), auto (chain when 2+ nodes lack it); "
+            "relay: a deprecated alias of chain.",
         ),
     ] = "auto",
     queue_timeout: Annotated[
@@ -183,14 +183,19 @@ def up(
 
     Exit 0 when every node joined, also with a warning (a node that left the inventory
     could not be reached and keeps the token: the warning names the fix); 1 otherwise."""
-    push = PUSH_ALIASES.get(push, push)
+    out = output(json_)
+    if push in PUSH_ALIASES:
+        out.err.print(
+            f"note: --push {push} is a deprecated alias of --push {PUSH_ALIASES[push]}",
+            highlight=False,
+        )
+        push = PUSH_ALIASES[push]
     if push not in PUSH_MODES:
         raise InputError(
             f"{push!r} is not a push mode",
             f"use one of: {', '.join(PUSH_MODES)}",
             where="--push",
         )
-    out = output(json_)
     inv = load_inventory(inventory)
     cluster = cluster_context(inv, push=push)
     with Pool(inv).warm() as pool:  # the nodes answer while the rest of `up` loads

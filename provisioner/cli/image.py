@@ -21,7 +21,7 @@ from provisioner.image.pin import BUILD_TAG, CLUSTER_TAG, pin_to_dict, read_pin
 from provisioner.inventory import load_cluster
 from provisioner.local import write_output
 from provisioner.runtime.context import cluster_context
-from provisioner.runtime.docker.push import PushOptions
+from provisioner.runtime.delivery_options import PushOptions
 
 app = typer.Typer(
     help="The pinned cluster image: lock, build, push to every node.", no_args_is_help=True
@@ -145,7 +145,7 @@ def build_cmd(
     images, wheels_dir = _dirs(images_dir, wheelhouse)
     chosen = "given"
     if base is None:
-        from provisioner.image.base import build_base
+        from provisioner.image.base_image import build_base
 
         choice = build_base(out.progress)
         base, chosen = choice.tag, choice.how
@@ -185,24 +185,25 @@ def build_cmd(
 @app.command("push")
 def push_cmd(
     inventory: InventoryOption,
-    relay: Annotated[
+    star: Annotated[
         bool,
         typer.Option(
-            "--star",
-            "--relay",
-            help="A star: send once to the head, which sends on to every worker "
-            "(--relay: its old name).",
+            "--star", help="A star: send once to the head, which sends on to every worker."
         ),
     ] = False,
-    forward: Annotated[
+    chain: Annotated[
         bool,
         typer.Option(
             "--chain",
-            "--forward",
             help="A chain: send once into a chain of nodes; each streams on what it receives "
-            "while loading it (no node sends more than about two images; --forward: its old "
-            "name; `up --push chain`).",
+            "while loading it (no node sends more than about two images; `up --push chain`).",
         ),
+    ] = False,
+    old_relay: Annotated[
+        bool, typer.Option("--relay", help="Deprecated alias of --star.", show_default=False)
+    ] = False,
+    old_forward: Annotated[
+        bool, typer.Option("--forward", help="Deprecated alias of --chain.", show_default=False)
     ] = False,
     full: Annotated[
         bool, typer.Option("--full", help="Send every layer, even those a node holds.")
@@ -237,9 +238,13 @@ def push_cmd(
             "or pass --lock",
             where=str(inventory),
         )
-    if relay and forward:
+    for used, old, new in ((old_relay, "--relay", "--star"), (old_forward, "--forward", "--chain")):
+        if used:
+            out.err.print(f"note: {old} is a deprecated alias of {new}", highlight=False)
+    star, chain = star or old_relay, chain or old_forward
+    if star and chain:
         raise InputError(
-            "--star and --chain are two ways to relay the image; choose one",
+            "--star and --chain are two shapes of one push; choose one",
             "--star: the head sends to every worker; --chain: every node sends to the next",
         )
     if compress not in ("auto", "always", "never"):
@@ -253,8 +258,8 @@ def push_cmd(
         compress=compress,  # type: ignore[arg-type]
         parallelism=parallel,
         retries=retries,
-        relay=relay,
-        forward=forward,
+        star=star,
+        chain=chain,
         full=full,
         tag=CLUSTER_TAG,
     )
@@ -276,7 +281,7 @@ def push_cmd(
             )
         out.out.print(table)
         out.say(f"sent from this machine: {report.control_bytes / 1e6:,.0f} MB")
-        if forward:
+        if chain:
             out.say(f"sent by the busiest node: {report.busiest_node_bytes / 1e6:,.0f} MB")
         for host, err in report.errors.items():
             out.err.print(

@@ -17,7 +17,7 @@ from provisioner.lab.flavours import DEFAULT_FLAVOUR, parse_flavours
 if TYPE_CHECKING:
     from provisioner.lab.nodes import LabInfo
 
-# The lab's modules import the docker SDK (lab.config too, through image.base); they are
+# The lab's modules import the docker SDK (lab.config too, through image.base_image); they are
 # imported when a lab command runs, so that every other command starts fast.
 
 app = typer.Typer(

@@ -17,7 +17,7 @@ from importlib import resources
 
 from provisioner.errors import OperationError
 from provisioner.remote import Session
-from provisioner.runtime.base import Runtime
+from provisioner.runtime.protocol import Runtime
 
 MARK = "PROVISIONER_BOARD "
 

@@ -12,7 +12,7 @@ from provisioner.node.delivery import DeliveryReport
 from provisioner.runtime.context import ClusterContext
 
 if TYPE_CHECKING:
-    from provisioner.runtime.docker.direct import PushOptions
+    from provisioner.runtime.delivery_options import PushOptions
 
 
 def deliver_pin(

@@ -16,8 +16,8 @@ from provisioner.inventory import Inventory, Node
 from provisioner.inventory.loader import require_nodes
 from provisioner.node import commands, token
 from provisioner.remote import Pool, fan_out
-from provisioner.runtime.base import Runtime
 from provisioner.runtime.context import ClusterContext
+from provisioner.runtime.protocol import Runtime
 
 
 @dataclass

@@ -15,7 +15,7 @@ from provisioner.cluster.probe import MARK
 from provisioner.errors import OperationError
 from provisioner.node import commands
 from provisioner.remote import Session
-from provisioner.runtime.base import Runtime
+from provisioner.runtime.protocol import Runtime
 
 
 @dataclass(frozen=True)
@@ -110,11 +110,6 @@ def join(
         list(found.get("placement", [])),
         dict(found.get("timings", {})),
     )
-
-
-def alive_addresses(nodes: list[GcsNode], stale: frozenset[str] = frozenset()) -> set[str]:
-    """Addresses of the nodes the GCS lists as alive (leaving out the node IDs in `stale`)."""
-    return set(fresh_nodes(nodes, stale))
 
 
 def fresh_nodes(nodes: list[GcsNode], stale: frozenset[str] = frozenset()) -> dict[str, GcsNode]:

@@ -19,7 +19,7 @@ from provisioner.local import private_dir
 from provisioner.node import layout
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.receive import Limits, check_name, receive_tar
-from provisioner.runtime.base import Runtime
+from provisioner.runtime.protocol import Runtime
 
 # What one node's logs may bring home (Ray's session logs are usually a few MiB).
 LIMITS = Limits(

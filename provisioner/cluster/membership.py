@@ -22,7 +22,7 @@ from provisioner.console import Reporter
 from provisioner.inventory import Hop, Inventory, Node, Role, SSHSettings
 from provisioner.node import layout
 from provisioner.remote import Pool, fan_out
-from provisioner.runtime.base import Runtime
+from provisioner.runtime.protocol import Runtime
 
 RECORD = "nodes.json"
 

@@ -24,8 +24,8 @@ import yaml
 from provisioner.errors import InputError
 from provisioner.inventory import Inventory, Node
 from provisioner.node import commands, layout
-from provisioner.runtime.base import Runtime
 from provisioner.runtime.context import ClusterContext
+from provisioner.runtime.protocol import Runtime
 
 HEADER = """\
 # Ray cluster launcher config rendered by `provisioner render` from {inventory}.

@@ -14,8 +14,8 @@ from provisioner.inventory import Inventory, Node
 from provisioner.inventory.loader import require_nodes
 from provisioner.node import commands
 from provisioner.remote import Pool, fan_out
-from provisioner.runtime.base import Capabilities, RayState, Runtime
 from provisioner.runtime.context import ClusterContext
+from provisioner.runtime.protocol import Capabilities, RayState, Runtime
 
 
 @dataclass

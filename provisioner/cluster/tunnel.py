@@ -40,7 +40,7 @@ from provisioner.errors import InputError, OperationError
 from provisioner.inventory import Inventory, RayPorts
 from provisioner.remote import Pool
 from provisioner.remote.session import Session
-from provisioner.runtime.base import Runtime
+from provisioner.runtime.protocol import Runtime
 
 LISTEN_STATE = "0A"  # TCP_LISTEN in /proc/net/tcp
 # Local addresses (as /proc/net/tcp{,6} write them) of listeners that a connection to

@@ -36,15 +36,22 @@ from provisioner.console import Reporter, quiet
 from provisioner.doctor import DoctorReport
 from provisioner.doctor.gather import gather_facts, stop_listener_command, stop_listeners
 from provisioner.errors import InputError, OperationError, ProvisionerError
-from provisioner.gpu.plan import GpuPlan, Withheld, plans_for, signature, withhold, without_gpus
+from provisioner.gpu.assignment import (
+    GpuPlan,
+    Withheld,
+    plans_for,
+    signature,
+    withhold,
+    without_gpus,
+)
 from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import commands, layout, tls, token
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.fanout import beside
 from provisioner.remote.results import GroupResult, Result
-from provisioner.runtime.base import DeliveryReport, RayState, Runtime
 from provisioner.runtime.context import ClusterContext
+from provisioner.runtime.protocol import DeliveryReport, RayState, Runtime
 
 
 @dataclass
@@ -317,7 +324,7 @@ class UpOptions:
     force: bool = False  # past the doctor's errors (never the ones it never forces)
     doctor: bool = True  # run the doctor first
     join_timeout: float = 120  # seconds every node has to join
-    push: str = "auto"  # runtime.base.PUSH_MODES
+    push: str = "auto"  # runtime.protocol.PUSH_MODES
     rotate_token: bool = False  # a new token on every node, and every node restarted
     probe: bool = True  # the placement probe after the join
     queue_timeout: float | None = None  # a scheduler's queue: give up after (None: wait)
@@ -416,7 +423,7 @@ def up(
     options: UpOptions = UpOptions(),
 ) -> UpResult:
     """The whole `up`: doctor (stop on errors unless forced), the runtime's delivery of the
-    image (docker: push the pin; `options.push`, runtime.base.PUSH_MODES), then bring_up."""
+    image (docker: push the pin; `options.push`, runtime.protocol.PUSH_MODES), then bring_up."""
     t0 = time.monotonic()
     ctx = context(inventory, pool, report, pin=pin, options=options)
     result = UpResult(runtime=ctx.runtime.name)

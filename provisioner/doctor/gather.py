@@ -21,7 +21,7 @@ from provisioner.checks.ports import Probe, listen_ports, parse_probe_output
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import GroupResult, Pool, fan_out
 from provisioner.remote.commands import script
-from provisioner.runtime.base import Judges
+from provisioner.runtime.protocol import Judges
 
 FACTS_TIMEOUT_S = 60.0
 RUNTIME_MARK = b"\n#@runtime-facts\n"  # where facts.sh takes the runtime's own section

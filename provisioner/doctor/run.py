@@ -12,6 +12,7 @@ from provisioner.checks.cluster_checks import check_clock
 from provisioner.checks.facts import NodeFacts
 from provisioner.checks.findings import Finding, error, ordered, warning
 from provisioner.checks.gpu_checks import check_gpus, check_inside, check_models, parse_inside
+from provisioner.checks.intent import PinFacts, Plan, plan_for
 from provisioner.checks.neighbours import free_base
 from provisioner.checks.node_checks import (
     check_address,
@@ -19,7 +20,6 @@ from provisioner.checks.node_checks import (
     check_sudo,
     check_tools,
 )
-from provisioner.checks.plan import PinFacts, Plan, plan_for
 from provisioner.checks.port_checks import check_neighbours, check_ports, check_stale_ray
 from provisioner.checks.ports import judge_probes, probe_plan
 from provisioner.console import Reporter, quiet
@@ -33,12 +33,12 @@ from provisioner.doctor.gather import (
     stop_listeners,
 )
 from provisioner.errors import ProvisionerError
-from provisioner.gpu.plan import plans_for
+from provisioner.gpu.assignment import plans_for
 from provisioner.inventory import Inventory, Node
 from provisioner.remote import Pool
 from provisioner.runtime import catalogue
-from provisioner.runtime.base import Judges, RayState, Runtime
 from provisioner.runtime.context import ClusterContext
+from provisioner.runtime.protocol import Judges, RayState, Runtime
 
 CATALOGUE: dict[str, str] = catalogue()
 """Every check the doctor may report (id -> what it looks at): the shared ones and each

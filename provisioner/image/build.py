@@ -162,7 +162,11 @@ def _docker_build(
                 if line.startswith("Step "):
                     report(f"build: {line[:120]}")
     except APIError as exc:
-        raise OperationError(f"docker build failed: {exc.explanation or exc}") from exc
+        raise OperationError(
+            f"docker build failed: {exc.explanation or exc}",
+            "read the build's error above (a requirement that does not install, no disk "
+            "space, no wheelhouse offline); fix it and run `provisioner image build` again",
+        ) from exc
     if not image_id:
         image_id = str(client().images.get(opts.tag).id)
     return image_id

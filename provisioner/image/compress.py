@@ -40,7 +40,6 @@ import io
 import json
 import os
 import random
-import shlex
 import shutil
 import subprocess
 import tarfile
@@ -100,11 +99,6 @@ def compress_argv(codec: Codec, threads: int = 0) -> list[str]:
             else ["pigz", "-p", str(int(threads)), level, "-c"]
         )
     return []
-
-
-def render_argv(argv: Sequence[str]) -> str:
-    """An argv as one shell line, every word quoted (for the report and tests)."""
-    return shlex.join(argv)
 
 
 def node_reads(engine: str) -> tuple[str, ...]:
@@ -287,15 +281,24 @@ def decompressed(path: Path, family: str) -> Iterator[bytes]:
             while fed and not member.eof and (out := member.decompress(b"", CHUNK)):
                 yield out
         except zlib.error as exc:
-            raise OperationError(f"{path} is not gzip data: {exc}") from None
+            raise OperationError(
+                f"{path} is not gzip data: {exc}",
+                "delete it (the push saves and compresses it anew) and push again",
+            ) from None
     if fed and not member.eof:
-        raise OperationError(f"{path} ends inside a gzip member")
+        raise OperationError(
+            f"{path} ends inside a gzip member",
+            "delete it (the push saves and compresses it anew) and push again",
+        )
 
 
 def _unzstd(path: Path) -> Iterator[bytes]:
     zstd = shutil.which("zstd")
     if zstd is None:
-        raise OperationError(f"{path} cannot be checked here: no zstd")
+        raise OperationError(
+            f"{path} cannot be checked here: no zstd",
+            "install zstd on this machine (apt install zstd), or push with --compress never",
+        )
     proc = subprocess.Popen(
         [zstd, "-d", "-q", "-c", "--", str(path)],
         stdout=subprocess.PIPE,
@@ -311,7 +314,10 @@ def _unzstd(path: Path) -> Iterator[bytes]:
         proc.stdout.close()
         code = proc.wait()
     if code != 0:
-        raise OperationError(f"{path} is not a whole zstd stream (zstd exited {code})")
+        raise OperationError(
+            f"{path} is not a whole zstd stream (zstd exited {code})",
+            "delete it (the push saves and compresses it anew) and push again",
+        )
 
 
 def _compress_member(saved: SavedImage, member: tarfile.TarInfo, codec: Codec, out: Path) -> None:
@@ -342,7 +348,8 @@ def compress_file(
         )
         if done.returncode != 0:
             raise OperationError(
-                f"compressing with {codec.name} failed: {done.stderr.decode()[-300:]}"
+                f"compressing with {codec.name} failed: {done.stderr.decode()[-300:]}",
+                "check this machine's disk space and the compressor, or push with --compress never",
             ) from None
         sink.write(done.stdout)
         return
@@ -376,7 +383,10 @@ def _zlib_threads(src: IO[bytes], size: int, level: int, sink: IO[bytes], thread
     """The next `size` bytes of `src` as gzip (`stream_zlib`); the source ending early
     is an error."""
     if stream_zlib(src, level, sink, size, threads) < size:
-        raise OperationError("the saved image ends early; delete it and push again")
+        raise OperationError(
+            "the saved image ends early",
+            "delete the saved image (the push saves it anew) and push again",
+        )
 
 
 class Readable(Protocol):
@@ -547,7 +557,10 @@ def compressed_stream(
                 while remaining > 0:
                     block = f.read(min(CHUNK, remaining))
                     if not block:
-                        raise OperationError(f"{saved.path} ends early; delete it and push again")
+                        raise OperationError(
+                            f"{saved.path} ends early",
+                            "delete it (the push saves and compresses it anew) and push again",
+                        )
                     remaining -= len(block)
                     yield block
         yield b"\0" * (2 * tarfile.BLOCKSIZE)

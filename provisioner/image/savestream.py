@@ -65,7 +65,10 @@ def read_saved(path: Path) -> SavedImage:
             f"delete {path} and push again (it is saved anew)",
         ) from None
     if not isinstance(manifest, list) or len(manifest) != 1:
-        raise OperationError(f"{path}: manifest.json must describe exactly one image")
+        raise OperationError(
+            f"{path}: manifest.json must describe exactly one image",
+            f"delete {path} and push again (it is saved anew)",
+        )
     entry = manifest[0]
     config = _norm(str(entry["Config"]))
     digest = config.removeprefix("blobs/sha256/").removesuffix(".json")
@@ -104,7 +107,10 @@ def partial(
             while remaining > 0:
                 block = f.read(min(CHUNK, remaining))
                 if not block:
-                    raise OperationError(f"{saved.path} ends early; delete it and push again")
+                    raise OperationError(
+                        f"{saved.path} ends early",
+                        "delete it (the push saves and compresses it anew) and push again",
+                    )
                 remaining -= len(block)
                 yield block
     yield _END
@@ -136,14 +142,20 @@ def _config_member(saved: SavedImage) -> tarfile.TarInfo:
     for m in saved.members:
         if _norm(m.name) in (f"{hexd}.json", f"blobs/sha256/{hexd}"):
             return m
-    raise OperationError(f"{saved.path} holds no config {saved.config[:19]}")
+    raise OperationError(
+        f"{saved.path} holds no config {saved.config[:19]}",
+        f"delete {saved.path} and push again (it is saved anew)",
+    )
 
 
 def containerd_manifest(saved: SavedImage, diff_ids: tuple[str, ...]) -> bytes:
     """The manifest Docker's containerd image store makes when it loads `saved` (byte for
     byte as containerd's importer writes it); its digest is the image's ID there."""
     if len(diff_ids) != len(saved.layer_files):
-        raise OperationError(f"{saved.path}: {len(saved.layer_files)} layers, not {len(diff_ids)}")
+        raise OperationError(
+            f"{saved.path}: {len(saved.layer_files)} layers, not {len(diff_ids)}",
+            f"the saved image is not the pin's: delete {saved.path} and push again",
+        )
     doc = {
         "schemaVersion": 2,
         "mediaType": MANIFEST_TYPE,
@@ -216,7 +228,10 @@ def oci_layout(
             while remaining > 0:
                 block = f.read(min(CHUNK, remaining))
                 if not block:
-                    raise OperationError(f"{saved.path} ends early; delete it and push again")
+                    raise OperationError(
+                        f"{saved.path} ends early",
+                        "delete it (the push saves and compresses it anew) and push again",
+                    )
                 remaining -= len(block)
                 yield block
             yield _pad(member.size)

@@ -161,10 +161,6 @@ class Slurm:
     account: str | None = None
     extra_sbatch_args: tuple[str, ...] = ()
 
-    @property
-    def time_limit_s(self) -> int | None:
-        return None if self.time is None else time_seconds(self.time)
-
 
 @dataclass(frozen=True)
 class Node:

@@ -21,7 +21,7 @@ from provisioner.remote.session import Session
 from provisioner.runtime.context import ClusterContext, cluster_context
 
 if TYPE_CHECKING:
-    from provisioner.runtime.base import Runtime
+    from provisioner.runtime.protocol import Runtime
 
 
 @dataclass

@@ -172,7 +172,11 @@ def upload(session: Session, cluster: str, local: Path, remote_rel: str) -> int:
     _checked(made, remote_rel)
     stage = made.stdout.strip()
     if not stage.startswith(".tmp-upload.") or "/" in stage:
-        raise OperationError(f"the head made no staging folder for {remote_rel}: {stage!r}")
+        raise OperationError(
+            f"the head made no staging folder for {remote_rel}: {stage!r}",
+            "check the head's disk space and its results folder (`provisioner doctor -i "
+            "INVENTORY`), then resume again",
+        )
     placed = False
     try:
         for path, rel in zip(files, rels, strict=True):

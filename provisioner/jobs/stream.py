@@ -31,7 +31,7 @@ from provisioner.jobs.pull import pull
 from provisioner.remote.pull import Pulled
 
 if TYPE_CHECKING:
-    from provisioner.runtime.base import RayState
+    from provisioner.runtime.protocol import RayState
 
 PROGRESS_MARK = "PROVISIONER-PROGRESS"
 QUIET_CHECK_S = 15.0  # a silent stream: check the job (and the link) this often

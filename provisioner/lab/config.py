@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError
-from provisioner.image.base import LABEL as LABEL  # the lab labels its nodes with it too
+from provisioner.image.base_image import LABEL as LABEL  # the lab labels its nodes with it too
 from provisioner.inventory.models import DEFAULT_RUNTIME
 from provisioner.lab.flavours import DEFAULT_FLAVOUR, FLAVOURS, per_node
 from provisioner.local import state_root
-from provisioner.runtime.base import LabRecipe
+from provisioner.runtime.protocol import LabRecipe
 from provisioner.runtime.registry import lab_recipe
 from provisioner.runtime.registry import names as runtime_names
 
@@ -202,7 +202,10 @@ def validate(cfg: LabConfig) -> None:
             "; ".join(f"{name}: {lab_recipe(name).about}" for name in runtime_names()),
         )
     if not 1 <= cfg.nodes <= MAX_NODES:
-        raise InputError(f"--nodes must be between 1 and {MAX_NODES}, got {cfg.nodes}")
+        raise InputError(
+            f"--nodes must be between 1 and {MAX_NODES}, got {cfg.nodes}",
+            f"pass --nodes N with N from 1 to {MAX_NODES}",
+        )
     if cfg.slurm and not cfg.recipe.slurm:
         slurm = slurm_runtime()
         raise InputError(

@@ -18,10 +18,18 @@ def docker_cli(args: Sequence[str], *, timeout: float = 120, input_: bytes | Non
     try:
         proc = subprocess.run(cmd, input=input_, capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
-        raise LabError(f"`docker {' '.join(args[:3])}` did not finish in {timeout:.0f}s") from exc
+        raise LabError(
+            f"`docker {' '.join(args[:3])}` did not finish in {timeout:.0f}s",
+            "check that the docker daemon answers (`docker info`) and is not overloaded, "
+            "then run it again",
+        ) from exc
     if proc.returncode != 0:
         tail = proc.stderr.decode(errors="replace").strip().splitlines()[-3:]
-        raise LabError(f"`docker {' '.join(args[:3])}` failed: {' | '.join(tail)}")
+        raise LabError(
+            f"`docker {' '.join(args[:3])}` failed: {' | '.join(tail)}",
+            "read docker's error above; `provisioner lab status` shows the lab, `provisioner "
+            "lab up` makes it again",
+        )
     return proc.stdout.decode(errors="replace")
 
 

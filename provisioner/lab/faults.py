@@ -52,7 +52,11 @@ def active(lab: LabInfo) -> list[Fault]:
 def _run(node: LabNode, script: str) -> str:
     rc, out = exec_rc(node.container, script)
     if rc != 0:
-        raise LabError(f"{node.name}: fault command failed (exit {rc}): {out.strip()[-300:]}")
+        raise LabError(
+            f"{node.name}: fault command failed (exit {rc}): {out.strip()[-300:]}",
+            "check that the node runs (`provisioner lab status`); `provisioner lab fault clear` "
+            "undoes every fault",
+        )
     return out
 
 
@@ -85,7 +89,7 @@ def _cut_rules(peer: str) -> list[str]:
 def cut(lab: LabInfo, a: LabNode, b: LabNode) -> None:
     """Drop all traffic between two nodes, in both directions (iptables in each node)."""
     if a == b:
-        raise InputError("cut needs two different nodes")
+        raise InputError("cut needs two different nodes", "name two different lab nodes")
     for node, peer in ((a, b), (b, a)):
         for rule in _cut_rules(peer.address):
             _run(node, f"iptables -C {rule} 2>/dev/null || iptables -I {rule}")
@@ -112,7 +116,7 @@ _LISTENER = (
 def occupy(lab: LabInfo, node: LabNode, port: int) -> None:
     """Hold a TCP port on a node with a listener that is not Ray."""
     if not 1 <= port <= 65535:
-        raise InputError(f"port must be 1-65535, got {port}")
+        raise InputError(f"port must be 1-65535, got {port}", "pass a TCP port from 1 to 65535")
     pidfile = f"/run/{TAG}-port-{port}.pid"
     script = (
         f"python3 -c {shlex.quote(_LISTENER)} {port} >/dev/null 2>&1 & echo $! > {pidfile}; "
@@ -145,14 +149,18 @@ def delay(lab: LabInfo, node: LabNode, ms: int) -> None:
     node's SSH traffic, reached through an iptables REDIRECT of inbound port 22.
     """
     if not 0 < ms <= 10_000:
-        raise InputError(f"delay must be 1-10000 ms, got {ms}")
+        raise InputError(f"delay must be 1-10000 ms, got {ms}", "pass a delay from 1 to 10000 ms")
     undelay(lab, node)
     rc, out = exec_rc(node.container, f"tc qdisc replace dev eth0 root netem delay {ms}ms")
     if rc == 0:
         _record(lab, Fault("delay", node.name, f"netem:{ms}"), True)
         return
     if "unknown" not in out:
-        raise LabError(f"{node.name}: tc netem failed: {out.strip()[-300:]}")
+        raise LabError(
+            f"{node.name}: tc netem failed: {out.strip()[-300:]}",
+            "check that the node runs (`provisioner lab status`) and has NET_ADMIN; "
+            "`provisioner lab fault clear` undoes every fault",
+        )
     _run(
         node,
         f"python3 /usr/local/lib/lab-delay-proxy.py {_PROXY_PORT} {ms} >/dev/null 2>&1 & "
@@ -169,9 +177,11 @@ def throttle(lab: LabInfo, node: LabNode, mbit: float, ms: int = 0) -> None:
     connection to the node's sshd, reached through the same REDIRECT as `delay`.
     Undo with `undelay`."""
     if not 0 < mbit <= 100_000:
-        raise InputError(f"rate must be 0-100000 Mbit/s, got {mbit}")
+        raise InputError(
+            f"rate must be 0-100000 Mbit/s, got {mbit}", "pass a rate above 0, at most 100000"
+        )
     if not 0 <= ms <= 10_000:
-        raise InputError(f"delay must be 0-10000 ms, got {ms}")
+        raise InputError(f"delay must be 0-10000 ms, got {ms}", "pass a delay from 0 to 10000 ms")
     undelay(lab, node)
     rate = int(mbit * 1e6)
     _run(
@@ -218,7 +228,10 @@ def _isolate_rules(node: LabNode, also_from: Sequence[LabNode]) -> list[str]:
     # the control machine, as the node sees it: the lab network's gateway
     gateway = _run(node, "ip route | awk '/^default/ {print $3; exit}'").strip()
     if not gateway:
-        raise LabError(f"{node.name}: no default route; cannot tell the control machine")
+        raise LabError(
+            f"{node.name}: no default route; cannot tell the control machine",
+            "make the lab again (`provisioner lab down`, then `provisioner lab up`)",
+        )
     sources = [gateway, *(other.address for other in also_from)]
     return [
         f"INPUT -p tcp --dport 22 -s {source} -m comment --comment {TAG} -j DROP"

@@ -1,6 +1,6 @@
 """Images for the lab, built locally without any registry, reused until their recipe changes.
 
-- the base: `provisioner.image.base` (Debian bookworm with Python 3.11, or trixie with
+- the base: `provisioner.image.base_image` (Debian bookworm with Python 3.11, or trixie with
   Python 3.13, from debootstrap);
 - the node: base + sshd + dockerd + a login user, one per flavour (`flavours.py`): the
   base of its Debian release, and for the containerd flavour Docker's containerd image
@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
-import re
 import shutil
 import tempfile
 import time
-from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -26,8 +23,7 @@ from docker.errors import BuildError, ImageNotFound
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import LabError, PrerequisiteError
-from provisioner.image.base import ensure_base_image
-from provisioner.image.pin import Pin
+from provisioner.image.base_image import ensure_base_image
 from provisioner.lab.config import LABEL
 from provisioner.lab.engine import client
 from provisioner.lab.flavours import DEFAULT_FLAVOUR, FLAVOURS, HOST_PACKAGES, RELEASE_PACKAGES
@@ -286,39 +282,19 @@ def _docker_build(
             network_mode="bridge",
         ):
             if "error" in chunk:
-                raise LabError(f"building {tag} failed: {chunk['error'].strip()}")
+                raise LabError(
+                    f"building {tag} failed: {chunk['error'].strip()}",
+                    "read the build's error above; check the docker daemon (`docker info`) "
+                    "and its disk space, then run `provisioner lab up` again",
+                )
             line = str(chunk.get("stream", "")).strip()
             now = time.monotonic()
             if line and (line.startswith("Step") or now - last > 5):
                 report(f"build {tag}: {line[:100]}")
                 last = now
     except BuildError as exc:
-        raise LabError(f"building {tag} failed: {exc}") from exc
-
-
-def filler_image(
-    base: Pin, tag: str, megabytes: int, parent: str = "scratch", text: bool = False
-) -> Pin:
-    """A cheap image to push in tests and benchmarks: `parent` plus one layer of
-    `megabytes` pseudo-random bytes fixed by the tag (so the same image ID on every run),
-    built locally as `tag` and pinned like `base`. `text`: the bytes drawn from 16
-    letters (4 bits each, so a compressor halves them about), not from all 256."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "-", tag)
-    with tempfile.TemporaryDirectory(prefix="filler-") as tmp:
-        blob = Path(tmp) / name
-        data = random.Random(tag).randbytes(megabytes * 1024 * 1024)
-        if text:
-            data = data.translate(bytes(b"abcdefghijklmnop"[i % 16] for i in range(256)))
-        blob.write_bytes(data)
-        os.utime(blob, (0, 0))
-        (Path(tmp) / "Dockerfile").write_text(f"FROM {parent}\nCOPY {name} /{name}\n")
-        image, _ = client().images.build(path=tmp, tag=tag, rm=True)
-    attrs = client().api.inspect_image(image.id)
-    return replace(
-        base,
-        image_id=image.id,
-        layers=tuple(attrs["RootFS"]["Layers"]),
-        layer_sizes=None,
-        size=int(attrs["Size"]),
-        tag=tag,
-    )
+        raise LabError(
+            f"building {tag} failed: {exc}",
+            "read the build's error above; check the docker daemon (`docker info`) and its "
+            "disk space, then run `provisioner lab up` again",
+        ) from exc

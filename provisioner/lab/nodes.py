@@ -277,7 +277,10 @@ def split_networks(node: LabNode) -> None:
     the node; again after a restart: the rules live in the node's network namespace)."""
     rc, out = exec_rc(node.container, data_network_script(node, SPLIT_TAG))
     if rc != 0:
-        raise LabError(f"{node.name}: cannot split its networks: {out.strip()[-300:]}")
+        raise LabError(
+            f"{node.name}: cannot split its networks: {out.strip()[-300:]}",
+            "make the lab again (`provisioner lab down`, then `provisioner lab up`)",
+        )
 
 
 def _ensure_node(cfg: LabConfig, node: LabNode, image: str, report: Reporter) -> None:
@@ -352,7 +355,10 @@ def _write_known_hosts(cfg: LabConfig, nodes: tuple[LabNode, ...]) -> None:
     for node in nodes:
         rc, keys = exec_rc(node.container, "cat /etc/ssh/ssh_host_*_key.pub")
         if rc != 0:
-            raise LabError(f"{node.name}: cannot read its host keys: {keys[-200:]}")
+            raise LabError(
+                f"{node.name}: cannot read its host keys: {keys[-200:]}",
+                "make the lab again (`provisioner lab down`, then `provisioner lab up`)",
+            )
         lines += known_hosts_lines(node.address, keys)
     cfg.known_hosts.write_text("\n".join(lines) + "\n")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from provisioner.gpu.plan import ACCELERATOR_RESOURCE, GpuPlan
+from provisioner.gpu.assignment import ACCELERATOR_RESOURCE, GpuPlan
 from provisioner.inventory import Inventory, Node
 
 
@@ -71,7 +71,7 @@ def ray_start_args(
     inventory: Inventory, node: Node, *, block: bool = True, gpus: GpuPlan | None = None
 ) -> list[str]:
     """The arguments of `ray start` for `node` (unquoted); `gpus`: what Ray gets of the
-    node's GPUs (gpu/plan.py)."""
+    node's GPUs (gpu/assignment.py)."""
     is_head = node.role == "head"
     args = ["ray", "start"]
     args += ["--head"] if is_head else [f"--address={head_address(inventory)}"]

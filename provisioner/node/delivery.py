@@ -1,6 +1,6 @@
-"""What a runtime's image delivery reports (`runtime.base.Delivery`): per node what it did
+"""What a runtime's image delivery reports (`runtime.protocol.Delivery`): per node what it did
 and what it sent, and the errors, one a node. Neutral: the docker runtime's push
-(`runtime.docker.push`, which calls these `NodePush` and `PushReport`) and the podman runtime's
+(`runtime.docker.push`) and the podman runtime's
 `podman load` both report in it, and `up` puts it in its result as `push`."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ class NodeDelivery:
     bytes_omitted: int = 0  # bytes of layers the node held, not sent
     seconds: float = 0.0
     attempts: int = 1
-    via: str = "control"  # "control", or the node that sent it (relay, forwarding relay)
-    bytes_forwarded: int = 0  # forwarding relay: bytes this node sent on to other nodes
+    via: str = "control"  # "control", or the node that sent it (star, chain)
+    bytes_forwarded: int = 0  # chain: bytes this node sent on to other nodes
     codec: str = ""  # how the layers went from this machine: "" plain, "gz", "zst"
     compress_reason: str = ""  # why (compress.choose's line)
     cache_hits: int = 0  # layers taken compressed from this machine's cache
@@ -51,7 +51,7 @@ class DeliveryReport:
     nodes: dict[str, NodeDelivery] = field(default_factory=dict)
     errors: dict[str, ProvisionerError] = field(default_factory=dict)
     seconds: float = 0.0
-    mode: str = "direct"  # how the image went: direct, relay (star) or forward (chain)
+    mode: str = "direct"  # how the image went: direct, star or chain
 
     @property
     def ok(self) -> bool:
@@ -59,12 +59,12 @@ class DeliveryReport:
 
     @property
     def control_bytes(self) -> int:
-        """Image bytes that left this machine (relay: only those sent to the head)."""
+        """Image bytes that left this machine (star: only those sent to the head)."""
         return sum(n.bytes_sent for n in self.nodes.values() if n.via == "control")
 
     @property
     def busiest_node_bytes(self) -> int:
-        """The most bytes one node sent on to others (forwarding relay; 0 otherwise)."""
+        """The most bytes one node sent on to others (chain; 0 otherwise)."""
         return max((n.bytes_forwarded for n in self.nodes.values()), default=0)
 
     def to_json(self) -> dict[str, Any]:

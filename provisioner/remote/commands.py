@@ -7,21 +7,12 @@ shell. Secrets can be masked for display with `masked`.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 
 def command(*argv: str | int) -> str:
     """One command line from its words, each quoted."""
     return " ".join(shlex.quote(str(word)) for word in argv)
-
-
-def with_env(env: Mapping[str, str], cmd: str) -> str:
-    """`cmd` with environment variables set (names checked, values quoted)."""
-    for name in env:
-        if not name.replace("_", "a").isalnum() or name[0].isdigit():
-            raise ValueError(f"not an environment variable name: {name!r}")
-    assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
-    return f"env {assignments} {cmd}" if assignments else cmd
 
 
 def sudo(cmd: str) -> str:

@@ -31,7 +31,6 @@ from provisioner.remote.translate import CONNECT_ERRORS, translate
 # (cli/common.py: quiet_background).
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
-SFTP_TIMEOUT = 120.0  # seconds one SFTP read may wait for data
 
 _CHUNK = 1 << 16
 _POLL = 1.0  # seconds between checks of a quiet channel; data wakes us at once
@@ -361,22 +360,6 @@ class Session:
                     raise self._lost(exc) from None
             return self._sftp
 
-    def open_remote(self, remote: str) -> paramiko.SFTPFile:
-        """A node's file open for reading over SFTP (prefetching), to stream it home."""
-        try:
-            handle = self._sftp_client().open(remote, "rb")
-            handle.settimeout(SFTP_TIMEOUT)  # a stalled read is an error, not a hang
-            handle.prefetch()
-        except FileNotFoundError:
-            raise RemoteError(
-                self.host, f"{remote} does not exist on the node", None, kind="sftp"
-            ) from None
-        except CONNECT_ERRORS as exc:
-            raise RemoteError(
-                self.host, f"cannot read {remote}: {exc}", None, kind="sftp"
-            ) from None
-        return handle
-
     def sftp_put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
         """Copy a file to the node (optionally setting its mode, e.g. 0o600 for secrets)."""
         try:
@@ -386,7 +369,11 @@ class Session:
                 sftp.chmod(remote, mode)
         except CONNECT_ERRORS as exc:
             raise RemoteError(
-                self.host, f"cannot write {remote}: {exc}", None, kind="sftp"
+                self.host,
+                f"cannot write {remote}: {exc}",
+                "check the node's disk space and sshd (`provisioner doctor -i INVENTORY`), then "
+                "run the command again",
+                kind="sftp",
             ) from None
 
     def close(self) -> None:

@@ -1,5 +1,5 @@
 """How Ray runs on a node: one module per runtime, each exposing `RUNTIME` (a class that
-implements `provisioner.runtime.base.Runtime`) and `JUDGES`, listed in `registry.RUNTIMES`.
+implements `provisioner.runtime.protocol.Runtime`) and `JUDGES`, listed in `registry.RUNTIMES`.
 
 `docker` runs Ray in the pinned image's container; `podman` in the same image under the SSH
 user's rootless Podman; `host` runs it from the node's own Python. Callers ask a runtime's

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from provisioner.checks.facts import NodeFacts
 from provisioner.checks.findings import Finding, ok, warning
-from provisioner.checks.plan import Plan
+from provisioner.checks.intent import Plan
 
 
 def _versions(

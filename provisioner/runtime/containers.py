@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from provisioner.gpu.plan import GpuPlan
+from provisioner.gpu.assignment import GpuPlan
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
 from provisioner.node.commands import ray_start_args
 from provisioner.node.token import read_cluster_id
-from provisioner.runtime.base import Capabilities, Judges, RayState, RenderSection
+from provisioner.runtime.protocol import Capabilities, Judges, RayState, RenderSection
 
 if TYPE_CHECKING:
     from provisioner.image.pin import Pin

@@ -19,7 +19,7 @@ from provisioner.runtime.registry import entry, runtime_for
 if TYPE_CHECKING:
     from provisioner.image.pin import Pin
     from provisioner.inventory import Inventory
-    from provisioner.runtime.base import Runtime
+    from provisioner.runtime.protocol import Runtime
 
 
 @dataclass
@@ -30,7 +30,7 @@ class ClusterContext:
     inventory: Inventory
     pin: Pin | None = None
     pin_error: InputError | None = None
-    push: str = "auto"  # how a runtime that delivers the image sends it (base.PUSH_MODES)
+    push: str = "auto"  # how a runtime that delivers the image sends it (protocol.PUSH_MODES)
     built: Runtime | None = field(default=None, repr=False)  # the runtime, once built
 
     @property

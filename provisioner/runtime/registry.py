@@ -1,7 +1,7 @@
 """The runtimes an inventory may name: an explicit table, one line per runtime.
 
 A new runtime is one new folder of `provisioner.runtime` (its `runtime.py` exposing
-`RUNTIME`, a class that implements `runtime.base.Runtime`, and `JUDGES`; its `lab.py`
+`RUNTIME`, a class that implements `runtime.protocol.Runtime`, and `JUDGES`; its `lab.py`
 exposing `LAB`, the lab's node recipe) plus its line here. The inventory holds
 the name as data (`Inventory.runtime`, and where it is written); this table refuses a name
 it does not know, naming that place, whenever a verb builds the runtime.
@@ -18,7 +18,7 @@ from provisioner.errors import InventoryError
 if TYPE_CHECKING:
     from provisioner.image.pin import Pin
     from provisioner.inventory import Inventory
-    from provisioner.runtime.base import Judges, LabRecipe, Runtime
+    from provisioner.runtime.protocol import Judges, LabRecipe, Runtime
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def entry(inventory: Inventory) -> Entry:
 
 def runtime_for(inventory: Inventory, pin: Pin | None = None, *, push: str = "auto") -> Runtime:
     """The runtime the inventory names (`runtime:`), for this cluster; `push`: how a runtime
-    that delivers the image sends the pin (see base.PUSH_MODES)."""
+    that delivers the image sends the pin (see protocol.PUSH_MODES)."""
     module = importlib.import_module(entry(inventory).module)
     runtime: Runtime = module.RUNTIME(inventory, pin)
     if push != "auto":

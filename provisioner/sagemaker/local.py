@@ -516,4 +516,7 @@ def require_ok(result: RunResult) -> None:
             f"read {result.directory / LOG_FILE} (every container's output)",
         )
     if result.status not in ("completed", "stopped"):
-        raise InputError(f"unknown status {result.status}")
+        raise InputError(
+            f"unknown status {result.status}",
+            "a local run ends completed, stopped or failed: report this as a bug",
+        )

@@ -186,7 +186,7 @@ IMAGES = Path(__file__).resolve().parents[2] / "images"
 def image_pin() -> Path:
     """The cluster image built from images/ (the build cache makes a rebuild take seconds)
     and its pin written to images/image.lock.json, as `provisioner image build` does."""
-    from provisioner.image.base import ensure_base_image
+    from provisioner.image.base_image import ensure_base_image
     from provisioner.image.build import BuildOptions, build_image
 
     opts = BuildOptions(

@@ -1,7 +1,7 @@
-"""End to end: the forwarding relay (`image push --chain`) on the lab's real sshd and dockerd.
+"""End to end: the chain (`image push --chain`) on the lab's real sshd and dockerd.
 
 Small test images (fixed pseudo-random bytes, one or two layers) keep it cheap. Bytes
-are counted on the wire by the kernel (provisioner.lab.wire: iptables counters in each
+are counted on the wire by the kernel (tests/labtools/wire.py: iptables counters in each
 node), not taken from the push's own report. The tests leave the cluster image alone
 and remove their own images from the nodes at the end.
 """
@@ -25,10 +25,10 @@ import pytest
 from provisioner.image.pin import Pin, read_pin
 from provisioner.image.savestream import containerd_id
 from provisioner.inventory import Inventory, Node, load_inventory
-from provisioner.lab import faults, wire
+from provisioner.lab import faults
 from provisioner.lab.engine import exec_rc
-from provisioner.lab.images import filler_image
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.delivery import DeliveryReport
 from provisioner.runtime.docker.chain_plan import (
     FOREIGN_RC,
     hop_script,
@@ -36,8 +36,10 @@ from provisioner.runtime.docker.chain_plan import (
     round_result_command,
 )
 from provisioner.runtime.docker.direct import SavedCache
-from provisioner.runtime.docker.push import PushOptions, PushReport, push_image
+from provisioner.runtime.docker.push import PushOptions, push_image
 from provisioner.runtime.docker.star import RELAY_COMMAND
+from tests.labtools import wire
+from tests.labtools.filler import filler_image
 
 REPO = "provisioner/forward-test"
 
@@ -96,8 +98,8 @@ def authorized_keys(node: Node) -> bytes:
 CACHE = Path(tempfile.gettempdir()) / "provisioner-forward-test-cache"  # not the user's cache
 
 
-def push(inv: Inventory, pin: Pin, *, relay: bool = False, forward: bool = False) -> PushReport:
-    opts = PushOptions(tag=pin.tag, relay=relay, forward=forward, cache_dir=CACHE)
+def push(inv: Inventory, pin: Pin, *, star: bool = False, chain: bool = False) -> DeliveryReport:
+    opts = PushOptions(tag=pin.tag, star=star, chain=chain, cache_dir=CACHE)
     return push_image(inv, None, print, pin=pin, opts=opts)
 
 
@@ -109,12 +111,12 @@ def test_forward_sends_one_image_from_the_control_machine_and_at_most_one_per_no
     # the star relay first, for contrast: its head sends the image to each worker
     remove(list(inventory.nodes), pin)
     wire.start(lab)
-    star = push(inventory, pin, relay=True)
+    star = push(inventory, pin, star=True)
     star_wire = wire.read(lab)
     remove(list(inventory.nodes), pin)
     wire.start(lab)
 
-    report = push(inventory, pin, forward=True)
+    report = push(inventory, pin, chain=True)
 
     counted = wire.read(lab)
     assert report.ok and star.ok, (report.errors, star.errors)
@@ -125,7 +127,7 @@ def test_forward_sends_one_image_from_the_control_machine_and_at_most_one_per_no
     control = sum(w.from_control for w in counted.values())
     busiest = max(w.to_nodes for w in counted.values())
     star_head = star_wire[inventory.head.name].to_nodes
-    print(f"image {size} B; forward: control {control} B, busiest {busiest} B; star {star_head} B")
+    print(f"image {size} B; chain: control {control} B, busiest {busiest} B; star {star_head} B")
     # the control machine sends the image once (plus SSH and TCP/IP framing)
     assert size < control < 1.15 * size
     # no node sends more than one image in a clean run (the bound is two images)
@@ -154,11 +156,11 @@ def test_a_compressed_push_direct_and_chained_sends_fewer_bytes_and_compresses_o
     cache = tmp_path / "cache"  # a cache of its own: the first compressed push misses
 
     def counted_push(
-        inv: Inventory, compress: str, forward: bool = False
-    ) -> tuple[PushReport, int]:
+        inv: Inventory, compress: str, chain: bool = False
+    ) -> tuple[DeliveryReport, int]:
         remove(list(inv.nodes), pin)
         wire.start(lab)
-        opts = PushOptions(tag=pin.tag, forward=forward, cache_dir=cache, compress=compress)  # type: ignore[arg-type]
+        opts = PushOptions(tag=pin.tag, chain=chain, cache_dir=cache, compress=compress)  # type: ignore[arg-type]
         report = push_image(inv, None, print, pin=pin, opts=opts)
         got = wire.read(lab)
         assert report.ok, report.errors
@@ -191,11 +193,11 @@ def test_a_compressed_push_direct_and_chained_sends_fewer_bytes_and_compresses_o
     readers = [n for n in inventory.nodes if pin_id(n, pin) == pin.image_id]
     assert len(readers) >= 2
     classic = replace(inventory, head=readers[0], workers=tuple(readers[1:]))
-    chain, chain_bytes = counted_push(classic, "always", forward=True)
-    assert chain.mode == "forward"
+    chain, chain_bytes = counted_push(classic, "always", chain=True)
+    assert chain.mode == "chain"
     head = chain.nodes[first.name]
     assert head.codec == "gz" and (head.cache_hits, head.cache_misses) == (0, 1)
-    chain_again, _ = counted_push(classic, "always", forward=True)
+    chain_again, _ = counted_push(classic, "always", chain=True)
     assert (
         chain_again.nodes[first.name].cache_hits,
         chain_again.nodes[first.name].cache_misses,
@@ -246,7 +248,7 @@ def test_forward_sends_a_node_only_its_missing_layers_and_skips_a_node_that_has_
     assert image_on(third, pin_id(third, top)) == pin_id(third, top)
     wire.start(lab)
 
-    report = push(inventory, top, forward=True)
+    report = push(inventory, top, chain=True)
 
     counted = wire.read(lab)
     assert report.ok, report.errors
@@ -269,8 +271,8 @@ def test_a_node_stopped_mid_relay_leaves_the_nodes_after_it_with_the_verified_im
     remove(list(inventory.nodes), pin)
     keys = authorized_keys(middle)
     wire.start(lab)
-    result: list[PushReport] = []
-    worker = threading.Thread(target=lambda: result.append(push(inventory, pin, forward=True)))
+    result: list[DeliveryReport] = []
+    worker = threading.Thread(target=lambda: result.append(push(inventory, pin, chain=True)))
     worker.start()
     try:
         # once the stream has reached the last node, the middle one is powered off
@@ -373,14 +375,14 @@ def test_forward_gives_each_edge_its_own_key_that_only_its_receiver_accepts(
     remove(nodes, pin)
     keys_before = {n.name: authorized_keys(n) for n in nodes}
     assert all(not private_keys(n) for n in nodes), "a private key left from before"
-    result: list[PushReport] = []
+    result: list[DeliveryReport] = []
 
     def report(line: str) -> None:
         print(line)
-        if line.startswith("forwarding relay:"):  # the facts gathered: hold the chain's end
+        if line.startswith("chain:"):  # the facts gathered: hold the chain's end
             dockerd(last, "STOP")
 
-    opts = PushOptions(tag=pin.tag, forward=True, cache_dir=CACHE)
+    opts = PushOptions(tag=pin.tag, chain=True, cache_dir=CACHE)
     worker = threading.Thread(
         target=lambda: result.append(push_image(inventory, None, report, pin=pin, opts=opts))
     )
@@ -500,7 +502,7 @@ def test_ctrl_c_mid_round_removes_every_relay_key(
 
     def report(line: str) -> None:
         print(line)
-        if line.startswith("forwarding relay:"):
+        if line.startswith("chain:"):
             dockerd(last, "STOP")
 
     def interrupt_mid_round() -> None:
@@ -514,7 +516,7 @@ def test_ctrl_c_mid_round_removes_every_relay_key(
         seen["lines"] = sum(len(relay_lines(n)) for n in nodes)
         os.kill(os.getpid(), signal.SIGINT)
 
-    opts = PushOptions(tag=pin.tag, forward=True, cache_dir=CACHE)
+    opts = PushOptions(tag=pin.tag, chain=True, cache_dir=CACHE)
     # a run started in the background (`cmd &`, nohup) inherits SIGINT ignored: restore
     # Python's handler, so that the signal below is a KeyboardInterrupt here too
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)

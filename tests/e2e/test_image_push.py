@@ -21,16 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.image.base import ensure_base_image
+from provisioner.image.base_image import ensure_base_image
 from provisioner.image.build import BuildOptions, build_image
 from provisioner.image.pin import CLUSTER_TAG, Pin, read_pin
 from provisioner.inventory import Inventory, Node, load_inventory
 from provisioner.lab.engine import client, exec_rc
-from provisioner.lab.images import filler_image
 from provisioner.lab.nodes import LabInfo
+from provisioner.node.delivery import DeliveryReport
 from provisioner.remote import Session
-from provisioner.runtime.docker.push import PushOptions, PushReport, push_image
+from provisioner.runtime.docker.push import PushOptions, push_image
 from tests.e2e.faults.lab import image_store
+from tests.labtools.filler import filler_image
 
 IMAGES = Path(__file__).resolve().parents[2] / "images"
 OLDER_TAG = "provisioner/ray:torch-stage"
@@ -106,7 +107,7 @@ def wipe(node: Node) -> None:
     assert rc == 0 and out.strip() == "0", out
 
 
-def assert_ok(report: PushReport) -> None:
+def assert_ok(report: DeliveryReport) -> None:
     assert report.ok, {h: str(e) for h, e in report.errors.items()}
 
 
@@ -192,11 +193,11 @@ def test_a_different_image_under_the_cluster_tag_is_corrected(
     assert image_on(node, CLUSTER_TAG) == pin_id(node, pin)
 
 
-def push_killed_once(inventory: Inventory, pin: Pin, node: Node, retries: int) -> PushReport:
+def push_killed_once(inventory: Inventory, pin: Pin, node: Node, retries: int) -> DeliveryReport:
     """Push in the background; once bytes flow to `node`, kill its `docker load` (the one
     this push started, by its PID) as a dropped transfer would end it."""
     lines: list[str] = []
-    result: list[PushReport] = []
+    result: list[DeliveryReport] = []
     worker = threading.Thread(
         target=lambda: result.append(
             push_image(inventory, None, lines.append, pin=pin, opts=PushOptions(retries=retries))
@@ -267,7 +268,7 @@ def test_relay_sends_about_one_image_from_the_control_machine(
             assert image_on(node, small.tag) == image_on(node, small.image_id) == ""
 
         report = push_image(
-            inventory, None, print, pin=small, opts=PushOptions(relay=True, tag=small.tag)
+            inventory, None, print, pin=small, opts=PushOptions(star=True, tag=small.tag)
         )
 
         assert_ok(report)
@@ -344,7 +345,7 @@ def test_a_corrupt_cached_layer_and_saved_image_are_dropped_and_the_push_lands_t
         one = replace(one, workers=(replace(second, role="worker"),))
     nodes = one.nodes
     cache = tmp_path / "cache"
-    opts = PushOptions(tag=top.tag, cache_dir=cache, compress="always", forward=forward)
+    opts = PushOptions(tag=top.tag, cache_dir=cache, compress="always", chain=forward)
     try:
         assert_ok(push_image(one, None, print, pin=bottom, opts=replace(opts, tag=bottom.tag)))
         assert_ok(push_image(one, None, print, pin=top, opts=opts))  # the entries are made

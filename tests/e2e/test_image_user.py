@@ -59,7 +59,7 @@ def build(home: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 def test_a_user_in_the_docker_group_builds_the_image_and_gets_its_pin(
     image_pin: Path, home: Path
 ) -> None:
-    from provisioner.image.base import ensure_base_image
+    from provisioner.image.base_image import ensure_base_image
 
     who = as_user(home, sys.executable, "-c", "import os; print(os.geteuid(), os.getgroups())")
     assert who.stdout.split()[0] == str(USER_UID), who.stderr  # not root

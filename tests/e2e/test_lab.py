@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from provisioner.image.base import ensure_base_image
+from provisioner.image.base_image import ensure_base_image
 from provisioner.lab import faults
 from provisioner.lab.config import LABEL, LabConfig
 from provisioner.lab.engine import client, exec_rc

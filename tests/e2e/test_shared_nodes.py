@@ -304,7 +304,7 @@ def test_host_and_docker_clusters_share_the_nodes_and_up_relays_the_pin(
         assert doc["runtime"] == "docker" and doc["status"]["alive_nodes"] == 3, doc["status"]
         assert doc["status"]["address"].endswith(":24000"), doc["status"]
         push = doc["push"]
-        assert push["ok"] and push["mode"] == "forward", push
+        assert push["ok"] and push["mode"] == "chain", push
         # One stream left this machine, into the chain's first node; the others got the same
         # bytes from a peer. Plain, that stream is the image; compressed, a fraction of it.
         from_here = [n for n in push["nodes"] if n["via"] == "control"]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from provisioner.lab.nodes import LabInfo
-from provisioner.lab.storm import Storm
 from tests.e2e.helpers import cli, record_returns
+from tests.labtools.storm import Storm
 
 PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "ppo_cartpole.py"
 EVERY = 2

@@ -152,7 +152,7 @@ def test_the_scale_table_has_one_column_per_lab_size(bench: ModuleType) -> None:
     text = bench.scale_markdown(results, 1000)
     assert text.splitlines()[0] == "| nodes | 3 | 10 |"
     assert "| doctor (s) | 0.51 | 1.20 |" in text
-    assert "| push forwarding relay: busiest node sent (images) | 1.01 | — |" in text
+    assert "| push chain: busiest node sent (images) | 1.01 | — |" in text
 
 
 def test_scale_rows_are_asked_for_not_run_by_default(bench: ModuleType) -> None:

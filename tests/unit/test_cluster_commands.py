@@ -11,8 +11,8 @@ from provisioner.cluster import down, status, up
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.errors import InputError
 from provisioner.node import commands, layout, token
-from provisioner.runtime.base import RayState
 from provisioner.runtime.docker import runtime as docker
+from provisioner.runtime.protocol import RayState
 from tests.unit.inventories import make_inventory
 from tests.unit.test_image_lock import make_pin
 

@@ -27,7 +27,7 @@ def test_a_replaced_raylet_still_listed_alive_is_not_counted() -> None:
     head = GcsNode("h", "10.0.0.10", True)
     dead = GcsNode("d", "10.0.0.11", False)
     nodes = [head, old, dead]
-    assert headprobe.alive_addresses(nodes, frozenset({"old"})) == {"10.0.0.10"}
+    assert set(headprobe.fresh_nodes(nodes, frozenset({"old"}))) == {"10.0.0.10"}
     new = GcsNode("new", "10.0.0.12", True)
     fresh = headprobe.fresh_nodes([*nodes, new], frozenset({"old"}))
     assert fresh == {"10.0.0.10": head, "10.0.0.12": new}

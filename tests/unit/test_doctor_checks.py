@@ -16,7 +16,7 @@ import pytest
 from provisioner.checks.cluster_checks import check_clock
 from provisioner.checks.facts import NodeFacts, parse_facts
 from provisioner.checks.findings import Finding, ordered
-from provisioner.checks.plan import PinFacts, Plan
+from provisioner.checks.intent import PinFacts, Plan
 from provisioner.doctor import CATALOGUE
 from provisioner.doctor.run import node_findings
 from provisioner.inventory import Node, RayPorts, SSHSettings

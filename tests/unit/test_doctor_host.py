@@ -16,7 +16,7 @@ from pathlib import Path
 
 from provisioner.checks.facts import NodeFacts, parse_facts
 from provisioner.checks.findings import Finding, error
-from provisioner.checks.plan import Plan
+from provisioner.checks.intent import Plan
 from provisioner.doctor import CATALOGUE
 from provisioner.doctor.run import explained_by_own_ray, node_findings
 from provisioner.inventory import Node, RayPorts, SSHSettings

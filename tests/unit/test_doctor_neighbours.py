@@ -15,16 +15,16 @@ import pytest
 
 from provisioner.checks.facts import NodeFacts, parse_facts
 from provisioner.checks.findings import Finding
+from provisioner.checks.intent import Plan
 from provisioner.checks.neighbours import free_base, port_owner, rays_on_node
-from provisioner.checks.plan import Plan
 from provisioner.cluster.up import _refuse_foreign_gcs
 from provisioner.doctor.run import DoctorReport, node_findings
 from provisioner.errors import OperationError
 from provisioner.inventory import Inventory, Node, RayPorts, SSHSettings
 from provisioner.runtime import judges
-from provisioner.runtime.base import RayState
 from provisioner.runtime.docker.doctor import parse as docker_parse
 from provisioner.runtime.docker.runtime import CAPS as DOCKER_CAPS
+from provisioner.runtime.protocol import RayState
 
 GOLDEN = Path(__file__).parent / "golden" / "doctor"
 SSH = SSHSettings(user="lab")

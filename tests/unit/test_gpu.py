@@ -19,12 +19,12 @@ import pytest
 from provisioner.checks.facts import NodeFacts, parse_facts
 from provisioner.checks.findings import Finding
 from provisioner.checks.gpu_checks import check_gpus, check_inside, check_models, parse_inside
-from provisioner.checks.plan import PinFacts, Plan
+from provisioner.checks.intent import PinFacts, Plan
 from provisioner.doctor import CATALOGUE
 from provisioner.doctor.run import node_findings
 from provisioner.errors import InventoryError
+from provisioner.gpu.assignment import GpuPlan, plan_gpus
 from provisioner.gpu.facts import GpuFacts, parse_cdi_spec, parse_gpu_facts
-from provisioner.gpu.plan import GpuPlan, plan_gpus
 from provisioner.inventory import Node, RayPorts, SSHSettings, load_inventory
 from provisioner.node import commands
 from provisioner.runtime import judges
@@ -469,7 +469,7 @@ def test_the_simulated_cdi_spec_is_read_as_the_doctor_reads_one_and_plans_cdi_by
 
 
 def test_the_container_records_its_gpus_for_up_to_compare() -> None:
-    from provisioner.gpu.plan import signature
+    from provisioner.gpu.assignment import signature
 
     plan = GpuPlan("gpus", ("GPU-aaaa",), (0,), "T4")
     assert signature(plan) == "gpus:GPU-aaaa" and signature(None) == ""
@@ -502,7 +502,7 @@ def test_the_deep_check_probe_runs_in_the_image_with_ups_gpu_options(tmp_path: P
 
 
 def test_whether_the_images_torch_can_use_a_nodes_gpus() -> None:
-    from provisioner.gpu.plan import usable
+    from provisioner.gpu.assignment import usable
 
     assert usable(None, "550.54.15") is None  # no image (host mode): the node's own torch
     cpu = usable("", "550.54.15")  # a pin without CUDA: the CPU build
@@ -517,7 +517,7 @@ def test_whether_the_images_torch_can_use_a_nodes_gpus() -> None:
 def test_gpus_the_images_torch_cannot_use_are_withheld_from_ray() -> None:
     """The plan for a node with 8 A100s (driver 550) under each pin: the CPU pin keeps all
     8 from Ray, with why and the fix; a CUDA 12.8 pin gives them; no image: given too."""
-    from provisioner.gpu.plan import Withheld, withhold
+    from provisioner.gpu.assignment import Withheld, withhold
 
     facts = {"n": gpu_facts("dgx_a100_docker_gpus")}
     plan = plan_gpus(node(), facts["n"], docker.RUNTIME.gpu_methods)
@@ -536,7 +536,7 @@ def test_gpus_the_images_torch_cannot_use_are_withheld_from_ray() -> None:
 def test_a_node_whose_gpus_are_withheld_starts_ray_with_no_gpu(tmp_path: Path) -> None:
     """Whatever the inventory asked (gpus: [...] or resources.GPU), `ray start` says
     --num-gpus=0 and the container gets no GPU option."""
-    from provisioner.gpu.plan import without_gpus
+    from provisioner.gpu.assignment import without_gpus
 
     inv = make_inventory(tmp_path)
     for asked in (node(gpus=("0", "1")), node(resources={"GPU": 4.0, "x": 1.0}), node()):
@@ -554,7 +554,7 @@ def test_up_shows_the_doctors_gpu_warnings_and_what_it_withheld() -> None:
     (`up --no-doctor`), in up's own words; never both for one node."""
     from provisioner.checks.findings import error, warning
     from provisioner.cluster.up import gpu_warnings
-    from provisioner.gpu.plan import CPU_IMAGE_FIX, Withheld
+    from provisioner.gpu.assignment import CPU_IMAGE_FIX, Withheld
 
     cuda = check_gpus(node(), NodeFacts("n", gpu=gpu_facts("cdi_only")), PLAN_CPU)
     (said,) = [f for f in cuda if f.check == "gpu.cuda"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from provisioner.errors import PrerequisiteError
-from provisioner.image.base import DEFAULT_BASE, choose_build_base
+from provisioner.image.base_image import DEFAULT_BASE, choose_build_base
 
 BUILT = "provisioner-base:bookworm-0123456789ab"
 

@@ -1,4 +1,4 @@
-"""The image commands' input errors and output, run in-process; relay's command builders."""
+"""The image commands' input errors and output, run in-process; the star's command builders."""
 
 from __future__ import annotations
 

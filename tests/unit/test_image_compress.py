@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import tarfile
 from pathlib import Path
 
@@ -29,7 +30,6 @@ from provisioner.image.compress import (
     compressed_stream,
     node_reads,
     pick_codec,
-    render_argv,
     sender_cores,
     stream_zlib,
 )
@@ -43,10 +43,9 @@ MBIT_50 = 50e6 / 8
 
 
 def test_compressor_command_lines_are_multi_threaded_and_quoted() -> None:
-    assert render_argv(compress_argv(Codec("zstd", 3))) == "zstd -T0 -3 -q -c"
-    assert render_argv(compress_argv(Codec("pigz", 1))) == "pigz -1 -c"
+    assert shlex.join(compress_argv(Codec("zstd", 3))) == "zstd -T0 -3 -q -c"
+    assert shlex.join(compress_argv(Codec("pigz", 1))) == "pigz -1 -c"
     assert compress_argv(Codec("zlib", 1)) == []  # in-process, on every core
-    assert render_argv(["zstd", "-o", "a file"]) == "zstd -o 'a file'"
 
 
 @pytest.mark.parametrize(

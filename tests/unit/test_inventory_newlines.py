@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from provisioner.errors import InputError
+from provisioner.gpu.assignment import GpuPlan, accelerator_label_env
 from provisioner.gpu.facts import GpuFacts
-from provisioner.gpu.plan import GpuPlan, accelerator_label_env
 from provisioner.image.pin import pin_from_dict, pin_to_dict
 from provisioner.inventory import fields
 from provisioner.inventory.allocation import node_name_problem

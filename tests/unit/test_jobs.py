@@ -295,8 +295,8 @@ def test_job_log_goes_through_rays_own_client_with_a_bound() -> None:
 
 def test_a_followed_job_ends_at_once_when_its_heads_ray_is_gone_or_not_running() -> None:
     from provisioner.jobs.stream import head_verdict
-    from provisioner.runtime.base import RayState
     from provisioner.runtime.docker.runtime import parse_container_facts
+    from provisioner.runtime.protocol import RayState
 
     # what `docker inspect` says of a head container that `docker kill` stopped
     killed = parse_container_facts(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.errors import InputError
-from provisioner.image.base import base_tag
+from provisioner.image.base_image import base_tag
 from provisioner.lab import images
 from provisioner.lab.config import LabConfig
 from provisioner.lab.flavours import FLAVOURS, parse_flavours, per_node, suites

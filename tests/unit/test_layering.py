@@ -275,6 +275,26 @@ def test_the_lab_import_check_sees_a_lab_import() -> None:
     assert any(t.startswith("provisioner.lab") for t in found)
 
 
+def docker_importers() -> list[str]:
+    """Modules outside Docker's folder that import from it. Podman is Docker's container
+    code with its own binary (item 2 of issue 48), so it may; nothing else: what every
+    runtime shares (PushOptions, the delivery report) lives in neutral modules."""
+    allowed = {PACKAGE / "runtime" / "docker", PACKAGE / "runtime" / "podman"}
+    return [
+        str(path.relative_to(ROOT))
+        for path in source_files()
+        if not any(a in path.parents for a in allowed)
+        and any(t.startswith("provisioner.runtime.docker") for t in imported_modules(path))
+    ]
+
+
+def test_nothing_but_docker_and_podman_imports_dockers_folder() -> None:
+    assert not docker_importers(), docker_importers()
+    # positive control: Podman's runtime does import Docker's code, and the reader sees it
+    found = imported_modules(PACKAGE / "runtime" / "podman" / "runtime.py")
+    assert any(t.startswith("provisioner.runtime.docker.") for t in found)
+
+
 # --- no branch on a runtime's name outside provisioner/runtime/ -----------------------------
 #
 # The same check as a grep anyone can run: scripts/runtime_name_grep.sh (no output: no

@@ -1,4 +1,4 @@
-"""The runtimes' image delivery seam (`runtime.base.Delivery`): whether a node has the image
+"""The runtimes' image delivery seam (`runtime.protocol.Delivery`): whether a node has the image
 (a command and a pure parser), delivering it, verifying it by ID; and the neutral report
 (`node.delivery`) it returns, which `up` puts in its result as `push`."""
 
@@ -30,9 +30,12 @@ def _state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
 
 
-def test_the_image_codes_push_report_is_the_neutral_report() -> None:
-    assert direct.PushReport is DeliveryReport and push.PushReport is DeliveryReport
-    assert direct.NodePush is NodeDelivery
+def test_the_push_reports_in_the_neutral_report_under_its_one_name() -> None:
+    """No second name of the report types (the push once called them NodePush and
+    PushReport): the Docker push's modules know them only as node.delivery names them."""
+    assert push.NodeDelivery is NodeDelivery and push.DeliveryReport is DeliveryReport
+    for module in (direct, push):
+        assert not hasattr(module, "NodePush") and not hasattr(module, "PushReport")
 
 
 def test_the_report_as_json_keeps_its_keys() -> None:

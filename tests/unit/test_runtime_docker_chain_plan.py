@@ -10,8 +10,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import typer
 
 from provisioner.image.savestream import read_saved
+from provisioner.runtime.delivery_options import PushOptions
 from provisioner.runtime.docker.chain_plan import (
     FOREIGN_RC,
     Chain,
@@ -33,7 +35,6 @@ from provisioner.runtime.docker.chain_plan import (
     sent_bytes,
     write_hop_command,
 )
-from provisioner.runtime.docker.direct import PushOptions
 from provisioner.runtime.docker.push_plan import NodePlan
 from provisioner.runtime.docker.star import RELAY_COMMAND, authorized_line, make_relay_key
 
@@ -349,8 +350,8 @@ def test_up_push_modes_choose_the_push() -> None:
     from provisioner.runtime.docker.delivery import push_options
 
     assert push_options("direct") == PushOptions()
-    assert push_options("auto") == PushOptions(forward=True, chain_from=2)
-    assert push_options("chain") == PushOptions(forward=True, chain_from=1)
+    assert push_options("auto") == PushOptions(chain=True, chain_from=2)
+    assert push_options("chain") == PushOptions(chain=True, chain_from=1)
 
 
 def test_up_with_an_unknown_push_mode_is_exit_2(tmp_path: Path) -> None:
@@ -375,3 +376,40 @@ def test_image_push_with_both_relays_is_exit_2(tmp_path: Path) -> None:
         result = cli("image", "push", "-i", str(tmp_path / "inv.yaml"), *both)
         assert result.exit_code == 2
         assert "choose one" in result.stderr
+
+
+def test_image_push_old_flags_are_deprecated_aliases_of_star_and_chain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--relay` and `--forward` still work: each says it is a deprecated alias and pushes
+    the shape of its new word (PushOptions.star, PushOptions.chain)."""
+    from provisioner.cluster import deliver
+    from tests.cli import cli
+
+    (tmp_path / "inv.yaml").write_text(
+        "cluster: t\nimage: {lock: x.json}\nhead: {name: h, address: 10.250.9.10}\nworkers: []\n"
+    )
+    seen: list[PushOptions] = []
+
+    def fake_deliver(cluster: object, report: object, *, options: PushOptions) -> None:
+        seen.append(options)
+        raise typer.Exit(0)
+
+    monkeypatch.setattr(deliver, "deliver_pin", fake_deliver)
+    monkeypatch.setattr("provisioner.cli.image.cluster_context", lambda *a, **k: _Cluster())
+    for old, new in (("--relay", "--star"), ("--forward", "--chain"), ("--star", None)):
+        result = cli("image", "push", "-i", str(tmp_path / "inv.yaml"), old)
+        assert result.exit_code == 0, result.stderr
+        said = f"{old} is a deprecated alias of {new}"
+        assert (said in result.stderr) == (new is not None), result.stderr
+    assert [(o.star, o.chain) for o in seen] == [(True, False), (False, True), (True, False)]
+
+
+class _Pin:
+    def short_id(self) -> str:
+        return "sha256:0"
+
+
+class _Cluster:
+    def require_pin(self) -> _Pin:
+        return _Pin()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from provisioner.checks.facts import NodeFacts, RuntimeFacts, parse_facts
 from provisioner.checks.findings import Finding
+from provisioner.checks.intent import PinFacts, Plan
 from provisioner.checks.node_checks import check_resources, check_sudo
-from provisioner.checks.plan import PinFacts, Plan
 from provisioner.doctor import CATALOGUE
 from provisioner.doctor.gather import RUNTIME_MARK, _script, facts_script
 from provisioner.inventory import Node, RayPorts, SSHSettings

@@ -14,8 +14,8 @@ from pathlib import Path
 from provisioner.cluster import render
 from provisioner.node import layout
 from provisioner.runtime import names, runtime_for
-from provisioner.runtime.base import RayState
 from provisioner.runtime.host import runtime as host
+from provisioner.runtime.protocol import RayState
 from tests.unit.inventories import make_inventory
 
 

@@ -22,12 +22,12 @@ import yaml
 
 from provisioner.checks.facts import NodeFacts, parse_facts, split_sections
 from provisioner.checks.findings import Finding
-from provisioner.checks.plan import PinFacts, Plan
+from provisioner.checks.intent import PinFacts, Plan
 from provisioner.cluster import render
 from provisioner.doctor import CATALOGUE
 from provisioner.doctor.gather import _script
 from provisioner.doctor.run import explained_by_own_ray, node_findings
-from provisioner.gpu.plan import GpuPlan
+from provisioner.gpu.assignment import GpuPlan
 from provisioner.inventory import Node, RayPorts, SSHSettings
 from provisioner.node import layout, tls, token
 from provisioner.runtime import judges, runtime_for

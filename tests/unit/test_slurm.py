@@ -65,7 +65,7 @@ def test_scheduler_section_is_read(tmp_path: Path, key: Path) -> None:
     assert inv.login.name == "login1" and inv.login.role == "login"  # type: ignore[attr-defined]
     assert inv.login.ssh.user == "alice"  # type: ignore[attr-defined]
     assert not inv.allocated and inv.workers == ()  # type: ignore[attr-defined]
-    assert inv.slurm.time_limit_s == 7200  # type: ignore[attr-defined]
+    assert time_seconds(inv.slurm.time) == 7200  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ from provisioner.cluster.headprobe import GcsNode
 from provisioner.console import SafeConsole
 from provisioner.errors import ConnectError
 from provisioner.inventory import Inventory, Node, SSHSettings
-from provisioner.runtime.base import RayState
 from provisioner.runtime.docker import runtime as docker
+from provisioner.runtime.protocol import RayState
 from tests.unit.test_image_lock import make_pin
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from provisioner.lab.storm import continuity
+from tests.labtools.storm import continuity
 
 BEFORE = {31: 470.0, 32: 468.0, 33: 480.0, 34: 471.0, 35: 473.0, 36: 472.0}
 

@@ -11,9 +11,9 @@ import pytest
 from provisioner.cluster import status, up
 from provisioner.cluster.headprobe import GcsNode, Joined
 from provisioner.errors import InputError
-from provisioner.gpu.plan import GpuPlan, signature
-from provisioner.runtime.base import RayState
+from provisioner.gpu.assignment import GpuPlan, signature
 from provisioner.runtime.docker import runtime as docker
+from provisioner.runtime.protocol import RayState
 from tests.unit.inventories import make_inventory
 from tests.unit.test_image_lock import make_pin
 
@@ -86,7 +86,7 @@ def test_bring_up_runs_its_steps_in_order_passing_what_each_decided(
 
 
 def test_the_clis_flags_become_the_options_with_the_same_defaults(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`provisioner up` with no flag passes one UpOptions equal to UpOptions()'s defaults,
     and each flag lands in its field."""
@@ -112,8 +112,10 @@ def test_the_clis_flags_become_the_options_with_the_same_defaults(
         "--push",
         "relay",
         "--rotate-token",
-    ]  # relay: chain's old name
+    ]  # relay: a deprecated alias of chain, which says so
+    capsys.readouterr()
     assert run(["up", "-i", "x.yml", *flags, "--queue-timeout", "9"]) == 0
+    assert "--push relay is a deprecated alias of --push chain" in capsys.readouterr().err
     assert seen[0] == up.UpOptions()
     assert seen[1] == up.UpOptions(
         force=True, doctor=False, join_timeout=7, push="chain", rotate_token=True, queue_timeout=9

@@ -1,4 +1,4 @@
-"""Forwarding relay: the control machine sends the image once, and every node streams what
+"""The chain: the control machine sends the image once, and every node streams what
 it receives on to the next node while it loads it (`image push --forward`, `up --push`).
 
 The plan is chain_plan.py's. Here: one round trip per node gathers what it holds
@@ -33,7 +33,9 @@ from provisioner.image.compress import compressed_stream
 from provisioner.image.pin import Pin
 from provisioner.image.savestream import SavedImage, partial, passthrough
 from provisioner.inventory import Inventory, Node
+from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote import Pool, fan_out
+from provisioner.runtime.delivery_options import PushOptions
 from provisioner.runtime.docker.chain_plan import (
     ALIVE_S,
     HOP_SCRIPT,
@@ -56,9 +58,6 @@ from provisioner.runtime.docker.chain_plan import (
 )
 from provisioner.runtime.docker.direct import (
     Guarded,
-    NodePush,
-    PushOptions,
-    PushReport,
     SavedCache,
     Sent,
     check_codec_all,
@@ -134,13 +133,13 @@ class _EdgeKey:
     added: Added | None = None
 
 
-def push_forwarded(
+def push_chain(
     pool: Pool,
     inventory: Inventory,
     pin: Pin,
     opts: PushOptions,
     report: Reporter,
-    out: PushReport,
+    out: DeliveryReport,
 ) -> None:
     """Every node of the inventory holds the pin, the image sent along a chain of nodes."""
     run = _Run(pool, inventory, pin, opts, report)
@@ -158,7 +157,7 @@ def push_forwarded(
             plans[node.name] = plan
         if plan.action != "send":
             verify_and_tag(pool.session(node), pin, opts.tag, plan.image_id)
-            done = NodePush(
+            done = NodeDelivery(
                 node.name,
                 plan.action,
                 len(pin.layers),
@@ -178,8 +177,8 @@ def push_forwarded(
             except ProvisionerError as exc:
                 out.errors[name] = exc
         return
-    out.mode = "forward"
-    run.report(f"forwarding relay: control -> {' -> '.join(order)}")
+    out.mode = "chain"
+    run.report(f"chain: control -> {' -> '.join(order)}")
     try:
         ready = _set_up(run, order, out)
         order = [n for n in order if n in ready]
@@ -192,7 +191,7 @@ def push_forwarded(
             out.nodes[name].bytes_forwarded = bytes_
 
 
-def _set_up(run: _Run, order: list[str], out: PushReport) -> set[str]:
+def _set_up(run: _Run, order: list[str], out: DeliveryReport) -> set[str]:
     """A private directory on every node of the chain, and the host keys this machine
     trusts for each (a sender gets its receiver's, round by round); the nodes where
     that worked."""
@@ -211,7 +210,7 @@ def _set_up(run: _Run, order: list[str], out: PushReport) -> set[str]:
 
 
 def _rounds(
-    run: _Run, order: list[str], plans: dict[str, NodePlan], out: PushReport, t0: float
+    run: _Run, order: list[str], plans: dict[str, NodePlan], out: DeliveryReport, t0: float
 ) -> None:
     """Round one from the control machine; then the failed nodes that still answer are
     re-fed, at most `retries` more rounds."""
@@ -265,7 +264,7 @@ def _one_round(
     run: _Run,
     chain: Chain,
     saved: SavedImage | None,
-    out: PushReport,
+    out: DeliveryReport,
     t0: float,
     attempt: int,
 ) -> dict[str, ProvisionerError]:
@@ -314,7 +313,7 @@ def _one_round(
             continue
         hop = next(h for h in chain.hops if h.node == name)
         plan = run.plans[name]
-        push = NodePush(
+        push = NodeDelivery(
             name,
             "send",
             len(run.pin.layers),
@@ -492,7 +491,7 @@ def _failed(name: str, sender: str, exc: ProvisionerError) -> RemoteError:
     )
 
 
-def _tear_down(run: _Run, out: PushReport) -> None:
+def _tear_down(run: _Run, out: DeliveryReport) -> None:
     """Any edge key still due out of authorized_keys, every relay directory removed."""
     left = list(run.keys)
     for name, exc in _remove_edge_keys(run, left).items():
@@ -517,4 +516,4 @@ def _tear_down(run: _Run, out: PushReport) -> None:
         out.errors.setdefault(name, exc)
 
 
-__all__ = ["RelayKey", "push_forwarded"]
+__all__ = ["RelayKey", "push_chain"]

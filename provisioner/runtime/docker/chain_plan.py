@@ -1,4 +1,4 @@
-"""The forwarding relay, planned: who feeds whom, what each hop drops, the hop script.
+"""The chain, planned: who feeds whom, what each hop drops, the hop script.
 
 Pure functions only (chain.py runs them). The nodes that lack layers form one chain,
 ordered by how many of the pin's first layers each holds (fewest first, then inventory

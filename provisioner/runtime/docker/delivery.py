@@ -1,5 +1,5 @@
 """The docker runtime's image delivery: the push of the pin (`push.py`, the way `push`
-says: runtime.base.PUSH_MODES), which sends each node only the layers it lacks, verifies
+says: runtime.protocol.PUSH_MODES), which sends each node only the layers it lacks, verifies
 the ID and only then moves the cluster tag; and the checks that a node holds it.
 """
 
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from provisioner.errors import InputError, RemoteError
 from provisioner.image.pin import CLUSTER_TAG, Pin
 from provisioner.inventory import Inventory
-from provisioner.runtime.base import DeliveryReport
 from provisioner.runtime.docker.push import PushOptions, push_image
+from provisioner.runtime.protocol import DeliveryReport
 
 if TYPE_CHECKING:
     from provisioner.console import Reporter
@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 
 
 def push_options(mode: str) -> PushOptions:
-    """The push `up --push MODE` makes (runtime.base.PUSH_MODES)."""
+    """The push `up --push MODE` makes (runtime.protocol.PUSH_MODES)."""
     if mode == "direct":
         return PushOptions()
-    return PushOptions(forward=True, chain_from=1 if mode == "chain" else 2)
+    return PushOptions(chain=True, chain_from=1 if mode == "chain" else 2)
 
 
 def has_image_command(image_id: str) -> str:
@@ -54,7 +54,7 @@ def holds_image(stdout: str, image_id: str) -> bool:
 
 class DockerDelivery:
     """The docker runtime's delivery: the push of the pin (`docker.push`, the way `push`
-    says: runtime.base.PUSH_MODES), which sends each node only the layers it lacks,
+    says: runtime.protocol.PUSH_MODES), which sends each node only the layers it lacks,
     verifies the ID and only then moves the cluster tag."""
 
     def __init__(

@@ -1,5 +1,5 @@
 """One node's push from this machine, and what a push reports; shared by the direct push
-(`push.py`) and the relay (`star.py`).
+(`push.py`), the star (`star.py`) and the chain (`chain.py`).
 
 One round trip gathers Docker's state; a pure decision says send nothing, only re-tag,
 or send the layers the node lacks; the layers go as a `docker save` stream (with held
@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import secrets
 import shlex
 import subprocess
 import tarfile
@@ -23,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Literal, TypeVar
+from typing import IO, TypeVar
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import OperationError, ProvisionerError, RemoteError
@@ -49,7 +48,7 @@ from provisioner.image.compress import (
     sample_rate,
     sender_cores,
 )
-from provisioner.image.pin import CLUSTER_TAG, Pin
+from provisioner.image.pin import Pin
 from provisioner.image.savepipe import (
     SavePipe,
     SaveSource,
@@ -70,8 +69,9 @@ from provisioner.image.savestream import (
 )
 from provisioner.inventory import Node
 from provisioner.local import need, state_root
-from provisioner.node.delivery import DeliveryReport, NodeDelivery
+from provisioner.node.delivery import NodeDelivery
 from provisioner.remote import Pool, Result, Session
+from provisioner.runtime.delivery_options import HeadStartMode, PushOptions
 from provisioner.runtime.docker.push_plan import (
     NodePlan,
     decide,
@@ -128,34 +128,6 @@ def end_loads_command(push_id: str) -> str:
 # in 11.5 s, 170 MB/s); taken faster, so the head start's budget errs short
 SAVE_BPS = 300e6
 T = TypeVar("T")
-HeadStartMode = Literal["auto", "always", "never"]
-
-
-@dataclass(frozen=True)
-class PushOptions:
-    parallelism: int = 4
-    retries: int = 2  # fresh attempts after a broken stream
-    relay: bool = False
-    forward: bool = False  # the forwarding relay: every node streams on what it receives
-    chain_from: int = 2  # forward: chain when this many nodes lack layers, else send direct
-    full: bool = False  # send every layer even if the node holds some
-    timeout: float = 1800.0  # per node
-    tag: str = CLUSTER_TAG
-    cache_dir: Path | None = None  # saved images for partial sends; default: the state dir
-    compress: Mode = "auto"  # auto: by the link (compress.choose); always; never
-    # a cold node's plain send: an image starting the pin goes ahead (HeadStart); auto: as
-    # much as the probed link carries in `docker save`'s lead; always: the longest, at
-    # most half the pin, whatever the link (tests); never
-    head_start: HeadStartMode = "auto"
-    # names the pid files of this push's loads on the nodes (`load_command`): a push
-    # (`push`) takes a fresh one, so that its interrupt ends its own loads only
-    push_id: str = field(default_factory=lambda: secrets.token_hex(8), compare=False)
-
-
-# What a push reports is the runtimes' neutral delivery report (`node.delivery`): the
-# names the image code has always used.
-NodePush = NodeDelivery
-PushReport = DeliveryReport
 
 
 @contextmanager
@@ -516,7 +488,7 @@ class Sent:
     record: CacheRecord = field(default_factory=CacheRecord)
     head_start: HeadStart | None = None  # the image loaded ahead (a plain cold send)
 
-    def into(self, out: NodePush) -> None:
+    def into(self, out: NodeDelivery) -> None:
         out.bytes_sent, out.bytes_omitted = self.bytes_sent, self.bytes_omitted
         out.codec = self.codec.family if self.codec else ""
         out.compress_reason = self.reason
@@ -948,16 +920,16 @@ def push_node(
     opts: PushOptions,
     report: Reporter,
     saved: SavedCache | None = None,
-) -> NodePush:
+) -> NodeDelivery:
     """Make one node hold the pin under the cluster tag, retrying a broken stream."""
     saved = saved or SavedCache(pin, opts.cache_dir)
     t0 = time.monotonic()
 
-    def attempt(n: int) -> NodePush:
+    def attempt(n: int) -> NodeDelivery:
         session = pool.session(node)
         plan = gather_plan(session, pin, opts, saved, report)
         drop = ""
-        outcome = NodePush(
+        outcome = NodeDelivery(
             node.name,
             plan.action,
             len(pin.layers),
@@ -985,7 +957,7 @@ def push_node(
     return retrying(attempt, opts.retries, lambda exc: exc.kind in RETRYABLE, again)
 
 
-def _summary(n: NodePush) -> str:
+def _summary(n: NodeDelivery) -> str:
     if n.action == "none":
         return f"{n.host}: already holds the pinned image; nothing sent"
     if n.action == "tag":

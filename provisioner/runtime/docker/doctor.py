@@ -20,11 +20,11 @@ from importlib import resources
 
 from provisioner.checks.facts import Container, NodeFacts, RuntimeFacts
 from provisioner.checks.findings import Finding, error, ok, warning
-from provisioner.checks.plan import Plan
+from provisioner.checks.intent import Plan
 from provisioner.inventory import Node
-from provisioner.runtime.base import Judges
 from provisioner.runtime.container_checks import check_versions
 from provisioner.runtime.docker.gpu import check_toolkit
+from provisioner.runtime.protocol import Judges
 
 ROOT = "/var/lib/docker"  # Docker's root when it does not say
 

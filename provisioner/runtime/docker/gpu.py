@@ -9,8 +9,8 @@ import shlex
 
 from provisioner.checks.findings import Finding, error, ok
 from provisioner.checks.gpu_checks import concerned, evidence
+from provisioner.gpu.assignment import GpuPlan, accelerator_label_env, signature
 from provisioner.gpu.facts import GPU_KIND, HOOK, GpuFacts
-from provisioner.gpu.plan import GpuPlan, accelerator_label_env, signature
 from provisioner.inventory import Node
 from provisioner.node import layout
 

@@ -3,7 +3,7 @@ Docker's root on the node's storage folder, any flavour's image store."""
 
 from __future__ import annotations
 
-from provisioner.runtime.base import LabRecipe
+from provisioner.runtime.protocol import LabRecipe
 
 LAB = LabRecipe(
     about="nodes with Docker for the pinned image",

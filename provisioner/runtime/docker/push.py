@@ -1,8 +1,8 @@
 """`provisioner image push`: make every node hold exactly the pinned image.
 
-Every node in parallel (bounded), each from this machine (`direct.py`); or with
-`--relay` the head from this machine and the workers from the head (`star.py`); or with
-`--forward` along a chain in which every node streams on what it receives
+Three shapes: direct, every node in parallel (bounded), each from this machine
+(`direct.py`); the star (`--star`), the head from this machine and the workers from the
+head (`star.py`); the chain (`--chain`), in which every node streams on what it receives
 (`chain.py`). A node's failure stops no other.
 """
 
@@ -19,19 +19,18 @@ from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
 from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
+from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote import Pool, Session, fan_out
-from provisioner.runtime.docker.chain import push_forwarded
+from provisioner.runtime.delivery_options import PushOptions
+from provisioner.runtime.docker.chain import push_chain
 from provisioner.runtime.docker.direct import (
-    NodePush,
-    PushOptions,
-    PushReport,
     SavedCache,
     end_loads_command,
     push_node,
 )
-from provisioner.runtime.docker.star import push_relayed
+from provisioner.runtime.docker.star import push_star
 
-__all__ = ["NodePush", "PushOptions", "PushReport", "push_image"]
+__all__ = ["PushOptions", "push_image"]
 
 DEFAULT_OPTIONS = PushOptions()
 
@@ -44,21 +43,21 @@ def push_image(
     pin: Pin,
     opts: PushOptions = DEFAULT_OPTIONS,
     held: Collection[str] = (),
-) -> PushReport:
+) -> DeliveryReport:
     """Push the pin to every node of the inventory; one node's failure stops no other.
 
     `pool`: SSH sessions to reuse (and leave open), as `up` does; None: its own.
     `held`: names of nodes already known to hold the pin under its ID (the doctor's
     round saw it there): when every node does, nothing is asked; a direct push skips
-    them, a relay plans its own senders. `up` runs containers by the pinned ID: no tag
+    them, a star or a chain plans its own senders. `up` runs containers by the pinned ID: no tag
     is needed."""
     t0 = time.monotonic()
-    out = PushReport(pin.image_id, opts.tag)
+    out = DeliveryReport(pin.image_id, opts.tag)
     everyone = {n.name for n in inventory.nodes}
-    if not everyone <= set(held) and (opts.relay or opts.forward):
+    if not everyone <= set(held) and (opts.star or opts.chain):
         held = ()
     for name in held:
-        out.nodes[name] = NodePush(name, "none", len(pin.layers), via="doctor")
+        out.nodes[name] = NodeDelivery(name, "none", len(pin.layers), via="doctor")
     todo = [n for n in inventory.nodes if n.name not in held]
     if not todo:
         report("image: every node holds the pinned image (the doctor saw it); nothing sent")
@@ -67,11 +66,11 @@ def push_image(
     pool = pool or Pool(inventory)
     opts = replace(opts, push_id=secrets.token_hex(8))
     try:
-        if opts.forward and inventory.workers:
-            push_forwarded(pool, inventory, pin, opts, report, out)
-        elif opts.relay and inventory.workers:
-            out.mode = "relay"
-            push_relayed(pool, inventory, pin, opts, report, out)
+        if opts.chain and inventory.workers:
+            push_chain(pool, inventory, pin, opts, report, out)
+        elif opts.star and inventory.workers:
+            out.mode = "star"
+            push_star(pool, inventory, pin, opts, report, out)
         else:
             group = fan_out(
                 todo,
@@ -91,7 +90,9 @@ def push_image(
     return out
 
 
-def _bind(pool: Pool, pin: Pin, opts: PushOptions, report: Reporter) -> Callable[[Node], NodePush]:
+def _bind(
+    pool: Pool, pin: Pin, opts: PushOptions, report: Reporter
+) -> Callable[[Node], NodeDelivery]:
     lock = threading.Lock()
     saved = SavedCache(pin, opts.cache_dir)
 

@@ -14,13 +14,12 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from provisioner.gpu.assignment import GpuPlan
 from provisioner.gpu.facts import GpuFacts
-from provisioner.gpu.plan import GpuPlan
 from provisioner.image.pin import CLUSTER_TAG, Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout
 from provisioner.runtime import containers
-from provisioner.runtime.base import RayState
 from provisioner.runtime.containers import (
     CAPS,
     CONTAINER_ENV,
@@ -29,10 +28,12 @@ from provisioner.runtime.containers import (
     shm_size,
     tls_options,
 )
+from provisioner.runtime.delivery_options import PushOptions
 from provisioner.runtime.docker.delivery import DockerDelivery, tag_holds_pin_command
-from provisioner.runtime.docker.direct import PushOptions, store_ids
+from provisioner.runtime.docker.direct import store_ids
 from provisioner.runtime.docker.doctor import JUDGES
 from provisioner.runtime.docker.gpu import gpu_methods, gpu_options, run_gpu_options
+from provisioner.runtime.protocol import RayState
 
 
 def start_guard(cluster: str, name: str, cluster_id: str) -> str:

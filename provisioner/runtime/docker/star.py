@@ -1,4 +1,4 @@
-"""Relay mode: send the image once to the head, which sends it on to the workers.
+"""The star: send the image once to the head, which sends it on to the workers.
 
 The control machine pushes to the head as usual, then the head runs
 `docker save PIN | ssh WORKER docker load` for each worker that lacks the image, with
@@ -33,13 +33,12 @@ from provisioner.errors import InputError, ProvisionerError, RemoteError
 from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.inventory.address import address_problem
+from provisioner.node.delivery import DeliveryReport, NodeDelivery
 from provisioner.remote import Pool, Session, fan_out
 from provisioner.remote.hostkeys import read_known_hosts
+from provisioner.runtime.delivery_options import PushOptions
 from provisioner.runtime.docker.chain_plan import guarded_load_lines
 from provisioner.runtime.docker.direct import (
-    NodePush,
-    PushOptions,
-    PushReport,
     gather_plan,
     push_node,
     retrying,
@@ -100,7 +99,7 @@ def authorized_line(
     """The worker's authorized_keys line: only from the head, only `docker load`, no
     forwarding and no pty (`restrict`), and refused by sshd after `expiry`
     (YYYYMMDDHHMMSSZ, UTC), should the removal never run (SIGKILL, a lost connection).
-    The forwarding relay passes its senders' addresses (comma-separated) and its hop
+    The chain passes its senders' addresses (comma-separated) and its hop
     script as the one command."""
     return f"{_line_prefix(head_address, command)}{expiry}{_line_suffix(key)}"
 
@@ -359,14 +358,14 @@ def _relay_worker(
     creds: tuple[str, str],
     report: Reporter,
     head_id: str = "",
-) -> NodePush:
+) -> NodeDelivery:
     t0 = time.monotonic()
 
-    def attempt(n: int) -> NodePush:
+    def attempt(n: int) -> NodeDelivery:
         ws = pool.session(worker)
         plan = gather_plan(ws, pin, opts, report=report)
         image_id = plan.image_id or pin.image_id
-        out = NodePush(
+        out = NodeDelivery(
             worker.name,
             plan.action,
             len(pin.layers),
@@ -383,7 +382,7 @@ def _relay_worker(
                 raise RemoteError(
                     worker.name,
                     f"the head could not send the image: {result.tail(3)}",
-                    "check that the head reaches the worker's sshd, or push without --relay",
+                    "check that the head reaches the worker's sshd, or push without --star",
                     kind="relay",
                 )
             out.layers_sent = len(pin.layers)
@@ -399,13 +398,13 @@ def _relay_worker(
     return retrying(attempt, opts.retries, lambda exc: exc.kind == "relay", again)
 
 
-def push_relayed(
+def push_star(
     pool: Pool,
     inventory: Inventory,
     pin: Pin,
     opts: PushOptions,
     report: Reporter,
-    out: PushReport,
+    out: DeliveryReport,
 ) -> None:
     """The head from here, then every worker from the head (in parallel, bounded)."""
     head = inventory.head
@@ -416,7 +415,7 @@ def push_relayed(
         for w in inventory.workers:
             out.errors[w.name] = RemoteError(
                 w.name,
-                "not pushed: the relay head failed",
+                "not pushed: the star's head failed",
                 "fix the head, push again",
                 kind="relay",
             )

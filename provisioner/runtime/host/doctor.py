@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from provisioner.checks.facts import NodeFacts, Shell
 from provisioner.checks.findings import Finding, error, ok, warning
-from provisioner.checks.plan import Plan
+from provisioner.checks.intent import Plan
 from provisioner.inventory import Node
 
 

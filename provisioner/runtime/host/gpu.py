@@ -3,7 +3,7 @@ get them in their environment (the GPU plan's method "host")."""
 
 from __future__ import annotations
 
-from provisioner.gpu.plan import GpuPlan, accelerator_label_env
+from provisioner.gpu.assignment import GpuPlan, accelerator_label_env
 
 
 def gpu_env(plan: GpuPlan) -> dict[str, str]:

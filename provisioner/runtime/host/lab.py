@@ -4,7 +4,7 @@ this way."""
 
 from __future__ import annotations
 
-from provisioner.runtime.base import LabRecipe
+from provisioner.runtime.protocol import LabRecipe
 
 LAB = LabRecipe(
     about="nodes with Ray in a virtualenv",

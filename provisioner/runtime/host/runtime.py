@@ -23,20 +23,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from provisioner.checks.facts import NodeFacts
+from provisioner.gpu.assignment import GpuPlan
 from provisioner.gpu.facts import GpuFacts
-from provisioner.gpu.plan import GpuPlan
 from provisioner.image.pin import Pin
 from provisioner.inventory import Inventory, Node
 from provisioner.node import layout, tls
 from provisioner.node.commands import ray_start_args
 from provisioner.node.token import read_cluster_id
 from provisioner.remote.commands import login_shell
-from provisioner.runtime.base import Capabilities, Judges, RayState, RenderSection
 from provisioner.runtime.host.doctor import check_host_versions, node_judges
 from provisioner.runtime.host.gpu import gpu_env
+from provisioner.runtime.protocol import Capabilities, Judges, RayState, RenderSection
 
 if TYPE_CHECKING:
-    from provisioner.runtime.docker.direct import PushOptions
+    from provisioner.runtime.delivery_options import PushOptions
 
 START_LOG = "start.log"
 STOP_WAIT_S = 15

@@ -225,7 +225,7 @@ def deliver(
 
 
 class PodmanDelivery:
-    """The podman runtime's delivery (`runtime.base.Delivery`): `docker save`'s stream of
+    """The podman runtime's delivery (`runtime.protocol.Delivery`): `docker save`'s stream of
     the pin into each node's `podman load`, verified by ID; a node that holds it is sent
     nothing."""
 

@@ -16,13 +16,13 @@ from typing import Any
 
 from provisioner.checks.facts import Container, NodeFacts, RuntimeFacts
 from provisioner.checks.findings import Finding, error, ok, warning
-from provisioner.checks.plan import Plan
+from provisioner.checks.intent import Plan
 from provisioner.inventory import Node
-from provisioner.runtime.base import Judges
 from provisioner.runtime.container_checks import check_versions
 from provisioner.runtime.docker import doctor as docker_doctor
 from provisioner.runtime.podman.delivery import full_id
 from provisioner.runtime.podman.gpu import check_cdi
+from provisioner.runtime.protocol import Judges
 
 MIN_VERSION = (4, 0)  # rootless --network host, docker-archive loads, CDI
 SUBID_MIN = 65536  # an image's files may belong to any UID below 65536

@@ -4,7 +4,7 @@ host directory: native overlay needs one that is not itself overlay)."""
 
 from __future__ import annotations
 
-from provisioner.runtime.base import LabRecipe
+from provisioner.runtime.protocol import LabRecipe
 
 LAB = LabRecipe(
     about="nodes with rootless Podman for the pinned image",

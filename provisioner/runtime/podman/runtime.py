@@ -18,19 +18,19 @@ from functools import partial
 from typing import Any
 
 from provisioner.errors import InputError
+from provisioner.gpu.assignment import GpuPlan
 from provisioner.gpu.facts import GpuFacts
-from provisioner.gpu.plan import GpuPlan
 from provisioner.image.pin import Pin
 from provisioner.inventory import Node
 from provisioner.node import layout
 from provisioner.runtime import containers
-from provisioner.runtime.base import RayState
 from provisioner.runtime.containers import CAPS, ContainerRuntime
-from provisioner.runtime.docker.direct import PushOptions
+from provisioner.runtime.delivery_options import PushOptions
 from provisioner.runtime.docker.gpu import gpu_options, run_gpu_options
 from provisioner.runtime.podman.delivery import LoadOptions, PodmanDelivery, bare_id, full_id
 from provisioner.runtime.podman.doctor import JUDGES
 from provisioner.runtime.podman.gpu import gpu_methods
+from provisioner.runtime.protocol import RayState
 
 
 def namesake_guard(cluster: str, cluster_id: str) -> str:
@@ -127,7 +127,7 @@ class PodmanRuntime(ContainerRuntime):
         return self.delivery()._pin()
 
     def delivery(self, options: PushOptions | None = None) -> PodmanDelivery:
-        if options is not None and (options.relay or options.forward):
+        if options is not None and (options.star or options.chain):
             raise InputError(
                 "the podman runtime loads the image from this machine into each node's "
                 "Podman: it has no star or chain",

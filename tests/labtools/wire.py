@@ -43,7 +43,10 @@ def _rules(lab: LabInfo, node: LabNode) -> list[str]:
 def _run(node: LabNode, script: str) -> str:
     rc, out = exec_rc(node.container, script)
     if rc != 0:
-        raise LabError(f"{node.name}: wire counter command failed (exit {rc}): {out[-300:]}")
+        raise LabError(
+            f"{node.name}: wire counter command failed (exit {rc}): {out[-300:]}",
+            "check that the lab node runs (`provisioner lab status`), then run it again",
+        )
     return out
 
 

@@ -48,6 +48,7 @@ from provisioner.node.token import ray_container
 KINDS = ("worker_kill", "head_kill", "worker_cut", "client_kill", "sshd_restart", "worker_off")
 # Faults that fail the running attempt (a node that hosts an env runner, or the head, is
 # lost): the run goes on in a new attempt. The others leave the attempt running.
+HEAL_FIX = "`provisioner lab fault clear` undoes every fault; read the run's log, then run it again"
 FAILING = frozenset({"worker_kill", "head_kill", "worker_cut", "worker_off"})
 ITER = re.compile(r"\biter +(\d+) +steps +\d+ +return")
 RESUMED = re.compile(r"resumed from \S+ at iteration (\d+)")
@@ -167,9 +168,15 @@ class Storm:
             if predicate():
                 return
             if self.client is not None and self.client.poll() is not None:
-                raise LabError(f"the run's client exited ({self.client.returncode}) {what}")
+                raise LabError(
+                    f"the run's client exited ({self.client.returncode}) {what}",
+                    HEAL_FIX,
+                )
             time.sleep(0.5)
-        raise LabError(f"timed out after {timeout:.0f}s waiting {what}")
+        raise LabError(
+            f"timed out after {timeout:.0f}s waiting {what}",
+            HEAL_FIX,
+        )
 
     def finish(self, timeout: float) -> dict[str, Any]:
         """Wait for the client to end; its JSON outcome."""
@@ -191,7 +198,10 @@ class Storm:
         name = ray_container(load_inventory(self.inventory))
         rc, out = exec_rc(node.container, f"docker kill {name}")
         if rc != 0:
-            raise LabError(f"{node.name}: docker kill failed: {out[-300:]}")
+            raise LabError(
+                f"{node.name}: docker kill failed: {out[-300:]}",
+                HEAL_FIX,
+            )
 
     def _busy_workers(self, workers: list[LabNode]) -> list[LabNode]:
         """The workers that host an env runner of the running attempt (its runners.json,
@@ -247,7 +257,10 @@ class Storm:
             restart = "kill $(cat /run/sshd.pid) && sleep 1 && /usr/sbin/sshd"
             rc, out = exec_rc(node.container, restart)
             if rc != 0:
-                raise LabError(f"{node.name}: sshd restart failed: {out[-300:]}")
+                raise LabError(
+                    f"{node.name}: sshd restart failed: {out[-300:]}",
+                    HEAL_FIX,
+                )
         elif kind == "worker_off":
             hold = rng.uniform(15, 40)
             faults.stop(self.lab, worker)
@@ -257,7 +270,7 @@ class Storm:
                 faults.start(self.lab, worker)
             rec.note = f"off for {hold:.0f} s"
         else:
-            raise LabError(f"unknown fault {kind}")
+            raise LabError(f"unknown fault {kind}", f"name one of: {', '.join(KINDS)}")
         rec.undone_at_s = self.elapsed()
         self.records.append(rec)
         return rec

@@ -22,13 +22,13 @@ if TYPE_CHECKING:
 
     from provisioner.checks.facts import NodeFacts
     from provisioner.checks.findings import Finding
-    from provisioner.checks.plan import Plan
+    from provisioner.checks.intent import Plan
     from provisioner.console import Reporter
+    from provisioner.gpu.assignment import GpuPlan
     from provisioner.gpu.facts import GpuFacts
-    from provisioner.gpu.plan import GpuPlan
     from provisioner.inventory import Inventory, Node
     from provisioner.remote import Pool, Session
-    from provisioner.runtime.docker.direct import PushOptions
+    from provisioner.runtime.delivery_options import PushOptions
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class RayState:
     restarts: int = 0
     exit_code: int | None = None
     oom_killed: bool = False
-    gpus: str | None = None  # the GPUs it was given (gpu.plan.signature); None: not recorded
+    gpus: str | None = None  # the GPUs it was given (gpu.assignment.signature); None: not recorded
 
     @property
     def running(self) -> bool:
@@ -115,14 +115,15 @@ class RenderSection:
 
 
 PUSH_MODES = ("auto", "direct", "chain")
-"""`up --push`: direct, every node from this machine; chain, the forwarding relay (this
-machine sends once into a chain of the nodes lacking layers: `image push --chain`); auto,
-the chain when two or more nodes lack layers (it then sends less over this machine's
-link), else direct."""
+"""`up --push`: direct, every node from this machine; chain, this machine sends once into a
+chain of the nodes lacking layers, each streaming on what it receives (`image push
+--chain`); auto, the chain when two or more nodes lack layers (it then sends less over this
+machine's link), else direct. The third shape, the star (`image push --star`: the head sends
+to every worker), is not a mode of `up`."""
 
 PUSH_ALIASES = {"relay": "chain"}
-"""Earlier names of a push mode, still accepted: `--push relay` was the chain (the star,
-`image push --star`, is not a mode of `up`)."""
+"""Deprecated names of a push mode, still accepted with a note: `--push relay` was the
+chain."""
 
 
 class Delivery(Protocol):

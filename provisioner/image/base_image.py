@@ -229,7 +229,11 @@ def _build_with_debootstrap(tag: str, report: Reporter, suite: str = SUITE) -> N
         tar.wait()
         if imp.returncode != 0 or tar.returncode != 0:
             tail = imp.stderr.decode()[-400:]
-            raise OperationError(f"docker import of the base image failed: {tail}")
+            raise OperationError(
+                f"docker import of the base image failed: {tail}",
+                "check that the docker daemon runs and has disk space (`docker info`), then "
+                "run `provisioner image build` again",
+            )
     finally:
         shutil.rmtree(rootfs, ignore_errors=True)
 
@@ -247,7 +251,11 @@ def _run_reporting(cmd: list[str], report: Reporter, what: str) -> None:
                 report(f"{what}: {line.strip()[:100]}")
                 last = now
     if proc.returncode != 0:
-        raise OperationError(f"{what} failed (exit {proc.returncode}): " + " | ".join(tail[-3:]))
+        raise OperationError(
+            f"{what} failed (exit {proc.returncode}): " + " | ".join(tail[-3:]),
+            "read the lines above; debootstrap needs root and a reachable Debian mirror "
+            "($PROVISIONER_DEBIAN_MIRROR), or set $PROVISIONER_BASE_IMAGE to a registry image",
+        )
 
 
 def _exists(tag: str) -> bool:
@@ -271,11 +279,19 @@ def _build(context: Path, tag: str, report: Reporter) -> None:
             network_mode="bridge",
         ):
             if "error" in chunk:
-                raise OperationError(f"building {tag} failed: {chunk['error'].strip()}")
+                raise OperationError(
+                    f"building {tag} failed: {chunk['error'].strip()}",
+                    "read the build's error above; check the docker daemon (`docker info`) "
+                    "and its disk space, then build again",
+                )
             line = str(chunk.get("stream", "")).strip()
             now = time.monotonic()
             if line and (line.startswith("Step") or now - last > 5):
                 report(f"build {tag}: {line[:100]}")
                 last = now
     except BuildError as exc:
-        raise OperationError(f"building {tag} failed: {exc}") from exc
+        raise OperationError(
+            f"building {tag} failed: {exc}",
+            "read the build's error above; check the docker daemon (`docker info`) and its "
+            "disk space, then build again",
+        ) from exc
