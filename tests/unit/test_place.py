@@ -178,3 +178,32 @@ def test_sagemaker_local_resumes_through_its_run_options(tmp_path: Path) -> None
     (tmp_path / "results").mkdir()
     home = _home(tmp_path / "results", "j")
     assert place.bring_home("j").plots == [home / "training.png"]
+
+
+def test_the_cli_renders_the_places_cost_line(tmp_path: Path) -> None:
+    """`submit`'s and `sagemaker run`'s cost line is the place's `Cost`, rendered."""
+    import io
+
+    import typer
+
+    from provisioner.cli.jobs import show_outcome
+    from provisioner.console import Output
+
+    home = _home(tmp_path, "ppo-cluster")
+    summary = json.loads((home / "summary.json").read_text())
+    summary["cost"] = {"unit": "node-hour", "hours": 0.25, "price_per_hour": 2.0, "cost": 0.5}
+    (home / "summary.json").write_text(json.dumps(summary))
+    cluster = _places(tmp_path)[0]
+    shown = []
+    for status in ("SUCCEEDED", "FAILED"):
+        out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+        try:
+            show_outcome(out, False, cluster, JobOutcome("ppo-cluster", status, finish(home, None)))
+        except typer.Exit as exc:
+            assert (status, exc.exit_code) == ("FAILED", 1)
+        shown.append(out.stdout.getvalue())  # type: ignore[attr-defined]
+    assert all("0.25 node-hours, cost 0.5\n" in text for text in shown), shown
+    (home / "summary.json").write_text(json.dumps({"iterations": 2}))
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    show_outcome(out, False, cluster, JobOutcome("ppo-cluster", "SUCCEEDED", finish(home, None)))
+    assert "node-hours" not in out.stdout.getvalue()  # type: ignore[attr-defined]
