@@ -46,7 +46,7 @@ def list_cmd(
 ) -> None:
     """Every job: id, playbook, status, started, duration, attempt, and its progress."""
     out = output(json_)
-    rows = Cluster(target_for(inventory, address, token_file), Path("results")).jobs()
+    rows = Cluster(target_for(inventory, address, token_file)).jobs()
     now = time.time()
     if json_:
         out.emit({"jobs": [r.to_json(now) for r in rows]})
@@ -104,7 +104,7 @@ def logs_cmd(
         place = Cluster(target, results, handlers, retries=retries)
         show_outcome(out, json_, place, place.follow(Submitted(job_id, place.name)))
         return
-    lines = Cluster(target, results).log(job_id)
+    lines = Cluster(target).log(job_id)
     if json_:
         out.emit({"job_id": job_id, "lines": lines})
         return
@@ -123,9 +123,7 @@ def stop_cmd(
     """Stop the job and wait until it has stopped (its results stay on the head)."""
     out = output(json_)
     job_id = check_job_id(job)
-    status, message = Cluster(target_for(inventory, address, token_file), Path("results")).stop(
-        job_id
-    )
+    status, message = Cluster(target_for(inventory, address, token_file)).stop(job_id)
     if json_:
         out.emit({"job_id": job_id, "status": status, "message": message})
     else:

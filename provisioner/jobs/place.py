@@ -137,7 +137,7 @@ class Cluster(Place):
 
     name: ClassVar[str] = "cluster"
     target: Target
-    results_root: Path
+    results_root: Path = Path("results")
     handlers: Handlers = field(default_factory=Handlers)
     detach: bool = False
     retries: int | None = None
