@@ -111,31 +111,13 @@ def _rendered(out: Output, kind: str, text: str, out_file: Path | None, next_: s
 
 
 def _render_sbatch(inv: Inventory, slurm: bool, playbook: Path | None, args: list[str]) -> str:
-    from provisioner.slurm.sbatch import SbatchJob, pack_playbook, render_sbatch
+    from provisioner.jobs.place import JobSpec, Sbatch
 
     if not slurm:
         raise InputError("a PLAYBOOK is rendered only with --slurm", "add --slurm")
     if playbook is None:
         raise InputError("render --slurm needs the PLAYBOOK", "e.g. render --slurm PLAYBOOK.py")
-    if inv.slurm is None:
-        raise InputError(
-            "the inventory has no scheduler section",
-            "add scheduler: {type: slurm, login: ADDRESS, nodes: N, ...}",
-            where=str(inv.path),
-        )
-    if not playbook.is_file():
-        raise InputError(f"no playbook at {playbook}", "pass the path of a Python file")
-    job = SbatchJob(
-        name=inv.cluster,
-        slurm=inv.slurm,
-        playbook=playbook.name,
-        args=tuple(args),
-        payload=pack_playbook(playbook),
-        python=inv.ray_python,
-        source=inv.path.name,
-        tls=inv.tls,
-    )
-    return render_sbatch(job)
+    return Sbatch(inv).script(JobSpec(playbook=playbook, args=tuple(args)))
 
 
 def up(

@@ -14,16 +14,21 @@ from rich.table import Table
 
 from provisioner.cli.common import JsonOption, output
 from provisioner.console import Output
-from provisioner.errors import InputError
-from provisioner.jobs import JobOutcome, JobSpec, make_spec
-from provisioner.jobs.link import Target
-from provisioner.jobs.place import Cluster
-from provisioner.jobs.repair import resuming
-from provisioner.jobs.spec import asks_for_help, priced
-from provisioner.jobs.stream import Handlers
-from provisioner.jobs.submit import upload_for, upload_line
-from provisioner.jobs.tables import read_rows
-from provisioner.jobs.upload import Upload
+from provisioner.jobs.place import (
+    Cluster,
+    Handlers,
+    JobOutcome,
+    Place,
+    Upload,
+    asks_for_help,
+    local_help,
+    make_spec,
+    priced,
+    read_rows,
+    target_for,
+    upload_for,
+    upload_line,
+)
 from provisioner.remote.pull import Pulled
 
 InventoryFile = Annotated[
@@ -49,24 +54,6 @@ TokenOption = Annotated[
 ResultsOption = Annotated[
     Path, typer.Option("--results", help="Where results/JOB/ directories are made.")
 ]
-
-
-def target_for(inventory: Path | None, address: str | None, token_file: Path | None) -> Target:
-    """Where the cluster is: the inventory (tunnel, token, SSH to the head), or an address."""
-    from provisioner.inventory import load_cluster
-    from provisioner.node import token
-
-    inv = load_cluster(inventory) if inventory is not None else None
-    if address is not None:
-        if token_file is None and inv is None:
-            raise InputError(
-                "--address needs the cluster's token",
-                "add --token-file PATH, or -i INVENTORY to use the inventory's token",
-            )
-    elif inv is None:
-        raise InputError("no inventory given", "add -i INVENTORY (or set PROVISIONER_INVENTORY)")
-    path = token_file or (token.local_token_path(inv) if inv is not None else None)
-    return Target(inventory=inv, address=address, token_path=path)
 
 
 DetachOption = Annotated[
@@ -133,18 +120,23 @@ def submit_cmd(
     if show_upload:
         _show_upload(out, upload_for(spec), json_)
         return
-    if asks_for_help(spec.args) and _local_help(out, spec):
-        return
+    if asks_for_help(spec.args):
+        usage = local_help(spec)
+        if usage is not None:
+            out.stdout.write(usage)
+            return
     target = target_for(inventory, address, token_file)
     spec = priced(spec, price, target.inventory.price_per_node_hour if target.inventory else None)
-    handlers = make_handlers(out, json_, verbose)
-    prepare = None
-    if resume is not None:
-        spec, prepare = resuming(target, spec, resume, results, handlers)
     place = Cluster(
-        target, spec, results, handlers, detach=detach, retries=retries, prepare=prepare
+        target,
+        results,
+        make_handlers(out, json_, verbose),
+        detach=detach,
+        retries=retries or None,
     )
-    finish(out, json_, place.run())
+    if resume is not None:
+        spec = place.resume(spec, resume)
+    show_outcome(out, json_, place, place.run(spec))
 
 
 def _show_upload(out: Output, upload: Upload, json_: bool) -> None:
@@ -158,29 +150,6 @@ def _show_upload(out: Output, upload: Upload, json_: bool) -> None:
         "(control it with .gitignore or .rayignore in that directory; "
         "see docs/guide.md, 'What is sent')"
     )
-
-
-def _local_help(out: Output, spec: JobSpec) -> bool:
-    """`-- --help`: the playbook's usage, read here in a second instead of a cluster job.
-    False when the playbook cannot start on this machine (then the cluster answers)."""
-    import subprocess
-    import sys
-
-    try:
-        done = subprocess.run(
-            [sys.executable, spec.playbook.name, *spec.args],
-            cwd=spec.working_dir,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    if done.returncode != 0:
-        return False
-    out.stdout.write(done.stdout)
-    return True
 
 
 def make_handlers(out: Output, json_: bool, verbose: bool) -> Handlers:
@@ -265,11 +234,12 @@ def duration_text(seconds: float | None) -> str:
     return f"{s}s"
 
 
-def finish(out: Output, json_: bool, outcome: JobOutcome) -> None:
+def show_outcome(out: Output, json_: bool, place: Place, outcome: JobOutcome) -> None:
+    """How the job ended (JSON, or its tables, cost and plots), and the exit code."""
     if json_:
         out.emit(outcome.to_json())
     else:
-        _render(out, outcome)
+        _render(out, place, outcome)
     if outcome.interrupted:
         raise typer.Exit(130)
     if not outcome.ok or outcome.results.refused is not None:
@@ -283,7 +253,7 @@ def _echo(out: Output) -> Callable[[str], None]:
     return line
 
 
-def _render(out: Output, outcome: JobOutcome) -> None:
+def _render(out: Output, place: Place, outcome: JobOutcome) -> None:
     found = outcome.results
     if outcome.detached:
         out.say(f"job {outcome.job_id}: {outcome.status}; it runs on the cluster")
@@ -307,13 +277,9 @@ def _render(out: Output, outcome: JobOutcome) -> None:
             out.say("")
             out.out.print(table)
     out.say(f"\njob {outcome.job_id}: {outcome.status}; results in {found.directory}")
-    cost = (found.summary or {}).get("cost")
-    if isinstance(cost, dict) and isinstance(cost.get("hours"), int | float):
-        priced_at = cost.get("cost")
-        out.say(
-            f"{cost['hours']} node-hours"
-            + (f", cost {priced_at}" if isinstance(priced_at, int | float) else "")
-        )
+    cost = place.cost(outcome)
+    if cost is not None:
+        out.say(cost.text())
     for plot in found.plots:
         out.say(f"plot: {plot}")
     for problem in found.unreadable:

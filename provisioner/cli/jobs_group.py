@@ -18,19 +18,12 @@ from provisioner.cli.jobs import (
     TokenOption,
     VerboseOption,
     duration_text,
-    finish,
     make_handlers,
     progress_text,
-    target_for,
+    show_outcome,
 )
-from provisioner.errors import InputError, OperationError
-from provisioner.jobs import control
-from provisioner.jobs.client import JOB_LOG_CAP, job_log
-from provisioner.jobs.repair import with_retries
-from provisioner.jobs.results import bring_home
-from provisioner.jobs.spec import check_job_id
-from provisioner.jobs.stream import job_info, visible
-from provisioner.jobs.submit import follow_to_end, retry_spec
+from provisioner.errors import InputError
+from provisioner.jobs.place import Cluster, Submitted, check_job_id, target_for
 
 app = typer.Typer(
     help="Jobs on the cluster: list, logs [--follow], stop, results.", no_args_is_help=True
@@ -53,9 +46,7 @@ def list_cmd(
 ) -> None:
     """Every job: id, playbook, status, started, duration, attempt, and its progress."""
     out = output(json_)
-    target = target_for(inventory, address, token_file)
-    with target.link() as link:
-        rows = control.list_jobs(link)
+    rows = Cluster(target_for(inventory, address, token_file)).jobs()
     now = time.time()
     if json_:
         out.emit({"jobs": [r.to_json(now) for r in rows]})
@@ -110,23 +101,10 @@ def logs_cmd(
     target = target_for(inventory, address, token_file)
     if follow:
         handlers = make_handlers(out, json_, verbose=True if not json_ else verbose)
-        if retries is None:
-            finish(out, json_, follow_to_end(target, job_id, results, handlers))
-            return
-        spec, _ = retry_spec(results, job_id)
-        outcome = with_retries(target, spec, results, retries, handlers, None, attach=True)
-        finish(out, json_, outcome)
+        place = Cluster(target, results, handlers, retries=retries)
+        show_outcome(out, json_, place, place.follow(Submitted(job_id, place.name)))
         return
-    with target.link() as link:
-        job_info(link, job_id)
-        manage_log = job_log(link.client, job_id)
-    if manage_log is None:
-        raise OperationError(
-            f"the log of job {job_id} is over {JOB_LOG_CAP >> 20} MiB, more than is read here "
-            "at once",
-            f"stream it line by line: provisioner jobs logs {job_id} --follow",
-        )
-    lines = visible(manage_log.splitlines())
+    lines = Cluster(target).log(job_id)
     if json_:
         out.emit({"job_id": job_id, "lines": lines})
         return
@@ -145,10 +123,7 @@ def stop_cmd(
     """Stop the job and wait until it has stopped (its results stay on the head)."""
     out = output(json_)
     job_id = check_job_id(job)
-    target = target_for(inventory, address, token_file)
-    with target.link() as link:
-        job_info(link, job_id)
-        status, message = control.stop(link, job_id)
+    status, message = Cluster(target_for(inventory, address, token_file)).stop(job_id)
     if json_:
         out.emit({"job_id": job_id, "status": status, "message": message})
     else:
@@ -166,8 +141,7 @@ def results_cmd(
     is new or changed, each file verified by size and sha256), and draw its plots."""
     out = output(json_)
     job_id = check_job_id(job)
-    target = target_for(inventory, None, None)
-    found = bring_home(target, job_id, results / job_id)
+    found = Cluster(target_for(inventory, None, None), results).bring_home(job_id)
     if json_:
         out.emit({"job_id": job_id, **found.to_json()})
     else:

@@ -61,21 +61,22 @@ def run_cmd(
     """Run PLAYBOOK as a SageMaker training job under the SDK's local mode (Docker here):
     results, checkpoints and the model come home into RESULTS/JOB/."""
     from provisioner.local import state_root
-    from provisioner.sagemaker.place import RunOptions, SageMakerLocal, require_ok
+    from provisioner.sagemaker.place import JobSpec, SageMakerLocal, require_ok
 
     out = output(json_)
-    opts = RunOptions(
-        playbook=playbook,
-        args=tuple(args or ()),
+    place = SageMakerLocal(
         instance_type=instance_type,
         instance_count=instance_count,
         results_root=results,
         state_dir=state_root(),
         pin_path=_pin(lock),
-        resume=resume,
         price_per_hour=price,
+        report=out.progress,
     )
-    result = SageMakerLocal(opts, out.progress).run()
+    spec = JobSpec(playbook=playbook, args=tuple(args or ()))
+    if resume is not None:
+        spec = place.resume(spec, resume)
+    result = place.run(spec)
     if json_:
         out.emit(result.to_json())
     else:
@@ -87,11 +88,9 @@ def run_cmd(
                 f"return {s.get('episode_return_mean')}, stopped by {s.get('stopped_by')}; "
                 f"checkpoint {s.get('checkpoint')}"
             )
-            cost = s.get("sagemaker", {})
-            out.say(
-                f"  {cost.get('instance_hours')} instance-hours"
-                + (f", cost {cost['cost']}" if cost.get("cost") is not None else "")
-            )
+            cost = place.cost(result)
+            if cost is not None:
+                out.say(f"  {cost.text()}")
         if result.failure:
             out.say(f"  failure: {result.failure}")
         out.say(f"  results in {result.directory}")

@@ -3,11 +3,12 @@
 - `spec`: the job as data (entrypoint, runtime_env with the playbook's directory);
 - `client`: the Jobs API client carrying the token; `link`: the tunnel, client and SSH;
 - `stream`: the live log, line by line, reconnecting when it drops;
-- `submit`: the whole run; `manage`: list, stop; `resume`: continue from a checkpoint;
-- `place`: the seam for where a job runs (`Place`, the cluster's `Cluster`);
-- `pull`: which folder on the head holds a job's results, brought home by
+- `submit`: the whole run; `control`: list, stop; `resume`: continue from a checkpoint;
+- `place`: the seam for where a job runs (`Place`; the cluster's `Cluster`, the sbatch
+  script's `Sbatch`);
+- `head_folder`: which folder on the head holds a job's results, brought home by
   `provisioner.remote.pull` (incremental, verified, bounded);
-- `results`, `plots`, `tables`: what comes home to results/JOB/ and the plots drawn here.
+- `home`, `plots`, `tables`: what comes home to results/JOB/ and the plots drawn here.
 """
 
 from provisioner.jobs.spec import JobSpec, make_spec

@@ -16,9 +16,9 @@ from typing import Any
 from provisioner.console import Reporter
 from provisioner.errors import OperationError
 from provisioner.jobs import spec as specs
+from provisioner.jobs.head_folder import enter_command
+from provisioner.jobs.home import STATUS_FILE, pull_all
 from provisioner.jobs.link import Link
-from provisioner.jobs.pull import enter_command
-from provisioner.jobs.results import STATUS_FILE, pull_all
 from provisioner.jobs.submit import wait_until_done
 from provisioner.node import layout
 

@@ -87,3 +87,21 @@ class Target:
             raise InputError("no inventory given", "add -i INVENTORY")
         with Pool(self.inventory) as pool:
             yield pool.session(self.inventory.head)
+
+
+def target_for(inventory: Path | None, address: str | None, token_file: Path | None) -> Target:
+    """Where the cluster is: the inventory (tunnel, token, SSH to the head), or an address."""
+    from provisioner.inventory import load_cluster
+    from provisioner.node import token
+
+    inv = load_cluster(inventory) if inventory is not None else None
+    if address is not None:
+        if token_file is None and inv is None:
+            raise InputError(
+                "--address needs the cluster's token",
+                "add --token-file PATH, or -i INVENTORY to use the inventory's token",
+            )
+    elif inv is None:
+        raise InputError("no inventory given", "add -i INVENTORY (or set PROVISIONER_INVENTORY)")
+    path = token_file or (token.local_token_path(inv) if inv is not None else None)
+    return Target(inventory=inv, address=address, token_path=path)

@@ -104,7 +104,7 @@ def resuming(
     target: Target, spec: JobSpec, value: str, results: Path, handlers: Handlers
 ) -> tuple[JobSpec, Callable[[Link], None]]:
     """The spec of a resumed run and the step that puts its checkpoint on the head."""
-    from provisioner.jobs.results import bring_home
+    from provisioner.jobs.home import bring_home
     from provisioner.jobs.resume import find_source, seed
 
     if target.inventory is None:

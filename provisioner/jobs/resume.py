@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provisioner.errors import InputError, OperationError, ProvisionerError, RemoteError
+from provisioner.jobs.head_folder import enter_command
 from provisioner.jobs.link import Link
-from provisioner.jobs.pull import enter_command
 from provisioner.jobs.spec import JOB_ID, RESUME_DIR
 from provisioner.jobs.upload import sendable_files
 from provisioner.node import layout

@@ -26,8 +26,8 @@ from provisioner.cluster.tunnel import NotThisCluster
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError, ProvisionerError
 from provisioner.jobs.client import AuthRefused
+from provisioner.jobs.head_folder import pull
 from provisioner.jobs.link import Link, Target
-from provisioner.jobs.pull import pull
 from provisioner.remote.pull import Pulled
 
 if TYPE_CHECKING:

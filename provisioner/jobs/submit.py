@@ -16,8 +16,8 @@ from typing import Any
 
 from provisioner.errors import InputError, OperationError
 from provisioner.jobs.client import JOB_LOG_CAP, job_log, refused
+from provisioner.jobs.home import Results, bring_home, finish, tail
 from provisioner.jobs.link import Link, Target
-from provisioner.jobs.results import Results, bring_home, finish, tail
 from provisioner.jobs.spec import EXCLUDES, JobSpec
 from provisioner.jobs.stream import Followed, Handlers, follow
 from provisioner.jobs.upload import Upload, plan_upload
@@ -76,6 +76,26 @@ def upload_line(upload: Upload) -> str:
     return line
 
 
+def local_help(spec: JobSpec) -> str | None:
+    """`-- --help`: the playbook's usage, read on this machine in a second instead of a
+    cluster job. None when the playbook cannot start here (then the cluster answers)."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run(
+            [sys.executable, spec.playbook.name, *spec.args],
+            cwd=spec.working_dir,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
 def start(link: Link, spec: JobSpec) -> None:
     """Hand `spec` to the cluster's Jobs API."""
     from ray.exceptions import AuthenticationError
@@ -119,6 +139,23 @@ def submit(
     resume from on the head)."""
     h = handlers or Handlers()
     home = results_root / spec.job_id
+    upload = hand_over(target, spec, h, prepare)
+    if detach:
+        return JobOutcome(spec.job_id, "PENDING", Results(home), detached=True, upload=upload)
+    outcome = follow_to_end(target, spec.job_id, results_root, h)
+    outcome.upload = upload
+    return outcome
+
+
+def hand_over(
+    target: Target,
+    spec: JobSpec,
+    handlers: Handlers | None = None,
+    prepare: Callable[[Link], None] | None = None,
+) -> Upload:
+    """Hand `spec` to the cluster (its results directory on the head made first, then
+    `prepare(link)`); return what was sent of the playbook's directory."""
+    h = handlers or Handlers()
     upload = upload_for(spec)
     spec = replace(spec, excludes=tuple(upload.excludes[len(EXCLUDES) :]))
     with target.link() as link:
@@ -131,11 +168,7 @@ def submit(
         )
         h.report(upload_line(upload))
         start(link, spec)
-    if detach:
-        return JobOutcome(spec.job_id, "PENDING", Results(home), detached=True, upload=upload)
-    outcome = follow_to_end(target, spec.job_id, results_root, h)
-    outcome.upload = upload
-    return outcome
+    return upload
 
 
 def follow_to_end(
@@ -224,7 +257,7 @@ def recorded_status(home: Path) -> str | None:
     """The status `down --yes` recorded on the head when it stopped the job, if it did."""
     import json
 
-    from provisioner.jobs.results import STATUS_FILE
+    from provisioner.jobs.home import STATUS_FILE
 
     try:
         data = json.loads((home / STATUS_FILE).read_text())

@@ -59,7 +59,7 @@ from cryptography.hazmat.primitives import serialization
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError, PrerequisiteError
 from provisioner.image.pin import read_pin
-from provisioner.jobs.results import finish
+from provisioner.jobs.home import finish
 from provisioner.jobs.resume import SEEDS, find_source
 from provisioner.jobs.spec import job_id_for
 from provisioner.jobs.submit import JobOutcome
@@ -99,7 +99,7 @@ class RunOptions:
 @dataclass
 class RunResult(JobOutcome):
     """A SageMaker job's outcome: a `JobOutcome` (status completed | stopped | failed,
-    its `results` finished by `jobs.results.finish`) with SageMaker's own fields."""
+    its `results` finished by `jobs.home.finish`) with SageMaker's own fields."""
 
     seconds: float = 0.0
     image: str = ""

@@ -17,7 +17,7 @@ import pytest
 
 from provisioner.errors import InputError
 from provisioner.jobs.client import auth_headers
-from provisioner.jobs.results import tail
+from provisioner.jobs.home import tail
 from provisioner.jobs.spec import (
     META_RESUMED,
     PRICE_ENV,

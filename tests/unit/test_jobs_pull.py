@@ -18,7 +18,7 @@ from provisioner.cli.cluster import ray_env_lines
 from provisioner.cli.jobs import duration_text, progress_text
 from provisioner.errors import InputError, ReceiveError
 from provisioner.jobs.control import parse_progress, progress_command
-from provisioner.jobs.results import Results, capped_log, finish, tail
+from provisioner.jobs.home import Results, capped_log, finish, tail
 from provisioner.jobs.resume import (
     EXISTS_EXIT,
     find_source,

@@ -579,16 +579,48 @@ if __name__ == "__main__":
     sys.exit(1 if cycles else 0)
 
 
-_PAST_THE_SEAM = frozenset({"provisioner.sagemaker.local", "provisioner.sagemaker.local.run_local"})
+# What the CLI may import of where a job runs: the seam (`jobs.place`, `sagemaker.place`)
+# and SageMaker's `render` (the files of a real job); nothing of `slurm` (its sbatch script
+# is `jobs.place.Sbatch`). The job commands take nothing of `jobs` but the seam.
+SEAM_MODULES = {"provisioner.sagemaker": {"place", "render"}, "provisioner.slurm": set()}
+JOB_COMMANDS = {"jobs.py", "jobs_group.py", "sagemaker.py"}
+
+
+def past_the_seam(module: str, job_command: bool) -> bool:
+    """True when a CLI module's import of `module` reaches past the seam."""
+    allowed = {**SEAM_MODULES, **({"provisioner.jobs": {"place"}} if job_command else {})}
+    for package, modules in allowed.items():
+        if module == package or module.startswith(package + "."):
+            rest = module[len(package) + 1 :].split(".")[0]
+            return rest not in modules
+    return False
+
+
+def test_the_seam_finder_sees_an_import_past_the_seam() -> None:
+    """Positive control: the rule flags what the CLI imported before the seam."""
+    assert past_the_seam("provisioner.sagemaker.local.run_local", job_command=True)
+    assert past_the_seam("provisioner.slurm.sbatch.render_sbatch", job_command=False)
+    assert past_the_seam("provisioner.jobs.repair.with_retries", job_command=True)
+    assert past_the_seam("provisioner.jobs", job_command=True)
+    assert not past_the_seam("provisioner.jobs.place.Cluster", job_command=True)
+    assert not past_the_seam("provisioner.jobs.control", job_command=False)
+    assert not past_the_seam("provisioner.sagemaker.render.render", job_command=True)
 
 
 def test_the_cli_reaches_where_a_job_runs_through_the_seam() -> None:
-    """The CLI runs a job through a `Place` (`jobs.place`, `sagemaker.place`), never
-    SageMaker's local mode or the repair loop of `submit` directly."""
+    """The CLI runs, follows, resumes a job and brings it home through a `Place`
+    (`jobs.place`, `sagemaker.place`), never past it (SageMaker's local mode, the sbatch
+    script, the cluster's submit, repair loop or results)."""
     found = []
     for path in sorted((PACKAGE / "cli").rglob("*.py")):
         mods = imported_modules(path)
-        found += [f"{path.relative_to(ROOT)}: {m}" for m in sorted(mods) if m in _PAST_THE_SEAM]
+        job_command = path.name in JOB_COMMANDS
+        found += [
+            f"{path.relative_to(ROOT)}: {m}"
+            for m in sorted(mods)
+            if m.startswith("provisioner.") and past_the_seam(m, job_command)
+        ]
     assert not found, "the CLI goes past the seam:\n  " + "\n  ".join(found)
-    # the finder sees the CLI's (lazy) import of a place, so it would see one of local's
+    # the finder sees the CLI's (lazy) imports of the places, so it would see the others
     assert "provisioner.sagemaker.place" in imported_modules(PACKAGE / "cli" / "sagemaker.py")
+    assert "provisioner.jobs.place" in imported_modules(PACKAGE / "cli" / "cluster.py")

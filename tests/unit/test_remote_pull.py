@@ -2,7 +2,7 @@
 against a temporary directory standing for the node's folder (a stand-in session, no
 SSH), its files received here through remote.receive. What it brings, what it sends
 again (nothing already home), what it refuses by name, and that no link is followed on
-either side; and the job's folder that jobs/pull.py names."""
+either side; and the job's folder that jobs/head_folder.py names."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from provisioner.errors import ReceiveError, RemoteError
-from provisioner.jobs import pull as job_pull
+from provisioner.jobs import head_folder as job_pull
 from provisioner.node import layout
 from provisioner.remote import pull
 from provisioner.remote.results import Result

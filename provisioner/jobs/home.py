@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import ReceiveError
+from provisioner.jobs.head_folder import pull
 from provisioner.jobs.link import Target
 from provisioner.jobs.plots import plot_results
-from provisioner.jobs.pull import pull
 from provisioner.jobs.stream import visible
 from provisioner.jobs.tables import read_json
 from provisioner.remote.pull import Pulled
