@@ -307,6 +307,8 @@ def test_image_push_through_a_jump_host(inv: str, lab: LabInfo, blob: Pin, tmp_p
 
 
 LOADING = "pgrep -f '(^|[ /])docker load' >/dev/null"  # a node's `docker load` reads a push
+DOCKERD_STOP = "kill -STOP $(cat /var/run/docker.pid)"  # the node's dockerd reads no more
+DOCKERD_CONT = "kill -CONT $(cat /var/run/docker.pid)"
 
 
 def processes(lab: LabInfo, names: list[str]) -> str:
@@ -330,6 +332,11 @@ def test_ctrl_c_during_image_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
         deadline = time.monotonic() + 30
         while not loading and time.monotonic() < deadline and proc.poll() is None:
             loading.extend(n.name for n in lab.nodes if probe(n, LOADING)[0] == 0)
+        # every node's dockerd stops reading, as a node too busy to keep up: its `docker
+        # load` then waits on it and never sees its stream end (the full suite's load
+        # left two loads reading 120 s after SIGINT); only the push can end them
+        for node in lab.nodes:
+            probe(node, DOCKERD_STOP)
         proc.send_signal(signal.SIGINT)
 
     with scenario(
@@ -347,21 +354,23 @@ def test_ctrl_c_during_image_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
             s.expect("exit", run.code, 130, run.stderr[-2000:])
             assert run.after_signal is not None and run.after_signal < 10, run.after_signal
             assert states_said(run, lab), run.stderr[-2000:]
-            # each node is left either with the whole image under the tag, or as it was:
-            # the tag on the old image, no piece of the new one, no `docker load` left
-            whole = {n.name for n in lab.nodes if pin_under(n, CLUSTER_TAG, blob)}
-            for node in lab.nodes:
-                if node.name not in whole:
-                    assert pin_under(node, CLUSTER_TAG, real), node.name
-                    assert not holding(node, blob), node.name
+            # no `docker load` left: the push ended its own loads on the nodes (by their
+            # pids, on connections of their own) before it exited, their dockerd still stopped
             stray = [n.name for n in lab.nodes if probe(n, LOADING)[0] == 0]
-            # the push ends its own loads on the nodes (by their pids) as it stops: left to
-            # notice the closed channel by themselves, two still read 120 s on (full suite)
             deadline = time.monotonic() + 15
             while stray and time.monotonic() < deadline:
                 time.sleep(0.5)
                 stray = [n.name for n in lab.nodes if probe(n, LOADING)[0] == 0]
             s.expect("stray", stray, [], processes(lab, stray))
+            for node in lab.nodes:  # the nodes' dockerd read again (and drop the cut loads)
+                probe(node, DOCKERD_CONT)
+            # each node is left either with the whole image under the tag, or as it was:
+            # the tag on the old image, no piece of the new one
+            whole = {n.name for n in lab.nodes if pin_under(n, CLUSTER_TAG, blob)}
+            for node in lab.nodes:
+                if node.name not in whole:
+                    assert pin_under(node, CLUSTER_TAG, real), node.name
+                    assert not holding(node, blob), node.name
             s.saw(bound=10)
             rerun = cli("image", "push", "-i", blob_inv, "--json")
             s.expect("rerun", rerun.code, 0, rerun.stderr[-2000:])
@@ -381,6 +390,8 @@ def test_ctrl_c_during_image_push(inv: str, lab: LabInfo, blob: Pin, tmp_path: P
                 "{kept} node(s) were left without the image"
             )
         finally:
+            for node in lab.nodes:
+                probe(node, DOCKERD_CONT)
             restore = cli("image", "push", "-i", inv)
             assert restore.code == 0, restore.stderr[-2000:]
             drop_blob(lab, blob)

@@ -484,6 +484,9 @@ def test_forward_gives_each_edge_its_own_key_that_only_its_receiver_accepts(
         s.measured = "{probes} ssh probes"
 
 
+HOP_RUNNING = "pgrep -f '^sh .*/hop$' >/dev/null"  # a chain round's hop runs on the node
+
+
 def test_ctrl_c_mid_round_removes_every_relay_key(
     lab: LabInfo, inventory: Inventory, base_pin: Pin
 ) -> None:
@@ -514,6 +517,7 @@ def test_ctrl_c_mid_round_removes_every_relay_key(
         # positive control: the round's keys are there while it streams
         seen["keys"] = sum(len(private_keys(n)) for n in nodes)
         seen["lines"] = sum(len(relay_lines(n)) for n in nodes)
+        seen["hops"] = sum(on_node(n, HOP_RUNNING)[0] == 0 for n in nodes)
         os.kill(os.getpid(), signal.SIGINT)
 
     opts = PushOptions(tag=pin.tag, chain=True, cache_dir=CACHE)
@@ -529,7 +533,17 @@ def test_ctrl_c_mid_round_removes_every_relay_key(
         dockerd(last, "CONT")
         helper.join(130)
         signal.signal(signal.SIGINT, previous)
-    assert seen == {"keys": 2, "lines": 2}, seen
+    assert seen == {"keys": 2, "lines": 2, "hops": 3}, seen
+    # no hop left running: the push's end ended each with its process group (before, the
+    # upstream hops of a round cut off this way read on for the rest of the suite)
+    hops = [n.name for n in nodes if on_node(n, HOP_RUNNING)[0] == 0]
+    deadline = time.monotonic() + 15
+    while hops and time.monotonic() < deadline:
+        time.sleep(0.5)
+        hops = [n.name for n in nodes if on_node(n, HOP_RUNNING)[0] == 0]
+    assert hops == [], {
+        n: on_node(x, "ps -eo pid,pgid,etime,args")[1] for n in hops for x in nodes if x.name == n
+    }
     for node in nodes:
         assert authorized_keys(node) == keys_before[node.name], node.name
         assert not private_keys(node), node.name

@@ -52,6 +52,7 @@ from provisioner.runtime.docker.chain_plan import (
     parse_round_result,
     private_file_command,
     refeed_chain,
+    remove_relay_dir_command,
     round_result_command,
     sent_bytes,
     write_hop_command,
@@ -510,7 +511,7 @@ def _tear_down(run: _Run, out: DeliveryReport) -> None:
     def rm(node: Node) -> None:
         d = run.dirs.get(node.name)
         if d:
-            run.pool.session(node).run(f"rm -rf {shlex.quote(d)}", timeout=30).check()
+            run.pool.session(node).run(remove_relay_dir_command(d), timeout=30).check()
 
     for name, exc in run.each(list(run.dirs), rm).items():
         out.errors.setdefault(name, exc)

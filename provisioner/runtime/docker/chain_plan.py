@@ -34,6 +34,7 @@ STARTED = "started"  # made by a round's hop when it starts: a second start is r
 FOREIGN = "foreign"
 TAGS_BEFORE = "tags.before"
 FOREIGN_RC = 4  # the hop's exit status when its stream carried tags
+HOP_PIDS = "hop.pids"  # each round's hop appends its pid: the push's end ends any left
 SEND_KEY = "send.key"  # a sender's private half of its edge's key, in its relay dir
 SEND_KNOWN_HOSTS = "send.known_hosts"  # the host keys of its receiver only
 ALIVE_S = 10  # a hop's ssh ends ~30 s after the next node stops answering
@@ -158,6 +159,7 @@ def hop_script(directory: str, next_ssh: Sequence[str] | None, drop: Sequence[st
         f"mkdir {STARTED} 2>/dev/null || "
         "{ echo 'hop: this round has received its stream already' >&2; exit 3; }",
         f"rm -f fwd cnt {RECEIVED} load.out load.rc fwd.rc {FOREIGN} {TAGS_BEFORE}",
+        f"echo $$ >> {HOP_PIDS}",
         "mkfifo cnt",
         f"wc -c < cnt > {RECEIVED} &",
         "w=$!",
@@ -208,6 +210,22 @@ def guarded_load_lines(feed: str = "") -> list[str]:
         '[ -z "$old" ] || docker tag "$old" "$t" </dev/null >/dev/null 2>&1; '
         f"done < {FOREIGN}; echo {FOREIGN_RC} > load.rc; fi",
     ]
+
+
+def remove_relay_dir_command(directory: str) -> str:
+    """Run on a node once the push ended: any hop of it still running there (a round cut
+    off mid-stream, whose load and forwarding wait on streams that never end) ended with
+    its process group (sshd starts a session's command as a group of its own: the hop's
+    tee, docker load, wc and its ssh to the next node), then the relay dir removed. A pid
+    is taken as the hop's only while its command line still names the hop script."""
+    d = shlex.quote(directory)
+    return (
+        f'for p in $(cat {d}/{HOP_PIDS} 2>/dev/null); do case "$p" in ""|*[!0-9]*) continue;; '
+        'esac; tr "\\000" " " < /proc/"$p"/cmdline 2>/dev/null | grep -q "/hop" || continue; '
+        'g=$(ps -o pgid= -p "$p" | tr -d " "); '
+        'case "$g" in ""|*[!0-9]*|0|1) continue;; esac; kill -9 -"$g" 2>/dev/null; done; '
+        f"rm -rf {d}"
+    )
 
 
 def feed_command(image_id: str, first_ssh: Sequence[str]) -> str:

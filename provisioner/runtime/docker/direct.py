@@ -116,11 +116,14 @@ def load_command(push_id: str, loader: str = "docker") -> str:
 
 def end_loads_command(push_id: str) -> str:
     """Run on a node once a push was interrupted: end each load of that push still reading
-    (by the pid its file holds), and drop the files."""
+    (by the pid its file holds; SIGKILL: a loader blocked on its daemon, say one that
+    stopped reading, ends all the same, and its daemon drops the load), and drop the
+    files."""
     pattern = f"{_loads_dir()}/{_checked_push_id(push_id)}.*"
     return (
         f'for f in {pattern}; do [ -f "$f" ] || continue; p=$(cat "$f"); '
-        'case "$p" in ""|*[!0-9]*) ;; *) kill "$p" 2>/dev/null ;; esac; rm -f "$f"; done; true'
+        'case "$p" in ""|*[!0-9]*) ;; *) kill -KILL "$p" 2>/dev/null ;; esac; '
+        'rm -f "$f"; done; true'
     )
 
 

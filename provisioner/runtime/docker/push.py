@@ -81,7 +81,7 @@ def push_image(
             out.nodes.update(group.results)
             out.errors.update(group.errors)
     except BaseException:  # Ctrl-C (or a bug): this push's loads end with it
-        end_loads(pool, opts.push_id)
+        end_loads(pool, todo, opts.push_id)
         raise
     finally:
         if own:
@@ -103,23 +103,30 @@ def _bind(
     return lambda node: push_node(pool, node, pin, opts, locked_report, saved)
 
 
-END_LOADS_S = 5.0  # how long an interrupted push waits for its nodes to end its loads
+END_LOADS_S = 6.0  # how long an interrupted push waits for its nodes to end its loads
 
 
-def end_loads(pool: Pool, push_id: str) -> None:
+def end_loads(pool: Pool, nodes: Collection[Node], push_id: str) -> None:
     """End the loads of push `push_id` still reading on the nodes it reached (each by the
-    pid its file holds, `end_loads_command`), at most END_LOADS_S: once the push is
-    interrupted nothing sends to them again, and a `docker load` left reading a stream cut
-    half-way would go on until the node's sshd and dockerd noticed (minutes, on a loaded
-    node). A node that does not answer in time keeps its load until then."""
+    pid its file holds, `end_loads_command`), at most END_LOADS_S. Each node gets a
+    connection of its own: on the push's, the command would queue behind the bytes still
+    in flight to a node whose load reads slowly (the one TCP stream carries both), and
+    the load would go on until they drained, minutes on a loaded node (the full suite saw
+    two still reading 120 s on). A node that does not answer in time keeps its load until
+    its sshd sees the push's connection end."""
     command = end_loads_command(push_id)
+    reached = set(pool.open_sessions())
 
-    def end(session: Session) -> None:
+    def end(node: Node) -> None:
         with contextlib.suppress(ProvisionerError):
-            session.run(command, timeout=END_LOADS_S)
+            session = Session.connect(node)
+            try:
+                session.run(command, timeout=END_LOADS_S)
+            finally:
+                session.close()
 
     threads = [
-        threading.Thread(target=end, args=(s,), daemon=True) for s in pool.open_sessions().values()
+        threading.Thread(target=end, args=(n,), daemon=True) for n in nodes if n.name in reached
     ]
     for thread in threads:
         thread.start()
