@@ -87,12 +87,14 @@ def test_rendered_sbatch_script_trains_to_the_end(slurm_lab: LabInfo, tmp_path: 
     # the results are where the script says: $HOME/provisioner-results/NAME-JOBID there
     results = f"/home/lab/provisioner-results/{slurm_lab.name}-{job_id}"
     rc, summary = exec_rc(first.container, f"cat {results}/summary.json")
-    _, log = exec_rc(first.container, f"tail -n 30 /home/lab/{slurm_lab.name}-{job_id}.out")
-    assert rc == 0, f"no summary.json on {first.name}: {summary}\n{state}\n{log}"
+    # the whole output: Ray's own shutdown lines come after the driver's last line (when
+    # srun ends the steps, each node may print a traceback of a drain it could not ask for)
+    _, log = exec_rc(first.container, f"cat /home/lab/{slurm_lab.name}-{job_id}.out")
+    assert rc == 0, f"no summary.json on {first.name}: {summary}\n{state}\n{log[-3000:]}"
     data = json.loads(summary)
     assert data["stopped_by"] == "max_iterations" and data["iterations"] == 3, data
     assert sorted(data["nodes"]) == sorted(n.address for n in compute), data
-    assert f"driver exited with 0; results in {results}" in log, log
+    assert f"driver exited with 0; results in {results}" in log, log[-3000:]
     for node in compute:  # the job's Ray stopped with it on every node, its dirs removed
         _, left = exec_rc(node.container, f"ps -e -ww -o args= | grep -c '[r]ayjob-{job_id}[.]'")
         assert left.strip() == "0", f"{node.name}: Ray processes of job {job_id} left"
