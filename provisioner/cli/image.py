@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from provisioner.cli.common import InventoryOption, JsonOption, output
+from provisioner.console import Output
 from provisioner.errors import InputError
 from provisioner.image.lock import (
     format_lock,
@@ -137,12 +138,25 @@ def build_cmd(
     lock: LockFileOption = None,
     tag: Annotated[str | None, typer.Option("--tag", help="Local tag of the built image.")] = None,
     cuda: CudaOption = False,
+    project: Annotated[
+        Path | None,
+        typer.Option(
+            "--project",
+            help="A project directory (pyproject.toml and/or requirements.txt; Debian "
+            "packages in [tool.provisioner] apt): its packages go in as layers on the base "
+            "pin's image (built first when absent); its lock DIR/provisioner.lock, its pin "
+            "DIR/image.lock.json unless --lock.",
+        ),
+    ] = None,
     json_: JsonOption = False,
 ) -> None:
     """Build the cluster image offline from the lock and write its pin."""
-    tag = tag or (f"{BUILD_TAG}-cuda" if cuda else BUILD_TAG)
     out = output(json_)
     images, wheels_dir = _dirs(images_dir, wheelhouse)
+    if project is not None:
+        _build_project(out, project, images, wheels_dir, lock, base, offline, tag, cuda, json_)
+        return
+    tag = tag or (f"{BUILD_TAG}-cuda" if cuda else BUILD_TAG)
     chosen = "given"
     if base is None:
         from provisioner.image.base_image import build_base
@@ -179,6 +193,105 @@ def build_cmd(
         f"{pin.image_id}\n  {pin.size / 1e9:.2f} GB, {len(pin.layers)} layers, built in "
         f"{result.seconds:.0f}s\n  python {v.python}, ray {v.ray}, torch {v.torch}, "
         f"gymnasium {v.gymnasium}\n  base: {base} ({BASE_HOW[chosen]})\n  pin: {result.lock_path}"
+    )
+
+
+def _build_project(
+    out: Output,
+    project: Path,
+    images: Path,
+    wheels_dir: Path,
+    lock: Path | None,
+    base: str | None,
+    offline: bool,
+    tag: str | None,
+    cuda: bool,
+    json_: bool,
+) -> None:
+    """`image build --project DIR`: the base pin (built first unless its image is here),
+    then the project's layers on it; every check of the project before either build."""
+    from provisioner.image.build import VARIANTS, BuildOptions, build_image
+    from provisioner.image.lock import parse_lock
+    from provisioner.image.project import (
+        PROJECT_PIN,
+        ProjectOptions,
+        build_project,
+        read_project,
+        refuse_conflicts,
+        requirement_conflicts,
+    )
+    from provisioner.local import docker_client
+
+    base_lock = images / f"{VARIANTS['cuda' if cuda else 'cpu']}.lock"
+    if not base_lock.is_file():
+        raise InputError(
+            "the base image's lock is missing",
+            "pass --images-dir pointing at the repository's images/ directory",
+            where=str(base_lock),
+        )
+    spec = read_project(project)
+    refuse_conflicts(
+        requirement_conflicts(spec, parse_lock(base_lock.read_text(), str(base_lock))), project
+    )
+    base_pin_path = images / ("image-cuda.lock.json" if cuda else "image.lock.json")
+    base_pin = None
+    try:
+        base_pin = read_pin(base_pin_path)
+        if str(docker_client().images.get(base_pin.tag).id) != base_pin.image_id:
+            base_pin = None
+    except Exception:  # no pin, or its image is not here: build the base
+        base_pin = None
+    if base_pin is None:
+        if base is None:
+            from provisioner.image.base_image import build_base
+
+            base = build_base(out.progress).tag
+        with out.step("building the base image first"):
+            built = build_image(
+                BuildOptions(
+                    images_dir=images,
+                    wheelhouse=wheels_dir,
+                    lock_path=base_pin_path,
+                    base=base,
+                    tag=f"{BUILD_TAG}-cuda" if cuda else BUILD_TAG,
+                    offline=offline,
+                    variant="cuda" if cuda else "cpu",
+                ),
+                out.progress,
+            )
+        assert built.pin is not None
+        base_pin = built.pin
+    opts = ProjectOptions(
+        project_dir=project,
+        base_pin=base_pin,
+        base_lock=base_lock,
+        wheelhouse=wheels_dir,
+        lock_path=lock or project / PROJECT_PIN,
+        offline=offline,
+        tag=tag or "",
+    )
+    with out.step(f"building the project {spec.name} on {base_pin.short_id()}"):
+        result = build_project(opts, out.progress)
+    pin = result.pin
+    info = pin.extra["project"]
+    if json_:
+        out.emit(
+            {
+                **pin_to_dict(pin),
+                "lock": str(result.lock_path),
+                "project_lock": str(result.project_lock),
+                "seconds": result.seconds,
+                "base_pin": str(base_pin_path),
+            }
+        )
+        return
+    packages = ", ".join(f"{k} {v}" for k, v in info["packages"].items())
+    mine = len(pin.layers) - len(base_pin.layers)
+    out.say(
+        f"{pin.image_id}\n  {info['name']} {info['version']} on {base_pin.short_id()}: "
+        f"{mine} layer(s) of its own ({', '.join(info['layers'])}), built in "
+        f"{result.seconds:.0f}s\n  packages: {packages}\n  lock: {result.project_lock}\n"
+        f"  pin: {result.lock_path}"
     )
 
 
