@@ -63,6 +63,8 @@ _INPUTS = re.compile(r"^# inputs sha256: (?P<sha>[0-9a-f]{64})$", re.MULTILINE)
 # the same layer), whichever day it is built.
 SOURCE_DATE_EPOCH = "315532800"
 NOT_SOURCE = ("build", "dist", "*.egg-info", ".git", "__pycache__", ".venv", "results")
+# pip quotes a build backend's own output between these two lines
+_BACKEND_OUTPUT = re.compile(r"lines of output\]\n(.*?)\n\s*\[end of output\]", re.DOTALL)
 PIP_WHEEL = (sys.executable, "-m", "pip", "wheel", "--no-deps")
 
 
@@ -382,8 +384,10 @@ def build_own_wheel(project: Project, out: Path, report: Reporter = quiet) -> Pa
     )
     wheels = sorted(out.glob("*.whl"))
     if proc.returncode != 0 or len(wheels) != 1:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        tail = " | ".join(line.strip() for line in lines[-4:] if line.strip())
+        text = proc.stdout + "\n" + proc.stderr
+        block = _BACKEND_OUTPUT.search(text)  # what the package's build backend said
+        lines = [line.strip() for line in (block[1] if block else text).splitlines()]
+        tail = " | ".join([line for line in lines if line][-3:])
         raise _fail(
             f"the project's package does not build: {tail or 'pip made no wheel'}",
             project.directory,

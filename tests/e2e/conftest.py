@@ -64,6 +64,8 @@ MODULE_ORDER = (
     "test_image_push",
     "test_image_forward",
     "test_image_user",
+    # up and down on the project's image; leaves the base pin under the cluster tag
+    "test_image_project",
     "test_cluster_lifecycle",
     "test_ssh_routes",
     "test_ssh_as_installed",

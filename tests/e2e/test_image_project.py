@@ -1,0 +1,131 @@
+"""`provisioner image build --project examples/gridcells` on the lab, as a user runs it.
+
+The nodes hold the base pin (the `cluster_inventory` fixture pushed it): the project's
+image, pushed, sends only its own layers; `up` on it and `submit` of the example's
+train.py trains with env runners on every node, each importing the project's package from
+the image (not from the job's upload); one line of the environment changed and rebuilt
+differs in the last layer only, and its push sends about that layer. A package that does
+not build is refused through the CLI: exit 2, no pin. The cluster goes down at the end
+and the nodes' cluster tag goes back to the base pin (later modules expect both).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioner.image.pin import Pin, read_pin
+from provisioner.inventory import load_inventory
+from provisioner.lab.nodes import LabInfo
+from provisioner.node.delivery import DeliveryReport
+from provisioner.runtime.docker.push import push_image
+from tests.e2e.helpers import cli, cli_json
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "gridcells"
+IMAGES = ROOT / "images"
+SITE = "/opt/ray/lib/python3.11/site-packages/gridcells/"
+# docker save's tar around the layers (headers, manifest, config): well under a megabyte
+TAR_SLACK = 1 << 20
+
+
+def build(project: Path) -> tuple[Pin, dict[str, object]]:
+    code, doc, err = cli_json(
+        "image", "build", "--project", str(project), "--images-dir", str(IMAGES)
+    )
+    assert code == 0, err[-3000:]
+    return read_pin(Path(doc["lock"])), doc
+
+
+def own_bytes(pin: Pin, base: Pin) -> int:
+    return pin.bytes_for(len(base.layers))
+
+
+def check_push(report: DeliveryReport, layers: int, most: int) -> None:
+    assert report.ok, report.errors
+    assert len(report.nodes) == 3
+    for node in report.nodes.values():
+        assert node.layers_sent == layers, node
+        assert 0 < node.bytes_sent <= most * 1.1 + TAR_SLACK, node
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the example (its lock included), edited by the tests, not the repository."""
+    where = tmp_path_factory.mktemp("project") / "gridcells"
+    shutil.copytree(EXAMPLE, where, ignore=shutil.ignore_patterns("image.lock.json", "*.egg-info"))
+    return where
+
+
+def test_the_project_image_is_pushed_trained_on_every_node_and_rebuilt_by_its_last_layer(
+    cluster_inventory: Path, lab: LabInfo, project: Path, tmp_path: Path
+) -> None:
+    base = read_pin(IMAGES / "image.lock.json")
+    pin, doc = build(project)
+    info = pin.extra["project"]
+    assert pin.layers[: len(base.layers)] == base.layers
+    assert list(info["layers"]) == ["deps", "own"]
+    assert pin.layers[len(base.layers) :] == (info["layers"]["deps"], info["layers"]["own"])
+    assert info["packages"]["gridcells"] == "0.1.0" and "shapely" in info["packages"]
+    assert (project / "provisioner.lock").read_text() == (EXAMPLE / "provisioner.lock").read_text()
+
+    inv = load_inventory(cluster_inventory)
+    check_push(push_image(inv, None, print, pin=pin), 2, own_bytes(pin, base))
+
+    # the same cluster, its inventory pointing at the project's pin
+    document = yaml.safe_load(cluster_inventory.read_text())
+    document["image"]["lock"] = str(doc["lock"])
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(document))
+    try:
+        code, _, err = cli("up", "-i", str(inventory))
+        assert code == 0, err[-3000:]
+        # five runners of one CPU each on three nodes of two CPUs: every node has one
+        code, out, err = cli(
+            "submit", "-i", str(inventory), "--results", str(tmp_path / "results"), "--json",
+            str(project / "train.py"), "--", "--env-runners", "5", "--iterations", "2",
+        )  # fmt: skip
+        assert code == 0, err[-3000:]
+        job = tmp_path / "results" / json.loads(out)["job_id"]
+        rows = json.loads((job / "metrics.json").read_text())
+        assert [r["iteration"] for r in rows] == [1, 2] and rows[-1]["env_steps"] > 0
+        runners = json.loads((job / "runners.json").read_text())
+        assert len(runners) == 5
+        assert {r["node_ip"] for r in runners} == {n.address for n in lab.nodes}, runners
+        assert all(r["gridcells"].startswith(SITE) for r in runners), runners
+        assert any(p.is_file() and p.stat().st_size for p in (job / "checkpoint").rglob("*"))
+    finally:
+        cli("down", "-i", str(inventory), "--no-logs")
+
+    env = project / "src" / "gridcells" / "env.py"
+    env.write_text(
+        env.read_text().replace(
+            "reward = float(covered.sum()) - 0.1", "reward = float(covered.sum()) - 0.2"
+        )
+    )
+    changed, _ = build(project)
+    assert changed.layers[:-1] == pin.layers[:-1] and changed.layers[-1] != pin.layers[-1]
+    last = changed.layer_sizes[-1] if changed.layer_sizes else 0
+    assert 0 < last < own_bytes(pin, base)
+    check_push(push_image(inv, None, print, pin=changed), 1, last)
+    # the nodes' cluster tag back on the base pin, as later modules expect
+    assert push_image(inv, None, print, pin=base).ok
+
+
+def test_a_package_that_does_not_build_exits_2_and_writes_no_pin(
+    cluster_inventory: Path, tmp_path: Path
+) -> None:
+    project = tmp_path / "broken"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("image.lock.json"))
+    env = project / "src" / "gridcells" / "env.py"
+    (project / "setup.py").write_text("raise SystemExit('this package does not build')\n")
+    code, _, err = cli("image", "build", "--project", str(project), "--images-dir", str(IMAGES))
+    assert code == 2, err[-3000:]
+    assert "the project's package does not build" in err and "this package does not build" in err
+    assert "Traceback" not in err and "fix:" in err
+    assert not (project / "image.lock.json").exists()
+    assert env.is_file()  # a positive control: the project is where the test put it
