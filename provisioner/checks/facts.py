@@ -11,6 +11,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from packaging.utils import canonicalize_name
+
 from provisioner.gpu.facts import GpuFacts, parse_gpu_facts
 
 _SECTION = re.compile(r"^@@([a-z_]+)$")
@@ -29,6 +31,8 @@ class Shell:
     ray_python: str | None = None  # Python version of the interpreter `ray` runs with
     ray_interpreter: str | None = None  # that interpreter (the `ray` script's #! line)
     ray_stack: str | None = None  # "rllib=V torch=V gymnasium=V" of that interpreter
+    # every distribution that interpreter has, by canonical name (None: not told)
+    ray_dists: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,7 @@ def parse_shell(text: str) -> Shell:
             key, _, value = line[2:].partition("=")
             values[key] = value.strip()
     python3, _, version = values.get("python3", "").partition(" ")
+    stack, sep, dists = values.get("ray_stack", "").partition("|")
     return Shell(
         path=values.get("path", ""),
         python3=python3 or None,
@@ -176,8 +181,19 @@ def parse_shell(text: str) -> Shell:
         ray_version=values.get("ray_version") or None,
         ray_python=values.get("ray_python") or None,
         ray_interpreter=values.get("ray_interp") or None,
-        ray_stack=values.get("ray_stack") or None,
+        ray_stack=stack.strip() or None,
+        ray_dists=parse_dists(dists) if sep else None,
     )
+
+
+def parse_dists(text: str) -> dict[str, str]:
+    """Pure: `name=version name=version ...` (node text: anything) by canonical name."""
+    found: dict[str, str] = {}
+    for word in text.split():
+        name, eq, version = word.partition("=")
+        if eq and name and version:
+            found[canonicalize_name(name)] = version
+    return found
 
 
 def parse_listening(text: str) -> tuple[Listener, ...]:

@@ -22,6 +22,7 @@ SHARED_CHECKS: dict[str, str] = {
     "python.version": "the same Python version (patch level) on every node",
     "ray.version": "the same Ray version on every node",
     "rllib.version": "host mode: the same RLlib, torch and gymnasium on every node",
+    "project.packages": "host mode: the project pin's packages, at its versions, on every node",
     "ray.python": "host mode: a Python with Ray and RLlib for Ray to run with (the login "
     "shell's `ray`, or the inventory's ray.python)",
     "ray.control": "host mode: this machine's Ray (it submits the jobs) has the cluster's "

@@ -25,6 +25,8 @@ class PinFacts:
     ray: str
     arch: str = ""  # e.g. amd64, when the pin records it
     cuda: str = ""  # the CUDA version of the image's torch ("": the CPU build, or unknown)
+    # a project's pin (`image build --project`): its packages and their versions
+    project: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

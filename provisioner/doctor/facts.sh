@@ -63,7 +63,8 @@ ask() {  # ask KIND FILE: FILE's python version, Ray version or RLlib stack, in 
   done <<<"${PROVISIONER_MEMO:-}"
   if [ "$kind" = version ]; then
     v=$("$file" -S -c 'import sys; print(sys.version.split()[0])' 2>/dev/null)
-  elif [ "$kind" = stack ]; then  # RLlib (Ray's, when ray/rllib is there), torch, gymnasium
+  elif [ "$kind" = stack ]; then  # RLlib (Ray's, when ray/rllib is there), torch, gymnasium,
+    # then after a | every installed distribution as name=version (a project's packages)
     v=$("$file" -c 'import importlib.metadata as m, importlib.util as u, os
 def v(d):
     try:
@@ -72,7 +73,8 @@ def v(d):
         return "-"
 s = u.find_spec("ray")
 r = s is not None and any(os.path.isdir(os.path.join(p, "rllib")) for p in s.submodule_search_locations or ())
-print("rllib=%s torch=%s gymnasium=%s" % (v("ray") if r else "-", v("torch"), v("gymnasium")))' 2>/dev/null)
+d = sorted("%s=%s" % (x.metadata["Name"], x.version) for x in m.distributions() if x.metadata["Name"])
+print("rllib=%s torch=%s gymnasium=%s|%s" % (v("ray") if r else "-", v("torch"), v("gymnasium"), " ".join(d)))' 2>/dev/null)
   else
     v=$("$file" -c 'import importlib.metadata as m; print(m.version("ray"))' 2>/dev/null)
   fi

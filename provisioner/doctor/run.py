@@ -194,7 +194,12 @@ def pin_facts(context: ClusterContext) -> tuple[PinFacts | None, list[Finding]]:
         return None, []
     arch = str(pin.extra.get("architecture", "")) if pin.extra else ""
     cuda = str(pin.extra.get("cuda") or "") if pin.extra else ""
-    return PinFacts(pin.image_id, pin.versions.python, pin.versions.ray, arch, cuda), []
+    project = (pin.extra or {}).get("project") or {}
+    packages = project.get("packages") if isinstance(project, dict) else None
+    listed = tuple(
+        (str(k), str(v)) for k, v in (packages or {}).items() if isinstance(v, str) and v
+    )
+    return PinFacts(pin.image_id, pin.versions.python, pin.versions.ray, arch, cuda, listed), []
 
 
 def control_ray_version() -> str:

@@ -76,10 +76,11 @@ def test_the_project_image_is_pushed_trained_on_every_node_and_rebuilt_by_its_la
     inv = load_inventory(cluster_inventory)
     check_push(push_image(inv, None, print, pin=pin), 2, own_bytes(pin, base))
 
-    # the same cluster, its inventory pointing at the project's pin
+    # the same cluster, its inventory pointing at the project's pin (next to the lab's: its
+    # key and known_hosts are named relative to it)
     document = yaml.safe_load(cluster_inventory.read_text())
     document["image"]["lock"] = str(doc["lock"])
-    inventory = tmp_path / "inventory.yaml"
+    inventory = cluster_inventory.with_name("inventory-project.yaml")
     inventory.write_text(yaml.safe_dump(document))
     try:
         code, _, err = cli("up", "-i", str(inventory))
@@ -100,6 +101,7 @@ def test_the_project_image_is_pushed_trained_on_every_node_and_rebuilt_by_its_la
         assert any(p.is_file() and p.stat().st_size for p in (job / "checkpoint").rglob("*"))
     finally:
         cli("down", "-i", str(inventory), "--no-logs")
+        inventory.unlink()
 
     env = project / "src" / "gridcells" / "env.py"
     env.write_text(

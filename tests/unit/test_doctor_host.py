@@ -16,7 +16,7 @@ from pathlib import Path
 
 from provisioner.checks.facts import NodeFacts, parse_facts
 from provisioner.checks.findings import Finding, error
-from provisioner.checks.intent import Plan
+from provisioner.checks.intent import PinFacts, Plan
 from provisioner.doctor import CATALOGUE
 from provisioner.doctor.run import explained_by_own_ray, node_findings
 from provisioner.inventory import Node, RayPorts, SSHSettings
@@ -179,3 +179,60 @@ def test_a_nodes_ray_version_reaches_a_suggested_pip_install_quoted_or_not_at_al
         assert "curl" not in control.fix
     assert host_doctor.pip_requirement("rllib", "2.60.0rc1") == "'ray[rllib]==2.60.0rc1'"
     assert host_doctor.pip_requirement("rllib", "2.60.0; rm -rf ~").startswith("'ray[rllib]' ")
+
+
+# host_project_head, host_project_worker: host_head and host_worker with the login Ray's
+# stack line as facts.sh's stack snippet prints it now (`|` then every distribution),
+# run with /opt/ray/bin/python in the images of examples/gridcells' project pin (shapely
+# 2.2.0, gridcells 0.1.0) and of the base pin (neither).
+PROJECT = (("shapely", "2.2.0"), ("gridcells", "0.1.0"))
+PROJECT_PIN = PinFacts("sha256:" + "1" * 64, "3.11.2", "2.60.0", project=PROJECT)
+
+
+def test_the_stack_line_gives_every_distribution_and_keeps_the_stack() -> None:
+    shell = facts("host_project_head", HEAD).login
+    assert shell.ray_stack == "rllib=2.60.0 torch=2.13.0+cpu gymnasium=1.2.2"
+    assert shell.ray_dists is not None
+    assert (shell.ray_dists["shapely"], shell.ray_dists["gridcells"]) == ("2.2.0", "0.1.0")
+    assert shell.ray_dists["ray"] == "2.60.0" and shell.ray_dists["jinja2"] == "3.1.6"
+    assert facts("host_head", HEAD).login.ray_dists is None  # an older line: not told
+
+
+def test_the_project_pins_packages_on_every_node_pass() -> None:
+    plan = replace(PLAN, pin=PROJECT_PIN)
+    both = {HEAD.name: facts("host_project_head", HEAD), W1.name: facts("host_project_head", W1)}
+    found = [f for f in host.check_host_versions(both, plan) if f.check == "project.packages"]
+    assert [(f.host, f.severity) for f in found] == [(HEAD.name, "ok"), (W1.name, "ok")]
+    assert "shapely 2.2.0, gridcells 0.1.0" in found[0].message
+
+
+def test_a_node_without_the_project_packages_is_an_error_with_the_pip_fix() -> None:
+    plan = replace(PLAN, pin=PROJECT_PIN)
+    both = {HEAD.name: facts("host_project_head", HEAD), W1.name: facts("host_project_worker", W1)}
+    found = host.check_host_versions(both, plan)
+    assert ("project.packages", "error", W1.name) in bad(found)
+    assert ("project.packages", "error", HEAD.name) not in bad(found)  # the positive control
+    (err,) = [f for f in found if f.check == "project.packages" and f.severity == "error"]
+    assert "shapely missing (the pin: 2.2.0); gridcells missing (the pin: 0.1.0)" in err.message
+    assert err.fix.startswith(
+        f"on {W1.name}: /home/lab/ray-venv/bin/python -m pip install shapely==2.2.0 "
+        "gridcells==0.1.0"
+    )
+    assert f"{HEAD.name}: shapely 2.2.0, gridcells 0.1.0" in err.evidence
+
+
+def test_another_version_on_a_node_names_both_and_a_base_pin_checks_nothing() -> None:
+    other = facts("host_project_head", W1)
+    dists = {**(other.login.ray_dists or {}), "shapely": "2.1.2"}
+    other = replace(other, login=replace(other.login, ray_dists=dists))
+    both = {HEAD.name: facts("host_project_head", HEAD), W1.name: other}
+    found = host.check_host_versions(both, replace(PLAN, pin=PROJECT_PIN))
+    (err,) = [f for f in found if f.check == "project.packages" and f.severity == "error"]
+    assert err.host == W1.name and "shapely 2.1.2 (the pin: 2.2.0)" in err.message
+    assert "pip install shapely==2.2.0" in err.fix and "gridcells" not in err.fix
+    base = replace(PROJECT_PIN, project=())
+    assert not [
+        f
+        for f in host.check_host_versions(both, replace(PLAN, pin=base))
+        if f.check == "project.packages"
+    ]

@@ -10,6 +10,8 @@ import re
 import shlex
 from collections.abc import Callable
 
+from packaging.utils import canonicalize_name
+
 from provisioner.checks.facts import NodeFacts, Shell
 from provisioner.checks.findings import Finding, error, ok, warning
 from provisioner.checks.intent import Plan
@@ -168,6 +170,7 @@ def check_host_versions(facts: dict[str, NodeFacts], plan: Plan) -> list[Finding
             {h: _stack(s) for h, s in shells.items()}, plan.head, "rllib.version", "RLlib", where
         ),
     ]
+    findings += check_host_project(shells, plan)
     head = shells.get(plan.head)
     if head is not None and plan.control_ray and head.ray_version:
         if _major_minor(head.ray_version) != _major_minor(plan.control_ray):
@@ -190,6 +193,58 @@ def check_host_versions(facts: dict[str, NodeFacts], plan: Plan) -> list[Finding
                     f"Ray {plan.control_ray} here, {head.ray_version} on the cluster",
                 )
             )
+    return findings
+
+
+def _pip_word(name: str, version: str) -> str:
+    """`name==version` as one shell word, or the name alone when either is not plain."""
+    plain = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name)
+    if plain and _VERSION.fullmatch(version):
+        return f"{name}=={version}"
+    return shlex.quote(name) if plain else "the project's packages"
+
+
+def check_host_project(shells: dict[str, Shell], plan: Plan) -> list[Finding]:
+    """Pure: a project's pin (`image build --project`) names its packages and versions:
+    every node's Python that Ray runs with has each at that version (so every node
+    imports the same code). One finding per node; the fix installs what differs."""
+    wanted = plan.pin.project if plan.pin else ()
+    if not wanted:
+        return []
+    findings: list[Finding] = []
+    for host, shell in shells.items():
+        if shell.ray_dists is None:
+            continue  # not told (the facts of an interpreter that would not run)
+        off = [
+            (name, version, shell.ray_dists.get(canonicalize_name(name)))
+            for name, version in wanted
+        ]
+        off = [o for o in off if o[2] != o[1]]
+        interpreter = shell.ray_interpreter or "the Python Ray runs with"
+        if not off:
+            listed = ", ".join(f"{n} {v}" for n, v in wanted)
+            findings.append(ok("project.packages", host, f"the project's {listed}"))
+            continue
+        said = "; ".join(f"{n} {have or 'missing'} (the pin: {v})" for n, v, have in off)
+        others = "; ".join(
+            f"{h}: "
+            + ", ".join(
+                f"{n} {(s.ray_dists or {}).get(canonicalize_name(n), '-')}" for n, _ in wanted
+            )
+            for h, s in shells.items()
+        )
+        words = " ".join(_pip_word(n, v) for n, v, _ in off)
+        findings.append(
+            error(
+                "project.packages",
+                host,
+                f"the project's packages differ here: {said}",
+                others,
+                f"on {host}: {shlex.quote(interpreter)} -m pip install {words} (the project's "
+                "own package: `pip install --no-deps` of its wheel, as `image build --project` "
+                "builds it)",
+            )
+        )
     return findings
 
 
