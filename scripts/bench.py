@@ -33,6 +33,7 @@ from typing import Any
 
 import bench_doctor
 import bench_link
+import bench_project
 import bench_push
 import bench_scale
 import bench_scaling
@@ -50,7 +51,9 @@ from provisioner.lab.nodes import LabInfo, lab_down, lab_up, load_config
 from provisioner.runtime.docker.push import PushOptions, push_image
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUPS = ("bring-up", "fan-out", "latency", "ssh", "push", "link", "training", "tls", "scale")
+GROUPS = (
+    "bring-up", "fan-out", "latency", "ssh", "push", "link", "training", "tls", "project", "scale"
+)  # fmt: skip
 DEFAULT_GROUPS = GROUPS[:-1]  # scale makes labs of its own (minutes, GBs): `--rows all`
 SCRIPT = ".venv/bin/python scripts/bench.py"
 
@@ -1086,6 +1089,72 @@ def rows_tls(ctx: Context) -> list[Row]:
     ]
 
 
+def rows_project(ctx: Context) -> list[Row]:
+    """`image build --project` after a one-line change: its time, and the bytes its push
+    sends to a node holding the build before, over the changed layer's size."""
+    inv = load_inventory(ctx.inventory)
+    node = bench_project.one_node(inv, (inv.workers or (inv.head,))[0])
+    project = bench_project.copy_example(ctx.workdir)
+    images = ctx.pin_path.parent
+    tried: list[dict[str, Any] | None] = []
+    try:
+        for i in range(ctx.args.repeat):
+            log(f"project {i + 1}/{ctx.args.repeat}: one line changed, rebuilt, pushed")
+            tried.append(
+                ctx.rep.run(
+                    "project", lambda i=i: bench_project.measure(node, project, images, i + 1)
+                )
+            )
+    finally:
+        ctx.ensure_pin()  # the nodes' cluster tag back on the base pin
+    runs = [r for r in tried if r is not None]
+
+    def fig(label: str, unit: str, key: str) -> Figure:
+        return ctx.fig(
+            label, unit, "project", [None if r is None else float(r[key]) for r in tried]
+        )
+
+    rebuild = fig("rebuild", "s", "rebuild_seconds")
+    sent = fig("bytes sent", "B", "bytes_sent")
+    layer = fig("changed layer", "B", "own_layer_bytes")
+    repush = ratio(sent, layer)
+    only = all(r["only_last_layer_differs"] and r["layers_sent"] == 1 for r in runs)
+    return [
+        Row(
+            "project",
+            "project rebuild after a one-line change",
+            rebuild,
+            None,
+            None,
+            "seconds",
+            "≤ 30 s",
+            meets(rebuild.median, lambda s: s <= 30) if rebuild.runs else None,
+            "`provisioner image build --project` of examples/gridcells (a copy) after one line "
+            "of its environment changed, in a process of its own (pip builds the wheel, Docker "
+            "the last layer on the cached ones); the base pin and the project lock unchanged"
+            + ("; only the last layer differed" if only else ""),
+            {"runs": runs},
+            id="project-rebuild-s",
+            value=rebuild.median if rebuild.runs else None,
+            value_unit="s",
+        ),
+        Row(
+            "project",
+            "project re-push after a one-line change",
+            sent,
+            layer,
+            repush,
+            "bytes sent / the changed layer's size",
+            "≤ 1.1",
+            meets(repush, lambda r: r <= 1.1),
+            "`image push` of that build to one lab node holding the build before it: bytes "
+            "sent from this machine over the size of the project's own (last) layer"
+            + (", one layer sent" if only else ""),
+            id="project-repush-ratio",
+        ),
+    ]
+
+
 def rows_scale(ctx: Context) -> list[Row]:
     """Labs of each --scale-nodes size, one at a time (made here, removed after)."""
     args = ctx.args
@@ -1280,6 +1349,7 @@ ROWS: dict[str, Callable[[Context], list[Row]]] = {
     "link": rows_link,
     "training": rows_training,
     "tls": rows_tls,
+    "project": rows_project,
     "scale": rows_scale,
 }
 
@@ -1419,7 +1489,7 @@ def main(argv: list[str]) -> int:
         order = sorted(args.groups, key=lambda g: (g != "push", GROUPS.index(g)))
         try:
             for group in order:
-                if group in ("bring-up", "latency", "training", "tls") and not pinned:
+                if group in ("bring-up", "latency", "training", "tls", "project") and not pinned:
                     log("the pin on every node")
                     ctx.ensure_pin()
                     pinned = True

@@ -131,3 +131,21 @@ def test_a_package_that_does_not_build_exits_2_and_writes_no_pin(
     assert "Traceback" not in err and "fix:" in err
     assert not (project / "image.lock.json").exists()
     assert env.is_file()  # a positive control: the project is where the test put it
+
+
+def test_sagemakers_training_image_derives_from_the_project_pin(project: Path) -> None:
+    """SageMaker runs the pin's image with its entry point added (`FROM` the pin): on a
+    project's pin, the project's packages are there, from the image's site-packages."""
+    from provisioner.lab.engine import client
+    from provisioner.sagemaker.image import ensure_image
+
+    pin = read_pin(project / "image.lock.json")  # the last build of the test above
+    image = ensure_image(pin, print)
+    assert image.base_image_id == pin.image_id
+    out = client().containers.run(
+        image.tag,
+        ["python", "-c", "import gridcells, shapely; print(gridcells.__file__)"],
+        remove=True,
+        network_disabled=True,
+    )
+    assert bytes(out).decode().strip() == SITE + "__init__.py"
