@@ -10,17 +10,21 @@ node that holds the previous one and reads the bytes sent from the push report.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from provisioner.image.pin import Pin, read_pin
 from provisioner.inventory import Inventory, Node
+from provisioner.local import docker_client
 from provisioner.runtime.docker.push import PushOptions, push_image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +56,42 @@ def build(project: Path, images: Path) -> tuple[Pin, float]:
     return read_pin(Path(json.loads(proc.stdout)["lock"])), seconds
 
 
+class _Chunks(io.RawIOBase):
+    """A file over Docker's `save` stream (an iterator of byte chunks)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.rest = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        while not self.rest:
+            self.rest = next(self.chunks, b"")
+            if not self.rest:
+                return 0
+        n = min(len(buf), len(self.rest))
+        buf[:n], self.rest = self.rest[:n], self.rest[n:]
+        return n
+
+
+def last_layer_tar_bytes(image_id: str) -> int:
+    """The size of the image's last layer as `docker save` writes it (the tar that moves):
+    the pin's layer sizes count file contents only, not the tar's headers."""
+    stream = docker_client().api.get_image(image_id)
+    sizes: dict[str, int] = {}
+    manifest: Any = None
+    with tarfile.open(fileobj=io.BufferedReader(_Chunks(iter(stream))), mode="r|") as tar:
+        for member in tar:
+            sizes[member.name] = member.size
+            if member.name == "manifest.json":
+                f = tar.extractfile(member)
+                manifest = json.loads(f.read()) if f else None
+    if not manifest:
+        raise RuntimeError("docker save gave no manifest.json")
+    return sizes[manifest[0]["Layers"][-1]]
+
+
 def one_node(inv: Inventory, node: Node) -> Inventory:
     return replace(inv, head=replace(node, role="head"), workers=())
 
@@ -80,12 +120,14 @@ def measure(inv: Inventory, project: Path, images: Path, step: int) -> dict[str,
         env.write_text(text)
     sent, layers = push_bytes(inv, after)
     last = after.layer_sizes[-1] if after.layer_sizes else 0
+    last_tar = last_layer_tar_bytes(after.image_id)
     same_below = after.layers[:-1] == before.layers[:-1] and after.layers[-1] != before.layers[-1]
     return {
         "rebuild_seconds": seconds,
         "bytes_sent": sent,
         "layers_sent": layers,
-        "own_layer_bytes": last,
+        "own_layer_bytes": last,  # its files' contents (docker history)
+        "own_layer_tar_bytes": last_tar,  # the layer as docker save writes it
         "only_last_layer_differs": same_below,
         "project_layers_bytes": after.bytes_for(after.extra["project"]["base_pin"]["layers"]),
     }
