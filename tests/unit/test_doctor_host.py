@@ -236,3 +236,26 @@ def test_another_version_on_a_node_names_both_and_a_base_pin_checks_nothing() ->
         for f in host.check_host_versions(both, replace(PLAN, pin=base))
         if f.check == "project.packages"
     ]
+
+
+def test_facts_sh_stack_snippet_gives_this_pythons_distributions() -> None:
+    """The stack snippet of facts.sh itself, run by this machine's Python: its line parses
+    to the stack and to every distribution, at the versions importlib.metadata gives."""
+    import importlib.metadata
+    import re
+    import subprocess
+    import sys
+
+    from provisioner.checks.facts import parse_shell
+
+    text = (Path(host_doctor.__file__).parents[2] / "doctor" / "facts.sh").read_text()
+    m = re.search(r"kind\" = stack \].*?v=\$\(\"\$file\" -c '(.*?)' 2>/dev/null\)", text, re.S)
+    assert m is not None
+    line = subprocess.run(
+        [sys.executable, "-c", m[1]], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
+    shell = parse_shell(f"%%ray_stack={line}\n")
+    assert shell.ray_stack is not None and shell.ray_stack.startswith("rllib=")
+    assert shell.ray_dists is not None
+    assert shell.ray_dists["packaging"] == importlib.metadata.version("packaging")
+    assert shell.ray_dists["provisioner"] == importlib.metadata.version("provisioner")
