@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -242,6 +243,12 @@ def _build_project(
     except Exception:  # no pin, or its image is not here: build the base
         base_pin = None
     if base_pin is None:
+        from provisioner.image.project import build_own_wheel
+
+        # the project's package must build before the base is built for it
+        with tempfile.TemporaryDirectory(prefix="provisioner-own-") as tmp:
+            if spec.has_package:
+                build_own_wheel(spec, Path(tmp), out.progress)
         if base is None:
             from provisioner.image.base_image import build_base
 

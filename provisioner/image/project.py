@@ -29,7 +29,7 @@ import tempfile
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -40,6 +40,7 @@ from packaging.utils import canonicalize_name
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError
+from provisioner.image.build import BuildOptions, _docker_build
 from provisioner.image.lock import (
     LockedWheel,
     file_sha256,
@@ -631,8 +632,6 @@ def build_project(opts: ProjectOptions, report: Reporter = quiet) -> ProjectResu
             with tempfile.TemporaryFile(prefix="provisioner-context-") as ctx:
                 write_project_context(project, locked_text, wheels, own, ctx)
                 ctx.seek(0)
-                from provisioner.image.build import BuildOptions, _docker_build
-
                 build_opts = BuildOptions(
                     images_dir=opts.project_dir,
                     wheelhouse=opts.wheelhouse,
@@ -673,5 +672,5 @@ def build_project(opts: ProjectOptions, report: Reporter = quiet) -> ProjectResu
         )
         write_pin(pin, opts.lock_path)
     return ProjectResult(
-        replace(pin), opts.lock_path, time.monotonic() - t0, project.directory / PROJECT_LOCK
+        pin, opts.lock_path, time.monotonic() - t0, project.directory / PROJECT_LOCK
     )

@@ -214,6 +214,13 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         ({}, "no project here"),
         ({"requirements.txt": "ray==2.5.0\n"}, "wants ray==2.5.0, the base image pins"),
         ({"pyproject.toml": "[tool.black]\n"}, "neither a package"),
+        (  # refused before the base image is built for it
+            {
+                "pyproject.toml": '[project]\nname = "x"\nversion = "1"\n',
+                "setup.py": "raise SystemExit('this package does not build')\n",
+            },
+            "the project's package does not build: this package does not build",
+        ),
     ],
 )
 def test_bad_projects_exit_2_before_anything_is_built_and_write_no_pin(
