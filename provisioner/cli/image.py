@@ -436,6 +436,13 @@ def show_cmd(
         f"  python {v.python}, ray {v.ray}, torch {v.torch}, gymnasium {v.gymnasium}\n"
         f"  requirements sha256 {pin.requirements_sha256[:16]}, built {pin.built_at}"
     )
+    project = pin.extra.get("project")
+    if isinstance(project, dict):
+        packages = ", ".join(f"{k} {v}" for k, v in dict(project.get("packages", {})).items())
+        out.say(
+            f"  project {project.get('name')} {project.get('version')} on the base pin "
+            f"{str(dict(project.get('base_pin', {})).get('image_id', ''))[:19]}: {packages}"
+        )
 
 
 def register(root: typer.Typer) -> None:

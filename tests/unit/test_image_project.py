@@ -239,3 +239,21 @@ def test_bad_projects_exit_2_before_anything_is_built_and_write_no_pin(
     assert "fix:" in proc.stderr.lower()
     assert sorted(p.name for p in project.iterdir()) == sorted(files)  # no pin, no lock
     assert sorted(p.name for p in images.iterdir()) == ["requirements.lock"]
+
+
+def test_image_show_names_the_project_on_its_base_pin(tmp_path: Path) -> None:
+    from provisioner.image.pin import write_pin
+    from tests.cli import cli
+
+    p = parse_project(Path("/p/x"), PYPROJECT.replace('apt = ["libgeos-c1v5"]', "apt = []"), None)
+    pin = project_pin(
+        base_pin(), sha(9), (sha(2), sha(3), sha(6), sha(7)), None, 115, "t", p,
+        {"shapely": "2.2.0", "gridcells": "0.1.0"}, "d" * 64, True,
+    )  # fmt: skip
+    write_pin(pin, tmp_path / "image.lock.json")
+    shown = cli("image", "show", str(tmp_path / "image.lock.json"))
+    assert shown.exit_code == 0, shown.stderr
+    line = f"project gridcells 0.1.0 on the base pin {sha(1)[:19]}: shapely 2.2.0, gridcells 0.1.0"
+    assert line in shown.stdout
+    write_pin(base_pin(), tmp_path / "base.json")  # a base pin: no project line
+    assert "project" not in cli("image", "show", str(tmp_path / "base.json")).stdout
