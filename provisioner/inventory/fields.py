@@ -45,7 +45,10 @@ TOP_FIELDS = {
     "runtime": "how Ray runs on the nodes: a runtime's name (default docker: the pinned image)",
     "scheduler": "instead of head and workers: {type: slurm, login, partition, nodes, time, ...}",
     "price_per_node_hour": "what one node-hour costs you (a number): a job's cost in summary.json",
+    "storage": "Tune's storage every node shares: {kind: head} (default: an S3 store the head "
+    "serves) or {kind: none} (Ray's own: a local folder on each node)",
 }
+STORAGE_KINDS = ("head", "none")
 SSH_FIELDS = {
     "user": "login user",
     "key": "private key file (relative to the inventory)",
@@ -311,6 +314,21 @@ def check_flag(value: Any, where: Where, field: str, *, default: bool) -> bool:
     if not isinstance(value, bool):
         raise where.error(field, f"expected true or false, got {value!r}", f"{field}: true")
     return value
+
+
+def check_storage(value: Any, where: Where, field: str) -> str:
+    """`storage: {kind: head|none}`: the storage jobs get (absent: "head")."""
+    if value is None:
+        return "head"
+    example = (
+        f"write `{field}: {{kind: none}}` (Ray's own storage), or leave it out (the head's store)"
+    )
+    if not isinstance(value, dict) or set(value) - {"kind"}:
+        raise where.error(field, f"expected {{kind: head|none}}, got {value!r}", example)
+    kind = value.get("kind", "head")
+    if kind not in STORAGE_KINDS:
+        raise where.error(field, f"kind {kind!r} is not one of {', '.join(STORAGE_KINDS)}", example)
+    return str(kind)
 
 
 def check_size(value: Any, where: Where, field: str) -> int | None:

@@ -33,6 +33,7 @@ from provisioner.inventory.fields import (
     check_resource_map,
     check_runtime,
     check_size,
+    check_storage,
     check_user,
 )
 from provisioner.inventory.located import LocatedList, LocatedMap
@@ -222,4 +223,5 @@ def parse_native(path: Path, document: Any) -> RawInventory:
             "price_per_node_hour",
         ),
         slurm=scheduler.slurm if scheduler else None,
+        storage=check_storage(document.get("storage"), _line(document, "storage", top), "storage"),
     )

@@ -1,0 +1,141 @@
+"""Storage every node shares (issue 44, item 3): the head's store's commands, a job's
+variables and the inventory's `storage:` setting, by string. The behaviour itself is
+tested on the lab (tests/e2e/test_jobs.py: a Tune script checkpointing on a worker)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from provisioner.cluster import storage as lifecycle
+from provisioner.errors import InventoryError
+from provisioner.inventory import RayPorts, load_inventory
+from provisioner.jobs.spec import JobSpec
+from provisioner.node import layout, storage
+from tests.unit.inventories import make_inventory
+
+STORE = storage.HeadStore("demo", "10.250.9.10", "AK", "SK")
+SHA = "ab" * 32
+
+
+def test_ports_are_distinct_and_outside_rays_own_by_default() -> None:
+    ports = [STORE.port(n) for n in storage.PORT_NAMES]
+    assert ports == list(range(23300, 23310))
+    ray = RayPorts()
+    assert not set(ports) & set(ray.named().values())
+    assert not any(ray.min_worker <= p <= ray.max_worker for p in ports)
+
+
+def test_a_port_block_puts_the_store_in_rays_gap() -> None:
+    block = RayPorts.from_base(30000)
+    ports = storage.store_ports(block)
+    assert sorted(ports.values()) == list(range(30020, 30030))
+    assert not set(ports.values()) & block.all_ports()
+
+
+def test_start_checks_the_binary_binds_the_heads_address_and_makes_the_bucket() -> None:
+    cmd = storage.start_command(STORE, SHA)
+    binary = '"$HOME"/' + shlex.quote(f".provisioner/bin/weed-{SHA}")
+    assert cmd.startswith(f'{{ [ "$(sha256sum {binary} 2>/dev/null | cut -d" " -f1)" = {SHA} ]')
+    assert "-ip.bind=10.250.9.10" in cmd and "setsid " + binary + " server" in cmd
+    for name, flag in storage.PORT_FLAGS:
+        assert f" {flag}={STORE.port(name)}" in cmd
+    assert f"-s3.config={layout.node_path('demo', 'storage', 's3.json')}" in cmd
+    assert f"echo $! > {layout.node_path('demo', 'storage', 'server.pid')}" in cmd
+    # started only when not running (its pid file's process), under umask 077
+    assert f"if ! {{ {storage.running_test(STORE)}; }}; then umask 077 && " in cmd
+    assert "-master=10.250.9.10:23300.23301" in cmd
+    assert shlex.quote("s3.bucket.create -name ray-results") in cmd
+
+
+def test_identities_carry_the_clusters_key_only() -> None:
+    (identity,) = json.loads(storage.s3_config(STORE))["identities"]
+    assert identity["credentials"] == [{"accessKey": "AK", "secretKey": "SK"}]
+    assert f"printf '%s' {shlex.quote(storage.s3_config(STORE))} > " in storage.start_command(
+        STORE, SHA
+    )
+
+
+def test_the_binary_lands_under_a_temporary_name_checked_then_renamed() -> None:
+    cmd = storage.receive_binary_command(SHA)
+    part = '"$HOME"/' + shlex.quote(f".provisioner/bin/.weed-{SHA}.part")
+    assert f"cat > {part} && " in cmd
+    assert cmd.index("sha256sum " + part) < cmd.index(f"mv -f {part} ")
+    assert cmd.endswith(f"mv -f {part} {storage.binary_path(SHA)}")
+
+
+def test_stop_waits_then_kills_removes_sockets_and_keeps_data_unless_purged() -> None:
+    kept = storage.stop_command(STORE)
+    assert 'kill "$p"' in kept and f"seq {storage.STOP_GRACE_S}" in kept
+    assert kept.index('kill "$p"') < kept.index('kill -9 "$p"')
+    assert "/tmp/seaweedfs-s3-23306.sock" in kept and "/tmp/seaweedfs-*-grpc-23301.sock" in kept
+    assert "rm -rf" not in kept
+    purged = storage.stop_command(STORE, purge=True)
+    assert purged.endswith(f"; rm -rf {layout.node_path('demo', 'storage', 'data')}")
+
+
+def test_a_job_gets_its_own_folder_of_the_store_and_the_keys() -> None:
+    env = storage.job_env(STORE, "tune-1")
+    assert env["RAY_STORAGE"] == "s3://ray-results/demo/tune-1"
+    assert env["AWS_ENDPOINT_URL"] == "http://10.250.9.10:23306"
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("AK", "SK")
+    spec = JobSpec(playbook=Path("/x/p.py"), job_id="tune-1", storage=env, env={"A": "1"})
+    got = spec.runtime_env()["env_vars"]
+    assert got["RAY_STORAGE"] == env["RAY_STORAGE"] and got["A"] == "1"
+    # positive control: without a store, no storage variable
+    assert "RAY_STORAGE" not in JobSpec(playbook=Path("/x/p.py")).runtime_env()["env_vars"]
+
+
+def test_the_sync_carries_the_keys_on_stdin_and_copies_under_ray_results() -> None:
+    text = storage.sync_input(STORE).decode()
+    assert '"secret_key": "SK"' in text and "ray_results" in text
+    assert "os.replace(tmp, target)" in text
+    compile(text, "sync", "exec")  # valid Python as sent
+
+
+def test_the_record_and_the_variables_follow_the_inventorys_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    inv = make_inventory(tmp_path)
+    assert lifecycle.read_store(inv) is None and lifecycle.job_env(inv, "j") == {}
+    lifecycle._write_record(inv, lifecycle.planned(inv))
+    record = lifecycle.record_path(inv)
+    assert record.stat().st_mode & 0o777 == 0o600
+    first = lifecycle.read_store(inv)
+    assert first is not None and first.address == "10.250.9.10"
+    assert lifecycle.planned(inv).secret_key == first.secret_key  # keys made once
+    assert lifecycle.job_env(inv, "j")["RAY_STORAGE"] == "s3://ray-results/demo/j"
+    off = make_inventory(tmp_path, storage="none")
+    assert lifecycle.read_store(off) is None and lifecycle.job_env(off, "j") == {}
+
+
+INV = """\
+cluster: lab
+ssh: {user: lab, key: id_ed25519}
+head: 10.0.0.10
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "kind"),
+    [("", "head"), ("storage: {kind: none}\n", "none"), ("storage: {}\n", "head")],
+)
+def test_the_inventorys_storage(tmp_path: Path, extra: str, kind: str) -> None:
+    (tmp_path / "id_ed25519").write_text("k\n")
+    (tmp_path / "id_ed25519").chmod(0o600)
+    (tmp_path / "inv.yaml").write_text(INV + extra)
+    assert load_inventory(tmp_path / "inv.yaml").storage == kind
+
+
+@pytest.mark.parametrize("value", ["{kind: nfs}", "none", "{path: /x, kind: head}"])
+def test_a_bad_storage_is_refused_with_its_fix(tmp_path: Path, value: str) -> None:
+    (tmp_path / "id_ed25519").write_text("k\n")
+    (tmp_path / "id_ed25519").chmod(0o600)
+    (tmp_path / "inv.yaml").write_text(INV + f"storage: {value}\n")
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(tmp_path / "inv.yaml")
+    assert "storage" in str(caught.value) and "kind: none" in (caught.value.fix or "")
