@@ -139,3 +139,25 @@ def test_a_bad_storage_is_refused_with_its_fix(tmp_path: Path, value: str) -> No
     with pytest.raises(InventoryError) as caught:
         load_inventory(tmp_path / "inv.yaml")
     assert "storage" in str(caught.value) and "kind: none" in (caught.value.fix or "")
+
+
+def _busy(process: str) -> list[tuple[str, str]]:
+    from provisioner.checks.facts import Listener, NodeFacts
+    from provisioner.checks.intent import Plan
+    from provisioner.checks.port_checks import check_ports
+    from provisioner.inventory import Node, SSHSettings
+    from provisioner.runtime.docker.runtime import CAPS
+
+    head = Node("head-0", "10.250.9.10", "head", SSHSettings(user="lab"))
+    facts = NodeFacts(host="head-0", listening=(Listener("10.250.9.10", 23306, process, 7),))
+    plan = Plan(
+        ports=RayPorts(), head="head-0", caps=CAPS, storage_ports=storage.store_ports(RayPorts())
+    )
+    return [(f.severity, f.message + " / " + (f.fix or "")) for f in check_ports(head, facts, plan)]
+
+
+def test_the_doctor_wants_the_stores_ports_free_on_the_head() -> None:
+    ((severity, text),) = _busy("python3")
+    assert severity == "error" and "23306 (storage.s3)" in text and "kind: none" in text
+    # the store already serving there (a running cluster's) is no fault
+    assert [s for s, _ in _busy("weed-3fa71d325c")] == ["ok"]
