@@ -79,8 +79,8 @@ def record_path(inventory: Inventory) -> Path:
 
 
 def read_store(inventory: Inventory) -> HeadStore | None:
-    """The store recorded for this cluster (None: none, or storage is off)."""
-    if inventory.storage == "none":
+    """The store recorded for this cluster (None: none, or the inventory uses no store)."""
+    if inventory.storage != "head":
         return None
     path = record_path(inventory)
     try:
@@ -164,9 +164,13 @@ def binary(report: Reporter = quiet, images_dir: Path | None = None) -> Binary:
 
 def ensure(inventory: Inventory, pool: Pool, report: Reporter = quiet) -> StoreState | None:
     """The head serves the cluster's store (started unless it runs), its bucket made, the
-    store recorded; None when the inventory turns storage off."""
+    store recorded; None when the inventory turns storage off. With a shared folder
+    (`storage: {path: DIR}`, proven by the doctor's storage.shared) there is nothing to
+    start: its state only."""
     if inventory.storage == "none":
         return None
+    if inventory.storage == "path":
+        return StoreState("", storage.path_root(inventory.storage_path, inventory.cluster))
     t0 = time.monotonic()
     store = planned(inventory)
     weed = binary(report)
@@ -234,8 +238,17 @@ def state(inventory: Inventory, session: Session) -> StoreState | None:
 
 def job_env(inventory: Inventory | None, job_id: str) -> dict[str, str]:
     """A job's storage variables (its runtime_env), or none when no store is recorded."""
+    if inventory is not None and inventory.storage == "path":
+        return storage.path_env(inventory.storage_path, inventory.cluster, job_id)
     store = read_store(inventory) if inventory is not None else None
     return storage.job_env(store, job_id) if store is not None else {}
+
+
+def _sync_input(inventory: Inventory | None) -> bytes | None:
+    if inventory is not None and inventory.storage == "path":
+        return storage.path_sync_input(inventory.storage_path, inventory.cluster)
+    store = read_store(inventory) if inventory is not None else None
+    return storage.sync_input(store) if store is not None else None
 
 
 @dataclass
@@ -258,20 +271,18 @@ class Sync:
         force: bool = False,
     ) -> None:
         now = time.monotonic()
-        store = read_store(inventory) if inventory is not None else None
-        if store is None or (not force and now - self.last < self.every):
+        script = _sync_input(inventory)
+        if script is None or inventory is None or (not force and now - self.last < self.every):
             return
         self.last = now
-        got = session.run(
-            runtime.python_command(job_id), timeout=600, stdin=storage.sync_input(store)
-        )
+        got = session.run(runtime.python_command(job_id), timeout=600, stdin=script)
         if not got.ok:
             raise OperationError(
                 f"Tune's results of job {job_id} could not be copied from the store: "
                 f"{got.stderr.strip()[-400:]}",
                 "check that the head's store runs (provisioner status); then "
                 f"provisioner jobs results {job_id}",
-                where=inventory.head.name if inventory else "",
+                where=inventory.head.name,
             )
         try:
             done = json.loads(got.stdout.strip().splitlines()[-1])

@@ -297,6 +297,7 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
             tls=raw.tls,
             price_per_node_hour=raw.price_per_node_hour,
             storage=raw.storage,
+            storage_path=raw.storage_path,
             ray_subnet=raw.ray_subnet,
             ray_subnet_where=raw.ray_subnet_where,
             slurm=raw.slurm,
@@ -330,4 +331,5 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
         ray_subnet=raw.ray_subnet,
         ray_subnet_where=raw.ray_subnet_where,
         storage=raw.storage,
+        storage_path=raw.storage_path,
     )

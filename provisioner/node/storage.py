@@ -122,6 +122,16 @@ def job_env(store: HeadStore, job_id: str) -> dict[str, str]:
     }
 
 
+def path_root(path: str, cluster: str) -> str:
+    """Tune's storage of this cluster in a folder every node mounts at `path`."""
+    return f"{path}/{cluster}"
+
+
+def path_env(path: str, cluster: str, job_id: str) -> dict[str, str]:
+    """A job's variables with a shared folder: Tune's default storage, one folder per job."""
+    return {"RAY_STORAGE": f"{path_root(path, cluster)}/{job_id}"}
+
+
 def _dir(store: HeadStore, *parts: str) -> str:
     return layout.node_path(store.cluster, "storage", *parts)
 
@@ -248,9 +258,12 @@ import json, os, sys
 import pyarrow.fs as pf
 cfg = CFG
 job = sys.argv[1]
-fs = pf.S3FileSystem(access_key=cfg["access_key"], secret_key=cfg["secret_key"],
-                     endpoint_override=cfg["endpoint"], scheme="http", region=cfg["region"])
-base = cfg["bucket"] + "/" + cfg["cluster"] + "/" + job
+if cfg["kind"] == "path":
+    fs = pf.LocalFileSystem()
+else:
+    fs = pf.S3FileSystem(access_key=cfg["access_key"], secret_key=cfg["secret_key"],
+                         endpoint_override=cfg["endpoint"], scheme="http", region=cfg["region"])
+base = cfg["root"] + "/" + job
 dest = os.path.join(os.environ["PROVISIONER_RESULTS_ROOT"], job, "ray_results")
 try:
     infos = fs.get_file_info(pf.FileSelector(base, recursive=True, allow_not_found=True))
@@ -291,13 +304,22 @@ print(json.dumps({"copied": copied, "bytes": size}))
 def sync_input(store: HeadStore) -> bytes:
     """stdin of `SYNC_SCRIPT` (`python -`): the store's record as `CFG`, then the script."""
     record = {
+        "kind": "s3",
         "access_key": store.access_key,
         "secret_key": store.secret_key,
         "endpoint": store.endpoint,
         "region": REGION,
-        "bucket": BUCKET,
-        "cluster": store.cluster,
+        "root": f"{BUCKET}/{store.cluster}",
     }
+    return _script(record)
+
+
+def path_sync_input(path: str, cluster: str) -> bytes:
+    """stdin of `SYNC_SCRIPT` for a shared folder (`storage: {path: DIR}`)."""
+    return _script({"kind": "path", "root": path_root(path, cluster)})
+
+
+def _script(record: dict[str, str]) -> bytes:
     return (
         f"CFG = {json.dumps(record)!r}\nimport json as _j\nCFG = _j.loads(CFG)\n" + SYNC_SCRIPT
     ).encode()

@@ -416,7 +416,7 @@ def test_down_stops_the_store_keeps_its_data_and_purge_removes_it(
         f"pgrep -u $(id -u) -fc '[w]eed-.* server' || true; "
         f"ss -Htln | awk '{{print $4}}' | grep -Ec ':({ports})$' || true; "
         f"ls /tmp/seaweedfs-*-{store.port('s3')}.sock /tmp/seaweedfs-*-grpc-{store.base_port}* "
-        f"2>/dev/null | wc -l; du -sb {data} 2>/dev/null | cut -f1 || echo none"
+        f"2>/dev/null | wc -l; if [ -d {data} ]; then du -sb {data} | cut -f1; else echo none; fi"
     )
     running = ssh(lab, head, look).stdout.split()
     assert running[0] == "1" and int(running[1]) >= 4, running  # positive control

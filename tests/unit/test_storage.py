@@ -161,3 +161,46 @@ def test_the_doctor_wants_the_stores_ports_free_on_the_head() -> None:
     assert severity == "error" and "23306 (storage.s3)" in text and "kind: none" in text
     # the store already serving there (a running cluster's) is no fault
     assert [s for s, _ in _busy("weed-3fa71d325c")] == ["ok"]
+
+
+def test_a_shared_folder_is_tunes_storage_mounted_at_the_same_path(tmp_path: Path) -> None:
+    from provisioner.runtime.containers import storage_options
+
+    shared = make_inventory(tmp_path, storage="path", storage_path="/mnt/nfs/ray")
+    assert lifecycle.job_env(shared, "j") == {"RAY_STORAGE": "/mnt/nfs/ray/demo/j"}
+    assert storage_options(shared) == ["--mount type=bind,source=/mnt/nfs/ray,target=/mnt/nfs/ray"]
+    assert storage_options(make_inventory(tmp_path)) == []  # the head's store: no mount
+    script = storage.path_sync_input("/mnt/nfs/ray", "demo").decode()
+    assert '"kind": "path"' in script and '"root": "/mnt/nfs/ray/demo"' in script
+
+
+def test_the_inventorys_shared_path(tmp_path: Path) -> None:
+    (tmp_path / "id_ed25519").write_text("k\n")
+    (tmp_path / "id_ed25519").chmod(0o600)
+    (tmp_path / "inv.yaml").write_text(INV + "storage: {path: /mnt/nfs/ray/}\n")
+    inv = load_inventory(tmp_path / "inv.yaml")
+    assert (inv.storage, inv.storage_path) == ("path", "/mnt/nfs/ray")
+    (tmp_path / "bad.yaml").write_text(INV + "storage: {path: relative/x}\n")
+    with pytest.raises(InventoryError, match="not an absolute path"):
+        load_inventory(tmp_path / "bad.yaml")
+
+
+def test_the_shared_check_writes_on_the_head_and_names_each_node_that_cannot_read() -> None:
+    from provisioner.checks.storage_checks import Answer, judge_shared, shared_write_command
+
+    cmd = shared_write_command("/mnt/x y", ".f", "TOKEN")
+    assert (
+        cmd
+        == "mkdir -p '/mnt/x y' && printf '%s' TOKEN > '/mnt/x y/.f' && df -Pk '/mnt/x y' | tail -1"
+    )
+    df = "fs 1000 10 2097152 1% /mnt/x"
+    wrote = Answer(0, df + "\n")
+    good = {"w1": Answer(0, "TOKEN"), "w2": Answer(0, "TOKEN")}
+    ((f,),) = [judge_shared("/mnt/x", "head", "TOKEN", wrote, good)]
+    assert (f.severity, f.host) == ("ok", "cluster") and "2.0 GiB free" in f.message
+    bad = {"w1": Answer(0, "TOKEN"), "w2": Answer(1, "", "cat: No such file")}
+    (f,) = judge_shared("/mnt/x", "head", "TOKEN", wrote, bad)
+    assert (f.check, f.severity, f.host) == ("storage.shared", "error", "w2")
+    assert "mount the filesystem head has at /mnt/x on w2" in f.fix
+    (f,) = judge_shared("/mnt/x", "head", "TOKEN", Answer(1, "", "Permission denied"), {})
+    assert (f.severity, f.host) == ("error", "head") and "Permission denied" in f.evidence
