@@ -93,3 +93,23 @@ def judge_shared(
             f"{path} is shared: written on {head}, read on {len(reads)} other node(s){space}",
         )
     ]
+
+
+def candidates(mounts: Mapping[str, tuple[tuple[str, str, str], ...]]) -> list[Finding]:
+    """Network filesystems mounted at the same path, from the same source, on every node
+    (`NodeFacts.net_mounts` by node): named as candidates for `storage: {path: DIR}`, to
+    be proven by storage.shared. Nothing when none is common (or no node answered)."""
+    if not mounts:
+        return []
+    common = set.intersection(*(set(m) for m in mounts.values()))
+    if not common:
+        return []
+    named = ", ".join(f"{path} ({kind} {source})" for path, kind, source in sorted(common))
+    return [
+        ok(
+            CHECK,
+            "cluster",
+            f"network filesystems on every node: {named}; candidates for the inventory's "
+            "storage: {path: DIR} (the doctor then proves it shared)",
+        )
+    ]

