@@ -50,9 +50,24 @@ BLOCK_OFFSET = 20  # within a cluster's port block
 STOP_GRACE_S = 60  # SeaweedFS stops gracefully in about 20 s on the lab; SIGKILL after this
 
 
+ABOVE_BLOCKS = 32000  # 10-port slots below Linux's ephemeral range (32768-60999)
+
+
 def base_port(ports: RayPorts) -> int:
-    """The store's first port: the cluster's block + 20 when the inventory gives one."""
-    return DEFAULT_BASE if ports == RayPorts() else ports.gcs + BLOCK_OFFSET
+    """The store's first port: with Ray's default ports DEFAULT_BASE; with a port block
+    (`ray: {port_base: N}`) N+20, in the gap Ray leaves before its worker ports; for a
+    block too small for that gap (a SLURM job's 100 ports: DEFAULT_BASE is another job's
+    block there), a slot of 10 ports above the blocks. Never one of Ray's ports."""
+    size = len(PORT_NAMES)
+    slot = ABOVE_BLOCKS + size * ((ports.gcs // 100) % ((32768 - ABOVE_BLOCKS) // size))
+    choices = [ports.gcs + BLOCK_OFFSET, slot, DEFAULT_BASE]
+    if ports == RayPorts():
+        choices.insert(0, DEFAULT_BASE)
+    taken = ports.all_ports()
+    for base in choices:
+        if base + size <= 65536 and not taken & set(range(base, base + size)):
+            return base
+    return slot
 
 
 def store_ports(ports: RayPorts) -> dict[str, int]:

@@ -266,3 +266,14 @@ def test_network_mounts_on_every_node_are_named_as_candidates(tmp_path: Path) ->
     assert re.search(r"/mnt/nfs \(nfs4 srv:/export\); candidates", found.message), found
     assert "/mnt/fuse" not in found.message  # not on every node
     assert candidates({"n0": facts.net_mounts, "n1": ()}) == []
+
+
+def test_a_slurm_jobs_small_block_puts_the_store_outside_every_block() -> None:
+    from provisioner.inventory.allocation import job_ports
+
+    ports = job_ports(4242)  # a block of 100: Ray's workers from its +10
+    base = storage.base_port(ports)
+    assert base >= 32000 and base + 10 <= 32768
+    assert not set(range(base, base + 10)) & ports.all_ports()
+    odd = RayPorts(gcs=9995)  # its +20 is a worker's port
+    assert not set(storage.store_ports(odd).values()) & odd.all_ports()
