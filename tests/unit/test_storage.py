@@ -39,16 +39,26 @@ def test_a_port_block_puts_the_store_in_rays_gap() -> None:
 def test_start_checks_the_binary_binds_the_heads_address_and_makes_the_bucket() -> None:
     cmd = storage.start_command(STORE, SHA)
     binary = '"$HOME"/' + shlex.quote(f".provisioner/bin/weed-{SHA}")
-    assert cmd.startswith(f'{{ [ "$(sha256sum {binary} 2>/dev/null | cut -d" " -f1)" = {SHA} ]')
+    running = storage.running_test(STORE)
+    sig = layout.node_path("demo", "storage", "server.sig")
+    # kept when it runs as recorded; else one running otherwise is stopped first
+    assert cmd.startswith(
+        f'if {{ {running}; }} && [ "$(cat {sig} 2>/dev/null)" = {storage.signature(STORE)} ]; '
+        f"then exit 0; fi; if {{ {running}; }}; then {storage.stop_command(STORE)}; fi; "
+    )
+    check = f'[ "$(sha256sum {binary} 2>/dev/null | cut -d" " -f1)" = {SHA} ]'
+    assert cmd.index(check) < cmd.index("setsid ")  # checked before use; exit 4 if not
+    assert "exit 4" in cmd
     assert "-ip.bind=10.250.9.10" in cmd and "setsid " + binary + " server" in cmd
     for name, flag in storage.PORT_FLAGS:
         assert f" {flag}={STORE.port(name)}" in cmd
     assert f"-s3.config={layout.node_path('demo', 'storage', 's3.json')}" in cmd
     assert f"echo $! > {layout.node_path('demo', 'storage', 'server.pid')}" in cmd
-    # started only when not running (its pid file's process), under umask 077
-    assert f"if ! {{ {storage.running_test(STORE)}; }}; then umask 077 && " in cmd
+    assert "umask 077 && " in cmd
     assert "-master=10.250.9.10:23300.23301" in cmd
     assert shlex.quote("s3.bucket.create -name ray-results") in cmd
+    other = storage.HeadStore("demo", "10.250.9.10", "AK", "SK2")
+    assert storage.signature(other) != storage.signature(STORE)  # new keys: restarted
 
 
 def test_identities_carry_the_clusters_key_only() -> None:
