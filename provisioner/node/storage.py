@@ -208,6 +208,7 @@ def server_command(store: HeadStore, sha256: str) -> str:
             f"-s3.config={_dir(store, 's3.json')}",
             "-master.volumeSizeLimitMB=256",
             "-volume.preStopSeconds=0",  # else 10 s of heartbeat-less wait on every stop
+            "-master.electionTimeout=1s",  # one master: a restart over its data waited 10 s+
             *(f"{flag}={store.port(name)}" for name, flag in PORT_FLAGS),
         ]
     )
