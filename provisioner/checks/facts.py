@@ -132,6 +132,8 @@ class NodeFacts:
     ray_owners: tuple[RayProcess, ...] = ()
     ray_session: str = ""
     rsync: str = ""
+    # network filesystems mounted here: (mountpoint, type, source), from /proc/mounts
+    net_mounts: tuple[tuple[str, str, str], ...] = ()
     listener_pid: int | None = None
     bound_ports: tuple[int, ...] = ()
     complete: bool = False  # the script ran to its end
@@ -139,6 +141,16 @@ class NodeFacts:
     # the runtime's own facts (its section of the round, `Judges.facts`), parsed by it
     runtime: RuntimeFacts = field(default_factory=RuntimeFacts)
     gpu: GpuFacts = field(default_factory=GpuFacts)  # NVIDIA GPUs, driver, container toolkit
+
+
+def _net_mounts(text: str) -> tuple[tuple[str, str, str], ...]:
+    """`MOUNTPOINT TYPE SOURCE` lines (/proc/mounts' octal escapes kept as they are)."""
+    found = []
+    for line in _lines(text):
+        words = line.split()
+        if len(words) == 3 and words[0].startswith("/"):
+            found.append((words[0], words[1], words[2]))
+    return tuple(found)
 
 
 def split_sections(text: str) -> dict[str, str]:
@@ -329,6 +341,7 @@ def parse_facts(
         ray_owners=_ray_owners(s.get("ray_owners", "")),
         ray_session=s.get("ray_session", ""),
         rsync=s.get("rsync", ""),
+        net_mounts=_net_mounts(s.get("net_mounts", "")),
         listener_pid=pid,
         bound_ports=bound,
         complete="end" in s,

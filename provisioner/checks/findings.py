@@ -43,6 +43,8 @@ SHARED_CHECKS: dict[str, str] = {
     "resources.memory": "memory for Ray and its object store",
     "resources.cpu": "CPU count",
     "clock.offset": "the node's clock agrees with this machine's",
+    "storage.shared": "the inventory's storage: {path: DIR} is one filesystem on every node (a "
+    "file written on the head, read on every other node), and its free space",
     "tools.rsync": "rsync is installed (Ray's own `ray up` copies files with it)",
     "doctor.facts": "the fact-gathering script ran to its end",
     "gpu.driver": "a node with NVIDIA GPUs (or asked for them) has a working driver: nvidia-smi "

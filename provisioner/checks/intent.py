@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from provisioner.inventory import Inventory, RayPorts
 from provisioner.inventory.models import DEFAULT_RUNTIME
 from provisioner.node.capabilities import Capabilities
+from provisioner.node.storage import store_ports
 
 CLOCK_WARN_S = 1.0
 DISK_ERROR_GIB = 5.0  # the Ray image alone unpacks to about 2.5 GiB
@@ -47,6 +48,9 @@ class Plan:
     free_base: int | None = None  # a `port_base` free on every node, once the facts are in
     caps: Capabilities = field(kw_only=True)  # what the runtime does (`Runtime.caps`)
     runtime_label: str = field(default="", kw_only=True)  # its display name (`Judges.label`)
+    # the head's store's ports (node.storage.store_ports), checked free on the head; none
+    # with `storage: {kind: none}`
+    storage_ports: dict[str, int] = field(default_factory=dict, kw_only=True)
 
     @property
     def label(self) -> str:
@@ -77,4 +81,5 @@ def plan_for(
         cluster=inventory.cluster,
         caps=caps,
         runtime_label=label,
+        storage_ports={} if inventory.storage == "none" else store_ports(inventory.ports),
     )

@@ -14,12 +14,17 @@ from provisioner.inventory import Node
 from provisioner.node import layout
 
 RAY_PROCESSES = ("raylet", "gcs_server", "ray::")
+STORE_PROCESS = "weed-"  # the head's store (node.storage.binary_path: weed-SHA256)
 
 
 def _holder(listener: Listener) -> str:
     if listener.process:
         return f"{listener.process} (pid {listener.pid})"
     return "a process of another user (run the doctor with passwordless sudo to name it)"
+
+
+def _is_store(listener: Listener) -> bool:
+    return listener.process.startswith(STORE_PROCESS)
 
 
 def _is_ray(listener: Listener) -> bool:
@@ -86,9 +91,14 @@ def check_ports(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
         by_port.setdefault(listener.port, []).append(listener)
     findings = []
     others = 0
-    for name, port in needed_ports(node, plan.ports).items():
+    wanted = needed_ports(node, plan.ports)
+    if node.is_head:
+        wanted |= plan.storage_ports
+    for name, port in wanted.items():
         if port not in by_port:
             continue
+        if name.startswith("storage.") and all(_is_store(h) for h in by_port[port]):
+            continue  # a store of SeaweedFS on this cluster's store ports: its own, running
         owner = port_owner(f, port)
         if _another_cluster(owner, plan):
             others += 1  # ray.cluster names it, with the other cluster
@@ -104,10 +114,12 @@ def check_ports(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
                 f"too), or {block_fix(plan)}"
             )
         else:
-            fix = (
-                f"stop what holds port {port} on {node.name}, or {block_fix(plan)} "
-                f"(or move this one port: ray.ports.{name})"
+            one = (
+                "or turn the head's store off: storage: {kind: none}"
+                if name.startswith("storage.")
+                else f"or move this one port: ray.ports.{name}"
             )
+            fix = f"stop what holds port {port} on {node.name}, or {block_fix(plan)} ({one})"
         findings.append(
             error(
                 "ports.free",
@@ -118,9 +130,7 @@ def check_ports(node: Node, f: NodeFacts, plan: Plan) -> list[Finding]:
             )
         )
     if not findings and not others:
-        findings.append(
-            ok("ports.free", node.name, f"{len(needed_ports(node, plan.ports))} Ray ports free")
-        )
+        findings.append(ok("ports.free", node.name, f"{len(wanted)} Ray ports free"))
     busy_range = sorted(
         p
         for p in by_port

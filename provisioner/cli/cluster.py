@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from provisioner.cluster import status as status_mod
     from provisioner.cluster.board import Board
     from provisioner.cluster.logs import LogMatch
+    from provisioner.cluster.storage import StoreState
     from provisioner.jobs.control import Stopped
 
 ForceOption = Annotated[bool, typer.Option("--force", help="Go on despite doctor errors.")]
@@ -308,6 +309,19 @@ def status_table(st: status_mod.ClusterStatus) -> Table:
     return table
 
 
+def _store_state(inv: Inventory) -> StoreState | None:
+    """The head's store (address, bytes used), when this cluster records one."""
+    from provisioner.cluster import storage
+
+    if storage.read_store(inv) is None or not inv.allocated:
+        return None
+    try:
+        with Pool(inv) as pool:
+            return storage.state(inv, pool.session(inv.head))
+    except ProvisionerError:
+        return None
+
+
 def status(inventory: InventoryOption, json_: JsonOption = False) -> None:
     """Each node's SSH, container, image and Ray liveness; exit 1 when unhealthy.
     SLURM: the job's state, nodes and time left too (a warning when the limit is near)."""
@@ -316,12 +330,21 @@ def status(inventory: InventoryOption, json_: JsonOption = False) -> None:
     out = output(json_)
     inv = load_inventory(inventory)
     st, job = status_mod.status_cluster(cluster_context(inv), out.progress)
+    store = _store_state(inv)
     if json_:
-        out.emit({**st.to_json(), **({"slurm": job.to_json()} if job is not None else {})})
+        out.emit(
+            {
+                **st.to_json(),
+                "storage": store.to_json() if store is not None else None,
+                **({"slurm": job.to_json()} if job is not None else {}),
+            }
+        )
     else:
         table = status_table(st)
         out.out.print(table)
         out.say(f"{st.alive_nodes}/{st.expected_nodes} nodes alive at {st.address}")
+        if store is not None:
+            out.say(store.line())
         if st.outside:
             out.say(
                 f"{len(st.outside)} node(s) in this cluster that the inventory does not list: "
@@ -344,12 +367,20 @@ def down(
     results: Annotated[
         Path, typer.Option("--results", help="Where a stopped job's results/JOB/ goes.")
     ] = Path("results"),
+    purge: Annotated[
+        bool,
+        typer.Option(
+            "--purge",
+            help="Also remove the head's store's data (Tune's results and checkpoints there).",
+        ),
+    ] = False,
     json_: JsonOption = False,
 ) -> None:
     """Collect logs, stop workers then the head, remove containers, check ports are free.
 
     With a job running: refuses, unless --yes (the job is stopped and its results come home
-    first). Exit 1 when an inventory node's Ray could not be removed; a node that left the
+    first). Then the head's store stops; its data stays for the next `up` unless --purge.
+    Exit 1 when an inventory node's Ray could not be removed; a node that left the
     inventory and could not be reached is a warning (exit 0): the next `up` changes the token."""
     from provisioner.cluster import down as down_mod
 
@@ -363,7 +394,9 @@ def down(
         stopped.extend(_stop_jobs(cluster.on(held), results, yes, out))
 
     target = None if no_logs else (logs_dir or _default_logs_dir(inv))
-    result = down_mod.down_cluster(cluster, out.progress, logs_dir=target, on_nodes=on_nodes)
+    result = down_mod.down_cluster(
+        cluster, out.progress, logs_dir=target, on_nodes=on_nodes, purge=purge
+    )
     if result.queued_only:  # a job still queued, or none: nothing ran on any node
         _say_queued(out, result, json_)
         return

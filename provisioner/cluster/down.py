@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.cluster import allocation, logs, membership, rotation, subnet
+from provisioner.cluster import allocation, logs, membership, rotation, storage, subnet
 from provisioner.console import Reporter, quiet
 from provisioner.errors import ProvisionerError
 from provisioner.inventory import Inventory, Node
@@ -78,8 +78,10 @@ def bring_down(
     *,
     logs_dir: Path | None,
     runtime: Runtime,
+    purge: bool = False,
 ) -> DownResult:
-    """Idempotent: nodes without this cluster's Ray are fine; unreachable nodes are errors."""
+    """Idempotent: nodes without this cluster's Ray are fine; unreachable nodes are errors.
+    After Ray, the head's store stops (its data kept unless `purge`)."""
     result = DownResult()
     if logs_dir is not None:
         try:
@@ -121,6 +123,10 @@ def bring_down(
             if busy:
                 result.ports_busy[name] = busy
         result.errors.update(group.reasons())
+    try:
+        storage.stop(inventory, pool, report, purge=purge)
+    except ProvisionerError as exc:
+        result.errors["storage"] = f"the head's store not stopped: {exc}"
     return result
 
 
@@ -130,13 +136,14 @@ def down_cluster(
     *,
     logs_dir: Path | None,
     on_nodes: Callable[[Inventory], None] | None = None,
+    purge: bool = False,
 ) -> DownResult:
     """`down`: Ray stopped on the inventory's nodes, then the scheduler's job given back
     (before the allocation ever ran: the job only, nothing on any node, `queued_only`). A
     job still queued after that is an error. `on_nodes`: told the nodes before anything is
     stopped there, when there are nodes (the CLI watches them and stops the running jobs;
     what it raises stops `down` before anything is stopped). `cluster`: the command's
-    context (its runtime is built for the nodes)."""
+    context (its runtime is built for the nodes). `purge`: the head's store's data goes too."""
     inventory = cluster.inventory
     if not allocation.on_nodes(inventory):
         with Pool(inventory) as pool:
@@ -149,7 +156,9 @@ def down_cluster(
         with Pool(inventory) as pool:
             inventory = subnet.resolve_ray_subnet(inventory, pool, report)
             runtime = cluster.on(inventory).runtime
-            result = bring_down(inventory, pool, report, logs_dir=logs_dir, runtime=runtime)
+            result = bring_down(
+                inventory, pool, report, logs_dir=logs_dir, runtime=runtime, purge=purge
+            )
             result.slurm = allocation.give_back(inventory, pool, report)
     if result.slurm is not None and not result.slurm.left_queue:
         result.errors["slurm"] = f"SLURM job {result.slurm.job_id} is still in the queue"

@@ -28,10 +28,12 @@ from provisioner.cluster import (
     preflight,
     rotation,
     status,
+    storage,
     subnet,
 )
 from provisioner.cluster.headprobe import GcsNode
 from provisioner.cluster.status import ClusterStatus
+from provisioner.cluster.storage import StoreState
 from provisioner.console import Reporter, quiet
 from provisioner.doctor import DoctorReport
 from provisioner.doctor.gather import gather_facts, stop_listener_command, stop_listeners
@@ -71,6 +73,7 @@ class UpResult:
     withheld: dict[str, Withheld] = field(default_factory=dict)
     departed: membership.Removal | None = None  # nodes that left the inventory
     token: rotation.TokenPlan = field(default_factory=rotation.TokenPlan)
+    storage: StoreState | None = None  # the head's store every node shares (None: off)
 
     @property
     def warnings(self) -> list[str]:
@@ -98,6 +101,7 @@ class UpResult:
             "gpus_withheld": {name: asdict(w) for name, w in self.withheld.items()},
             "departed": self.departed.to_json() if self.departed else None,
             "token": self.token.to_json(),
+            "storage": self.storage.to_json() if self.storage else None,
             "warnings": self.warnings,
         }
 
@@ -440,6 +444,7 @@ def up(
     try:
         installing.result()
         prepare(ctx, result)
+        serve_storage(ctx, result)
         states = found.ray_states(ctx.runtime) if found else None
         if found is not None:
             _refuse_foreign_gcs(inventory, found, states)
@@ -479,6 +484,15 @@ def prepare(ctx: UpContext, result: UpResult) -> None:
     result.timings["push"] = time.monotonic() - t0
     if result.push is not None and result.push.errors:
         _raise_first(dict(result.push.errors), "could not push the pinned image")
+
+
+def serve_storage(ctx: UpContext, result: UpResult) -> None:
+    """The head serves the storage every node shares (cluster.storage), before any Ray:
+    jobs get it as Tune's default storage. Nothing with `storage: {kind: none}`."""
+    t0 = time.monotonic()
+    result.storage = storage.ensure(ctx.inventory, ctx.pool, ctx.report)
+    if result.storage is not None:
+        result.timings["storage"] = time.monotonic() - t0
 
 
 def bring_up(

@@ -222,6 +222,9 @@ for pid in "${owner_pids[@]}"; do
 done
 section ray_session; [ -e /tmp/ray/session_latest ] && ls -ld /tmp/ray/session_latest 2>/dev/null
 section rsync; command -v rsync
+# network filesystems (candidates for the inventory's storage: {path: DIR}): MOUNTPOINT TYPE SOURCE
+section net_mounts
+awk '$3 ~ /^(nfs|nfs4|cifs|smb3|lustre|gpfs|beegfs|ceph|fuse\..*)$/ {print $2, $3, $1}' /proc/mounts 2>/dev/null
 
 section listener
 if [ -n "$listen_ports" ] && has python3; then

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -35,7 +36,7 @@ from provisioner.doctor.gather import (
 from provisioner.errors import ProvisionerError
 from provisioner.gpu.assignment import plans_for
 from provisioner.inventory import Inventory, Node
-from provisioner.remote import Pool
+from provisioner.remote import Pool, fan_out
 from provisioner.runtime import catalogue
 from provisioner.runtime.context import ClusterContext
 from provisioner.runtime.protocol import Judges, RayState, Runtime
@@ -253,6 +254,42 @@ def deep_gpu_check(
     return findings
 
 
+def prove_shared(pool: Pool, inventory: Inventory, parallelism: int = 32) -> list[Finding]:
+    """`storage.shared`: a random file written in the inventory's storage folder on the
+    head, read on every other node (one round trip each, side by side), removed on the
+    head; judged by `checks.storage_checks.judge_shared`."""
+    import secrets
+
+    from provisioner.checks import storage_checks as storage
+    from provisioner.checks.storage_checks import Answer, judge_shared
+
+    path, head = inventory.storage_path, inventory.head
+    token = secrets.token_hex(16)
+    name = f".provisioner-shared-{inventory.cluster}-{secrets.token_hex(6)}"
+
+    def answer(node: Node, command: str) -> Answer:
+        got = pool.session(node).run(command, timeout=30)
+        return Answer(got.exit_code, got.stdout, got.stderr)
+
+    try:
+        wrote = answer(head, storage.shared_write_command(path, name, token))
+    except ProvisionerError as exc:
+        wrote = Answer(255, stderr=str(exc))
+    reads: dict[str, Answer] = {}
+    if wrote.exit_code == 0:
+        group = fan_out(
+            inventory.workers,
+            lambda n: answer(n, storage.shared_read_command(path, name)),
+            deadline=60,
+            parallelism=parallelism,
+        )
+        reads = dict(group.results)
+        reads.update({n: Answer(255, stderr=str(e)) for n, e in group.errors.items()})
+        with contextlib.suppress(ProvisionerError):
+            pool.session(head).run(storage.shared_remove_command(path, name), timeout=30)
+    return judge_shared(path, head.name, token, wrote, reads)
+
+
 def run_doctor(
     context: ClusterContext,
     pool: Pool | None = None,
@@ -358,6 +395,15 @@ def run_doctor(
                 )
             timings["probes"] = time.monotonic() - t0
             rounds = 3 if not keep_listeners else 2
+        if inventory.storage == "head":
+            from provisioner.checks.storage_checks import candidates
+
+            findings += candidates({n: f.net_mounts for n, f in group.results.items()})
+        if inventory.storage == "path":
+            t0 = time.monotonic()
+            findings += prove_shared(pool, inventory, parallelism)
+            timings["storage"] = time.monotonic() - t0
+            rounds += 1
         if gpu_deep:
             t0 = time.monotonic()
             findings += deep_gpu_check(

@@ -32,6 +32,7 @@ _LABEL_VALUE = re.compile(rf"(?:{_LABEL})?")
 _LABEL_KEY = re.compile(rf"(?:(?=[^/]{{1,253}}/)(?:{_LABEL})(?:\.(?:{_LABEL}))*/)?{_LABEL}")
 RAY_LABEL_PREFIX = "ray.io/"  # reserved for Ray's own labels
 _PYTHON = re.compile(r"/[A-Za-z0-9_./+-]{1,255}")
+_STORAGE_PATH = re.compile(r"/[A-Za-z0-9_.+-][A-Za-z0-9_./+-]{0,254}")
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*", re.IGNORECASE)
 
 # One table per settings schema: name -> what it holds (used for errors and docs).
@@ -45,7 +46,10 @@ TOP_FIELDS = {
     "runtime": "how Ray runs on the nodes: a runtime's name (default docker: the pinned image)",
     "scheduler": "instead of head and workers: {type: slurm, login, partition, nodes, time, ...}",
     "price_per_node_hour": "what one node-hour costs you (a number): a job's cost in summary.json",
+    "storage": "Tune's storage every node shares: {kind: head} (default: an S3 store the head "
+    "serves), {path: DIR} (a filesystem every node mounts at DIR) or {kind: none} (Ray's own)",
 }
+STORAGE_KINDS = ("head", "none")
 SSH_FIELDS = {
     "user": "login user",
     "key": "private key file (relative to the inventory)",
@@ -311,6 +315,30 @@ def check_flag(value: Any, where: Where, field: str, *, default: bool) -> bool:
     if not isinstance(value, bool):
         raise where.error(field, f"expected true or false, got {value!r}", f"{field}: true")
     return value
+
+
+def check_storage(value: Any, where: Where, field: str) -> tuple[str, str]:
+    """`storage: {kind: head|none}` or `{path: DIR}`: the storage jobs get, as (kind, DIR)
+    (absent: the head's store)."""
+    if value is None:
+        return "head", ""
+    example = (
+        f"write `{field}: {{kind: none}}` (Ray's own storage), `{field}: {{path: DIR}}` (a "
+        "folder every node mounts), or leave it out (the head's store)"
+    )
+    if not isinstance(value, dict) or set(value) - {"kind", "path"} or len(value) > 1:
+        raise where.error(
+            field, f"expected {{kind: head|none}} or {{path: DIR}}, got {value!r}", example
+        )
+    if "path" in value:
+        path = str(value["path"]).rstrip("/")
+        if not _STORAGE_PATH.fullmatch(path) or ".." in path.split("/"):
+            raise where.error(field, f"path {value['path']!r} is not an absolute path", example)
+        return "path", path
+    kind = value.get("kind", "head")
+    if kind not in STORAGE_KINDS:
+        raise where.error(field, f"kind {kind!r} is not one of {', '.join(STORAGE_KINDS)}", example)
+    return str(kind), ""
 
 
 def check_size(value: Any, where: Where, field: str) -> int | None:

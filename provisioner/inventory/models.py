@@ -226,6 +226,11 @@ class Inventory:
     ray_subnet: str | None = None
     ray_subnet_where: str = ""  # where the inventory names it (FILE:LINE)
     runtime_field: str = "runtime"  # and by what name (Ansible: provisioner_runtime)
+    # Tune's storage every node shares (node.storage): "head", the S3 store the head
+    # serves (default); "path", a filesystem every node mounts at `storage_path` (the
+    # doctor proves it shared); or "none", Ray's own (a local folder on each node)
+    storage: str = "head"
+    storage_path: str = ""
 
     @property
     def nodes(self) -> tuple[Node, ...]:

@@ -33,6 +33,7 @@ from provisioner.inventory.fields import (
     check_resource_map,
     check_runtime,
     check_size,
+    check_storage,
     check_user,
 )
 from provisioner.inventory.located import LocatedList, LocatedMap
@@ -180,6 +181,9 @@ def parse_native(path: Path, document: Any) -> RawInventory:
     runtime, runtime_where = check_runtime(
         document.get("runtime", DEFAULT_RUNTIME), _line(document, "runtime", top), "runtime"
     )
+    storage, storage_path = check_storage(
+        document.get("storage"), _line(document, "storage", top), "storage"
+    )
     return RawInventory(
         path=path,
         cluster=cluster,
@@ -222,4 +226,6 @@ def parse_native(path: Path, document: Any) -> RawInventory:
             "price_per_node_hour",
         ),
         slurm=scheduler.slurm if scheduler else None,
+        storage=storage,
+        storage_path=storage_path,
     )

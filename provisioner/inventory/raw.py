@@ -58,6 +58,8 @@ class RawInventory:
     ray_python: str | None = None
     tls: bool = True  # TLS on Ray's channels (node.tls)
     price_per_node_hour: float | None = None  # for a job's cost (summary.json)
+    storage: str = "head"  # Tune's shared storage: "head" (the head's store), "path", "none"
+    storage_path: str = ""  # with "path": the folder every node mounts
     ray_subnet: str | None = None  # `ray: {subnet}`: each node's Ray address is its own there
     ray_subnet_where: str = ""  # FILE:LINE of it
     # SLURM (`scheduler:`): the login node (also `head` until the allocation is known)

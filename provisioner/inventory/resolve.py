@@ -296,6 +296,8 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
             ray_python=raw.ray_python,
             tls=raw.tls,
             price_per_node_hour=raw.price_per_node_hour,
+            storage=raw.storage,
+            storage_path=raw.storage_path,
             ray_subnet=raw.ray_subnet,
             ray_subnet_where=raw.ray_subnet_where,
             slurm=raw.slurm,
@@ -328,4 +330,6 @@ def build(raw: RawInventory, config: Path | None, *, openssh: bool | None = None
         price_per_node_hour=raw.price_per_node_hour,
         ray_subnet=raw.ray_subnet,
         ray_subnet_where=raw.ray_subnet_where,
+        storage=raw.storage,
+        storage_path=raw.storage_path,
     )

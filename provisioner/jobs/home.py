@@ -12,9 +12,9 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from provisioner.errors import ReceiveError
+from provisioner.errors import ProvisionerError, ReceiveError
 from provisioner.jobs.head_folder import pull
 from provisioner.jobs.link import Target
 from provisioner.jobs.plots import plot_results
@@ -23,6 +23,9 @@ from provisioner.jobs.tables import read_json
 from provisioner.remote.pull import Pulled
 from provisioner.remote.receive import ensure_directory, write_file
 from provisioner.remote.session import Session
+
+if TYPE_CHECKING:
+    from provisioner.cluster.storage import Sync
 
 LOG_FILE = "job.log"
 STATUS_FILE = "job-status.json"  # written on the head by `down --yes` when it stops a job
@@ -133,19 +136,38 @@ def finish(home: Path, pulled: Pulled | None) -> Results:
     return found
 
 
+def from_store(
+    session: Session, target: Target, job_id: str, sync: Sync | None = None
+) -> str | None:
+    """Tune's folder of the job in the cluster's store, copied into its results on the
+    head first (cluster.storage.Sync: every time unless `sync` limits it); a failure is told
+    (the message), never a reason to leave the rest of the results where they are."""
+    from provisioner.cluster.storage import Sync
+
+    try:
+        (sync or Sync())(session, target.runtime, target.inventory, job_id, force=sync is None)
+    except ProvisionerError as exc:
+        return str(exc)
+    return None
+
+
 def bring_home(target: Target, job_id: str, home: Path, *, log: str | None = None) -> Results:
     """Everything of `job_id` that is on the head now, plus its log when given."""
     if log is not None:
         write_log(log, home)
     pulled = None
     refused = None
+    unsynced = None
     if target.inventory is not None:
         try:
             with target.ssh() as session:
+                unsynced = from_store(session, target, job_id)
                 pulled = pull_all(session, target.cluster, job_id, home)
         except ReceiveError as exc:
             refused = exc
     found = finish(home, pulled)
+    if unsynced is not None:
+        found.unreadable.append(unsynced)
     if refused is not None:
         found.refused, found.missing = refused, str(refused)
     if target.inventory is None:

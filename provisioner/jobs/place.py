@@ -143,9 +143,18 @@ class Cluster(Place):
     retries: int | None = None
     prepare: Callable[[Link], None] | None = None
 
+    def with_storage(self, spec: JobSpec) -> JobSpec:
+        """`spec` with the cluster's shared storage as Tune's default (none recorded: as is)."""
+        from dataclasses import replace
+
+        from provisioner.cluster.storage import job_env
+
+        return replace(spec, storage=job_env(self.target.inventory, spec.job_id))
+
     def submit(self, spec: JobSpec) -> Submitted:
         from provisioner.jobs.submit import hand_over
 
+        spec = self.with_storage(spec)
         return Submitted(
             spec.job_id, self.name, upload=hand_over(self.target, spec, self.handlers, self.prepare)
         )
@@ -172,6 +181,7 @@ class Cluster(Place):
     def run(self, spec: JobSpec) -> JobOutcome:
         from provisioner.jobs.repair import with_retries
 
+        spec = self.with_storage(spec)
         if self.retries is not None and not self.detach:
             return with_retries(
                 self.target, spec, self.results_root, self.retries, self.handlers, self.prepare

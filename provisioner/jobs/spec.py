@@ -60,6 +60,9 @@ class JobSpec:
     attempt: int = 1
     resumed_from: str = ""  # the job or path this one continues from
     excludes: tuple[str, ...] = ()  # beyond EXCLUDES: the secrets found (jobs/upload.py)
+    # Tune's default storage every node shares (node.storage.job_env: RAY_STORAGE and what
+    # pyarrow needs to reach the head's store), set by the place that runs the job
+    storage: dict[str, str] = field(default_factory=dict)
 
     @property
     def working_dir(self) -> Path:
@@ -76,7 +79,7 @@ class JobSpec:
 
     def runtime_env(self) -> dict[str, Any]:
         """working_dir = the playbook's directory; the job's own variables."""
-        env = {"PYTHONUNBUFFERED": "1", **self.env}
+        env = {"PYTHONUNBUFFERED": "1", **self.storage, **self.env}
         if self.resumed_from:
             env[RESUME_ENV] = f"{RESUME_DIR}/checkpoint"
         excludes = [*EXCLUDES, *self.excludes]

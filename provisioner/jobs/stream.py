@@ -31,6 +31,8 @@ from provisioner.jobs.link import Link, Target
 from provisioner.remote.pull import Pulled
 
 if TYPE_CHECKING:
+    from provisioner.cluster.storage import Sync
+    from provisioner.remote.session import Session
     from provisioner.runtime.protocol import RayState
 
 PROGRESS_MARK = "PROVISIONER-PROGRESS"
@@ -160,12 +162,24 @@ async def _tail(link: Link, job_id: str, state: _State, h: Handlers) -> None:
         _handle(line, n, state, h)
 
 
+def _from_store(session: Session, target: Target, job_id: str, sync: Sync, h: Handlers) -> None:
+    """Tune's folder of the job in the cluster's store, onto the head (cluster.storage.Sync)."""
+    try:
+        sync(session, target.runtime, target.inventory, job_id)
+    except ProvisionerError as exc:
+        h.report(f"Tune's results not copied from the store this time: {exc}")
+
+
 async def _pull_loop(
     link: Link, target: Target, job_id: str, home: Path, every: float, h: Handlers
 ) -> None:
+    from provisioner.cluster.storage import Sync
+
+    sync = Sync()  # Tune's folder in the store, copied to the head at most every 30 s
     while True:
         await asyncio.sleep(every)
         try:
+            await asyncio.to_thread(_from_store, link.head(), target, job_id, sync, h)
             got = await asyncio.to_thread(pull, link.head(), target.cluster, job_id, home)
         except ProvisionerError as exc:
             h.report(f"results not pulled this time: {exc}")

@@ -158,6 +158,10 @@ def hand_over(
     h = handlers or Handlers()
     upload = upload_for(spec)
     spec = replace(spec, excludes=tuple(upload.excludes[len(EXCLUDES) :]))
+    if spec.storage:  # an attempt of --retries: a folder of the storage of its own
+        from provisioner.cluster.storage import job_env
+
+        spec = replace(spec, storage=job_env(target.inventory, spec.job_id))
     with target.link() as link:
         if link.pool is not None:  # the job's directory, owned by the SSH user, made first
             prepare_results(link, spec.job_id)

@@ -182,6 +182,15 @@ def tls_options(inventory: Inventory) -> list[str]:
     ]
 
 
+def storage_options(inventory: Inventory) -> list[str]:
+    """`storage: {path: DIR}`: the folder every node mounts, at the same path in the
+    container (Tune's storage there is the same on every node; the doctor proves it)."""
+    if inventory.storage != "path":
+        return []
+    path = shlex.quote(inventory.storage_path)
+    return [f"--mount type=bind,source={path},target={path}"]
+
+
 def shm_size(inventory: Inventory) -> str:
     """The --shm-size value: the inventory's, or computed on the node like Ray's launcher."""
     if inventory.shm_size:
@@ -218,6 +227,7 @@ def run_command(
         f"-v {layout.node_results_dir(cluster)}:{layout.CONTAINER_RESULTS_DIR}",
         *(f"-e {shlex.quote(f'{k}={v}')}" for k, v in CONTAINER_ENV.items()),
         *tls_options(inventory),
+        *storage_options(inventory),
         f"--label {shlex.quote(f'{layout.LABEL_CLUSTER}={cluster}')}",
         f"--label {shlex.quote(f'{layout.LABEL_ROLE}={node.role}')}",
         *(

@@ -426,3 +426,24 @@ def test_every_node_check_faulted_in_one_doctor_run(lab: LabInfo, tmp_path: Path
         or "sends from" in said[("net.address", two.name)]
     )
     assert "arm64" in said[("image.arch", head.name)]
+
+
+def test_a_storage_path_the_nodes_do_not_share_is_named_on_each_with_its_fix(
+    lab: LabInfo, tmp_path: Path
+) -> None:
+    # The lab's nodes share no filesystem: each has its own /tmp. The head writes the
+    # file; each worker, reading its own folder, cannot find it and is named.
+    path = tmp_path / "inventory.yaml"
+    document = yaml.safe_load(unpinned(lab, tmp_path).read_text())
+    document["storage"] = {"path": "/tmp/provisioner-e2e-shared"}
+    path.write_text(yaml.safe_dump(document))
+    report = doctor(path)
+    head, *workers = lab.nodes
+    assert only_on(report, "error", "storage.shared") == {w.name for w in workers}
+    (finding,) = [
+        f for f in report.errors if f.host == workers[0].name and f.check == "storage.shared"
+    ]
+    assert f"mount the filesystem {head.name} has at /tmp/provisioner-e2e-shared" in finding.fix
+    # the head wrote it (its folder is there) and removed its file after the reads
+    assert sh(head, "ls -A /tmp/provisioner-e2e-shared | wc -l").strip() == "0"
+    assert "storage" in report.timings

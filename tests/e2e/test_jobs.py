@@ -299,3 +299,136 @@ def test_a_link_planted_on_the_head_does_not_redirect_a_resumes_checkpoint(
         words = " ".join(f"{root}/{j}" for j in jobs)
         session.run(f"rm -rf {words} {outside}", timeout=30)
         session.close()
+
+
+# Issue 44, item 3: storage every node shares. An unchanged Tune script whose one trial is
+# placed on a worker (a node other than the driver's, the head) and checkpoints: Ray
+# refuses a local path there ("Unable to set up cluster storage"); with the head's store
+# as Tune's default storage it succeeds, and Tune's experiment folder comes home.
+TUNE_CHECKPOINTS = """\
+import json, os, tempfile
+import ray
+from ray import tune
+
+ray.init()
+here = ray.util.get_node_ip_address()
+worker = next(
+    n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] != here
+)
+
+def train(config):
+    for i in range(3):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "state.json"), "w") as f:
+                json.dump({"i": i, "node": ray.util.get_node_ip_address()}, f)
+            tune.report(
+                {"it": i, "node": ray.util.get_node_ip_address()},
+                checkpoint=tune.Checkpoint.from_directory(d),
+            )
+
+trainable = tune.with_resources(train, {"cpu": 1, f"node:{worker}": 0.01})
+result = tune.Tuner(trainable).fit().get_best_result(metric="it", mode="max")
+print("DRIVER", here, "TRIAL_NODE", result.metrics["node"])
+"""
+
+
+def _tune_script(tmp_path: Path) -> Path:
+    book = tmp_path / "tunebook"
+    book.mkdir()
+    script = book / "tune_ckpt.py"
+    script.write_text(TUNE_CHECKPOINTS)
+    return script
+
+
+def test_an_unchanged_tune_script_checkpointing_on_a_worker_succeeds_and_comes_home(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    from tests.e2e.faults.lab import edited_inventory
+
+    script = _tune_script(tmp_path)
+    # positive control: Ray's own storage (a folder on each node) fails on a worker
+    off = edited_inventory(Path(inventory), tmp_path / "off.yaml", storage={"kind": "none"})
+    code, doc, err = submit_json(str(off), tmp_path / "off", script, verbose=True)
+    assert code != 0 and doc["status"] == "FAILED", err[-3000:]
+    log = (tmp_path / "off" / doc["job_id"] / "job.log").read_text()
+    assert "Unable to set up cluster storage" in log, log[-3000:]
+    # the default: the head's store
+    code, doc, err = submit_json(inventory, tmp_path, script, verbose=True)
+    assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
+    job = tmp_path / doc["job_id"]
+    log = (job / "job.log").read_text()
+    driver, trial = log.split("DRIVER ", 1)[1].split()[0], log.split("TRIAL_NODE ", 1)[1].split()[0]
+    assert driver == lab.nodes[0].address and trial != driver, log[-2000:]
+    (experiment,) = (job / "ray_results").iterdir()
+    states = sorted(experiment.glob("*/checkpoint_00000*/state.json"))
+    assert [json.loads(p.read_text()) for p in states] == [
+        {"i": i, "node": trial} for i in range(3)
+    ], states
+    assert list(experiment.glob("*/result.json")) and list(experiment.glob("*/events.out.*"))
+    # what came home is what the store holds, file by file (read on the head's Ray)
+    assert all(p.stat().st_size > 0 for p in states)
+
+
+def test_rllibs_own_example_checkpoints_at_end_and_restores_here(
+    inventory: str, tmp_path: Path
+) -> None:
+    import ray.rllib.examples.envs.custom_gym_env as example
+
+    book = tmp_path / "example"
+    book.mkdir()
+    script = book / "custom_gym_env.py"
+    script.write_bytes(Path(example.__file__).read_bytes())  # unchanged, from the Ray wheel
+    code, doc, err = submit_json(
+        inventory,
+        tmp_path,
+        script,
+        "--num-env-runners",
+        "2",
+        "--stop-iters",
+        "2",
+        "--checkpoint-at-end",
+        verbose=True,
+    )
+    assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
+    found = sorted((tmp_path / doc["job_id"] / "ray_results").glob("*/*/checkpoint_*"))
+    assert found, sorted(p.name for p in (tmp_path / doc["job_id"]).rglob("*"))[:50]
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    algo = Algorithm.from_checkpoint(str(found[-1]))
+    try:
+        assert algo.iteration == 2
+    finally:
+        algo.stop()
+
+
+def test_down_stops_the_store_keeps_its_data_and_purge_removes_it(
+    inventory: str, lab: LabInfo
+) -> None:
+    from provisioner.cluster.storage import read_store
+    from tests.e2e.helpers import ssh
+
+    store = read_store(load_inventory(Path(inventory)))
+    assert store is not None
+    head = lab.nodes[0]
+    data = f"~/.provisioner/clusters/{store.cluster}/storage/data"
+    ports = "|".join(str(store.base_port + i) for i in range(10))
+    look = (
+        f"pgrep -u $(id -u) -fc '[w]eed-.* server' || true; "
+        f"ss -Htln | awk '{{print $4}}' | grep -Ec ':({ports})$' || true; "
+        f"ls /tmp/seaweedfs-*-{store.port('s3')}.sock /tmp/seaweedfs-*-grpc-{store.base_port}* "
+        f"2>/dev/null | wc -l; if [ -d {data} ]; then du -sb {data} | cut -f1; else echo none; fi"
+    )
+    running = ssh(lab, head, look).stdout.split()
+    assert running[0] == "1" and int(running[1]) >= 4, running  # positive control
+    try:
+        code, _, err = cli("down", "-i", inventory, "--no-logs")
+        assert code == 0, err[-3000:]
+        after = ssh(lab, head, look).stdout.split()
+        assert after[:3] == ["0", "0", "0"] and after[3] != "none", after  # data kept
+        code, _, err = cli("down", "-i", inventory, "--no-logs", "--purge")
+        assert code == 0, err[-3000:]
+        purged = ssh(lab, head, look).stdout.split()
+        assert purged == ["0", "0", "0", "none"], purged
+    finally:
+        code, _, err = cli("up", "-i", inventory)
+        assert code == 0, err[-3000:]

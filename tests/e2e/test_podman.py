@@ -283,6 +283,24 @@ def test_up_train_status_logs_down(
         runners = json.loads((tmp_path / job["job_id"] / "runners.json").read_text())
         assert {r["node_ip"] for r in runners} == {n.address for n in podman_lab.nodes}, runners
 
+        # an unchanged Tune script checkpointing on a worker: the head's store, the same
+        # user process as under Docker (issue 44, item 3), its checkpoints home
+        from tests.e2e.test_jobs import TUNE_CHECKPOINTS
+
+        book = tmp_path / "tunebook"
+        book.mkdir()
+        (book / "tune_ckpt.py").write_text(TUNE_CHECKPOINTS)
+        code, out, err = cli(
+            "submit", "-i", inventory, "--results", str(tmp_path), "--json",
+            str(book / "tune_ckpt.py"),
+        )  # fmt: skip
+        assert code == 0, err[-3000:]
+        tune = json.loads(out)
+        assert tune["status"] == "SUCCEEDED", err[-3000:]
+        states = sorted((tmp_path / tune["job_id"]).glob("ray_results/*/*/checkpoint_*/state.json"))
+        nodes = {json.loads(p.read_text())["node"] for p in states}
+        assert len(states) == 3 and nodes <= {n.address for n in podman_lab.nodes[1:]}, states
+
         code, collected, err = cli_json("logs", "-i", inventory, "-o", str(tmp_path / "logs"))
         assert code == 0 and sorted(collected["nodes"]) == sorted(n.name for n in podman_lab.nodes)
         for node in podman_lab.nodes:

