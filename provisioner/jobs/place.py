@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from provisioner.errors import InputError
 from provisioner.jobs.home import Results, finish
 from provisioner.jobs.link import Link, Target, target_for
+from provisioner.jobs.noise import NoiseFilter
 from provisioner.jobs.spec import JobSpec, asks_for_help, check_job_id, make_spec, priced
 from provisioner.jobs.stream import Handlers
 from provisioner.jobs.submit import JobOutcome, local_help, upload_for, upload_line
@@ -299,6 +300,7 @@ __all__ = [
     "Handlers",
     "JobOutcome",
     "JobSpec",
+    "NoiseFilter",
     "Place",
     "Results",
     "Sbatch",
