@@ -38,6 +38,7 @@ from provisioner.jobs.stream import Handlers
 from provisioner.jobs.submit import JobOutcome, local_help, upload_for, upload_line
 from provisioner.jobs.tables import read_rows
 from provisioner.jobs.upload import Upload
+from provisioner.jobs.watch import watcher_command
 
 if TYPE_CHECKING:
     from provisioner.inventory.models import Inventory
@@ -268,6 +269,7 @@ class Sbatch(Place):
             python=inv.ray_python,
             source=inv.path.name,
             tls=inv.tls,
+            watch=watcher_command('"$PY"', '"$DRIVER_PID"'),
         )
         return render_sbatch(job)
 

@@ -218,6 +218,8 @@ def main() -> None:
     """`python3 -c SOURCE PID`: watch the driver PID's results until it ends."""
     try:
         driver = int(sys.argv[1])
+        if driver == os.getpid():  # a pid taken in the wrong process: nothing to watch
+            return
         watcher = Watcher(driver)
         first = started(driver)
         while first is not None and started(driver) == first:

@@ -22,6 +22,7 @@ from provisioner.cli.jobs import make_handlers, progress_text
 from provisioner.console import Output, plain, sgr_only
 from provisioner.jobs.home import write_log
 from provisioner.jobs.noise import NoiseFilter, shown_lines
+from provisioner.jobs.place import Sbatch
 from provisioner.jobs.spec import make_spec
 from provisioner.jobs.stream import progress_of
 from provisioner.jobs.tune_watch import figures
@@ -338,3 +339,23 @@ def test_without_tune_the_watcher_says_nothing(tmp_path: Path) -> None:
 def test_marks_are_json_the_follower_reads() -> None:
     line = "PROVISIONER-PROGRESS " + json.dumps(figures(RLLIB_RESULT))
     assert progress_of(line) == figures(RLLIB_RESULT)
+
+
+def test_the_sbatch_script_runs_the_same_watcher_beside_its_driver(tmp_path: Path) -> None:
+    from tests.unit.test_place import _slurm_inventory
+
+    book = _driver(tmp_path)
+    spec = make_spec(book, [str(tmp_path / "session")], job_id="j3")
+    script = Sbatch(_slurm_inventory(tmp_path)).script(spec)
+    # its driver's part, as the script runs it once Ray is up on the allocation
+    part = script.split("set +e\n", 1)[1].split("set -e\n", 1)[0] + 'echo "rc=$rc"\n'
+    job_dir = tmp_path / "job"
+    (job_dir / "playbook").mkdir(parents=True)
+    (job_dir / "playbook" / book.name).write_text(book.read_text())
+    env = {"PY": sys.executable, "JOB_DIR": str(job_dir), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        ["bash", "-c", part], env=env, capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.stderr == "" and done.stdout.splitlines()[-1] == "rc=3", done
+    marks = [m for m in map(progress_of, done.stdout.splitlines()) if m is not None]
+    assert {(m["trial"], m["iteration"]) for m in marks} == {(1, 1), (2, 1), (1, 2), (2, 2)}
