@@ -148,7 +148,7 @@ def test_a_job_leaving_links_and_escapes_brings_only_its_files_home(
         found = [c for c in TERMINAL_BYTES if c in shown]
         s.expect("escapes", len(found), 0, repr(found))
         s.expect("markup", "[/tmp/x] [bold red]not markup[/]" in shown, True)
-        s.expect("shown", " [/tmp/x] [bold red]not markup[/] 31mend" in shown, True)
+        s.expect("shown", " [/tmp/x] [bold red]not markup[/] 31m" in shown, True)
         s.expect("dropped", "pwned" in shown, False)
         s.expect("on_cluster", "secrets on the cluster: []" in shown, True)
         s.expect("secrets", "left out as secrets: .env, id_ed25519" in run.stderr, True)
