@@ -47,7 +47,7 @@ TRACEBACK = "Traceback (most recent call last):"
 TUNE_REPORT = re.compile(
     r"^(?:== Status ==|Trial status: |Trial \S+ (?:started with configuration:|reported |"
     r"completed after |finished iteration )|View detailed results here: |To visualize your "
-    r"results with TensorBoard, run: |[╭+])"
+    r"results with TensorBoard, run: |╭─|\+-{3})"
 )
 # The lines of a Tune report's block: its tables and figures (a blank line included).
 TUNE_BODY = re.compile(

@@ -359,3 +359,8 @@ def test_the_sbatch_script_runs_the_same_watcher_beside_its_driver(tmp_path: Pat
     assert done.stderr == "" and done.stdout.splitlines()[-1] == "rc=3", done
     marks = [m for m in map(progress_of, done.stdout.splitlines()) if m is not None]
     assert {(m["trial"], m["iteration"]) for m in marks} == {(1, 1), (2, 1), (1, 2), (2, 2)}
+
+
+def test_a_scripts_own_line_that_looks_like_a_table_is_shown() -> None:
+    lines = ["+1 reward this round", "| my table |", "╭ not tune", "+---+", "| tune |"]
+    assert shown_lines(lines) == lines[:3]
