@@ -163,8 +163,8 @@ class Watcher:
         except OSError:
             return []
         end = data.rfind(b"\n")
-        if end < 0:
-            self.offsets.setdefault(path, start)
+        if end < 0:  # no whole line yet; one longer than MAX_READ is passed over
+            self.offsets[path] = start + (len(data) if len(data) == MAX_READ else 0)
             return []
         self.offsets[path] = start + end + 1
         results = []

@@ -364,3 +364,17 @@ def test_the_sbatch_script_runs_the_same_watcher_beside_its_driver(tmp_path: Pat
 def test_a_scripts_own_line_that_looks_like_a_table_is_shown() -> None:
     lines = ["+1 reward this round", "| my table |", "╭ not tune", "+---+", "| tune |"]
     assert shown_lines(lines) == lines[:3]
+
+
+def test_a_result_line_too_long_to_read_is_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from provisioner.jobs import tune_watch
+
+    monkeypatch.setattr(tune_watch, "MAX_READ", 64)
+    path = tmp_path / "result.json"
+    path.write_text('{"x": "' + "y" * 100 + '"}\n{"training_iteration": 7}\n')
+    watcher = tune_watch.Watcher(driver=0)
+    assert watcher.new_results(str(path)) == []  # the first 64 bytes: no whole line
+    rest = [r for _ in range(3) for r in watcher.new_results(str(path))]
+    assert rest == [{"training_iteration": 7}]  # the long line's tail is not JSON: skipped
