@@ -28,6 +28,34 @@ Reporter = Callable[[str], None]
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
+# Escape sequences a job's output may carry: CSI (`ESC [` ... final byte; colours are
+# the SGR ones, ending in `m`), OSC (`ESC ]` ... BEL or `ESC \\`: titles, hyperlinks),
+# DCS/SOS/PM/APC strings, and the two-byte ones (`ESC 7`, `ESC c`); one left unfinished at
+# the end of a line is dropped too.
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*(?:[@-~]|$)"
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\|$)"
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\|$)"
+    r"|\x1b[ -/]*[0-~]?"
+)
+_SGR = re.compile(r"(\x1b\[[0-9;]*m)")
+# What is left to drop once the sequences are gone: every control character but tab.
+_STRAY = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def plain(text: str) -> str:
+    """`text` without escape sequences and control characters (tab kept): a job's line
+    where it is not shown on a terminal (a pipe, --json, job.log)."""
+    return _STRAY.sub("", _ESCAPES.sub("", text))
+
+
+def sgr_only(text: str) -> str:
+    """`text` with its colours (SGR sequences, `ESC [ digits;... m`) kept and every other
+    escape sequence and control character dropped: a job's line shown on a terminal."""
+    parts = _SGR.split(text)
+    return "".join(part if i % 2 else plain(part) for i, part in enumerate(parts))
+
+
 def clean(text: str) -> str:
     """`text` with every control character shown as an escape (`\\x1b`), never acted on."""
     return _CONTROLS.sub(lambda m: ascii(m.group())[1:-1], text)

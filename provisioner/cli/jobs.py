@@ -4,20 +4,23 @@ it, and work with it after `submit` is gone (list, logs, stop, results)."""
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from provisioner.cli.common import JsonOption, output
-from provisioner.console import Output
+from provisioner.console import Output, plain, sgr_only
 from provisioner.jobs.place import (
     Cluster,
     Handlers,
     JobOutcome,
+    NoiseFilter,
     Place,
     Upload,
     asks_for_help,
@@ -30,6 +33,8 @@ from provisioner.jobs.place import (
     upload_line,
 )
 from provisioner.remote.pull import Pulled
+
+METRIC_NAME = re.compile(r"[A-Za-z0-9_./:-]{1,40}")  # as the watcher sends them
 
 InventoryFile = Annotated[
     Path | None,
@@ -60,7 +65,13 @@ DetachOption = Annotated[
     bool, typer.Option("--detach", "-d", help="Print the job id and return; the job runs on.")
 ]
 VerboseOption = Annotated[
-    bool, typer.Option("--verbose", "-v", help="Show the job's own output, not only progress.")
+    bool,
+    typer.Option(
+        "--verbose",
+        "-v",
+        help="Show Ray's noise too (deprecation warnings, its log lines, repeated actor "
+        "lines); by default the job's own output, errors and progress only.",
+    ),
 ]
 
 
@@ -111,7 +122,8 @@ def submit_cmd(
 ) -> None:
     """Run PLAYBOOK on the cluster as a Ray job; its directory travels as the working_dir.
 
-    Follows the job (one live progress line; --verbose for its output) and brings its
+    Follows the job (its own output and one live progress line, read from the
+    playbook's progress lines or from Tune's results; --verbose adds Ray's noise) and brings its
     results home as they appear, into RESULTS/JOB/. Ctrl-C stops following, not the job:
     `provisioner jobs logs JOB --follow` picks it up again. Exit 1 if the job failed.
     """
@@ -153,13 +165,19 @@ def _show_upload(out: Output, upload: Upload, json_: bool) -> None:
 
 
 def make_handlers(out: Output, json_: bool, verbose: bool) -> Handlers:
+    """The job's lines as a person reads them: its own prints, errors and progress; Ray's
+    noise (`jobs.noise`) too with `verbose`. Colours kept on a terminal only."""
     line = ProgressLine(out, echoing=verbose or json_)
-    echo = out.progress if json_ else _echo(out)
+    judge = NoiseFilter()
 
     def on_line(text: str) -> None:
-        if verbose or json_:
-            line.clear()
-            echo(text)
+        if not (judge.shown(text) or verbose):
+            return
+        line.clear()
+        if json_:
+            out.progress(plain(text))
+        else:
+            job_line(out.out, text)
 
     def on_pulled(got: Pulled) -> None:
         if got.sent:
@@ -171,6 +189,15 @@ def make_handlers(out: Output, json_: bool, verbose: bool) -> Handlers:
         out.progress(text)  # progress shows node text as text (console.py)
 
     return Handlers(on_line=on_line, on_progress=line.show, on_pulled=on_pulled, report=report)
+
+
+def job_line(console: Console, text: str) -> None:
+    """One line of a job's output: its colours on a terminal, every other escape sequence
+    and control character dropped; plain text elsewhere (a pipe, a file)."""
+    if console.is_terminal:
+        console.print(Text.from_ansi(sgr_only(text)), highlight=False)
+    else:
+        console.print(plain(text), markup=False, highlight=False)
 
 
 class ProgressLine:
@@ -208,7 +235,11 @@ def _number(value: Any) -> float | None:
 
 
 def progress_text(p: dict[str, Any]) -> str:
-    """`iter 12  steps 24000/200000 (12%)  return 85.3  1234 steps/s  ETA 2m03s`."""
+    """`iter 12  steps 24000/200000 (12%)  return 85.3  1234 steps/s  ETA 2m03s`; from
+    Tune's results (`jobs.tune_watch`): `trial 2/4  iter 3  steps 12000  return 85.3`, or
+    a plain trainable's own figures, `iter 3  score 2  loss 0.33`."""
+    if p.get("source") == "tune":
+        return tune_text(p)
     it, steps, budget = (_number(p.get(k)) for k in ("iteration", "env_steps", "max_env_steps"))
     ret, rate = _number(p.get("episode_return_mean")), _number(p.get("env_steps_per_s"))
     share = f" ({100 * steps / budget:.0f}%)" if steps is not None and budget else ""
@@ -221,6 +252,32 @@ def progress_text(p: dict[str, Any]) -> str:
         f"iter {num(it)}  steps {num(steps)}/{num(budget) if budget else '-'}{share}  "
         f"return {num(ret, 1)}  {num(rate)} steps/s  ETA {eta}"
     )
+
+
+def _figure(value: float) -> str:
+    return f"{value:.0f}" if value.is_integer() and abs(value) < 1e15 else f"{value:.4g}"
+
+
+def tune_text(p: dict[str, Any]) -> str:
+    """The progress line of a Tune result (its names were checked by the watcher, and are
+    checked again: the line may be written to a terminal as it is)."""
+    parts = []
+    trial, trials = _number(p.get("trial")), _number(p.get("trials"))
+    if trial is not None and trials is not None:
+        parts.append(f"trial {trial:.0f}/{trials:.0f}")
+    for key, name in (("iteration", "iter"), ("env_steps", "steps")):
+        value = _number(p.get(key))
+        if value is not None:
+            parts.append(f"{name} {value:.0f}")
+    ret = _number(p.get("episode_return_mean"))
+    if ret is not None:
+        parts.append(f"return {ret:.2f}")
+    metrics = p.get("metrics")
+    for name, value in metrics.items() if isinstance(metrics, dict) else ():
+        number = _number(value)
+        if number is not None and isinstance(name, str) and METRIC_NAME.fullmatch(name):
+            parts.append(f"{name} {_figure(number)}")
+    return "  ".join(parts) or "training"
 
 
 def duration_text(seconds: float | None) -> str:
@@ -246,13 +303,6 @@ def show_outcome(out: Output, json_: bool, place: Place, outcome: JobOutcome) ->
         raise typer.Exit(1)
 
 
-def _echo(out: Output) -> Callable[[str], None]:
-    def line(text: str) -> None:
-        out.out.print(escape(text), markup=True, highlight=False)
-
-    return line
-
-
 def _render(out: Output, place: Place, outcome: JobOutcome) -> None:
     found = outcome.results
     if outcome.detached:
@@ -266,7 +316,7 @@ def _render(out: Output, place: Place, outcome: JobOutcome) -> None:
     if not outcome.ok:
         out.err.print(f"[bold red]job {outcome.job_id} {outcome.status}[/bold red]", markup=True)
         for line in outcome.log_tail:
-            out.err.print(escape(line), markup=True, highlight=False)
+            job_line(out.err, line)
     for name, title in (("metrics.csv", "training"), ("scaling.csv", "scaling")):
         if found.files and (found.directory / name).is_file():
             try:

@@ -18,6 +18,7 @@ from provisioner.cli.jobs import (
     TokenOption,
     VerboseOption,
     duration_text,
+    job_line,
     make_handlers,
     progress_text,
     show_outcome,
@@ -109,7 +110,7 @@ def logs_cmd(
         out.emit({"job_id": job_id, "lines": lines})
         return
     for line in lines:
-        out.out.print(escape(line), markup=True, highlight=False)
+        job_line(out.out, line)
 
 
 @app.command("stop")

@@ -2,9 +2,10 @@
 SSH, incrementally, verified), its log from the Jobs API, the plots drawn here.
 
 Everything here comes from the job, so it is treated as hostile: files land through
-provisioner.remote.receive (`provisioner.remote.pull`), the log written home is capped and split on
-newlines only, and a file the client cannot read (a non-UTF-8 CSV, bad JSON) is named in
-`unreadable` instead of ending the command.
+provisioner.remote.receive (`provisioner.remote.pull`), the log written home is capped, split on
+newlines only and without escape sequences (colours included: `console.plain`), and a file
+the client cannot read (a non-UTF-8 CSV, bad JSON) is named in `unreadable` instead of
+ending the command.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from provisioner.console import plain
 from provisioner.errors import ProvisionerError, ReceiveError
 from provisioner.jobs.head_folder import pull
 from provisioner.jobs.link import Target
@@ -89,7 +91,7 @@ def capped_log(lines: list[str], limit: int = LOG_BYTES) -> str:
 
 def write_log(log: str, home: Path) -> None:
     ensure_directory(home)
-    text = capped_log(visible(lines_of(log.rstrip("\n"))))
+    text = capped_log([plain(line) for line in visible(lines_of(log.rstrip("\n")))])
     write_file(home, LOG_FILE, text.encode("utf-8", "replace"))
 
 

@@ -32,11 +32,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from provisioner.errors import InputError
 from provisioner.jobs.home import Results, finish
 from provisioner.jobs.link import Link, Target, target_for
+from provisioner.jobs.noise import NoiseFilter
 from provisioner.jobs.spec import JobSpec, asks_for_help, check_job_id, make_spec, priced
 from provisioner.jobs.stream import Handlers
 from provisioner.jobs.submit import JobOutcome, local_help, upload_for, upload_line
 from provisioner.jobs.tables import read_rows
 from provisioner.jobs.upload import Upload
+from provisioner.jobs.watch import watcher_command
 
 if TYPE_CHECKING:
     from provisioner.inventory.models import Inventory
@@ -277,6 +279,7 @@ class Sbatch(Place):
             python=inv.ray_python,
             source=inv.path.name,
             tls=inv.tls,
+            watch=watcher_command('"$PY"', '"$DRIVER_PID"'),
         )
         return render_sbatch(job)
 
@@ -309,6 +312,7 @@ __all__ = [
     "Handlers",
     "JobOutcome",
     "JobSpec",
+    "NoiseFilter",
     "Place",
     "Results",
     "Sbatch",

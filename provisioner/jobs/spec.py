@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError
+from provisioner.jobs.watch import watcher_command
 from provisioner.node.layout import RESULTS_ROOT_ENV
 
 # Where a job writes: $PROVISIONER_RESULTS_ROOT/JOB, the node's results directory (on the
@@ -70,12 +71,18 @@ class JobSpec:
 
     def entrypoint(self) -> str:
         """The shell command the head runs: this job's results directory made, then the
-        playbook. The node's results root comes from the Ray container's environment."""
+        playbook. The node's results root comes from the Ray container's environment.
+        Beside the driver, the watcher of Tune's results (`jobs.tune_watch`): the progress
+        of a script that trains through Tune, read from Tune's own result files."""
         missing = "this Ray container has no results directory; run provisioner down, then up"
         root = f'"${{{RESULTS_ROOT_ENV}:?{missing}}}"'
         results = f"{root}/{self.job_id}"
         run = shlex.join(["python3", "-u", self.playbook.name, *self.args])
-        return f'export {RESULTS_ENV}={results} && mkdir -p "${RESULTS_ENV}" && exec {run}'
+        watch = watcher_command("python3", "$$")  # $$: the shell's pid, which execs the driver
+        return (
+            f'export {RESULTS_ENV}={results} && mkdir -p "${RESULTS_ENV}" '
+            f"&& {{ {watch} & }} && exec {run}"
+        )
 
     def runtime_env(self) -> dict[str, Any]:
         """working_dir = the playbook's directory; the job's own variables."""

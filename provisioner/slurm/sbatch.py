@@ -58,6 +58,19 @@ class SbatchJob:
     python: str | None = None  # the interpreter; None: a login shell's `ray`
     source: str = ""  # the inventory it came from (a comment)
     tls: bool = True  # Ray's channels under TLS, with a CA of the job's own (`ray: {tls}`)
+    # a command started beside the driver, its pid as "$DRIVER_PID" (the watcher of Tune's
+    # results, `jobs.watch.watcher_command`, given by `jobs.place.Sbatch`); "" for none
+    watch: str = ""
+
+
+def _driver(job: SbatchJob, args: str) -> str:
+    """The playbook as the driver, in a subshell that execs it (its pid, $BASHPID there, is
+    $DRIVER_PID), with `job.watch` started beside it; its exit code is the driver's."""
+    watch = f"\n  DRIVER_PID=$BASHPID\n  {job.watch} &" if job.watch else ""
+    return (
+        f'(export PYTHONPATH="$JOB_DIR/playbook${{PYTHONPATH:+:$PYTHONPATH}}"{watch}\n'
+        f'  exec "$PY" -u "$JOB_DIR/playbook/"{shlex.quote(job.playbook)} {args})'
+    )
 
 
 def pack_playbook(playbook: Path) -> str:
@@ -419,8 +432,7 @@ fi
 mkdir -p "$RESULTS_DIR"
 export PROVISIONER_RESULTS_DIR=$RESULTS_DIR
 set +e
-PYTHONPATH="$JOB_DIR/playbook${{PYTHONPATH:+:$PYTHONPATH}}" \\
-  "$PY" -u "$JOB_DIR/playbook/"{shlex.quote(job.playbook)} {args}
+{_driver(job, args)}
 rc=$?
 set -e
 echo "driver exited with $rc; results in $RESULTS_DIR"

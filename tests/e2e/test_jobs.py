@@ -9,8 +9,13 @@ Budgets are tiny (a few hundred env steps): the lab's nodes share two cores.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import re
 import secrets
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +26,7 @@ from provisioner.jobs import make_spec, submit
 from provisioner.jobs.client import AuthRefused
 from provisioner.jobs.link import Target
 from provisioner.lab.nodes import LabInfo
-from tests.e2e.helpers import cli
+from tests.e2e.helpers import cli, ssh
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 
@@ -432,3 +437,105 @@ def test_down_stops_the_store_keeps_its_data_and_purge_removes_it(
     finally:
         code, _, err = cli("up", "-i", inventory)
         assert code == 0, err[-3000:]
+
+
+# --- an unchanged script's output (issue 44): progress from Tune's own results, its own
+# lines, Ray's noise only under --verbose, no escape sequence off a terminal
+
+RLLIB_EXAMPLE = "rllib/examples/envs/custom_gym_env.py"  # in the Ray wheel
+# one trial, 2 env runners; `--as-test` prints the script's own verdict (the low reward
+# target is met by the first iteration, which ends the run there)
+RLLIB_ARGS = ("--num-env-runners", "2", "--stop-iters", "2", "--as-test", "--stop-reward=-1000")
+# (no return before the first episode has ended: an iteration may end none)
+PROGRESS = re.compile(r"iter (\d+)  steps (\d+)(?:  return (-?\d+\.\d\d))?$", re.M)
+TUNE_SCRIPT = """
+import time
+from ray import tune
+
+def trainable(config):
+    for i in range(3):
+        time.sleep(1)
+        tune.report({"score": (i + 1) * config["k"], "loss": 1.0 / (i + 1)})
+
+grid = tune.Tuner(trainable, param_space={"k": tune.grid_search([1, 2])}).fit()
+print("best score", grid.get_best_result(metric="score", mode="max").metrics["score"])
+"""
+
+
+def submit_as_a_user(
+    inventory: str, results: Path, script: Path, *args: str, flags: tuple[str, ...] = ()
+) -> tuple[int, str]:
+    """`provisioner submit` as a user runs it, its output a pipe (not a terminal): the
+    exit code and everything it showed (stdout, then stderr)."""
+    command = [sys.executable, "-m", "provisioner", "submit", "-i", inventory]
+    command += ["--results", str(results), *flags, str(script), "--", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    return done.returncode, done.stdout + done.stderr
+
+
+def tune_results_on_the_head(lab: LabInfo, inventory: str, job_log: Path) -> list[Any]:
+    """Every result Tune wrote for the job's trials (their result.json), read on the head
+    in the experiment folder Tune's driver names in the log."""
+    from provisioner.node.token import ray_container
+
+    (folder,) = re.findall(r"experiment state to '([^']+)'", job_log.read_text())
+    container = ray_container(load_inventory(Path(inventory)))
+    got = ssh(lab, lab.nodes[0], f"docker exec {container} sh -c 'cat {folder}/*/result.json'")
+    assert got.returncode == 0, got.stderr
+    return [json.loads(line) for line in got.stdout.splitlines() if line.strip()]
+
+
+def test_an_unchanged_rllib_example_shows_its_progress_and_prints_not_rays_noise(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    spec = importlib.util.find_spec("ray")
+    assert spec is not None and spec.origin is not None
+    book = tmp_path / "book"
+    book.mkdir()
+    script = Path(shutil.copy(Path(spec.origin).parent / RLLIB_EXAMPLE, book))
+    code, shown = submit_as_a_user(inventory, tmp_path / "r", script, *RLLIB_ARGS)
+    assert code == 0 and "SUCCEEDED" in shown, shown[-3000:]
+    (home,) = (tmp_path / "r").iterdir()
+    results = tune_results_on_the_head(lab, inventory, home / "job.log")
+    returns = [r["env_runners"].get("episode_return_mean") for r in results]
+    written = {
+        (r["training_iteration"], r["num_env_steps_sampled_lifetime"],
+         "" if ret is None else f"{ret:.2f}")
+        for r, ret in zip(results, returns, strict=True)
+    }  # fmt: skip
+    progress = {(int(i), int(s), r) for i, s, r in PROGRESS.findall(shown)}
+    assert progress and progress <= written, (progress, written, shown[-3000:])
+    assert "`env_runners/episode_return_mean` of -1000.0 reached! ok" in shown  # its own
+    assert "DeprecationWarning" not in shown and "(PPO pid=" not in shown, shown[-3000:]
+    assert "\x1b" not in shown and "x1b" not in shown
+    # positive control: the noise is there, and --verbose shows it (and still no escape)
+    code, verbose = submit_as_a_user(
+        inventory, tmp_path / "v", script, *RLLIB_ARGS, flags=("--verbose",)
+    )
+    assert code == 0, verbose[-3000:]
+    assert "DeprecationWarning" in verbose and "(PPO pid=" in verbose, verbose[-3000:]
+    assert "\x1b" not in verbose and "x1b" not in verbose
+    kept = (home / "job.log").read_text()
+    assert "DeprecationWarning" in kept and "(PPO pid=" in kept  # job.log keeps every line,
+    assert "\x1b" not in kept  # without Ray's colours
+
+
+def test_a_tune_trainables_trials_and_metrics_are_its_progress(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    book = tmp_path / "book"
+    book.mkdir()
+    (book / "tune_grid.py").write_text(TUNE_SCRIPT)
+    code, shown = submit_as_a_user(inventory, tmp_path / "r", book / "tune_grid.py")
+    assert code == 0 and "best score 6" in shown, shown[-3000:]
+    (home,) = (tmp_path / "r").iterdir()
+    written = {
+        (r["training_iteration"], r["score"], r["loss"])
+        for r in tune_results_on_the_head(lab, inventory, home / "job.log")
+    }
+    lines = re.findall(r"trial ([12])/2  iter (\d)  score (\d)  loss ([\d.]+)", shown)
+    assert lines, shown[-3000:]
+    assert {(int(i), int(s), round(float(x), 4)) for _, i, s, x in lines} <= {
+        (i, s, round(x, 4)) for i, s, x in written
+    }
+    assert "Trial status:" not in shown  # Tune's tables: under --verbose

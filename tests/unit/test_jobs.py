@@ -45,7 +45,9 @@ def test_entrypoint_quotes_arguments_and_runs_in_the_nodes_results_directory(
     prepare, run = spec.entrypoint().split(" && exec ")
     assert shlex.split(run) == ["python3", "-u", "train me.py", "--x", "a b; rm -rf /"]
     assert prepare.startswith('export PROVISIONER_RESULTS_DIR="${PROVISIONER_RESULTS_ROOT:?')
+    prepare, watch = prepare.split(" && { ")
     assert prepare.endswith('}"/j1 && mkdir -p "$PROVISIONER_RESULTS_DIR"')
+    assert watch.startswith("python3 -I -S -c ") and watch.endswith(" $$ & }")  # tune_watch
 
 
 def test_the_entrypoint_refuses_a_cluster_without_a_results_directory(tmp_path: Path) -> None:
