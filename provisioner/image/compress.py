@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import IO, Literal, Protocol
 
 from provisioner.errors import OperationError
-from provisioner.image.savestream import CHUNK, SavedImage, omitted_members
+from provisioner.image.savestream import CHUNK, SavedImage, omitted_members, sent_members
 
 Mode = Literal["auto", "always", "never"]
 CODECS = ("zstd", "pigz", "zlib")  # preference order on this machine; zlib is built in
@@ -526,12 +526,13 @@ def compressed_stream(
     record: CacheRecord,
     on_omitted: Callable[[int], None] | None = None,
 ) -> Iterator[bytes]:
-    """The saved tar without its first `omit_first` layers (as savestream.partial), every
-    layer file replaced by its compressed bytes under the same name. Layers are
-    compressed in the background, in stream order, while earlier ones are sent."""
+    """The saved tar without its first `omit_first` layers (as savestream.partial: the
+    members `sent_members` names), every layer file replaced by its compressed bytes
+    under the same name. Layers are compressed in the background, in stream order, while
+    earlier ones are sent."""
     omit = omitted_members(saved, omit_first)
     ids = layer_ids(saved, diff_ids)
-    sent = [m for m in saved.members if not (m.isfile() and _norm(m.name) in omit)]
+    sent = sent_members(saved, omit_first)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compress")
     jobs: dict[str, Future[Path]] = {
         m.name: pool.submit(cache.get, saved, m, ids[m.name], codec, record)
@@ -544,9 +545,7 @@ def compressed_stream(
                 if m.isfile() and _norm(m.name) in omit:
                     on_omitted(m.size)
         with saved.path.open("rb") as f:
-            for member in saved.members:
-                if member.isfile() and _norm(member.name) in omit:
-                    continue
+            for member in sent:
                 if member.name in jobs:
                     yield from _member_from(member, jobs[member.name].result())
                     continue

@@ -11,6 +11,16 @@ in layer order. A partial send therefore works from a saved file (kept in a cach
 shared by every node of the push): its index is read first, then the kept members are
 copied byte for byte. Both layouts work: legacy (`<v1-id>/layer.tar`, Docker < 25) and
 OCI (`blobs/sha256/<hex>`, Docker >= 25).
+
+A partial send carries only what `docker load` reads from a save with a manifest.json:
+that file, the config it names and the layer files it opens (moby's
+image/tarexport/load.go, `Load`, the same from 20.10 to 29). The legacy `<v1-id>/json`
+and `VERSION` files are read only by its `legacyLoad`, for a tar without manifest.json,
+and a missing parent directory is made by the untar itself (pkg/archive `Unpack`), so
+the layer directories' entries, their json and VERSION files, and an OCI save's
+index.json, oci-layout and manifest blob stay here. `podman load` never gets a partial
+send: containers/image's docker-archive source refuses a tar with a layer file missing
+(docker/internal/tarfile/src.go, "Some layer tarfiles are missing in the tarball").
 """
 
 from __future__ import annotations
@@ -89,19 +99,32 @@ def omitted_members(saved: SavedImage, omit_first: int) -> set[str]:
     return set(saved.layer_files[:omit_first]) - needed
 
 
+def sent_members(saved: SavedImage, omit_first: int) -> list[tarfile.TarInfo]:
+    """The members a send without the first `omit_first` layers carries, in the file's
+    order: all of them when none is left out (the save as it is); else what `docker load`
+    reads (module doc): manifest.json, the config, and the kept layers' files (a link and
+    its target)."""
+    if omit_first <= 0:
+        return list(saved.members)
+    layers = set(saved.layer_files) - omitted_members(saved, omit_first)
+    read = {"manifest.json", _norm(_config_member(saved).name), *layers}
+    return [m for m in saved.members if not m.isdir() and _norm(m.name) in read]
+
+
 def partial(
     saved: SavedImage, omit_first: int, on_omitted: Callable[[int], None] | None = None
 ) -> Iterator[bytes]:
-    """The saved tar, byte for byte, without the files of its first `omit_first` layers."""
+    """The saved tar without its first `omit_first` layers: the members `sent_members`
+    names, each byte for byte as saved, then the end-of-archive blocks."""
     omit = omitted_members(saved, omit_first)
-    with saved.path.open("rb") as f:
+    if on_omitted is not None:
         for member in saved.members:
+            if member.isfile() and _norm(member.name) in omit:
+                on_omitted(member.size)
+    with saved.path.open("rb") as f:
+        for member in sent_members(saved, omit_first):
             end = member.offset_data + (member.size if member.isfile() else 0)
             end += -end % tarfile.BLOCKSIZE
-            if member.isfile() and _norm(member.name) in omit:
-                if on_omitted is not None:
-                    on_omitted(member.size)
-                continue
             f.seek(member.offset)
             remaining = end - member.offset
             while remaining > 0:

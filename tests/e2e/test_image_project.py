@@ -23,6 +23,7 @@ from provisioner.inventory import Inventory, load_inventory
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo
 from provisioner.node.delivery import DeliveryReport
+from provisioner.runtime.docker.direct import SavedCache
 from provisioner.runtime.docker.push import push_image
 from tests.e2e.helpers import cli, cli_json
 
@@ -52,6 +53,21 @@ def check_push(report: DeliveryReport, layers: int, most: int) -> None:
     for node in report.nodes.values():
         assert node.layers_sent == layers, node
         assert 0 < node.bytes_sent <= most * 1.1 + TAR_SLACK, node
+
+
+def loader_bytes(pin: Pin, tmp: Path) -> int:
+    """The bytes of a send of `pin`'s last layer to a classic-store node holding the rest,
+    counted from the image's `docker save` file: what `docker load` reads of it (the
+    manifest.json, the config, the layer's file), each member's header and blocks, and the
+    two end blocks. The save's other members (the legacy layer directories, their json
+    and VERSION) must not travel."""
+    saved = SavedCache(pin, tmp).get(print)
+    hexd = pin.image_id.removeprefix("sha256:")
+    read = {"manifest.json", f"{hexd}.json", f"blobs/sha256/{hexd}", saved.layer_files[-1]}
+    kept = [m for m in saved.members if m.name.removeprefix("./") in read]
+    assert len(kept) == 3, [m.name for m in kept]
+    assert len(saved.members) > len(kept) + 1  # positive control: the save holds more
+    return sum(m.offset_data - m.offset + m.size + (-m.size % 512) for m in kept) + 1024
 
 
 def forget_project(inv: Inventory, base: Pin, deps_layer: str) -> None:
@@ -136,7 +152,13 @@ def test_the_project_image_is_pushed_trained_on_every_node_and_rebuilt_by_its_la
     assert changed.layers[:-1] == pin.layers[:-1] and changed.layers[-1] != pin.layers[-1]
     last = changed.layer_sizes[-1] if changed.layer_sizes else 0
     assert 0 < last < own_bytes(pin, base)
-    check_push(push_image(inv, None, print, pin=changed), 1, last)
+    report = push_image(inv, None, print, pin=changed)
+    check_push(report, 1, last)
+    # a node on Docker's classic store gets what its `docker load` reads, and nothing else
+    classic = [n for n in report.nodes.values() if n.store == "classic"]
+    assert classic, report.nodes
+    exact = loader_bytes(changed, tmp_path / "saved")
+    assert all(n.bytes_sent == exact for n in classic), (exact, report.nodes)
     # the nodes' cluster tag back on the base pin, as later modules expect
     forget_project(inv, base, info["layers"]["deps"])
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.errors import OperationError
+from provisioner.image.compress import CacheRecord, Codec, LayerCache, compressed_stream
 from provisioner.image.savestream import partial, passthrough, read_saved
 
 LAYERS = [b"base layer " * 1000, b"torch layer " * 5000, b"venv layer " * 3000]
@@ -105,6 +106,79 @@ def test_held_layers_are_left_out_and_the_rest_is_intact(saved_file: Path, omit:
     assert set(after) < set(before)
     assert all(after[name] == before[name] for name in after)  # the rest byte for byte
     assert "manifest.json" in after
+
+
+def span(size: int) -> int:
+    """A plain member's bytes in a tar: its header block, then its data padded to blocks."""
+    return tarfile.BLOCKSIZE + size + (-size % tarfile.BLOCKSIZE)
+
+
+def read_by_docker_load(layout: str, omit: int) -> list[str]:
+    """What `docker load` reads of a save with a manifest.json (moby's
+    image/tarexport/load.go): manifest.json, the config, the files of the layers it lacks."""
+    config = f"{CONFIG}.json" if layout == "legacy" else f"blobs/sha256/{CONFIG}"
+    layers = (
+        [f"{d}/layer.tar" for d in DIRS]
+        if layout == "legacy"
+        else [f"blobs/sha256/{d.removeprefix('sha256:')}" for d in DIFF_IDS]
+    )
+    return ["manifest.json", config, *layers[omit:]]
+
+
+@pytest.mark.parametrize("layout", ["legacy", "oci"])
+@pytest.mark.parametrize("omit", [1, 2, 3])
+def test_a_partial_send_holds_only_what_docker_load_reads(
+    tmp_path: Path, layout: str, omit: int
+) -> None:
+    path = tmp_path / "image.tar"
+    legacy_save(path, DIRS) if layout == "legacy" else oci_save(path)
+    before = members(path.read_bytes())
+    out = b"".join(partial(read_saved(path), omit))
+    after = members(out)
+    # positive control: the save holds what is cut (legacy json, VERSION and directories;
+    # an OCI save's index.json and directories)
+    cut = [n for n in before if n.endswith(("/json", "/VERSION", "index.json"))]
+    assert cut and all(name not in after for name in cut)
+    read = read_by_docker_load(layout, omit)
+    assert sorted(after) == sorted(read)
+    assert all(after[name] == before[name] for name in after)  # byte for byte
+    # nothing else on the wire: each member's header and blocks, then the two end blocks
+    assert len(out) == sum(span(len(before[n])) for n in read) + 2 * tarfile.BLOCKSIZE
+    assert out.endswith(b"\0" * 2 * tarfile.BLOCKSIZE)
+
+
+def test_a_partial_send_of_one_small_layer_is_that_layer_config_and_manifest(
+    tmp_path: Path,
+) -> None:
+    """The bench's case in bytes: a 24,064-byte top layer on held ones, whose legacy
+    entries (a directory, VERSION, json: 2,560 bytes each) no longer travel."""
+    small = b"x" * 24064
+    dirs = ["a" * 64, "b" * 64]
+    with tarfile.open(tmp_path / "i.tar", mode="w") as tar:
+        for d, data in zip(dirs, [LAYERS[0], small], strict=True):
+            _add(tar, d)
+            _add(tar, f"{d}/VERSION", b"1.0")
+            _add(tar, f"{d}/json", b"{" + b" " * 400 + b"}")
+            _add(tar, f"{d}/layer.tar", data)
+        _add(tar, f"{CONFIG}.json", b"{" + b" " * 4481 + b"}")  # 4,483 bytes, as gridcells'
+        layers = [f"{d}/layer.tar" for d in dirs]
+        _add(
+            tar,
+            "manifest.json",
+            json.dumps([{"Config": f"{CONFIG}.json", "Layers": layers}]).encode(),
+        )
+    out = b"".join(partial(read_saved(tmp_path / "i.tar"), 1))
+    manifest = len(members(out)["manifest.json"])
+    assert len(out) == span(24064) + span(4483) + span(manifest) + 1024 == 30720 + span(manifest)
+
+
+def test_a_compressed_partial_send_holds_only_what_docker_load_reads(tmp_path: Path) -> None:
+    path = legacy_save(tmp_path / "image.tar", DIRS)
+    cache, codec = LayerCache(tmp_path / "layers"), Codec("zlib", 1)
+    out = b"".join(compressed_stream(read_saved(path), DIFF_IDS, 1, codec, cache, CacheRecord()))
+    after = members(out)
+    assert sorted(after) == sorted(read_by_docker_load("legacy", 1))
+    assert after[f"{DIRS[2]}/layer.tar"] != LAYERS[2]  # compressed (the positive control)
 
 
 def test_a_needed_link_keeps_its_target(tmp_path: Path) -> None:
