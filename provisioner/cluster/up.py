@@ -590,6 +590,9 @@ def start_needed(
     current = ctx.runtime.is_current(state) if state else None
     if state and state.gpus is not None and state.gpus != signature(gpus.get(node.name)):
         current = False  # its GPUs changed: a driver installed since, another subset
+    shared = ctx.inventory.storage_path if ctx.inventory.storage == "path" else ""
+    if state and state.storage is not None and state.storage != shared:
+        current = False  # the inventory's shared folder changed: mounted only at its start
     alive = before.node(node.name).ray_alive
     if node is ctx.inventory.head:
         alive = alive and before.gcs_error is None

@@ -37,6 +37,7 @@ from provisioner.inventory.fields import (
     check_ray_subnet,
     check_resource_map,
     check_runtime,
+    check_storage,
     check_user,
     closest,
 )
@@ -55,6 +56,7 @@ PROVISIONER_VARS = {
     "provisioner_ray_port_base": "first port of the cluster's block of Ray ports",
     "provisioner_ray_tls": "TLS on Ray's channels with the cluster's own CA (true | false)",
     "provisioner_price_per_node_hour": "what one node-hour costs (a job's cost in summary.json)",
+    "provisioner_storage": "Tune's storage every node shares: {kind: head|none} or {path: DIR}",
     "provisioner_resources": "Ray resources of a host",
     "provisioner_labels": "Ray labels of a host",
     "provisioner_gpus": "NVIDIA GPUs for Ray: all | none | [index or UUID, ...]",
@@ -276,6 +278,9 @@ def to_raw(path: Path, document: dict[str, Any]) -> RawInventory:
     runtime, runtime_where = check_runtime(
         str(common.get("provisioner_runtime", DEFAULT_RUNTIME)), top, "provisioner_runtime"
     )
+    storage, storage_path = check_storage(
+        common.get("provisioner_storage"), at("provisioner_storage"), "provisioner_storage"
+    )
     return RawInventory(
         path=path,
         cluster=check_cluster(
@@ -316,6 +321,8 @@ def to_raw(path: Path, document: dict[str, Any]) -> RawInventory:
             at("provisioner_price_per_node_hour"),
             "provisioner_price_per_node_hour",
         ),
+        storage=storage,
+        storage_path=storage_path,
     )
 
 

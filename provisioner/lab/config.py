@@ -138,6 +138,13 @@ class LabConfig:
     def inventory(self) -> Path:
         return self.state_dir / "inventory.yaml"
 
+    @property
+    def shared_dir(self) -> Path:
+        """The one folder of this machine every node of the lab has at SHARED_TARGET: a
+        stand-in for a site's NFS home (world-writable, sticky: the login user and root in
+        a Ray container both write there)."""
+        return self.state_dir / "shared"
+
     def node_storage(self, node: LabNode) -> Path:
         return self.state_dir / "nodes" / node.name / "docker"
 
@@ -392,6 +399,10 @@ def known_hosts_lines(address: str, host_keys: str) -> list[str]:
     return lines
 
 
+SHARED_TARGET = "/srv/shared"
+"""Where every lab node has the lab's shared folder (the same path on each)."""
+
+
 def node_run_args(cfg: LabConfig, node: LabNode, image: str) -> list[str]:
     """`docker run` arguments for one lab node (the lab recipe's verified flags)."""
     return [
@@ -427,6 +438,8 @@ def node_run_args(cfg: LabConfig, node: LabNode, image: str) -> list[str]:
         f"{cfg.node_storage(node)}:{cfg.storage_target}:rw",
         "-v",
         f"{cfg.state_dir / 'authorized_keys'}:/lab/authorized_keys:ro",
+        "-v",
+        f"{cfg.shared_dir}:{SHARED_TARGET}:rw",
         *_slurm_args(cfg, node, image),
     ]
 

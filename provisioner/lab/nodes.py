@@ -22,6 +22,7 @@ from provisioner.errors import InputError, LabError
 from provisioner.inventory.models import DEFAULT_RUNTIME
 from provisioner.lab.config import (
     LABEL,
+    SHARED_TARGET,
     LabConfig,
     LabNode,
     data_network_script,
@@ -56,6 +57,7 @@ class LabInfo:
     key: Path
     known_hosts: Path
     nodes: tuple[LabNode, ...]
+    shared_dir: str = SHARED_TARGET
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +65,7 @@ class LabInfo:
             "inventory": str(self.inventory),
             "key": str(self.key),
             "known_hosts": str(self.known_hosts),
+            "shared_dir": self.shared_dir,
             "nodes": [n.to_json() for n in self.nodes],
         }
 
@@ -141,6 +144,8 @@ def lab_up(
     cfg.state_dir.chmod(0o700)
     pub = ensure_keypair(cfg.key, f"provisioner-{cfg.name}")
     (cfg.state_dir / "authorized_keys").write_text(pub + "\n")
+    cfg.shared_dir.mkdir(exist_ok=True)
+    cfg.shared_dir.chmod(0o1777)
     if cfg.slurm:
         _write_slurm_files(cfg)
     _ensure_network(cfg, cfg.network, cfg.subnet)
@@ -290,7 +295,11 @@ def _ensure_node(cfg: LabConfig, node: LabNode, image: str, report: Reporter) ->
     except NotFound:
         existing = None
     if existing is not None:
-        if existing.image is not None and image in existing.image.tags:
+        if (
+            existing.image is not None
+            and image in existing.image.tags
+            and _mounts(existing, SHARED_TARGET)
+        ):
             if existing.status != "running":
                 report(f"{node.name}: starting")
                 existing.start()
@@ -312,6 +321,13 @@ def _ensure_node(cfg: LabConfig, node: LabNode, image: str, report: Reporter) ->
             ["network", "connect", "--ip", node.data_address, cfg.data_network, node.container],
             timeout=60,
         )
+
+
+def _mounts(container: Any, target: str) -> bool:
+    """The container has a bind mount at `target` (a node made before the lab had its
+    shared folder has none: it is made again, once)."""
+    mounts = container.attrs.get("Mounts") or []
+    return any(m.get("Destination") == target for m in mounts)
 
 
 def wait_ready(node: LabNode, report: Reporter = quiet, timeout: float = READY_TIMEOUT) -> None:

@@ -23,6 +23,7 @@ RESULTS_ROOT_ENV = "PROVISIONER_RESULTS_ROOT"
 LABEL_CLUSTER = "provisioner.cluster"
 LABEL_ROLE = "provisioner.role"
 LABEL_GPUS = "provisioner.gpus"  # the GPUs a container was given (gpu.assignment.signature)
+LABEL_STORAGE = "provisioner.storage"  # the shared folder it mounts (`storage: {path: DIR}`)
 # The cluster's id (node.token.ensure_cluster_id): which state folder's cluster it is,
 # so that a namesake of another user or state folder is never taken for this one.
 LABEL_CLUSTER_ID = "provisioner.cluster-id"

@@ -184,11 +184,13 @@ def tls_options(inventory: Inventory) -> list[str]:
 
 def storage_options(inventory: Inventory) -> list[str]:
     """`storage: {path: DIR}`: the folder every node mounts, at the same path in the
-    container (Tune's storage there is the same on every node; the doctor proves it)."""
+    container (Tune's storage there is the same on every node; the doctor proves it),
+    labelled with it (`RayState.storage`: `up` restarts a Ray whose folder changed)."""
     if inventory.storage != "path":
         return []
     path = shlex.quote(inventory.storage_path)
-    return [f"--mount type=bind,source={path},target={path}"]
+    label = shlex.quote(f"{layout.LABEL_STORAGE}={inventory.storage_path}")
+    return [f"--mount type=bind,source={path},target={path}", f"--label {label}"]
 
 
 def shm_size(inventory: Inventory) -> str:
@@ -272,7 +274,8 @@ def state_command(words: Words, cluster: str, cluster_id: str = "") -> str:
         '"restarts": {{json .RestartCount}}, "exit_code": {{json .State.ExitCode}}, '
         '"oom_killed": {{json .State.OOMKilled}}, '
         f'"cluster_id": {{{{json (index .Config.Labels "{layout.LABEL_CLUSTER_ID}")}}}}, '
-        f'"gpus": {{{{json (index .Config.Labels "{layout.LABEL_GPUS}")}}}}}}'
+        f'"gpus": {{{{json (index .Config.Labels "{layout.LABEL_GPUS}")}}}}, '
+        f'"storage": {{{{json (index .Config.Labels "{layout.LABEL_STORAGE}")}}}}}}'
     )
     return f"{inspect(words, layout.container_name(cluster, cluster_id), template)} || echo null"
 
@@ -294,6 +297,7 @@ def parse_state(words: Words, stdout: str, cluster_id: str = "") -> RayState:
         exit_code=data.get("exit_code"),
         oom_killed=bool(data.get("oom_killed")),
         gpus=str(data.get("gpus") or ""),
+        storage=str(data.get("storage") or ""),
     )
 
 

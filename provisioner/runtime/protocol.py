@@ -64,6 +64,8 @@ class RayState:
     exit_code: int | None = None
     oom_killed: bool = False
     gpus: str | None = None  # the GPUs it was given (gpu.assignment.signature); None: not recorded
+    # the shared folder it mounts (`storage: {path: DIR}`; "" none); None: not recorded
+    storage: str | None = None
 
     @property
     def running(self) -> bool:

@@ -374,6 +374,65 @@ def test_an_unchanged_tune_script_checkpointing_on_a_worker_succeeds_and_comes_h
     assert all(p.stat().st_size > 0 for p in states)
 
 
+def test_a_folder_every_node_shares_is_tunes_storage_and_holds_the_checkpoints(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    """`storage: {path: SHARED}`, SHARED being the folder every lab node has (a site's
+    NFS home): the doctor proves it shared, `up` restarts Ray with it mounted, the same
+    unchanged Tune script's trial on a worker succeeds, and its checkpoints are both here
+    and on the shared folder (read on a worker's disk)."""
+    from provisioner.doctor import run_doctor
+    from provisioner.runtime.context import cluster_context
+    from tests.e2e.faults.lab import edited_inventory, lab_container
+
+    shared = lab.shared_dir
+    path = edited_inventory(Path(inventory), tmp_path / "shared.yaml", storage={"path": shared})
+    cluster = load_inventory(path).cluster
+    head, worker = lab.nodes[0], lab.nodes[1]
+    report = run_doctor(cluster_context(load_inventory(path), lenient_pin=True))
+    found = [f for f in report.findings if f.check == "storage.shared"]
+    assert [f.severity for f in found] == ["ok"], found
+    assert found[0].message.startswith(
+        f"{shared} is shared: written on {head.name}, read on {len(lab.nodes) - 1} other node(s), "
+    ) and found[0].message.endswith(" GiB free"), found[0].message
+    try:
+        code, _, err = cli("up", "-i", str(path))
+        assert code == 0, err[-3000:]
+        mounts = ssh(
+            lab,
+            worker,
+            f"docker inspect -f '{{{{range .Mounts}}}}{{{{.Destination}}}} {{{{end}}}}' "
+            f"{lab_container(lab)}",
+        )
+        assert shared in mounts.stdout.split(), mounts.stdout + mounts.stderr
+        code, doc, err = submit_json(str(path), tmp_path, _tune_script(tmp_path), verbose=True)
+        assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
+        job_id = doc["job_id"]
+        log = (tmp_path / job_id / "job.log").read_text()
+        driver = log.split("DRIVER ", 1)[1].split()[0]
+        trial = log.split("TRIAL_NODE ", 1)[1].split()[0]
+        assert driver == head.address and trial != driver, log[-2000:]
+        (experiment,) = (tmp_path / job_id / "ray_results").iterdir()
+        home = {
+            str(p.relative_to(experiment)): p.read_text()
+            for p in experiment.glob("*/checkpoint_00000*/state.json")
+        }
+        assert sorted(json.loads(t)["i"] for t in home.values()) == [0, 1, 2], home
+        # on the shared folder, where the user would look: a worker node's disk
+        root = f"{shared}/{cluster}/{job_id}"
+        listed = ssh(lab, worker, f"cd {root}/* && find . -path '*/checkpoint_00000*/state.json'")
+        assert listed.returncode == 0, listed.stderr
+        there = sorted(line.removeprefix("./") for line in listed.stdout.split())
+        assert there == sorted(home), (there, sorted(home))
+        for name, text in home.items():
+            got = ssh(lab, worker, f"cat {root}/*/{name}")
+            assert got.stdout == text, (name, got.stdout, text)
+    finally:
+        # the module's other tests expect the default store
+        code, _, err = cli("up", "-i", inventory)
+        assert code == 0, err[-3000:]
+
+
 def test_rllibs_own_example_checkpoints_at_end_and_restores_here(
     inventory: str, tmp_path: Path
 ) -> None:

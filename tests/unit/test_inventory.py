@@ -348,3 +348,19 @@ def test_ray_tls_is_on_by_default_and_turned_off_by_the_inventory(
     )
     assert load_inventory(write(tmp_path, "hosts.ini", ini)).tls is False
     assert load_inventory(write(tmp_path, "on.ini", INI.replace("KEY", str(key)))).tls is True
+
+
+def test_an_ansible_inventory_names_tunes_shared_storage_or_is_refused_with_where(
+    tmp_path: Path, key: Path
+) -> None:
+    ini = INI.replace("KEY", str(key))
+    assert load_inventory(write(tmp_path, "on.ini", ini)).storage == "head"
+    shared = ini.replace(
+        "provisioner_cluster=rack",
+        "provisioner_cluster=rack\nprovisioner_storage={'path': '/srv/nfs/ray/'}",
+    )
+    inventory = load_inventory(write(tmp_path, "hosts.ini", shared))
+    assert (inventory.storage, inventory.storage_path) == ("path", "/srv/nfs/ray")
+    err = error_of(tmp_path, shared.replace("'path'", "'kind'"), "bad.ini")
+    assert err.exit_code == 2 and "provisioner_storage" in str(err), err
+    assert "bad.ini:" in str(err) and "{path: DIR}" in (err.fix or ""), (str(err), err.fix)

@@ -60,6 +60,8 @@ def test_node_run_args_pin_address_and_avoid_privileged() -> None:
     assert args[args.index("--cap-drop") + 1] == "SYS_RESOURCE"
     assert "/sys/fs/cgroup:/sys/fs/cgroup:rw" in args
     assert args[-1] == "img:1"
+    # every node of the lab has the lab's one shared folder at the same path
+    assert f"{cfg.shared_dir}:/srv/shared:rw" in args
 
 
 def test_a_podman_lab_names_runtime_and_pin_and_stores_images_for_the_user(

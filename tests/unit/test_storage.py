@@ -178,7 +178,10 @@ def test_a_shared_folder_is_tunes_storage_mounted_at_the_same_path(tmp_path: Pat
 
     shared = make_inventory(tmp_path, storage="path", storage_path="/mnt/nfs/ray")
     assert lifecycle.job_env(shared, "j") == {"RAY_STORAGE": "/mnt/nfs/ray/demo/j"}
-    assert storage_options(shared) == ["--mount type=bind,source=/mnt/nfs/ray,target=/mnt/nfs/ray"]
+    assert storage_options(shared) == [
+        "--mount type=bind,source=/mnt/nfs/ray,target=/mnt/nfs/ray",
+        "--label provisioner.storage=/mnt/nfs/ray",  # `up` restarts a Ray whose folder changed
+    ]
     assert storage_options(make_inventory(tmp_path)) == []  # the head's store: no mount
     script = storage.path_sync_input("/mnt/nfs/ray", "demo").decode()
     assert '"kind": "path"' in script and '"root": "/mnt/nfs/ray/demo"' in script

@@ -44,6 +44,25 @@ def test_a_node_running_the_pin_with_its_gpus_is_left_alone(tmp_path: Path) -> N
     assert up.start_needed(ctx, {}, before, worker, head_restarted=False)  # GPUs gone
 
 
+def test_a_node_whose_shared_folder_is_not_the_inventorys_restarts(tmp_path: Path) -> None:
+    """`storage: {path: DIR}` is a bind mount made at the container's start: a Ray started
+    without it (or with another folder) restarts; one with it is left alone."""
+    inv = make_inventory(tmp_path, storage="path", storage_path="/srv/shared")
+    runtime = docker.DockerRuntime(inv, make_pin(image_id=PIN))
+    alive = [GcsNode(n.name, n.address, True) for n in inv.nodes]
+    ctx = up.UpContext(inv, None, runtime, runtime.pin, lambda _: None)  # type: ignore[arg-type]
+    worker = inv.workers[0]
+    for label, restarts in (("/srv/shared", False), ("", True), ("/mnt/other", True)):
+        states = {n.name: RayState(status="running", runs=PIN, storage=label) for n in inv.nodes}
+        before = status.assemble(inv, runtime, states, {}, alive)
+        assert up.start_needed(ctx, {}, before, worker, head_restarted=False) is restarts, label
+    # the head's store (no folder mounted): a Ray without the label is left alone
+    ctx, before = status_of(
+        tmp_path, {n.name: RayState(status="running", runs=PIN, storage="") for n in inv.nodes}
+    )
+    assert not up.start_needed(ctx, {}, before, ctx.inventory.workers[0], head_restarted=False)
+
+
 def test_a_head_whose_gcs_does_not_answer_restarts(tmp_path: Path) -> None:
     inv = make_inventory(tmp_path)
     running = {n.name: RayState(status="running", runs=PIN) for n in inv.nodes}
