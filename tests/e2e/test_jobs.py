@@ -406,6 +406,85 @@ def test_rllibs_own_example_checkpoints_at_end_and_restores_here(
         algo.stop()
 
 
+# `--resume JOB` of an unchanged Tune script: its first Tuner.fit() restores the earlier
+# experiment (jobs.tune_resume), whose trial goes on from its latest checkpoint in the
+# store. The script's trial fails at its third iteration when it started afresh.
+TUNE_RESUMABLE = """\
+import json, os, sys, tempfile
+import ray
+from ray import tune
+
+ray.init()
+here = ray.util.get_node_ip_address()
+worker = next(
+    n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] != here
+)
+
+def train(config):
+    start = 0
+    checkpoint = tune.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d:
+            with open(os.path.join(d, "state.json")) as f:
+                start = json.load(f)["i"] + 1
+    for i in range(start, 4):
+        if i == 2 and start == 0:
+            raise RuntimeError("the trial is lost at its third iteration")
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "state.json"), "w") as f:
+                json.dump({"i": i, "start": start}, f)
+            tune.report({"i": i, "start": start}, checkpoint=tune.Checkpoint.from_directory(d))
+
+trainable = tune.with_resources(train, {"cpu": 1, f"node:{worker}": 0.01})
+results = tune.Tuner(trainable).fit()
+if results.errors:
+    print("ERRORED", len(results.errors))
+    sys.exit(1)
+best = results.get_best_result(metric="i", mode="max")
+print("LAST", best.metrics["i"], "START", best.metrics["start"])
+"""
+
+
+def test_resume_of_an_unchanged_tune_script_goes_on_from_its_trials_checkpoint(
+    inventory: str, tmp_path: Path
+) -> None:
+    book = tmp_path / "resumable"
+    book.mkdir()
+    script = book / "tune_resumable.py"
+    script.write_text(TUNE_RESUMABLE)
+    # the first run: its trial fails after two checkpoints (the positive control: started
+    # afresh, this script always fails)
+    code, first, err = submit_json(inventory, tmp_path, script, verbose=True)
+    assert code != 0 and first["status"] == "FAILED", err[-3000:]
+    home = tmp_path / first["job_id"]
+    assert "ERRORED 1" in (home / "job.log").read_text()
+    (experiment,) = (home / "ray_results").iterdir()
+    assert len(list(experiment.glob("*/checkpoint_00000*"))) == 2
+    # resumed: Tune's experiment restored, the trial goes on from iteration 2
+    code, out, err = cli(
+        "submit",
+        "-i",
+        inventory,
+        "--results",
+        str(tmp_path),
+        "--json",
+        "--verbose",
+        "--resume",
+        first["job_id"],
+        str(script),
+    )
+    doc = json.loads(out)
+    assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
+    again = tmp_path / doc["job_id"]
+    log = (again / "job.log").read_text()
+    assert "Tune's experiment restored from" in log, log[-3000:]
+    assert "LAST 3 START 2" in log, log[-3000:]
+    (resumed,) = (again / "ray_results").iterdir()
+    assert resumed.name == experiment.name
+    states = [json.loads(p.read_text()) for p in sorted(resumed.glob("*/checkpoint_*/state.json"))]
+    assert {"i": 3, "start": 2} in states and {"i": 1, "start": 0} in states, states
+
+
 def test_down_stops_the_store_keeps_its_data_and_purge_removes_it(
     inventory: str, lab: LabInfo
 ) -> None:
