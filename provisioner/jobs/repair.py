@@ -157,7 +157,7 @@ def resuming(
 
 def resumed(spec: JobSpec, source: Source, label: str) -> JobSpec:
     """`spec` continuing from `source`: a playbook's checkpoint, or a Tune experiment its
-    script's first Tuner.fit() restores."""
+    script's first Tuner(...) is, restored."""
     tune = source.checkpoint.name if source.tune else ""
     return replace(spec, resumed_from=label, tune_experiment=tune)
 

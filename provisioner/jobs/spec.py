@@ -69,7 +69,7 @@ class JobSpec:
     # pyarrow needs to reach the head's store), set by the place that runs the job
     storage: dict[str, str] = field(default_factory=dict)
     # the Tune experiment (its folder's name) this run continues, under TUNE_RESUME_DIR:
-    # the script's first Tuner.fit() restores it (jobs.tune_resume)
+    # the script's first Tuner(...) is it, restored (jobs.tune_resume)
     tune_experiment: str = ""
 
     @property

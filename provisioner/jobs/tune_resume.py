@@ -1,4 +1,4 @@
-"""Run an unchanged Tune script so that its `Tuner.fit()` continues an earlier experiment.
+"""Run an unchanged Tune script so that its first `Tuner` continues an earlier experiment.
 
 `submit --resume JOB` (and each attempt of `--retries`) of a script that trained through
 Tune (RLlib's example runner included) cannot ask the script to call `Tuner.restore`: it
@@ -7,7 +7,7 @@ instead (`python3 -c SOURCE SCRIPT ARGS`, only for such a resume): the earlier e
 folder, which `jobs.resume.seed` put under the job's results directory
 (`$PROVISIONER_TUNE_RESUME`, relative to `$PROVISIONER_RESULTS_DIR`), is copied into the
 job's own Tune storage (`$RAY_STORAGE`, the storage every node shares; else Tune's default
-`~/ray_results`), and the first `Tuner.fit()` of the script restores that experiment with
+`~/ray_results`), and the first `Tuner(...)` the script makes is that experiment, restored with
 Ray's own `Tuner.restore(path, trainable, param_space, resume_unfinished=True,
 resume_errored=True)`: finished trials are kept as they are, unfinished and errored ones
 go on from their latest checkpoints. This is the pattern Ray documents for a script run
@@ -60,31 +60,34 @@ def place_experiment(folder: str, root: str) -> str:
 
 
 def install(path: str) -> None:
-    """Make the first `Tuner.fit()` restore the experiment at `path`."""
+    """Make the script's first `Tuner(...)` the experiment at `path`, restored (made in
+    place of a fresh one, so that no empty experiment is started beside it)."""
     from ray import tune
 
-    original = tune.Tuner.fit
+    original = tune.Tuner.__init__
     used: list[bool] = []
 
-    def fit(self: Any) -> Any:
-        if used:
-            return original(self)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        if used or kwargs.get("_tuner_internal") is not None:
+            original(self, *args, **kwargs)
+            return
         used.append(True)
         if not tune.Tuner.can_restore(path):
             _say(f"nothing Tune can restore at {path}: the experiment starts afresh")
-            return original(self)
-        internal = self._local_tuner
+            original(self, *args, **kwargs)
+            return
+        trainable: Any = args[0] if args else kwargs.get("trainable")
         restored = tune.Tuner.restore(
             path,
-            trainable=internal.trainable,
-            param_space=internal.param_space,
+            trainable=trainable,
+            param_space=kwargs.get("param_space"),
             resume_unfinished=True,
             resume_errored=True,
         )
+        self.__dict__.update(restored.__dict__)
         _say(f"Tune's experiment restored from {path}")
-        return original(restored)
 
-    tune.Tuner.fit = fit  # type: ignore[method-assign]
+    tune.Tuner.__init__ = init  # type: ignore[method-assign]
 
 
 def main(argv: list[str]) -> None:

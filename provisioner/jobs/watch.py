@@ -50,6 +50,6 @@ def _inline(source: Path) -> str:
 
 def tune_resume_argv(python: str, script: str, args: tuple[str, ...]) -> list[str]:
     """`PYTHON -u -c '...' SCRIPT ARGS`: the script run as `python -u SCRIPT ARGS` would
-    run it, its first `Tuner.fit()` restoring the experiment `jobs.tune_resume` places
+    run it, its first `Tuner(...)` the experiment `jobs.tune_resume` places, restored
     (in the job's own Python, with its site-packages: not isolated)."""
     return [python, "-u", "-c", _inline(RESUME_SOURCE), script, *args]
