@@ -16,6 +16,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -374,29 +375,70 @@ def test_an_unchanged_tune_script_checkpointing_on_a_worker_succeeds_and_comes_h
     assert all(p.stat().st_size > 0 for p in states)
 
 
-def test_rllibs_own_example_checkpoints_at_end_and_restores_here(
-    inventory: str, tmp_path: Path
-) -> None:
-    import ray.rllib.examples.envs.custom_gym_env as example
+# Holds every CPU of the head (an actor pinned there) until stopped: a trial started
+# meanwhile runs on a worker, and its checkpoints must reach storage every node shares.
+HOLD_THE_HEAD = """\
+import time
+import ray
 
-    book = tmp_path / "example"
-    book.mkdir()
-    script = book / "custom_gym_env.py"
-    script.write_bytes(Path(example.__file__).read_bytes())  # unchanged, from the Ray wheel
-    code, doc, err = submit_json(
-        inventory,
-        tmp_path,
-        script,
-        "--num-env-runners",
-        "2",
-        "--stop-iters",
-        "2",
-        "--checkpoint-at-end",
-        verbose=True,
-    )
-    assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
-    found = sorted((tmp_path / doc["job_id"] / "ray_results").glob("*/*/checkpoint_*"))
-    assert found, sorted(p.name for p in (tmp_path / doc["job_id"]).rglob("*"))[:50]
+ray.init()
+head = ray.util.get_node_ip_address()
+cpus = next(n["Resources"]["CPU"] for n in ray.nodes() if n["NodeManagerAddress"] == head)
+
+@ray.remote
+class Hold:
+    def where(self):
+        return ray.util.get_node_ip_address()
+
+hold = Hold.options(num_cpus=cpus, resources={f"node:{head}": 0.01}).remote()
+print("HOLDING", ray.get(hold.where.remote()), cpus, flush=True)
+time.sleep(900)
+"""
+RLLIB_MULTI_AGENT = "rllib/examples/multi_agent/multi_agent_cartpole.py"  # in the Ray wheel
+
+
+def test_rllibs_own_example_checkpoints_at_end_and_restores_here(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    """A second of RLlib's own examples, unchanged (multi-agent CartPole), its trial on a
+    worker (the head's CPUs held by another job): it checkpoints at its end, its progress
+    is shown as it runs, Tune's folder comes home, `Algorithm.from_checkpoint` loads it."""
+    spec = importlib.util.find_spec("ray")
+    assert spec is not None and spec.origin is not None
+    holder = tmp_path / "holder"
+    holder.mkdir()
+    (holder / "hold.py").write_text(HOLD_THE_HEAD)
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(tmp_path / "h"), "--detach", "--json",
+        str(holder / "hold.py"),
+    )  # fmt: skip
+    assert code == 0, err[-2000:]
+    held = json.loads(out)["job_id"]
+    try:
+        deadline = time.monotonic() + 120
+        log = ""
+        while "HOLDING" not in log and time.monotonic() < deadline:
+            time.sleep(2)
+            log = cli("jobs", "logs", held, "-i", inventory)[1]
+        assert f"HOLDING {lab.nodes[0].address}" in log, log[-2000:]
+        book = tmp_path / "example"
+        book.mkdir()
+        script = Path(shutil.copy(Path(spec.origin).parent / RLLIB_MULTI_AGENT, book))
+        code, shown = submit_as_a_user(
+            inventory, tmp_path / "r", script,
+            "--num-agents", "2", "--num-env-runners", "2", "--stop-iters", "2",
+            "--checkpoint-at-end",
+        )  # fmt: skip
+    finally:
+        cli("jobs", "stop", held, "-i", inventory)
+    assert code == 0 and "SUCCEEDED" in shown, shown[-3000:]
+    assert re.search(r"iter 2  steps \d+", shown), shown[-3000:]  # its progress, shown live
+    (home,) = (tmp_path / "r").iterdir()
+    (result,) = (home / "ray_results").glob("*/*/result.json")
+    ran_on = {json.loads(line)["node_ip"] for line in result.read_text().splitlines()}
+    assert ran_on and lab.nodes[0].address not in ran_on, ran_on  # on a worker
+    found = sorted(result.parent.glob("checkpoint_*"))
+    assert found, sorted(p.name for p in home.rglob("*"))[:50]
     from ray.rllib.algorithms.algorithm import Algorithm
 
     algo = Algorithm.from_checkpoint(str(found[-1]))
