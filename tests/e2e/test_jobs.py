@@ -440,7 +440,11 @@ def test_rllibs_own_example_checkpoints_at_end_and_restores_here(
     found = sorted(result.parent.glob("checkpoint_*"))
     assert found, sorted(p.name for p in home.rglob("*"))[:50]
     from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
+    from ray.tune.registry import register_env
 
+    # the example registers its env under "env" when it runs: so does the user here
+    register_env("env", lambda _: MultiAgentCartPole(config={"num_agents": 2}))
     algo = Algorithm.from_checkpoint(str(found[-1]))
     try:
         assert algo.iteration == 2
