@@ -16,6 +16,7 @@ from provisioner.inventory import Inventory, Node
 from provisioner.inventory.loader import require_nodes
 from provisioner.node import commands, token
 from provisioner.remote import Pool, fan_out
+from provisioner.remote.fanout import beside
 from provisioner.runtime.context import ClusterContext
 from provisioner.runtime.protocol import Runtime
 
@@ -81,7 +82,7 @@ def bring_down(
     purge: bool = False,
 ) -> DownResult:
     """Idempotent: nodes without this cluster's Ray are fine; unreachable nodes are errors.
-    After Ray, the head's store stops (its data kept unless `purge`)."""
+    Beside Ray, the head's store stops (its data kept unless `purge`)."""
     result = DownResult()
     if logs_dir is not None:
         try:
@@ -116,17 +117,23 @@ def bring_down(
             token=current or None,
             held={n.address: held.get(n.address, current) for n in failed},
         )
-    for stage in (list(inventory.workers), [inventory.head]):
-        group = fan_out(stage, stop, deadline=90)
-        for name, busy in group.results.items():
-            result.removed.append(name)
-            if busy:
-                result.ports_busy[name] = busy
-        result.errors.update(group.reasons())
-    try:
-        storage.stop(inventory, pool, report, purge=purge)
-    except ProvisionerError as exc:
-        result.errors["storage"] = f"the head's store not stopped: {exc}"
+
+    def stop_store() -> None:
+        try:
+            storage.stop(inventory, pool, report, purge=purge)
+        except ProvisionerError as exc:
+            result.errors["storage"] = f"the head's store not stopped: {exc}"
+
+    # the store stops beside Ray (the results came home before `down`; its data is kept)
+    with beside(stop_store) as stopping:
+        for stage in (list(inventory.workers), [inventory.head]):
+            group = fan_out(stage, stop, deadline=90)
+            for name, busy in group.results.items():
+                result.removed.append(name)
+                if busy:
+                    result.ports_busy[name] = busy
+            result.errors.update(group.reasons())
+    stopping.result()
     return result
 
 

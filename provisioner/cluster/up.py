@@ -444,12 +444,15 @@ def up(
     try:
         installing.result()
         prepare(ctx, result)
-        serve_storage(ctx, result)
-        states = found.ray_states(ctx.runtime) if found else None
-        if found is not None:
-            _refuse_foreign_gcs(inventory, found, states)
-        facts = found.facts if found else None
-        bring_up(ctx, result, states=states, facts=facts, installed=True, listeners=listeners)
+        # Ray needs nothing of the store to start (each job gets it in its own
+        # environment): the store starts beside Ray, and `up` ends when both are up
+        with beside(lambda: serve_storage(ctx, result)) as serving:
+            states = found.ray_states(ctx.runtime) if found else None
+            if found is not None:
+                _refuse_foreign_gcs(inventory, found, states)
+            facts = found.facts if found else None
+            bring_up(ctx, result, states=states, facts=facts, installed=True, listeners=listeners)
+        serving.result()
     finally:
         if listeners:
             stop_listeners(pool, inventory, listeners)
@@ -487,7 +490,7 @@ def prepare(ctx: UpContext, result: UpResult) -> None:
 
 
 def serve_storage(ctx: UpContext, result: UpResult) -> None:
-    """The head serves the storage every node shares (cluster.storage), before any Ray:
+    """The head serves the storage every node shares (cluster.storage), beside Ray's start:
     jobs get it as Tune's default storage. Nothing with `storage: {kind: none}`."""
     t0 = time.monotonic()
     result.storage = storage.ensure(ctx.inventory, ctx.pool, ctx.report)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from provisioner.errors import InputError, OperationError, ProvisionerError
 from provisioner.jobs.link import Link, Target
@@ -20,6 +21,9 @@ from provisioner.jobs.spec import JOB_ID, JobSpec
 from provisioner.jobs.stream import Handlers
 from provisioner.jobs.submit import JobOutcome
 from provisioner.runtime.context import ClusterContext, cluster_context
+
+if TYPE_CHECKING:
+    from provisioner.jobs.resume import Source
 
 REPAIR_TRIES = 5
 REPAIR_WAIT_S = 20.0
@@ -37,7 +41,7 @@ def with_retries(
 ) -> JobOutcome:
     """Run (or with `attach`, follow) the job; when a node is lost or the head restarts,
     repair the cluster with `up` and resume, `retries` times."""
-    from provisioner.jobs.resume import find_source, latest_checkpoint, seed
+    from provisioner.jobs.resume import find_source, latest_checkpoint, latest_experiment, seed
     from provisioner.jobs.submit import submit_with_retries
 
     inv = target.inventory
@@ -68,7 +72,7 @@ def with_retries(
     def resume_from(
         following: JobSpec, previous: Path
     ) -> tuple[JobSpec, Callable[[Link], None] | None]:
-        if latest_checkpoint(previous) is None:
+        if latest_checkpoint(previous) is None and latest_experiment(previous) is None:
             handlers.report("no checkpoint came home: the next attempt starts afresh")
             return following, prepare
         source = find_source(str(previous), results)
@@ -79,7 +83,7 @@ def with_retries(
                 f"checkpoint for {following.job_id}: {seed(link, source, following.job_id)}"
             )
 
-        return replace(following, resumed_from=previous.name), step
+        return resumed(following, source, previous.name), step
 
     return submit_with_retries(
         target,
@@ -148,7 +152,14 @@ def resuming(
     def prepare(link: Link) -> None:
         handlers.report(f"checkpoint for {spec.job_id}: {seed(link, source, spec.job_id)}")
 
-    return replace(spec, resumed_from=source.label), prepare
+    return resumed(spec, source, source.label), prepare
+
+
+def resumed(spec: JobSpec, source: Source, label: str) -> JobSpec:
+    """`spec` continuing from `source`: a playbook's checkpoint, or a Tune experiment its
+    script's first Tuner(...) is, restored."""
+    tune = source.checkpoint.name if source.tune else ""
+    return replace(spec, resumed_from=label, tune_experiment=tune)
 
 
 __all__ = ["REPAIR_TRIES", "REPAIR_WAIT_S", "resuming", "with_retries"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from provisioner.errors import InputError, OperationError, ProvisionerError, RemoteError
 from provisioner.jobs.head_folder import enter_command
 from provisioner.jobs.link import Link
-from provisioner.jobs.spec import JOB_ID, RESUME_DIR
+from provisioner.jobs.spec import JOB_ID, RESUME_DIR, TUNE_RESUME_DIR
 from provisioner.jobs.upload import sendable_files
 from provisioner.node import layout
 from provisioner.remote.pull import LINK_EXIT
@@ -28,6 +28,10 @@ from provisioner.remote.session import Session
 
 CHECKPOINT = re.compile(r"^iter-(\d+)$")
 SEEDS = ("metrics.csv", "tensorboard")
+# Tune's experiments in a job's results (the storage's copy, cluster.storage.Sync)
+TUNE_RESULTS = "ray_results"
+TUNE_STATE = "experiment_state-*.json"
+EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class Source:
     results: Path | None  # the local results directory holding metrics.csv, tensorboard/
     job_id: str | None  # the earlier job, when resuming a job
     label: str
+    tune: bool = False  # `checkpoint` is a Tune experiment's folder (jobs.tune_resume)
 
     @property
     def on_head(self) -> str | None:
@@ -57,14 +62,34 @@ def latest_checkpoint(results: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
+def latest_experiment(results: Path) -> Path | None:
+    """The Tune experiment in a results directory (ray_results/EXPERIMENT, the one whose
+    state Tune saved last), or the directory itself when it is one."""
+    if any(results.glob(TUNE_STATE)):
+        return results if EXPERIMENT.match(results.name) else None
+    found = [
+        (max(state.stat().st_mtime for state in p.glob(TUNE_STATE)), p.name, p)
+        for p in (results / TUNE_RESULTS).glob("*")
+        if p.is_dir()
+        and not p.is_symlink()
+        and EXPERIMENT.match(p.name)
+        and any(p.glob(TUNE_STATE))
+    ]
+    return max(found)[2] if found else None
+
+
 def find_source(value: str, results_root: Path) -> Source:
     """JOB (its results under RESULTS/JOB, brought home first) or a local PATH: a job's
-    results directory or one checkpoint directory."""
+    results directory, one checkpoint directory, or a Tune experiment's folder. A job's
+    own checkpoints (a playbook's) come first, then the Tune experiment it ran."""
     path = Path(value).expanduser()
     if path.is_dir():
         latest = latest_checkpoint(path)
         if latest is not None:
             return Source(latest, path, None, str(path))
+        experiment = latest_experiment(path)
+        if experiment is not None:
+            return Source(experiment, path, None, str(path), tune=True)
         return Source(path, None, None, str(path))
     if not JOB_ID.match(value):
         raise InputError(
@@ -72,6 +97,8 @@ def find_source(value: str, results_root: Path) -> Source:
         )
     home = results_root / value
     latest = latest_checkpoint(home)
+    if latest is None and (experiment := latest_experiment(home)) is not None:
+        return Source(experiment, home, value, value, tune=True)
     if latest is None:
         raise InputError(
             f"--resume {value}: no checkpoint of job {value} here or on the head",
@@ -80,20 +107,29 @@ def find_source(value: str, results_root: Path) -> Source:
     return Source(latest, home, value, value)
 
 
-def head_copy_command(cluster: str, old: str, checkpoint: str, new: str) -> str:
-    """Seed NEW from OLD on the head itself; exit 3 when the head lacks the checkpoint."""
+def head_copy_command(
+    cluster: str,
+    old: str,
+    checkpoint: str,
+    new: str,
+    into: str = f"{RESUME_DIR}/checkpoint",
+    seeds_from: tuple[str, ...] = SEEDS,
+) -> str:
+    """Seed NEW from OLD on the head itself (the checkpoint as NEW/INTO, then the
+    `seeds_from` files); exit 3 when the head lacks the checkpoint."""
     root = layout.node_results_dir(cluster)
     src = shlex.quote(f"{old}/{checkpoint}")
-    dest = shlex.quote(f"{new}/{RESUME_DIR}")
+    parent, _ = f"{new}/{into}".rsplit("/", 1)
+    dest = shlex.quote(parent)
     seeds = " ".join(
         f"if [ -e {shlex.quote(f'{old}/{name}')} ]; then cp -rP {shlex.quote(f'{old}/{name}')} "
         f"{shlex.quote(f'{new}/')}; fi;"
-        for name in SEEDS
+        for name in seeds_from
     )
     return (
         f"cd -P {root} && [ -d {src} ] && [ ! -L {shlex.quote(old)} ] || exit 3; "
-        f"mkdir -p {dest} && ( {enter_command(cluster, f'{new}/{RESUME_DIR}')} ) && "
-        f"cp -rP {src} {dest}/checkpoint && {seeds} true"
+        f"mkdir -p {dest} && ( {enter_command(cluster, parent)} ) && "
+        f"cp -rP {src} {shlex.quote(f'{new}/{into}')} && {seeds} true"
     )
 
 
@@ -195,14 +231,21 @@ def seed(link: Link, source: Source, new_job: str) -> str:
     assert link.inventory is not None
     cluster = link.inventory.cluster
     session = link.head()
+    into = f"{TUNE_RESUME_DIR}/{source.checkpoint.name}" if source.tune else None
     if source.job_id is not None and source.on_head is not None:
-        copied = session.run(
-            head_copy_command(cluster, source.job_id, source.on_head, new_job), timeout=300
+        command = (
+            head_copy_command(cluster, source.job_id, source.on_head, new_job, into, ())
+            if into
+            else head_copy_command(cluster, source.job_id, source.on_head, new_job)
         )
+        copied = session.run(command, timeout=300)
         if copied.ok:
             return f"the head's own copy of {source.job_id}/{source.on_head}"
         if copied.exit_code != 3:
             copied.check()
+    if into:
+        sent = upload(session, cluster, source.checkpoint, f"{new_job}/{into}")
+        return f"{source.checkpoint} sent from this machine ({sent} files)"
     sent = upload(session, cluster, source.checkpoint, f"{new_job}/{RESUME_DIR}/checkpoint")
     if source.results is not None:
         for name in SEEDS:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import InputError
-from provisioner.jobs.watch import watcher_command
+from provisioner.jobs.watch import tune_resume_argv, watcher_command
 from provisioner.node.layout import RESULTS_ROOT_ENV
 
 # Where a job writes: $PROVISIONER_RESULTS_ROOT/JOB, the node's results directory (on the
@@ -25,6 +25,10 @@ RESULTS_ENV = "PROVISIONER_RESULTS_DIR"
 # A checkpoint to continue from, relative to the job's results directory (set by --resume).
 RESUME_ENV = "PROVISIONER_RESUME_FROM"
 RESUME_DIR = "resume"
+# An earlier Tune experiment to continue (set by --resume and --retries for a script that
+# trained through Tune): its folder, relative to the job's results directory.
+TUNE_RESUME_ENV = "PROVISIONER_TUNE_RESUME"
+TUNE_RESUME_DIR = f"{RESUME_DIR}/tune"
 # The price of one node-hour, for the job's cost in its summary.json (playbooks/rlrun.py).
 PRICE_ENV = "PROVISIONER_PRICE_PER_NODE_HOUR"
 # Files that never travel with the working_dir (besides .gitignore'd ones, which Ray honours).
@@ -64,6 +68,9 @@ class JobSpec:
     # Tune's default storage every node shares (node.storage.job_env: RAY_STORAGE and what
     # pyarrow needs to reach the head's store), set by the place that runs the job
     storage: dict[str, str] = field(default_factory=dict)
+    # the Tune experiment (its folder's name) this run continues, under TUNE_RESUME_DIR:
+    # the script's first Tuner(...) is it, restored (jobs.tune_resume)
+    tune_experiment: str = ""
 
     @property
     def working_dir(self) -> Path:
@@ -77,7 +84,10 @@ class JobSpec:
         missing = "this Ray container has no results directory; run provisioner down, then up"
         root = f'"${{{RESULTS_ROOT_ENV}:?{missing}}}"'
         results = f"{root}/{self.job_id}"
-        run = shlex.join(["python3", "-u", self.playbook.name, *self.args])
+        argv = ["python3", "-u", self.playbook.name, *self.args]
+        if self.tune_experiment:
+            argv = tune_resume_argv("python3", self.playbook.name, self.args)
+        run = shlex.join(argv)
         watch = watcher_command("python3", "$$")  # $$: the shell's pid, which execs the driver
         return (
             f'export {RESULTS_ENV}={results} && mkdir -p "${RESULTS_ENV}" '
@@ -87,7 +97,9 @@ class JobSpec:
     def runtime_env(self) -> dict[str, Any]:
         """working_dir = the playbook's directory; the job's own variables."""
         env = {"PYTHONUNBUFFERED": "1", **self.storage, **self.env}
-        if self.resumed_from:
+        if self.tune_experiment:
+            env[TUNE_RESUME_ENV] = f"{TUNE_RESUME_DIR}/{self.tune_experiment}"
+        elif self.resumed_from:
             env[RESUME_ENV] = f"{RESUME_DIR}/checkpoint"
         excludes = [*EXCLUDES, *self.excludes]
         return {"working_dir": str(self.working_dir), "excludes": excludes, "env_vars": env}

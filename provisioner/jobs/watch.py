@@ -16,12 +16,14 @@ import zlib
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("tune_watch.py")
+RESUME_SOURCE = Path(__file__).with_name("tune_resume.py")
 
 
 @functools.cache
-def compact_source() -> str:
-    """tune_watch.py without its docstrings and comments (what runs is what is tested)."""
-    tree = ast.parse(SOURCE.read_text())
+def compact_source(source: Path = SOURCE) -> str:
+    """A file (tune_watch.py) without its docstrings and comments (what runs is what is
+    tested)."""
+    tree = ast.parse(source.read_text())
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (
@@ -38,6 +40,16 @@ def compact_source() -> str:
 def watcher_command(python: str, pid: str) -> str:
     """`PYTHON -I -S -c '...' PID`: the watcher of the driver PID (a shell word: `$$`,
     `"$drv"`), its output on the job's standard output."""
-    blob = base64.b64encode(zlib.compress(compact_source().encode(), 9)).decode()
-    code = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{blob}')))"
-    return f"{python} -I -S -c {shlex.quote(code)} {pid}"
+    return f"{python} -I -S -c {shlex.quote(_inline(SOURCE))} {pid}"
+
+
+def _inline(source: Path) -> str:
+    blob = base64.b64encode(zlib.compress(compact_source(source).encode(), 9)).decode()
+    return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{blob}')))"
+
+
+def tune_resume_argv(python: str, script: str, args: tuple[str, ...]) -> list[str]:
+    """`PYTHON -u -c '...' SCRIPT ARGS`: the script run as `python -u SCRIPT ARGS` would
+    run it, its first `Tuner(...)` the experiment `jobs.tune_resume` places, restored
+    (in the job's own Python, with its site-packages: not isolated)."""
+    return [python, "-u", "-c", _inline(RESUME_SOURCE), script, *args]

@@ -16,6 +16,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -433,36 +434,160 @@ def test_a_folder_every_node_shares_is_tunes_storage_and_holds_the_checkpoints(
         assert code == 0, err[-3000:]
 
 
+# Holds every CPU of the head (an actor pinned there) until stopped: a trial started
+# meanwhile runs on a worker, and its checkpoints must reach storage every node shares.
+HOLD_THE_HEAD = """\
+import time
+import ray
+
+ray.init()
+head = ray.util.get_node_ip_address()
+cpus = next(n["Resources"]["CPU"] for n in ray.nodes() if n["NodeManagerAddress"] == head)
+
+@ray.remote
+class Hold:
+    def where(self):
+        return ray.util.get_node_ip_address()
+
+hold = Hold.options(num_cpus=cpus, resources={f"node:{head}": 0.01}).remote()
+print("HOLDING", ray.get(hold.where.remote()), cpus, flush=True)
+time.sleep(900)
+"""
+RLLIB_MULTI_AGENT = "rllib/examples/multi_agent/multi_agent_cartpole.py"  # in the Ray wheel
+
+
 def test_rllibs_own_example_checkpoints_at_end_and_restores_here(
-    inventory: str, tmp_path: Path
+    inventory: str, lab: LabInfo, tmp_path: Path
 ) -> None:
-    import ray.rllib.examples.envs.custom_gym_env as example
-
-    book = tmp_path / "example"
-    book.mkdir()
-    script = book / "custom_gym_env.py"
-    script.write_bytes(Path(example.__file__).read_bytes())  # unchanged, from the Ray wheel
-    code, doc, err = submit_json(
-        inventory,
-        tmp_path,
-        script,
-        "--num-env-runners",
-        "2",
-        "--stop-iters",
-        "2",
-        "--checkpoint-at-end",
-        verbose=True,
-    )
-    assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
-    found = sorted((tmp_path / doc["job_id"] / "ray_results").glob("*/*/checkpoint_*"))
-    assert found, sorted(p.name for p in (tmp_path / doc["job_id"]).rglob("*"))[:50]
+    """A second of RLlib's own examples, unchanged (multi-agent CartPole), its trial on a
+    worker (the head's CPUs held by another job): it checkpoints at its end, its progress
+    is shown as it runs, Tune's folder comes home, `Algorithm.from_checkpoint` loads it."""
+    spec = importlib.util.find_spec("ray")
+    assert spec is not None and spec.origin is not None
+    holder = tmp_path / "holder"
+    holder.mkdir()
+    (holder / "hold.py").write_text(HOLD_THE_HEAD)
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(tmp_path / "h"), "--detach", "--json",
+        str(holder / "hold.py"),
+    )  # fmt: skip
+    assert code == 0, err[-2000:]
+    held = json.loads(out)["job_id"]
+    try:
+        deadline = time.monotonic() + 120
+        log = ""
+        while "HOLDING" not in log and time.monotonic() < deadline:
+            time.sleep(2)
+            log = cli("jobs", "logs", held, "-i", inventory)[1]
+        assert f"HOLDING {lab.nodes[0].address}" in log, log[-2000:]
+        book = tmp_path / "example"
+        book.mkdir()
+        script = Path(shutil.copy(Path(spec.origin).parent / RLLIB_MULTI_AGENT, book))
+        code, shown = submit_as_a_user(
+            inventory, tmp_path / "r", script,
+            "--num-agents", "2", "--num-env-runners", "2", "--stop-iters", "2",
+            "--checkpoint-at-end",
+        )  # fmt: skip
+    finally:
+        cli("jobs", "stop", held, "-i", inventory)
+    assert code == 0 and "SUCCEEDED" in shown, shown[-3000:]
+    assert re.search(r"iter 2  steps \d+", shown), shown[-3000:]  # its progress, shown live
+    (home,) = (tmp_path / "r").iterdir()
+    (result,) = (home / "ray_results").glob("*/*/result.json")
+    ran_on = {json.loads(line)["node_ip"] for line in result.read_text().splitlines()}
+    assert ran_on and lab.nodes[0].address not in ran_on, ran_on  # on a worker
+    found = sorted(result.parent.glob("checkpoint_*"))
+    assert found, sorted(p.name for p in home.rglob("*"))[:50]
     from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
+    from ray.tune.registry import register_env
 
+    # the example registers its env under "env" when it runs: so does the user here
+    register_env("env", lambda _: MultiAgentCartPole(config={"num_agents": 2}))
     algo = Algorithm.from_checkpoint(str(found[-1]))
     try:
         assert algo.iteration == 2
     finally:
         algo.stop()
+
+
+# `--resume JOB` of an unchanged Tune script: its first Tuner.fit() restores the earlier
+# experiment (jobs.tune_resume), whose trial goes on from its latest checkpoint in the
+# store. The script's trial fails at its third iteration when it started afresh.
+TUNE_RESUMABLE = """\
+import json, os, sys, tempfile
+import ray
+from ray import tune
+
+ray.init()
+here = ray.util.get_node_ip_address()
+worker = next(
+    n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] != here
+)
+
+def train(config):
+    start = 0
+    checkpoint = tune.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d:
+            with open(os.path.join(d, "state.json")) as f:
+                start = json.load(f)["i"] + 1
+    for i in range(start, 4):
+        if i == 2 and start == 0:
+            raise RuntimeError("the trial is lost at its third iteration")
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "state.json"), "w") as f:
+                json.dump({"i": i, "start": start}, f)
+            tune.report({"i": i, "start": start}, checkpoint=tune.Checkpoint.from_directory(d))
+
+trainable = tune.with_resources(train, {"cpu": 1, f"node:{worker}": 0.01})
+results = tune.Tuner(trainable).fit()
+if results.errors:
+    print("ERRORED", len(results.errors))
+    sys.exit(1)
+best = results.get_best_result(metric="i", mode="max")
+print("LAST", best.metrics["i"], "START", best.metrics["start"])
+"""
+
+
+def test_resume_of_an_unchanged_tune_script_goes_on_from_its_trials_checkpoint(
+    inventory: str, tmp_path: Path
+) -> None:
+    book = tmp_path / "resumable"
+    book.mkdir()
+    script = book / "tune_resumable.py"
+    script.write_text(TUNE_RESUMABLE)
+    # the first run: its trial fails after two checkpoints (the positive control: started
+    # afresh, this script always fails)
+    code, first, err = submit_json(inventory, tmp_path, script, verbose=True)
+    assert code != 0 and first["status"] == "FAILED", err[-3000:]
+    home = tmp_path / first["job_id"]
+    assert "ERRORED 1" in (home / "job.log").read_text()
+    (experiment,) = (home / "ray_results").iterdir()
+    assert len(list(experiment.glob("*/checkpoint_00000*"))) == 2
+    # resumed: Tune's experiment restored, the trial goes on from iteration 2
+    code, out, err = cli(
+        "submit",
+        "-i",
+        inventory,
+        "--results",
+        str(tmp_path),
+        "--json",
+        "--verbose",
+        "--resume",
+        first["job_id"],
+        str(script),
+    )
+    doc = json.loads(out)
+    assert code == 0 and doc["status"] == "SUCCEEDED", err[-3000:]
+    again = tmp_path / doc["job_id"]
+    log = (again / "job.log").read_text()
+    assert "Tune's experiment restored from" in log, log[-3000:]
+    assert "LAST 3 START 2" in log, log[-3000:]
+    (resumed,) = (again / "ray_results").iterdir()
+    assert resumed.name == experiment.name
+    states = [json.loads(p.read_text()) for p in sorted(resumed.glob("*/checkpoint_*/state.json"))]
+    assert {"i": 3, "start": 2} in states and {"i": 1, "start": 0} in states, states
 
 
 def test_down_stops_the_store_keeps_its_data_and_purge_removes_it(

@@ -1,0 +1,109 @@
+"""Run an unchanged Tune script so that its first `Tuner` continues an earlier experiment.
+
+`submit --resume JOB` (and each attempt of `--retries`) of a script that trained through
+Tune (RLlib's example runner included) cannot ask the script to call `Tuner.restore`: it
+is the author's script, unchanged. The job's entrypoint runs the script through this file
+instead (`python3 -c SOURCE SCRIPT ARGS`, only for such a resume): the earlier experiment's
+folder, which `jobs.resume.seed` put under the job's results directory
+(`$PROVISIONER_TUNE_RESUME`, relative to `$PROVISIONER_RESULTS_DIR`), is copied into the
+job's own Tune storage (`$RAY_STORAGE`, the storage every node shares; else Tune's default
+`~/ray_results`), and the first `Tuner(...)` the script makes is that experiment, restored with
+Ray's own `Tuner.restore(path, trainable, param_space, resume_unfinished=True,
+resume_errored=True)`: finished trials are kept as they are, unfinished and errored ones
+go on from their latest checkpoints. This is the pattern Ray documents for a script run
+again after a failure (`Tuner.can_restore`), applied from outside the script.
+
+Then the script runs as `python3 SCRIPT ARGS` would run it (`runpy.run_path` as
+`__main__`, its folder first on sys.path, `sys.argv` as given). A folder Tune cannot
+restore (no experiment state in it) changes nothing: the script starts afresh, and says so.
+It runs in the cluster's Python (Ray and pyarrow there), where provisioner is not installed:
+standard library and Ray only.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from typing import Any
+
+RESUME_ENV = "PROVISIONER_TUNE_RESUME"
+RESULTS_ENV = "PROVISIONER_RESULTS_DIR"
+MARK = "provisioner:"
+
+
+def _say(text: str) -> None:
+    print(f"{MARK} {text}", flush=True)
+
+
+def storage_root() -> str:
+    """Where the script's Tune writes by default: $RAY_STORAGE, else ~/ray_results."""
+    return os.environ.get("RAY_STORAGE") or os.path.expanduser("~/ray_results")
+
+
+def joined(root: str, name: str) -> str:
+    return root.rstrip("/") + "/" + name
+
+
+def place_experiment(folder: str, root: str) -> str:
+    """Copy the experiment `folder` (local) into the storage `root`; its path there."""
+    import pyarrow.fs as pafs  # type: ignore[import-untyped]
+
+    name = os.path.basename(folder.rstrip("/"))
+    fs, base = pafs.FileSystem.from_uri(root) if "://" in root else (pafs.LocalFileSystem(), root)
+    dest = joined(base, name)
+    fs.create_dir(dest, recursive=True)
+    pafs.copy_files(
+        folder, dest, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs
+    )
+    return joined(root, name)
+
+
+def install(path: str) -> None:
+    """Make the script's first `Tuner(...)` the experiment at `path`, restored (made in
+    place of a fresh one, so that no empty experiment is started beside it)."""
+    from ray import tune
+
+    original = tune.Tuner.__init__
+    used: list[bool] = []
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        if used or kwargs.get("_tuner_internal") is not None:
+            original(self, *args, **kwargs)
+            return
+        used.append(True)
+        if not tune.Tuner.can_restore(path):
+            _say(f"nothing Tune can restore at {path}: the experiment starts afresh")
+            original(self, *args, **kwargs)
+            return
+        trainable: Any = args[0] if args else kwargs.get("trainable")
+        restored = tune.Tuner.restore(
+            path,
+            trainable=trainable,
+            param_space=kwargs.get("param_space"),
+            resume_unfinished=True,
+            resume_errored=True,
+        )
+        self.__dict__.update(restored.__dict__)
+        _say(f"Tune's experiment restored from {path}")
+
+    tune.Tuner.__init__ = init  # type: ignore[method-assign]
+
+
+def main(argv: list[str]) -> None:
+    script = argv[0]
+    rel = os.environ.get(RESUME_ENV, "")
+    if rel:
+        folder = os.path.join(os.environ.get(RESULTS_ENV, "."), rel)
+        if os.path.isdir(folder):
+            path = place_experiment(folder, storage_root())
+            install(path)
+        else:
+            _say(f"no experiment at {folder}: the script starts afresh")
+    sys.argv = list(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,122 @@
+"""`submit --resume` and `--retries` of an unchanged Tune script (pure parts): which
+experiment a job's results hold, the head's copy of it into the new job's results, and
+the entrypoint that runs the script through `jobs.tune_resume`. The restore itself runs
+on the lab (tests/e2e/test_jobs.py)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from provisioner.errors import InputError
+from provisioner.jobs.resume import find_source, head_copy_command, latest_experiment
+from provisioner.jobs.spec import RESUME_ENV, TUNE_RESUME_ENV, make_spec
+from provisioner.jobs.watch import RESUME_SOURCE, compact_source
+
+
+def experiment(results: Path, name: str, age: float = 0.0) -> Path:
+    folder = results / "ray_results" / name
+    (folder / "train_abc_00000").mkdir(parents=True)
+    state = folder / "experiment_state-2026-12-06_06-00-00.json"
+    state.write_text("{}")
+    stamp = time.time() - age
+    os.utime(state, (stamp, stamp))
+    return folder
+
+
+def test_the_experiment_tune_saved_last_is_the_one_resumed(tmp_path: Path) -> None:
+    experiment(tmp_path, "train_old", age=100)
+    newest = experiment(tmp_path, "train_new")
+    (tmp_path / "ray_results" / "not_an_experiment").mkdir()
+    assert latest_experiment(tmp_path) == newest
+    assert latest_experiment(newest) == newest  # the experiment's folder itself
+    assert latest_experiment(tmp_path / "ray_results" / "not_an_experiment") is None
+
+
+def test_a_folder_name_that_could_not_travel_is_not_an_experiment(tmp_path: Path) -> None:
+    experiment(tmp_path, "-rf")
+    assert latest_experiment(tmp_path) is None
+    experiment(tmp_path, "ok")  # a positive control
+    assert latest_experiment(tmp_path) == tmp_path / "ray_results" / "ok"
+
+
+def test_a_jobs_playbook_checkpoint_comes_first_then_its_tune_experiment(tmp_path: Path) -> None:
+    job = tmp_path / "job-1"
+    folder = experiment(job, "train_x")
+    source = find_source("job-1", tmp_path)
+    assert source.tune and source.checkpoint == folder and source.job_id == "job-1"
+    assert source.on_head == "ray_results/train_x"
+    (job / "checkpoints" / "iter-000002").mkdir(parents=True)
+    playbook = find_source("job-1", tmp_path)
+    assert not playbook.tune and playbook.checkpoint.name == "iter-000002"
+    with pytest.raises(InputError):
+        find_source("job-2", tmp_path)  # nothing of it here
+
+
+def sh(root: Path, command: str) -> subprocess.CompletedProcess[bytes]:
+    home = root.parents[3]  # ROOT is HOME/.provisioner/clusters/c/results
+    return subprocess.run(
+        ["bash", "-c", command], env={**os.environ, "HOME": str(home)}, capture_output=True
+    )
+
+
+def test_the_head_copies_the_experiment_into_the_new_jobs_resume_folder(tmp_path: Path) -> None:
+    root = tmp_path / ".provisioner" / "clusters" / "c" / "results"
+    old = experiment(root / "old", "train_x")
+    (old / "train_abc_00000" / "checkpoint_000001").mkdir()
+    (old / "train_abc_00000" / "checkpoint_000001" / "state.json").write_text('{"i": 1}')
+    (root / "new").mkdir()
+    into = "resume/tune/train_x"
+    done = sh(root, head_copy_command("c", "old", "ray_results/train_x", "new", into, ()))
+    assert done.returncode == 0, done.stderr
+    copied = root / "new" / "resume" / "tune" / "train_x"
+    assert (copied / "train_abc_00000" / "checkpoint_000001" / "state.json").read_text() == (
+        '{"i": 1}'
+    )
+    assert not (root / "new" / "metrics.csv").exists()
+    gone = head_copy_command("c", "gone", "ray_results/train_x", "n2", into, ())
+    assert sh(root, gone).returncode == 3  # the head lacks it: sent from here instead
+
+
+def test_a_tune_resume_runs_the_script_through_the_restorer_and_says_where(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    spec = make_spec(script, ["--x", "a b"], job_id="j2")
+    plain = spec.entrypoint()
+    assert plain.endswith(shlex.join(["python3", "-u", "train.py", "--x", "a b"]))
+    tune = replace(spec, resumed_from="j1", tune_experiment="train_x")
+    words = shlex.split(tune.entrypoint().rsplit("&& exec ", 1)[1])
+    assert words[:3] == ["python3", "-u", "-c"] and words[4:] == ["train.py", "--x", "a b"]
+    env = tune.runtime_env()["env_vars"]
+    assert env[TUNE_RESUME_ENV] == "resume/tune/train_x" and RESUME_ENV not in env
+    assert replace(spec, resumed_from="j1").runtime_env()["env_vars"][RESUME_ENV]
+
+
+def test_the_restorer_runs_an_unchanged_script_as_python_would(tmp_path: Path) -> None:
+    """Without an experiment to restore, the script runs as `python3 -u SCRIPT ARGS`:
+    its own folder on sys.path, its arguments, `__main__`, its exit code."""
+    (tmp_path / "helper.py").write_text("VALUE = 7\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, helper\nprint(__name__, sys.argv[1:], helper.VALUE)\nsys.exit(3)\n"
+    )
+    code = compact_source(RESUME_SOURCE)
+    env = {**os.environ, TUNE_RESUME_ENV: "resume/tune/absent", "PROVISIONER_RESULTS_DIR": "."}
+    done = subprocess.run(
+        ["python3", "-u", "-c", code, "train.py", "--x", "a b"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 3, done.stderr
+    assert "__main__ ['--x', 'a b'] 7" in done.stdout
+    assert "no experiment at ./resume/tune/absent: the script starts afresh" in done.stdout
