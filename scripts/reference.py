@@ -62,6 +62,10 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "PROVISIONER_RESULTS_DIR": ("your playbook", "the folder the job writes its results to"),
     "PROVISIONER_RESULTS_ROOT": ("your playbook", "the node's folder of every job's results"),
     "PROVISIONER_RESUME_FROM": ("your playbook", "the checkpoint to resume from (`--resume`)"),
+    "PROVISIONER_TUNE_RESUME": (
+        "your script",
+        "the earlier Tune experiment its first `Tuner(...)` restores (`--resume`, `--retries`)",
+    ),
     "PROVISIONER_RETRIES": ("your playbook", "how many retries `submit --retries` allows"),
     "PROVISIONER_PRICE_PER_NODE_HOUR": (
         "your playbook",
