@@ -198,6 +198,13 @@ def ensure(inventory: Inventory, pool: Pool, report: Reporter = quiet) -> StoreS
             )
         sent = len(data)
         started = session.run(start, timeout=120)
+    if started.exit_code == storage.FOREIGN_EXIT:
+        raise OperationError(
+            f"{storage.FOREIGN}: this cluster's store was not started",
+            "the other cluster's owner runs `provisioner down` for it, or give this cluster "
+            "another name (cluster: in the inventory)",
+            where=head.name,
+        )
     if not started.ok:
         raise OperationError(
             f"the head's store did not start (exit {started.exit_code}): "

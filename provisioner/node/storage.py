@@ -151,6 +151,15 @@ def _dir(store: HeadStore, *parts: str) -> str:
     return layout.node_path(store.cluster, "storage", *parts)
 
 
+# `start_command` refuses to touch the store of a namesake cluster (the same name from
+# another state folder: the node folder is shared by name)
+FOREIGN_EXIT = 6
+FOREIGN = (
+    "a store of another cluster of this name (another state folder, other keys) runs in "
+    "this cluster's node folder on the head"
+)
+
+
 def binary_path(sha256: str) -> str:
     """Shell word: the store's binary on the head, named by its sha256."""
     return '"$HOME"/' + shlex.quote(f"{BIN_DIR}/weed-{sha256}")
@@ -189,9 +198,21 @@ def s3_config(store: HeadStore) -> str:
 
 
 def running_test(store: HeadStore) -> str:
-    """Shell: exit 0 while the store this cluster started runs (its pid file's process)."""
+    """Shell: exit 0 while the store of the pid file runs (that pid alive, and a store's
+    binary: a pid the system gave to another process since is not it)."""
     pid = _dir(store, "server.pid")
-    return f'[ -f {pid} ] && kill -0 "$(cat {pid})" 2>/dev/null'
+    return (
+        f'[ -f {pid} ] && kill -0 "$(cat {pid})" 2>/dev/null && '
+        f'grep -qa {shlex.quote(BIN_DIR + "/weed-")} "/proc/$(cat {pid})/cmdline"'
+    )
+
+
+def owned_test(store: HeadStore) -> str:
+    """Shell: exit 0 when the store's folder is this cluster's, or no one's yet (its owner
+    file names this cluster's own key: a namesake cluster of another state folder has
+    other keys)."""
+    owner = _dir(store, "server.owner")
+    return f'[ ! -f {owner} ] || [ "$(cat {owner})" = {shlex.quote(store.access_key)} ]'
 
 
 def server_command(store: HeadStore, sha256: str) -> str:
@@ -240,9 +261,12 @@ def start_command(store: HeadStore, sha256: str, timeout: float = 60) -> str:
     return (
         f'if {{ {running_test(store)}; }} && [ "$(cat {sig} 2>/dev/null)" = {signature(store)} ]; '
         "then exit 0; fi; "
+        f"if {{ {running_test(store)}; }} && ! {{ {owned_test(store)}; }}; then "
+        f"echo {shlex.quote(FOREIGN)} >&2; exit {FOREIGN_EXIT}; fi; "
         f"if {{ {running_test(store)}; }}; then {stop_command(store)}; fi; "
         f"{{ {has_binary_command(sha256)} || {{ echo {shlex.quote(missing)} >&2; exit 4; }}; }} && "
         f"umask 077 && mkdir -p {_dir(store, 'data')} && "
+        f"printf '%s' {shlex.quote(store.access_key)} > {_dir(store, 'server.owner')} && "
         f"printf '%s' {shlex.quote(s3_config(store))} > {_dir(store, 's3.json')} && "
         f"echo {signature(store)} > {sig} && "
         f"{{ setsid {server_command(store, sha256)} > {log} 2>&1 < /dev/null & }} && "
@@ -261,17 +285,19 @@ def sockets(store: HeadStore) -> list[str]:
 
 
 def stop_command(store: HeadStore, *, purge: bool = False) -> str:
-    """Shell: stop the server this cluster started (by its pid file), waiting for it to end,
-    SIGKILL after STOP_GRACE_S; its sockets in /tmp removed; with `purge`, its data too."""
+    """Shell: stop the server this cluster started (by its pid file, when that process is a
+    store and the folder is this cluster's), waiting for it to end, SIGKILL after
+    STOP_GRACE_S; its sockets in /tmp removed; with `purge`, its data too."""
     pid = _dir(store, "server.pid")
-    out = (
-        f'if [ -f {pid} ]; then p="$(cat {pid})"; kill "$p" 2>/dev/null; '
+    stop = (
+        f'if {{ {running_test(store)}; }}; then p="$(cat {pid})"; kill "$p" 2>/dev/null; '
         f'for i in $(seq {STOP_GRACE_S}); do kill -0 "$p" 2>/dev/null || break; sleep 1; done; '
-        f'kill -9 "$p" 2>/dev/null; rm -f {pid}; fi; rm -f ' + " ".join(sockets(store))
+        f'kill -9 "$p" 2>/dev/null; fi; rm -f {pid}; rm -f ' + " ".join(sockets(store))
     )
     if purge:
-        out += f"; rm -rf {_dir(store, 'data')}"
-    return out
+        stop += f"; rm -rf {_dir(store, 'data')} {_dir(store, 'server.owner')}"
+    # a store of a namesake cluster (another state folder, other keys) is left alone
+    return f"if {{ {owned_test(store)}; }}; then {stop}; fi"
 
 
 def used_command(store: HeadStore) -> str:

@@ -657,16 +657,13 @@ def submit_as_a_user(
     return done.returncode, done.stdout + done.stderr
 
 
-def tune_results_on_the_head(lab: LabInfo, inventory: str, job_log: Path) -> list[Any]:
-    """Every result Tune wrote for the job's trials (their result.json), read on the head
-    in the experiment folder Tune's driver names in the log."""
-    from provisioner.node.token import ray_container
-
-    (folder,) = re.findall(r"experiment state to '([^']+)'", job_log.read_text())
-    container = ray_container(load_inventory(Path(inventory)))
-    got = ssh(lab, lab.nodes[0], f"docker exec {container} sh -c 'cat {folder}/*/result.json'")
-    assert got.returncode == 0, got.stderr
-    return [json.loads(line) for line in got.stdout.splitlines() if line.strip()]
+def tune_results_home(home: Path) -> list[Any]:
+    """Every result Tune wrote for the job's trials: their result.json, in Tune's folder
+    as it came home from the storage every node shares (results/JOB/ray_results/EXP/)."""
+    found = sorted(home.glob("ray_results/*/*/result.json"))
+    assert found, sorted(str(p.relative_to(home)) for p in home.rglob("*"))[:50]
+    lines = [line for path in found for line in path.read_text().splitlines()]
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def test_an_unchanged_rllib_example_shows_its_progress_and_prints_not_rays_noise(
@@ -680,7 +677,7 @@ def test_an_unchanged_rllib_example_shows_its_progress_and_prints_not_rays_noise
     code, shown = submit_as_a_user(inventory, tmp_path / "r", script, *RLLIB_ARGS)
     assert code == 0 and "SUCCEEDED" in shown, shown[-3000:]
     (home,) = (tmp_path / "r").iterdir()
-    results = tune_results_on_the_head(lab, inventory, home / "job.log")
+    results = tune_results_home(home)
     returns = [r["env_runners"].get("episode_return_mean") for r in results]
     written = {
         (r["training_iteration"], r["num_env_steps_sampled_lifetime"],
@@ -713,10 +710,7 @@ def test_a_tune_trainables_trials_and_metrics_are_its_progress(
     code, shown = submit_as_a_user(inventory, tmp_path / "r", book / "tune_grid.py")
     assert code == 0 and "best score 6" in shown, shown[-3000:]
     (home,) = (tmp_path / "r").iterdir()
-    written = {
-        (r["training_iteration"], r["score"], r["loss"])
-        for r in tune_results_on_the_head(lab, inventory, home / "job.log")
-    }
+    written = {(r["training_iteration"], r["score"], r["loss"]) for r in tune_results_home(home)}
     lines = re.findall(r"trial ([12])/2  iter (\d)  score (\d)  loss ([\d.]+)", shown)
     assert lines, shown[-3000:]
     assert {(int(i), int(s), round(float(x), 4)) for _, i, s, x in lines} <= {

@@ -5,7 +5,9 @@ tested on the lab (tests/e2e/test_jobs.py: a Tune script checkpointing on a work
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -42,9 +44,13 @@ def test_start_checks_the_binary_binds_the_heads_address_and_makes_the_bucket() 
     running = storage.running_test(STORE)
     sig = layout.node_path("demo", "storage", "server.sig")
     # kept when it runs as recorded; else one running otherwise is stopped first
+    # (one of a namesake cluster, whose folder is not ours, is refused: exit 6)
+    owned = storage.owned_test(STORE)
     assert cmd.startswith(
         f'if {{ {running}; }} && [ "$(cat {sig} 2>/dev/null)" = {storage.signature(STORE)} ]; '
-        f"then exit 0; fi; if {{ {running}; }}; then {storage.stop_command(STORE)}; fi; "
+        f"then exit 0; fi; if {{ {running}; }} && ! {{ {owned}; }}; then "
+        f"echo {shlex.quote(storage.FOREIGN)} >&2; exit 6; fi; "
+        f"if {{ {running}; }}; then {storage.stop_command(STORE)}; fi; "
     )
     check = f'[ "$(sha256sum {binary} 2>/dev/null | cut -d" " -f1)" = {SHA} ]'
     assert cmd.index(check) < cmd.index("setsid ")  # checked before use; exit 4 if not
@@ -84,7 +90,61 @@ def test_stop_waits_then_kills_removes_sockets_and_keeps_data_unless_purged() ->
     assert "/tmp/seaweedfs-s3-23306.sock" in kept and "/tmp/seaweedfs-*-grpc-23301.sock" in kept
     assert "rm -rf" not in kept
     purged = storage.stop_command(STORE, purge=True)
-    assert purged.endswith(f"; rm -rf {layout.node_path('demo', 'storage', 'data')}")
+    data, owner = (layout.node_path("demo", "storage", n) for n in ("data", "server.owner"))
+    assert purged.endswith(f"; rm -rf {data} {owner}; fi")
+
+
+def _head(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    folder = tmp_path / ".provisioner" / "clusters" / "demo" / "storage"
+    folder.mkdir(parents=True)
+    return folder, {**os.environ, "HOME": str(tmp_path)}
+
+
+def _sleeper(tmp_path: Path, name: str) -> subprocess.Popen[bytes]:
+    """A process standing for a store: its command line names the store's binary (or not)."""
+    binary = tmp_path / ".provisioner" / "bin" / name
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    binary.write_text("#!/bin/sh\nwhile :; do sleep 1; done\n")
+    binary.chmod(0o755)
+    return subprocess.Popen(["/bin/sh", str(binary), "server"])
+
+
+def test_stop_ends_its_own_store_and_leaves_a_namesakes_and_a_reused_pid(tmp_path: Path) -> None:
+    folder, env = _head(tmp_path)
+    store = _sleeper(tmp_path, f"weed-{SHA}")
+    stranger = _sleeper(tmp_path, "not-a-store")
+    try:
+        (folder / "server.pid").write_text(str(store.pid))
+        (folder / "server.owner").write_text("other-key")  # a namesake's store
+        subprocess.run(["sh", "-c", storage.stop_command(STORE)], env=env, check=True)
+        assert store.poll() is None and (folder / "server.pid").exists()  # left alone
+        (folder / "server.pid").write_text(str(stranger.pid))  # a pid reused since
+        (folder / "server.owner").write_text(STORE.access_key)
+        subprocess.run(["sh", "-c", storage.stop_command(STORE)], env=env, check=True)
+        assert stranger.poll() is None  # not a store: not ended
+        (folder / "server.pid").write_text(str(store.pid))  # positive control: ours
+        subprocess.run(["sh", "-c", storage.stop_command(STORE)], env=env, check=True)
+        assert store.wait(timeout=10) is not None and not (folder / "server.pid").exists()
+    finally:
+        for p in (store, stranger):
+            p.kill()
+            p.wait()
+
+
+def test_start_refuses_while_a_namesakes_store_runs(tmp_path: Path) -> None:
+    folder, env = _head(tmp_path)
+    store = _sleeper(tmp_path, f"weed-{SHA}")
+    try:
+        (folder / "server.pid").write_text(str(store.pid))
+        (folder / "server.owner").write_text("other-key")
+        done = subprocess.run(
+            ["sh", "-c", storage.start_command(STORE, SHA)], env=env, capture_output=True
+        )
+        assert done.returncode == storage.FOREIGN_EXIT and store.poll() is None
+        assert b"another cluster of this name" in done.stderr
+    finally:
+        store.kill()
+        store.wait()
 
 
 def test_a_job_gets_its_own_folder_of_the_store_and_the_keys() -> None:
