@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 from provisioner.checks.facts import Container, NodeFacts, RayProcess
 from provisioner.inventory import PORT_BLOCK, RayPorts
 
+# the head's store (node.storage.binary_path: weed-SHA256): its command line names the
+# cluster's node folder, as a host-mode Ray's does, but it is no Ray
+STORE_PROCESS = "weed-"
+
 # The --flags of raylet and gcs_server that name a port this node listens on, by the name
 # RayPorts gives it (the worker range apart).
 _FLAG_PORTS = {
@@ -101,6 +105,8 @@ def rays_on_node(facts: NodeFacts) -> list[RayOnNode]:
         if listener.pid is not None:
             listeners_of.setdefault(listener.pid, set()).add(listener.port)
     for process in facts.ray_owners:
+        if process.title.startswith(STORE_PROCESS):
+            continue  # the store every node shares: ports.free knows its ports
         is_ray = process.title in ("raylet", "gcs_server") or process.title.startswith("ray::")
         owner = _owner(process, by_pid, facts.runtime.containers)
         if not is_ray and (owner is None or not owner[0]):

