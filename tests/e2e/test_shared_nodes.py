@@ -384,14 +384,15 @@ def test_a_namesake_cluster_from_another_state_folder_is_left_alone_by_our_up_an
     from tests.e2e.faults.record import scenario
 
     name = f"{lab.name}-same"
-    # the same name; each on its own port block, as two users sharing nodes would be
+    # the same name; each on its own port block, as two users sharing nodes would be (clear
+    # of the default store's ports on the head, 23300-23309: the doctor names that clash)
     inventories = {
         who: str(
             edited_inventory(
                 cluster_inventory, tmp_path / f"{who}.yaml", cluster=name, ray={"port_base": base}
             )
         )
-        for who, base in (("ours", 24000), ("theirs", 23000))
+        for who, base in (("ours", 24000), ("theirs", 25000))
     }
     ours, theirs = tmp_path / "ours-state", tmp_path / "theirs-state"
     head = lab.nodes[0]
