@@ -118,3 +118,55 @@ class Recorder(http.server.BaseHTTPRequestHandler):
     do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = answer
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Recorder).serve_forever()
 """
+
+
+# An unchanged Tune script's start: Ray, and a worker (a node other than the driver's, the
+# head) its trial is pinned to, where only storage every node shares takes its checkpoints.
+TUNE_ON_A_WORKER = """\
+import json, os, sys, tempfile
+import ray
+from ray import tune
+
+ray.init()
+here = ray.util.get_node_ip_address()
+worker = next(
+    n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] != here
+)
+"""
+# Its trial checkpoints three times (issue 44, item 3): Ray refuses a local path there
+# ("Unable to set up cluster storage"); with the head's store it succeeds.
+TUNE_CHECKPOINTS = (
+    TUNE_ON_A_WORKER
+    + """
+def train(config):
+    for i in range(3):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "state.json"), "w") as f:
+                json.dump({"i": i, "node": ray.util.get_node_ip_address()}, f)
+            tune.report(
+                {"it": i, "node": ray.util.get_node_ip_address()},
+                checkpoint=tune.Checkpoint.from_directory(d),
+            )
+
+trainable = tune.with_resources(train, {"cpu": 1, f"node:{worker}": 0.01})
+result = tune.Tuner(trainable).fit().get_best_result(metric="it", mode="max")
+print("DRIVER", here, "TRIAL_NODE", result.metrics["node"])
+"""
+)
+
+
+def tune_checkpoints_come_home(inventory: str, results: Path, workers: list[str]) -> None:
+    """Submit TUNE_CHECKPOINTS unchanged: SUCCEEDED, its three checkpoints home, written on
+    the `workers` (addresses)."""
+    book = results / "tunebook"
+    book.mkdir()
+    (book / "tune_ckpt.py").write_text(TUNE_CHECKPOINTS)
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(results), "--json", str(book / "tune_ckpt.py")
+    )
+    assert code == 0, err[-3000:]
+    tune = json.loads(out)
+    assert tune["status"] == "SUCCEEDED", err[-3000:]
+    states = sorted((results / tune["job_id"]).glob("ray_results/*/*/checkpoint_*/state.json"))
+    nodes = {json.loads(p.read_text())["node"] for p in states}
+    assert len(states) == 3 and nodes <= set(workers), states

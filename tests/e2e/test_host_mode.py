@@ -28,7 +28,7 @@ from provisioner.lab.nodes import LabInfo
 from provisioner.local import state_root
 from provisioner.node import layout
 from tests.e2e.faults.lab import _SSHD_BACK as SSHD_BACK
-from tests.e2e.helpers import cli, cli_json, ssh
+from tests.e2e.helpers import cli, cli_json, ssh, tune_checkpoints_come_home
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 VENV = "/home/lab/ray-venv"
@@ -222,21 +222,7 @@ def test_up_train_status_logs_down(inventory: str, host_lab: LabInfo, tmp_path: 
 
         # an unchanged Tune script checkpointing on a worker: the head's store, the same
         # user process as under Docker (issue 44, item 3), its checkpoints home
-        from tests.e2e.test_jobs import TUNE_CHECKPOINTS
-
-        book = tmp_path / "tunebook"
-        book.mkdir()
-        (book / "tune_ckpt.py").write_text(TUNE_CHECKPOINTS)
-        code, out, err = cli(
-            "submit", "-i", inventory, "--results", str(tmp_path), "--json",
-            str(book / "tune_ckpt.py"),
-        )  # fmt: skip
-        assert code == 0, err[-3000:]
-        tune = json.loads(out)
-        assert tune["status"] == "SUCCEEDED", err[-3000:]
-        states = sorted((tmp_path / tune["job_id"]).glob("ray_results/*/*/checkpoint_*/state.json"))
-        nodes = {json.loads(p.read_text())["node"] for p in states}
-        assert len(states) == 3 and nodes <= {n.address for n in host_lab.nodes[1:]}, states
+        tune_checkpoints_come_home(inventory, tmp_path, [n.address for n in host_lab.nodes[1:]])
 
         code, collected, err = cli_json("logs", "-i", inventory, "-o", str(tmp_path / "logs"))
         assert code == 0 and sorted(collected["nodes"]) == sorted(n.name for n in host_lab.nodes)

@@ -27,7 +27,7 @@ from provisioner.jobs import make_spec, submit
 from provisioner.jobs.client import AuthRefused
 from provisioner.jobs.link import Target
 from provisioner.lab.nodes import LabInfo
-from tests.e2e.helpers import cli, ssh
+from tests.e2e.helpers import TUNE_CHECKPOINTS, TUNE_ON_A_WORKER, cli, ssh
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 
@@ -307,37 +307,6 @@ def test_a_link_planted_on_the_head_does_not_redirect_a_resumes_checkpoint(
         session.close()
 
 
-# Issue 44, item 3: storage every node shares. An unchanged Tune script whose one trial is
-# placed on a worker (a node other than the driver's, the head) and checkpoints: Ray
-# refuses a local path there ("Unable to set up cluster storage"); with the head's store
-# as Tune's default storage it succeeds, and Tune's experiment folder comes home.
-TUNE_CHECKPOINTS = """\
-import json, os, tempfile
-import ray
-from ray import tune
-
-ray.init()
-here = ray.util.get_node_ip_address()
-worker = next(
-    n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] != here
-)
-
-def train(config):
-    for i in range(3):
-        with tempfile.TemporaryDirectory() as d:
-            with open(os.path.join(d, "state.json"), "w") as f:
-                json.dump({"i": i, "node": ray.util.get_node_ip_address()}, f)
-            tune.report(
-                {"it": i, "node": ray.util.get_node_ip_address()},
-                checkpoint=tune.Checkpoint.from_directory(d),
-            )
-
-trainable = tune.with_resources(train, {"cpu": 1, f"node:{worker}": 0.01})
-result = tune.Tuner(trainable).fit().get_best_result(metric="it", mode="max")
-print("DRIVER", here, "TRIAL_NODE", result.metrics["node"])
-"""
-
-
 def _tune_script(tmp_path: Path) -> Path:
     book = tmp_path / "tunebook"
     book.mkdir()
@@ -514,16 +483,9 @@ def test_rllibs_own_example_checkpoints_at_end_and_restores_here(
 # `--resume JOB` of an unchanged Tune script: its first Tuner.fit() restores the earlier
 # experiment (jobs.tune_resume), whose trial goes on from its latest checkpoint in the
 # store. The script's trial fails at its third iteration when it started afresh.
-TUNE_RESUMABLE = """\
-import json, os, sys, tempfile
-import ray
-from ray import tune
-
-ray.init()
-here = ray.util.get_node_ip_address()
-worker = next(
-    n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] != here
-)
+TUNE_RESUMABLE = (
+    TUNE_ON_A_WORKER
+    + """
 
 def train(config):
     start = 0
@@ -548,6 +510,7 @@ if results.errors:
 best = results.get_best_result(metric="i", mode="max")
 print("LAST", best.metrics["i"], "START", best.metrics["start"])
 """
+)
 
 
 def test_resume_of_an_unchanged_tune_script_goes_on_from_its_trials_checkpoint(

@@ -33,7 +33,7 @@ from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
 from provisioner.runtime.podman.delivery import LoadOptions, deliver
 from tests.e2e.faults.record import scenario
-from tests.e2e.helpers import RECORDER, cli, cli_json, ssh
+from tests.e2e.helpers import RECORDER, cli, cli_json, ssh, tune_checkpoints_come_home
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 LINGER = "/var/lib/systemd/linger/lab"  # what `loginctl enable-linger lab` records
@@ -285,21 +285,7 @@ def test_up_train_status_logs_down(
 
         # an unchanged Tune script checkpointing on a worker: the head's store, the same
         # user process as under Docker (issue 44, item 3), its checkpoints home
-        from tests.e2e.test_jobs import TUNE_CHECKPOINTS
-
-        book = tmp_path / "tunebook"
-        book.mkdir()
-        (book / "tune_ckpt.py").write_text(TUNE_CHECKPOINTS)
-        code, out, err = cli(
-            "submit", "-i", inventory, "--results", str(tmp_path), "--json",
-            str(book / "tune_ckpt.py"),
-        )  # fmt: skip
-        assert code == 0, err[-3000:]
-        tune = json.loads(out)
-        assert tune["status"] == "SUCCEEDED", err[-3000:]
-        states = sorted((tmp_path / tune["job_id"]).glob("ray_results/*/*/checkpoint_*/state.json"))
-        nodes = {json.loads(p.read_text())["node"] for p in states}
-        assert len(states) == 3 and nodes <= {n.address for n in podman_lab.nodes[1:]}, states
+        tune_checkpoints_come_home(inventory, tmp_path, [n.address for n in podman_lab.nodes[1:]])
 
         code, collected, err = cli_json("logs", "-i", inventory, "-o", str(tmp_path / "logs"))
         assert code == 0 and sorted(collected["nodes"]) == sorted(n.name for n in podman_lab.nodes)
