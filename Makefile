@@ -50,8 +50,9 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# two workers (pytest-xdist): the RLlib runs of the playbook tests overlap the others
 unit: install
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q -n 2 tests/unit
 
 # The e2e tests record what each fault and security scenario observed (build/reliability.json,
 # started afresh); docs/reliability.md's table must be what that record renders.
@@ -60,10 +61,10 @@ unit: install
 e2e: install prereqs
 	rm -f build/reliability.json
 	mkdir -p build
-	@$(BIN)/pytest -q -m "e2e and apart and not bench" --durations=15 tests/e2e > build/e2e-apart.log 2>&1 & apart=$$!; \
+	@$(BIN)/pytest -q -m "e2e and apart and not bench" --durations=15 --junitxml=build/e2e-apart.xml tests/e2e > build/e2e-apart.log 2>&1 & apart=$$!; \
 	trap 'kill $$apart 2>/dev/null' INT TERM; \
 	echo "e2e: the host-mode and SLURM labs' tests run beside these (build/e2e-apart.log)"; \
-	$(BIN)/pytest -q -m "e2e and not apart and not bench" --durations=40 tests/e2e; main=$$?; \
+	$(BIN)/pytest -q -m "e2e and not apart and not bench" --durations=40 --junitxml=build/e2e-main.xml tests/e2e; main=$$?; \
 	wait $$apart; rc=$$?; \
 	echo "=== the host-mode and SLURM labs' tests (build/e2e-apart.log) ==="; \
 	cat build/e2e-apart.log; \

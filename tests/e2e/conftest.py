@@ -75,6 +75,8 @@ MODULE_ORDER = (
     "test_shared_nodes",
     "test_token_rotation",
     "test_long_runs",
+    # on the data lab, after test_long_runs: up at its start, down at its end
+    "test_job_output",
     "test_live_tensorboard",
     "test_storm",
     "test_faults",

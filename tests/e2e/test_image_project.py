@@ -127,12 +127,12 @@ def test_the_project_image_is_pushed_trained_on_every_node_and_rebuilt_by_its_la
         # five runners of one CPU each on three nodes of two CPUs: every node has one
         code, out, err = cli(
             "submit", "-i", str(inventory), "--results", str(tmp_path / "results"), "--json",
-            str(project / "train.py"), "--", "--env-runners", "5", "--iterations", "2",
+            str(project / "train.py"), "--", "--env-runners", "5", "--iterations", "1",
         )  # fmt: skip
         assert code == 0, err[-3000:]
         job = tmp_path / "results" / json.loads(out)["job_id"]
         rows = json.loads((job / "metrics.json").read_text())
-        assert [r["iteration"] for r in rows] == [1, 2] and rows[-1]["env_steps"] > 0
+        assert [r["iteration"] for r in rows] == [1] and rows[-1]["env_steps"] > 0
         runners = json.loads((job / "runners.json").read_text())
         assert len(runners) == 5
         assert {r["node_ip"] for r in runners} == {n.address for n in lab.nodes}, runners

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
 from provisioner.node.token import ray_container
@@ -28,6 +30,7 @@ from tests.e2e.test_tls import assert_gcs_tls, check_gcs
 
 RAY = str(Path(sys.executable).parent / "ray")
 LOOP = "Adding 1 node(s) of type local.cluster.node"
+MONITOR_TAIL = "sh -c 'tail -n 60 /tmp/ray/session_latest/logs/monitor.log'"
 
 
 def plain_ray(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -45,7 +48,9 @@ def active_nodes(lab: LabInfo, container: str) -> int:
     return sum(int(m) for m in re.findall(r"^\s*(\d+) \S+", block, flags=re.M))
 
 
-def wait_active(lab: LabInfo, container: str, expected: int, limit: float = 120) -> int:
+def wait_active(lab: LabInfo, container: str, expected: int, limit: float = 360) -> int:
+    """Active nodes once `expected` are, or at `limit`: the workers are started by the
+    head's autoscaler after `ray up` returns, one update each, slow on a loaded machine."""
     deadline = time.monotonic() + limit
     seen = 0
     while time.monotonic() < deadline:
@@ -75,8 +80,12 @@ def test_plain_ray_up_down_up(inventory: str, lab: LabInfo, tmp_path: Path) -> N
         for attempt in (1, 2):
             up = plain_ray(home, "up", "-y", str(config))
             assert up.returncode == 0, f"ray up #{attempt}:\n{up.stdout[-3000:]}{up.stderr[-3000:]}"
+            started = time.monotonic()
             seen = wait_active(lab, container, len(inv.nodes))
-            assert seen == len(inv.nodes), f"ray up #{attempt}: {seen} active in `ray status`"
+            print(f"ray up #{attempt}: {seen} active after {time.monotonic() - started:.0f}s")
+            if seen != len(inv.nodes):
+                monitor = ssh(lab, lab.nodes[0], f"docker exec {container} {MONITOR_TAIL}")
+                pytest.fail(f"ray up #{attempt}: {seen} active in `ray status`\n{monitor.stdout}")
             code, st = cli_json("status", "-i", inventory)
             assert code == 0 and st["alive_nodes"] == 3, st  # every inventory address alive
             if attempt == 1:  # Ray under TLS with the cluster's CA, as `up` runs it

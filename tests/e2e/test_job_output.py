@@ -1,0 +1,220 @@
+"""An unchanged script's own work on the cluster, as a user sees it (issue 44): RLlib's own
+examples and a plain Tune script submitted as they are, their progress shown live from
+Tune's own results, their own lines, Ray's noise only under `--verbose`, no escape sequence
+off a terminal, Tune's folder home from the storage every node shares, a checkpoint made
+on a worker loaded here by `Algorithm.from_checkpoint`.
+
+On the two-network lab (conftest.data_lab: SSH on one network, Ray's traffic and the
+head's store on the other), in the second e2e process: the cluster is up for this module
+and down at its end (the data network's own tests start from no cluster).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner.lab.config import LabNode
+from provisioner.lab.nodes import LabInfo
+from tests.e2e.helpers import cli
+
+
+@pytest.fixture(scope="module")
+def lab(data_lab: LabInfo) -> LabInfo:
+    return data_lab
+
+
+@pytest.fixture(scope="module")
+def inventory(data_lab: LabInfo) -> Iterator[str]:
+    path = str(data_lab.inventory)
+    code, _, err = cli("up", "-i", path)
+    assert code == 0, err[-3000:]
+    yield path
+    cli("down", "-i", path, "--no-logs")
+
+
+def ray_address(node: LabNode) -> str:
+    """The address Ray knows the node by: its data network's."""
+    return node.data_address or node.address
+
+
+# Holds every CPU of the head (an actor pinned there) until stopped: a trial started
+# meanwhile runs on a worker, and its checkpoints must reach storage every node shares.
+HOLD_THE_HEAD = """\
+import time
+import ray
+
+ray.init()
+head = ray.util.get_node_ip_address()
+cpus = next(n["Resources"]["CPU"] for n in ray.nodes() if n["NodeManagerAddress"] == head)
+
+@ray.remote
+class Hold:
+    def where(self):
+        return ray.util.get_node_ip_address()
+
+hold = Hold.options(num_cpus=cpus, resources={f"node:{head}": 0.01}).remote()
+print("HOLDING", ray.get(hold.where.remote()), cpus, flush=True)
+time.sleep(900)
+"""
+RLLIB_MULTI_AGENT = "rllib/examples/multi_agent/multi_agent_cartpole.py"  # in the Ray wheel
+
+
+def test_rllibs_own_example_checkpoints_at_end_and_restores_here(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    """A second of RLlib's own examples, unchanged (multi-agent CartPole), its trial on a
+    worker (the head's CPUs held by another job), submitted with `--verbose`: it
+    checkpoints at its end, Ray's noise and Tune's tables are shown (the positive control
+    of the test below; no escape sequence either), Tune's folder comes home,
+    `Algorithm.from_checkpoint` loads it."""
+    spec = importlib.util.find_spec("ray")
+    assert spec is not None and spec.origin is not None
+    holder = tmp_path / "holder"
+    holder.mkdir()
+    (holder / "hold.py").write_text(HOLD_THE_HEAD)
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(tmp_path / "h"), "--detach", "--json",
+        str(holder / "hold.py"),
+    )  # fmt: skip
+    assert code == 0, err[-2000:]
+    held = json.loads(out)["job_id"]
+    try:
+        deadline = time.monotonic() + 120
+        log = ""
+        while "HOLDING" not in log and time.monotonic() < deadline:
+            time.sleep(2)
+            log = cli("jobs", "logs", held, "-i", inventory)[1]
+        assert f"HOLDING {ray_address(lab.nodes[0])}" in log, log[-2000:]
+        book = tmp_path / "example"
+        book.mkdir()
+        script = Path(shutil.copy(Path(spec.origin).parent / RLLIB_MULTI_AGENT, book))
+        code, shown = submit_as_a_user(
+            inventory, tmp_path / "r", script,
+            "--num-agents", "2", "--num-env-runners", "2", "--stop-iters", "1",
+            "--checkpoint-at-end", flags=("--verbose",),
+        )  # fmt: skip
+    finally:
+        cli("jobs", "stop", held, "-i", inventory)
+    assert code == 0 and "SUCCEEDED" in shown, shown[-3000:]
+    # Ray's noise and Tune's own tables: shown under --verbose (they say each iteration:
+    # no progress line of ours beside them off a terminal; the test below has it)
+    assert "(PPO pid=" in shown and "Number of trials: 1/1 (1 TERMINATED)" in shown, shown[-3000:]
+    assert "\x1b" not in shown and "x1b" not in shown
+    (home,) = (tmp_path / "r").iterdir()
+    (result,) = (home / "ray_results").glob("*/*/result.json")
+    ran_on = {json.loads(line)["node_ip"] for line in result.read_text().splitlines()}
+    assert ran_on and ray_address(lab.nodes[0]) not in ran_on, ran_on  # on a worker
+    found = sorted(result.parent.glob("checkpoint_*"))
+    assert found, sorted(p.name for p in home.rglob("*"))[:50]
+    from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.rllib.examples.envs.classes.multi_agent import MultiAgentCartPole
+    from ray.tune.registry import register_env
+
+    # the example registers its env under "env" when it runs: so does the user here
+    register_env("env", lambda _: MultiAgentCartPole(config={"num_agents": 2}))
+    algo = Algorithm.from_checkpoint(str(found[-1]))
+    try:
+        assert algo.iteration == 1
+    finally:
+        algo.stop()
+
+
+# --- an unchanged script's output (issue 44): progress from Tune's own results, its own
+# lines, Ray's noise only under --verbose, no escape sequence off a terminal
+
+RLLIB_EXAMPLE = "rllib/examples/envs/custom_gym_env.py"  # in the Ray wheel
+# one trial, 2 env runners; `--as-test` prints the script's own verdict (the low reward
+# target is met by the first iteration, which ends the run there)
+RLLIB_ARGS = ("--num-env-runners", "2", "--stop-iters", "2", "--as-test", "--stop-reward=-1000")
+# (no return before the first episode has ended: an iteration may end none)
+PROGRESS = re.compile(r"iter (\d+)  steps (\d+)(?:  return (-?\d+\.\d\d))?$", re.M)
+TUNE_SCRIPT = """
+import time
+from ray import tune
+
+def trainable(config):
+    for i in range(3):
+        time.sleep(1)
+        tune.report({"score": (i + 1) * config["k"], "loss": 1.0 / (i + 1)})
+
+grid = tune.Tuner(trainable, param_space={"k": tune.grid_search([1, 2])}).fit()
+print("best score", grid.get_best_result(metric="score", mode="max").metrics["score"])
+"""
+
+
+def submit_as_a_user(
+    inventory: str, results: Path, script: Path, *args: str, flags: tuple[str, ...] = ()
+) -> tuple[int, str]:
+    """`provisioner submit` as a user runs it, its output a pipe (not a terminal): the
+    exit code and everything it showed (stdout, then stderr)."""
+    command = [sys.executable, "-m", "provisioner", "submit", "-i", inventory]
+    command += ["--results", str(results), *flags, str(script), "--", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    return done.returncode, done.stdout + done.stderr
+
+
+def tune_results_home(home: Path) -> list[Any]:
+    """Every result Tune wrote for the job's trials: their result.json, in Tune's folder
+    as it came home from the storage every node shares (results/JOB/ray_results/EXP/)."""
+    found = sorted(home.glob("ray_results/*/*/result.json"))
+    assert found, sorted(str(p.relative_to(home)) for p in home.rglob("*"))[:50]
+    lines = [line for path in found for line in path.read_text().splitlines()]
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def test_an_unchanged_rllib_example_shows_its_progress_and_prints_not_rays_noise(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    spec = importlib.util.find_spec("ray")
+    assert spec is not None and spec.origin is not None
+    book = tmp_path / "book"
+    book.mkdir()
+    script = Path(shutil.copy(Path(spec.origin).parent / RLLIB_EXAMPLE, book))
+    code, shown = submit_as_a_user(inventory, tmp_path / "r", script, *RLLIB_ARGS)
+    assert code == 0 and "SUCCEEDED" in shown, shown[-3000:]
+    (home,) = (tmp_path / "r").iterdir()
+    results = tune_results_home(home)
+    returns = [r["env_runners"].get("episode_return_mean") for r in results]
+    written = {
+        (r["training_iteration"], r["num_env_steps_sampled_lifetime"],
+         "" if ret is None else f"{ret:.2f}")
+        for r, ret in zip(results, returns, strict=True)
+    }  # fmt: skip
+    progress = {(int(i), int(s), r) for i, s, r in PROGRESS.findall(shown)}
+    assert progress and progress <= written, (progress, written, shown[-3000:])
+    assert "`env_runners/episode_return_mean` of -1000.0 reached! ok" in shown  # its own
+    assert "DeprecationWarning" not in shown and "(PPO pid=" not in shown, shown[-3000:]
+    assert "\x1b" not in shown and "x1b" not in shown
+    # positive control: the noise is there (--verbose shows it: the test above)
+    kept = (home / "job.log").read_text()
+    assert "DeprecationWarning" in kept and "(PPO pid=" in kept  # job.log keeps every line,
+    assert "\x1b" not in kept  # without Ray's colours
+
+
+def test_a_tune_trainables_trials_and_metrics_are_its_progress(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    book = tmp_path / "book"
+    book.mkdir()
+    (book / "tune_grid.py").write_text(TUNE_SCRIPT)
+    code, shown = submit_as_a_user(inventory, tmp_path / "r", book / "tune_grid.py")
+    assert code == 0 and "best score 6" in shown, shown[-3000:]
+    (home,) = (tmp_path / "r").iterdir()
+    written = {(r["training_iteration"], r["score"], r["loss"]) for r in tune_results_home(home)}
+    lines = re.findall(r"trial ([12])/2  iter (\d)  score (\d)  loss ([\d.]+)", shown)
+    assert lines, shown[-3000:]
+    assert {(int(i), int(s), round(float(x), 4)) for _, i, s, x in lines} <= {
+        (i, s, round(x, 4)) for i, s, x in written
+    }
+    assert "Trial status:" not in shown  # Tune's tables: under --verbose
