@@ -30,7 +30,16 @@ from tests.e2e.test_tls import assert_gcs_tls, check_gcs
 
 RAY = str(Path(sys.executable).parent / "ray")
 LOOP = "Adding 1 node(s) of type local.cluster.node"
-MONITOR_TAIL = "sh -c 'tail -n 60 /tmp/ray/session_latest/logs/monitor.log'"
+# what the head's autoscaler said of the workers' updates (not its periodic status table)
+STATUS_TABLE = (
+    r"^( |-|=|$|Node status|Active:|Pending:|Recent failures:|Resources|Total Usage:"
+    r"|From request_resources:|Pending Demands:)"
+)
+MONITOR_TAIL = (
+    "sh -c 'cd /tmp/ray/session_latest/logs && "
+    f'grep -hvE "{STATUS_TABLE}" monitor.log monitor.out monitor.err 2>&1 | '
+    'grep -v "took .* seconds" | tail -n 80\''
+)
 
 
 def plain_ray(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
