@@ -57,7 +57,7 @@ def active_nodes(lab: LabInfo, container: str) -> int:
     return sum(int(m) for m in re.findall(r"^\s*(\d+) \S+", block, flags=re.M))
 
 
-def wait_active(lab: LabInfo, container: str, expected: int, limit: float = 360) -> int:
+def wait_active(lab: LabInfo, container: str, expected: int, limit: float = 180) -> int:
     """Active nodes once `expected` are, or at `limit`: the workers are started by the
     head's autoscaler after `ray up` returns, one update each, slow on a loaded machine."""
     deadline = time.monotonic() + limit
@@ -118,3 +118,6 @@ def test_plain_ray_up_down_up(inventory: str, lab: LabInfo, tmp_path: Path) -> N
         plain_ray(home, "down", "-y", str(config))
         assert cli("down", "-i", inventory, "--no-logs")[0] == 0
         launcher_state(inv.cluster).unlink(missing_ok=True)
+        # the launcher's copies of its file mounts (the head's: the SSH key it was given)
+        for node in lab.nodes:
+            ssh(lab, node, f"sudo rm -rf /tmp/ray_tmp_mount/{inv.cluster}")
