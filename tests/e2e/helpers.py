@@ -12,6 +12,7 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from provisioner.cli import run
@@ -170,3 +171,20 @@ def tune_checkpoints_come_home(inventory: str, results: Path, workers: list[str]
     states = sorted((results / tune["job_id"]).glob("ray_results/*/*/checkpoint_*/state.json"))
     nodes = {json.loads(p.read_text())["node"] for p in states}
     assert len(states) == 3 and nodes <= set(workers), states
+
+
+# A module on the two-network lab (conftest.data_lab: SSH on one network, Ray's traffic on the
+# other) imports these two: its tests' `lab`, and its `inventory` with the cluster up for the
+# module and down at its end (the data network's own tests start from no cluster).
+@pytest.fixture(scope="module", name="lab")
+def data_lab_for_module(data_lab: LabInfo) -> LabInfo:
+    return data_lab
+
+
+@pytest.fixture(scope="module", name="inventory")
+def data_cluster_for_module(data_lab: LabInfo) -> Iterator[str]:
+    path = str(data_lab.inventory)
+    code, _, err = cli("up", "-i", path)
+    assert code == 0, err[-3000:]
+    yield path
+    cli("down", "-i", path, "--no-logs")

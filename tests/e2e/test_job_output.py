@@ -18,29 +18,16 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from provisioner.lab.config import LabNode
 from provisioner.lab.nodes import LabInfo
-from tests.e2e.helpers import cli
-
-
-@pytest.fixture(scope="module")
-def lab(data_lab: LabInfo) -> LabInfo:
-    return data_lab
-
-
-@pytest.fixture(scope="module")
-def inventory(data_lab: LabInfo) -> Iterator[str]:
-    path = str(data_lab.inventory)
-    code, _, err = cli("up", "-i", path)
-    assert code == 0, err[-3000:]
-    yield path
-    cli("down", "-i", path, "--no-logs")
+from tests.e2e.helpers import (  # noqa: F401 (the fixtures lab, inventory)
+    cli,
+    data_cluster_for_module,
+    data_lab_for_module,
+)
 
 
 def ray_address(node: LabNode) -> str:

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,12 @@ from provisioner.inventory import load_inventory
 from provisioner.lab.nodes import LabInfo
 from provisioner.node.token import ray_container
 from tests.e2e.faults.lab import edited_inventory
-from tests.e2e.helpers import record_returns, ssh
+from tests.e2e.helpers import (  # noqa: F401 (the fixtures lab, inventory)
+    data_cluster_for_module,
+    data_lab_for_module,
+    record_returns,
+    ssh,
+)
 from tests.e2e.test_jobs import PLAYBOOKS, cli
 
 SMALL = ["--env-runners", "2", "--train-batch", "200", "--checkpoint-every", "2"]
@@ -95,19 +99,7 @@ def latest_home(home: Path) -> int:
 # These run on the two-network lab (conftest.data_lab: SSH on one network, Ray's traffic on
 # the other), in the second e2e process beside the `e2e` lab's tests: the longest module,
 # and the user's whole path (jobs that outlive submit, results, resume, repair) on a
-# cluster whose Ray addresses are not its SSH addresses.
-@pytest.fixture(scope="module")
-def lab(data_lab: LabInfo) -> LabInfo:
-    return data_lab
-
-
-@pytest.fixture(scope="module")
-def inventory(data_lab: LabInfo) -> Iterator[str]:
-    path = str(data_lab.inventory)
-    code, _, err = cli("up", "-i", path)
-    assert code == 0, err[-3000:]
-    yield path
-    cli("down", "-i", path, "--no-logs")  # the data network's own tests start from no cluster
+# cluster whose Ray addresses are not its SSH addresses (`lab` and `inventory`: helpers).
 
 
 def provisioner_process(*args: str, log: Path) -> subprocess.Popen[bytes]:
