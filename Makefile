@@ -52,7 +52,7 @@ typecheck: install
 
 # two workers (pytest-xdist): the RLlib runs of the playbook tests overlap the others
 unit: install
-	$(BIN)/pytest -q -n 2 tests/unit
+	$(BIN)/pytest -q -n 2 --dist loadgroup tests/unit
 
 # The e2e tests record what each fault and security scenario observed (build/reliability.json,
 # started afresh); docs/reliability.md's table must be what that record renders.

@@ -40,6 +40,11 @@ from provisioner.inventory.sshconfig import names_defaults, openssh_default_keys
 from provisioner.remote.auth import SetAside, load_key
 from tests.account_home import home_env, in_account_home
 
+# One xdist worker for the whole module: its home-of-default-keys test runs this module's
+# corpus again in a second pytest, and CI once saw a case disagree only while the suite ran
+# in two workers (never alone, never in one process); `make unit` runs `--dist loadgroup`.
+pytestmark = pytest.mark.xdist_group("openssh")
+
 
 @dataclass
 class Case:
@@ -348,10 +353,12 @@ def connection_pair(
 def check_against_ssh_g(case: Case, inventory: Inventory, config: Path) -> None:
     want = ssh_g(config, case.host, case.user, case.port)
     node = inventory.head
-    got, expected = connection_pair(
-        node, want, ssh_loads(config, host_argv(case.host, case.user, case.port))
-    )
-    assert got == expected, f"{case.name}: ssh -G {expected}, provisioner {got}"
+    loaded = ssh_loads(config, host_argv(case.host, case.user, case.port))
+    got, expected = connection_pair(node, want, loaded)
+    # what ssh -v loaded and whether each file is there, to tell a disagreement from a
+    # file gone under the test (CI once saw ssh name no key for a file provisioner found)
+    there = [(f, Path(f).is_file()) for f in loaded]
+    assert got == expected, f"{case.name}: ssh -G {expected}, provisioner {got}; ssh -v {there}"
     assert (node.ssh.proxy_command is not None) == ("proxycommand" in want)
     jump = want.get("proxyjump", [""])[0]
     if jump and "," not in jump:  # a single hop: what ssh -G says of that hop
