@@ -7,7 +7,9 @@ the libraries print goes to stderr.
 - `algorithms`: each algorithm of RLlib's registry (`ray.rllib.algorithms.registry.ALGORITHMS`)
   -> `config_class`, `defaults` (its default `AlgorithmConfig.to_dict()`, made JSON-able:
   a class or function as its dotted name, any other object as `<module.Type>`) and
-  `old_keys` (old key -> the new-stack keys RLlib names for it and what RLlib says).
+  `old_keys` (old key -> the new-stack keys RLlib names for it and what RLlib says) and
+  `properties` (a settable property -> the key it stores into: `train_batch_size_per_learner`
+  is a flat key `update_from_dict` takes, stored as `_train_batch_size_per_learner`).
 - `envs`: each registered gymnasium id -> its entry point and, when the entry point's module
   does not import here (MuJoCo not installed...), the error.
 - `versions`: python, ray, gymnasium.
@@ -164,6 +166,30 @@ def old_keys(config: Any, defaults: dict[str, Any], deprecated: Any) -> dict[str
     return {k: found[k] for k in sorted(found)}
 
 
+def properties(config: Any) -> dict[str, str]:
+    """The config's settable properties that are no deprecation -> the `to_dict()` key each
+    stores into (`train_batch_size_per_learner` -> `_train_batch_size_per_learner`): a
+    flat key `update_from_dict` accepts though `to_dict` spells it otherwise."""
+    config_class = type(config)
+    sentinel = 987654321
+    found: dict[str, str] = {}
+    for klass in config_class.__mro__:
+        for name, member in vars(klass).items():
+            if name.startswith("_") or not isinstance(member, property) or member.fset is None:
+                continue
+            fresh = config_class()
+            before = fresh.to_dict()
+            with recording(config_class) as calls:
+                quietly(functools.partial(member.fset, fresh, sentinel))
+            if calls:
+                continue
+            after = fresh.to_dict()
+            stored = [k for k, v in after.items() if v == sentinel and before.get(k) != sentinel]
+            if len(stored) == 1:
+                found[name] = stored[0]
+    return dict(sorted(found.items()))
+
+
 def algorithms() -> dict[str, Any]:
     from ray._common.deprecation import DEPRECATED_VALUE
     from ray.rllib.algorithms.registry import ALGORITHMS
@@ -180,6 +206,7 @@ def algorithms() -> dict[str, Any]:
                 k: plain(v) for k, v in sorted(defaults.items()) if v is not DEPRECATED_VALUE
             },
             "old_keys": old_keys(config, defaults, DEPRECATED_VALUE),
+            "properties": properties(config),
         }
     return result
 

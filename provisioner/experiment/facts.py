@@ -53,10 +53,17 @@ class Algorithm:
     config_class: str
     defaults: Mapping[str, Any]  # key -> its JSON-able default (AlgorithmConfig.to_dict())
     old_keys: Mapping[str, OldKey]
+    # a settable property -> the key of `defaults` it stores into
+    properties: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def keys(self) -> list[str]:
-        return sorted(self.defaults)
+        """Every flat key the algorithm's config takes (`update_from_dict`)."""
+        return sorted({*self.defaults, *self.properties})
+
+    def stored_as(self, key: str) -> str:
+        """The `to_dict()` key a flat key ends up in."""
+        return self.properties.get(key, key)
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,8 @@ class Facts:
                 if not new and added in defaults:
                     new = (added,)
                 old[key] = OldKey(new=new, rllib=tuple(o["rllib"]))
-            algorithms[name] = Algorithm(name, str(a["config_class"]), defaults, old)
+            properties = {str(k): str(v) for k, v in a.get("properties", {}).items()}
+            algorithms[name] = Algorithm(name, str(a["config_class"]), defaults, old, properties)
         envs = {
             env_id: Env(env_id, str(e["entry_point"]), e.get("error"))
             for env_id, e in data["envs"].items()

@@ -36,13 +36,16 @@ def overrides(exp: Experiment, seed: int | None = None) -> dict[str, Any]:
 
 def resolved_config(exp: Experiment, facts: Facts, seed: int | None = None) -> dict[str, Any]:
     """The algorithm's defaults (as the image's RLlib has them) overlaid by the file's keys:
-    the config that will run, JSON-able. `seed`: one run's seed (default the file's first).
-    For a file that `validate` passes (the caller checks first)."""
+    the config that will run, JSON-able, in `AlgorithmConfig.to_dict()`'s shape (a settable
+    property stored under its key: `train_batch_size_per_learner` as
+    `_train_batch_size_per_learner`), so `update_from_dict` of it rebuilds that config.
+    `seed`: one run's seed (default the file's first). For a file `validate` passes."""
     algorithm = facts.algorithms[str(exp.run)]
     if seed is None and isinstance(exp.seeds, list) and exp.seeds:
         seed = exp.seeds[0]
     result = copy.deepcopy(dict(algorithm.defaults))
-    result.update(copy.deepcopy(overrides(exp, seed)))
+    for key, value in overrides(exp, seed).items():
+        result[algorithm.stored_as(key)] = copy.deepcopy(value)
     return result
 
 

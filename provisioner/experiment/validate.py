@@ -166,6 +166,7 @@ def _config(j: _Judge, algorithm: Algorithm | None) -> None:
         return
     if algorithm is None:
         return
+    valid = set(algorithm.keys)
     for key, value in config.items():
         at = ("config", key)
         old = algorithm.old_keys.get(key)
@@ -178,7 +179,7 @@ def _config(j: _Judge, algorithm: Algorithm | None) -> None:
                 fix = f"remove it: the new stack has no setting for it (RLlib: {said})"
             j.add(at, f"config.{key} is a key of RLlib's old API stack", fix)
             continue
-        if key not in algorithm.defaults:
+        if key not in valid:
             j.add(
                 at,
                 f"unknown config key `{key}` for {algorithm.name}",
@@ -187,7 +188,7 @@ def _config(j: _Judge, algorithm: Algorithm | None) -> None:
                 ),
             )
             continue
-        default = algorithm.defaults[key]
+        default = algorithm.defaults.get(algorithm.stored_as(key))
         if (isinstance(default, bool) and not isinstance(value, bool)) or (
             _number(default) and not (_number(value) or value is None)
         ):
@@ -352,7 +353,8 @@ def _fits(j: _Judge, exp: Experiment, facts: Facts, cluster: ClusterCapacity) ->
             runners_at,
             f"the run needs {cpus:g} CPUs ({parts}); the cluster has {cluster.cpus:g} "
             f"on {len(cluster.nodes)} node(s)",
-            f"at most {fit} env runners of {per_runner:g} CPUs fit: lower "
+            f"at most {fit} env runner{'' if fit == 1 else 's'} of {per_runner:g} "
+            f"CPU{'' if per_runner == 1 else 's'} fit: lower "
             "resources.env_runners or cpus_per_env_runner, or add nodes",
         )
     biggest = max((n.cpus for n in cluster.nodes), default=0.0)
