@@ -136,7 +136,9 @@ def _env(j: _Judge, facts: Facts) -> None:
             "a registered gymnasium id, e.g. CartPole-v1",
         )
         return
-    if ":" in env:  # gymnasium's `module:Id`: the module registers it, in the image
+    if ":" in env or "." in env:
+        # gymnasium's `module:Id` (the module registers it) or RLlib's class path
+        # (`my_envs.Grid`): both resolved in the image, not by the registry's facts
         return
     if env not in facts.envs:
         j.add(
@@ -391,7 +393,8 @@ def validate(
     exp: Experiment, facts: Facts, cluster: ClusterCapacity | None = None
 ) -> list[Problem]:
     """Every problem of `exp` against the image's `facts` (and, given, the cluster's
-    capacity), in the file's order."""
+    capacity), in the file's order. The cluster is judged only when nothing else is wrong
+    (the numbers it adds up are then sound)."""
     j = _Judge(exp)
     _top(j)
     algorithm = _algorithm(j, facts)

@@ -156,6 +156,15 @@ def test_sac_on_pendulum_continuous_actions_passes() -> None:
     assert "clip_param" not in config  # SAC's keys, not PPO's
 
 
+def test_an_env_by_class_path_or_module_id_is_left_to_the_image() -> None:
+    """RLlib takes a class path (`cell_network.CellNetwork`, this project's own env) and
+    gymnasium `module:Id`; the registry's facts cannot judge them (the image resolves them)."""
+    for env in ("cell_network.CellNetwork", "my_envs:Grid-v0"):
+        assert problems(cartpole(**{"env: CartPole-v1": f"env: {env}"})) == []
+    # positive control: a plain id is judged
+    assert problems(cartpole(**{"env: CartPole-v1": "env: CellNetwork"}))
+
+
 def test_the_file_is_read_from_disk_with_its_path_in_every_place(tmp_path: Path) -> None:
     path = tmp_path / "cartpole.yaml"
     path.write_text(cartpole(**{"run: PPO": "run: PP0"}))
@@ -347,7 +356,7 @@ BAD: list[tuple[str, str, list[tuple[int, str, str]]]] = [
     ),
     (
         "evaluation: a misspelt key",
-        cartpole(**{"episodes: 20": "episode: 20", "video: 2": "video: 30"}),
+        cartpole(**{"episodes: 20": "episode: 20"}),
         [(22, "unknown key `evaluation.episode`", "did you mean 'episodes'?")],
     ),
     (
@@ -447,63 +456,109 @@ def test_a_missing_file_is_an_input_error(tmp_path: Path) -> None:
 # --- the cluster ----------------------------------------------------------------------------
 
 
-def test_more_env_runners_than_the_cluster_has_cpus_for() -> None:
-    text = cartpole(
-        **{"env_runners: 2": "env_runners: 4", "cpus_per_env_runner: 1": "cpus_per_env_runner: 2"}
-    )
-    small = ClusterCapacity((NodeCapacity(4), NodeCapacity(4)))
-    assert problems(text, small) == [
-        (
-            25,
-            "the run needs 9 CPUs (1 for the main process, 8 for 4 env runners of 2); "
-            "the cluster has 8 on 2 node(s)",
-            "at most 3 env runners of 2 CPUs fit: lower resources.env_runners or "
-            "cpus_per_env_runner, or add nodes",
-        )
-    ]
-    # positive control: one more CPU and it fits
-    assert problems(text, ClusterCapacity((NodeCapacity(4), NodeCapacity(5)))) == []
+def nodes(*cpus: float, gpus: float = 0) -> ClusterCapacity:
+    return ClusterCapacity(tuple(NodeCapacity(c, gpus) for c in cpus))
 
 
-def test_learners_count_against_the_cpus_and_a_runner_must_fit_on_one_node() -> None:
-    text = cartpole(
-        **{"learners: 0": "learners: 2", "cpus_per_env_runner: 1": "cpus_per_env_runner: 3"}
-    )
-    # 1 main + 2 x 3 env runners + 2 learners of 1 CPU = 9
-    assert problems(text, ClusterCapacity((NodeCapacity(2),) * 5)) == [
-        (
-            26,
-            "an env runner of 3 CPUs fits on no node (the largest has 2)",
-            "at most 2 CPUs per env runner",
-        )
-    ]
-    ((line, message, _),) = problems(text, ClusterCapacity((NodeCapacity(4), NodeCapacity(4))))
-    assert (line, message) == (
-        25,
-        "the run needs 9 CPUs (1 for the main process, 6 for 2 env runners of 3, "
-        "2 for 2 learners of 1); the cluster has 8 on 2 node(s)",
-    )
-    assert problems(text, ClusterCapacity((NodeCapacity(4), NodeCapacity(5)))) == []
+# Each: what is wrong, the file, a cluster that cannot give it and its (line, message, fix),
+# and a cluster that can (the positive control: nothing).
+BAD_FOR_CLUSTER: list[
+    tuple[str, str, ClusterCapacity, list[tuple[int, str, str]], ClusterCapacity]
+] = [
+    (
+        "more env runners than CPUs",
+        cartpole(
+            **{
+                "env_runners: 2": "env_runners: 4",
+                "cpus_per_env_runner: 1": "cpus_per_env_runner: 2",
+            }
+        ),
+        nodes(4, 4),
+        [
+            (
+                25,
+                "the run needs 9 CPUs (1 for the main process, 8 for 4 env runners of 2); "
+                "the cluster has 8 on 2 node(s)",
+                "at most 3 env runners of 2 CPUs fit: lower resources.env_runners or "
+                "cpus_per_env_runner, or add nodes",
+            )
+        ],
+        nodes(4, 5),
+    ),
+    (
+        "the learners' CPUs count too",
+        cartpole(
+            **{"learners: 0": "learners: 2", "cpus_per_env_runner: 1": "cpus_per_env_runner: 3"}
+        ),
+        nodes(4, 4),
+        [
+            (
+                25,
+                "the run needs 9 CPUs (1 for the main process, 6 for 2 env runners of 3, "
+                "2 for 2 learners of 1); the cluster has 8 on 2 node(s)",
+                "at most 1 env runner of 3 CPUs fit: lower resources.env_runners or "
+                "cpus_per_env_runner, or add nodes",
+            )
+        ],
+        nodes(4, 5),
+    ),
+    (
+        "an env runner bigger than any node",
+        cartpole(**{"cpus_per_env_runner: 1": "cpus_per_env_runner: 3"}),
+        nodes(2, 2, 2, 2),
+        [
+            (
+                26,
+                "an env runner of 3 CPUs fits on no node (the largest has 2)",
+                "at most 2 CPUs per env runner",
+            )
+        ],
+        nodes(3, 3, 2),
+    ),
+    (
+        "a GPU learner on a cluster without GPUs",
+        cartpole(**{"learners: 0": "learners: 1", "gpus_per_learner: 0": "gpus_per_learner: 1"}),
+        nodes(8),
+        [
+            (
+                28,
+                "1 GPU(s) asked for (gpus_per_learner 1); the cluster has no GPU",
+                "set gpus_per_learner to 0 (learn on CPUs), or add a node with a GPU",
+            )
+        ],
+        nodes(8, gpus=1),
+    ),
+    (
+        "more GPUs than the cluster has",
+        cartpole(**{"learners: 0": "learners: 2", "gpus_per_learner: 0": "gpus_per_learner: 1"}),
+        nodes(8, gpus=1),
+        [
+            (
+                28,
+                "2 GPUs asked for; the cluster has 1",
+                "lower resources.learners or gpus_per_learner, or add GPUs",
+            )
+        ],
+        nodes(4, 4, gpus=1),
+    ),
+]
 
 
-def test_gpus_per_learner_on_a_cluster_without_gpus() -> None:
-    text = cartpole(**{"learners: 0": "learners: 1", "gpus_per_learner: 0": "gpus_per_learner: 1"})
-    assert problems(text, ClusterCapacity((NodeCapacity(8),))) == [
-        (
-            28,
-            "1 GPU(s) asked for (gpus_per_learner 1); the cluster has no GPU",
-            "set gpus_per_learner to 0 (learn on CPUs), or add a node with a GPU",
-        )
-    ]
-    assert problems(text, ClusterCapacity((NodeCapacity(8, gpus=1),))) == []
-    two = text.replace("learners: 1", "learners: 2")
-    assert problems(two, ClusterCapacity((NodeCapacity(8, gpus=1),))) == [
-        (
-            28,
-            "2 GPUs asked for; the cluster has 1",
-            "lower resources.learners or gpus_per_learner, or add GPUs",
-        )
-    ]
+@pytest.mark.parametrize(
+    ("what", "text", "small", "expected", "enough"),
+    BAD_FOR_CLUSTER,
+    ids=[b[0] for b in BAD_FOR_CLUSTER],
+)
+def test_resources_the_cluster_cannot_give(
+    what: str,
+    text: str,
+    small: ClusterCapacity,
+    expected: list[tuple[int, str, str]],
+    enough: ClusterCapacity,
+) -> None:
+    assert problems(text, small) == expected
+    assert problems(text, enough) == []
+    assert problems(text) == []  # without a cluster, nothing of it is judged
 
 
 def test_the_cluster_is_judged_on_the_algorithms_defaults_where_the_file_says_nothing() -> None:
@@ -666,6 +721,13 @@ def table() -> str:
         for line, message, fix in expected:
             cells = [what, str(line), message, fix]
             rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    for what, _, small, expected, _ in BAD_FOR_CLUSTER:
+        shown = ", ".join(
+            f"{n.cpus:g} CPUs" + (f" {n.gpus:g} GPU" if n.gpus else "") for n in small.nodes
+        )
+        for line, message, fix in expected:
+            cells = [f"{what} (nodes: {shown})", str(line), message, fix]
+            rows.append("| " + " | ".join(cells) + " |")
     for what, _, line, message in NOT_AN_EXPERIMENT:
         rows.append(f"| {what} (refused when read) | {line} | {message} | |")
     return "\n".join(rows)
