@@ -80,14 +80,23 @@ class Experiment:
         return f"{self.path}:{self.line(*keys)}"
 
 
+MAX_DEPTH = 64
+
+
 def _read(loader: _Loader, node: yaml.Node, at: Path_, lines: dict[Path_, int]) -> Any:
+    if len(at) > MAX_DEPTH:
+        raise InputError(
+            f"nested more than {MAX_DEPTH} levels deep (an anchor that holds itself?)",
+            "write the values out instead of through that anchor",
+            where=f"{loader.name}:{node.start_mark.line + 1}",
+        )
     if isinstance(node, yaml.MappingNode):
         loader.flatten_mapping(node)  # `<<: *anchor` merges
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
             key = loader.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
-            if not isinstance(key, str | int | float | bool) or key is None:
+            if not isinstance(key, str | int | float | bool):
                 raise InputError(
                     f"{'.'.join(at) or 'the file'}: a key must be a name, not {key!r}",
                     "write `name: value` (quote a key that looks like a list or a mapping)",

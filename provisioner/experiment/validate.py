@@ -73,6 +73,8 @@ def _integer(value: Any) -> bool:
 
 
 def _shown(value: Any) -> str:
+    if value is None:
+        return "nothing"
     return f"text {value!r}" if isinstance(value, str) else f"{type(value).__name__} {value!r}"
 
 
@@ -104,7 +106,7 @@ def _top(j: _Judge) -> None:
 
 def _algorithm(j: _Judge, facts: Facts) -> Algorithm | None:
     run = j.exp.run
-    if run is None:
+    if "run" not in j.exp.written:  # said by _top
         return None
     names = sorted(facts.algorithms)
     if not isinstance(run, str):
@@ -127,7 +129,7 @@ def _algorithm(j: _Judge, facts: Facts) -> Algorithm | None:
 def _env(j: _Judge, facts: Facts) -> None:
     exp = j.exp
     env = exp.env
-    if env is None:
+    if "env" not in exp.written:  # said by _top
         return
     if not isinstance(env, str):
         j.add(

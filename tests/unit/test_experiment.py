@@ -310,6 +310,22 @@ BAD: list[tuple[str, str, list[tuple[int, str, str]]]] = [
         [(1, "no `run:` (the algorithm)", "add it under `cartpole-ppo:`, e.g. `run: PPO`")],
     ),
     (
+        "run and env written but empty",
+        cartpole(**{"run: PPO": "run:", "env: CartPole-v1": "env:"}),
+        [
+            (
+                2,
+                "env: nothing is not an environment id",
+                "a registered gymnasium id, e.g. CartPole-v1",
+            ),
+            (
+                3,
+                "run: nothing is not an algorithm's name",
+                "one of: APPO, BC, CQL, DQN, DreamerV3, IMPALA, IQL, MARWIL, PPO, SAC",
+            ),
+        ],
+    ),
+    (
         "stop is not a mapping",
         "x:\n  env: CartPole-v1\n  run: PPO\n  stop: 100\n",
         [
@@ -429,6 +445,8 @@ NOT_AN_EXPERIMENT: list[tuple[str, str, int, str]] = [
     ),
     ("the name holds a list", "a:\n  - PPO\n", 1, "`a:` holds list, not the experiment's keys"),
     ("a key twice", "a:\n  run: PPO\n  run: SAC\n", 3, "a.run appears twice (first on line 2)"),
+    ("a list as a key", "a:\n  [1, 2]: PPO\n", 2, "a: a key must be a name, not [1, 2]"),
+    ("an anchor that holds itself", "a: &x\n  b: *x\n", 1, "nested more than 64 levels deep"),
 ]
 
 
