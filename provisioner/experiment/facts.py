@@ -38,6 +38,12 @@ def capture_source() -> bytes:
     return resources.files("provisioner.experiment").joinpath("capture_facts.py").read_bytes()
 
 
+def runner_source() -> bytes:
+    """The experiment's runner (runner.py), the driver of an experiment's job: it runs with
+    the cluster's Python, put into the job's working_dir (`jobs.spec.JobSpec.runner`)."""
+    return resources.files("provisioner.experiment").joinpath("runner.py").read_bytes()
+
+
 @dataclass(frozen=True)
 class OldKey:
     """A key of RLlib's old API stack: its new-stack spellings (none: remove it) and what

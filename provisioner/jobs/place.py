@@ -30,6 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from provisioner.errors import InputError
+from provisioner.jobs.experiment import (
+    experiment_spec,
+    is_experiment,
+    prepare_experiment,
+    read_experiment,
+)
 from provisioner.jobs.home import Results, finish
 from provisioner.jobs.link import Link, Target, target_for
 from provisioner.jobs.noise import NoiseFilter
@@ -268,6 +274,13 @@ class Sbatch(Place):
                 "add scheduler: {type: slurm, login: ADDRESS, nodes: N, ...}",
                 where=str(inv.path),
             )
+        if spec.runner:
+            raise InputError(
+                "an experiment file is validated against a running cluster and run by it: "
+                "it has no sbatch script",
+                "start Ray on the allocation (`provisioner up -i INVENTORY`), then "
+                f"`provisioner submit -i INVENTORY {spec.playbook.name}`",
+            )
         if not spec.playbook.is_file():
             raise InputError(f"no playbook at {spec.playbook}", "pass the path of a Python file")
         job = SbatchJob(
@@ -320,10 +333,14 @@ __all__ = [
     "Upload",
     "asks_for_help",
     "check_job_id",
+    "experiment_spec",
     "finish",
+    "is_experiment",
     "local_help",
     "make_spec",
+    "prepare_experiment",
     "priced",
+    "read_experiment",
     "read_rows",
     "target_for",
     "upload_for",

@@ -362,6 +362,7 @@ def remember(
     body = {
         "playbook": str(spec.playbook),
         "args": list(spec.args),
+        "runner": spec.runner,
         "env": spec.env,
         "run": spec.run,
         "attempt": spec.attempt,
@@ -382,7 +383,11 @@ def retry_spec(results_root: Path, job_id: str) -> tuple[JobSpec, int]:
     path = results_root / job_id / RETRY_FILE
     try:
         body = json.loads(path.read_text())
-        spec = make_spec(Path(body["playbook"]), [str(a) for a in body["args"]], job_id=job_id)
+        args = [str(a) for a in body["args"]]
+        if body.get("runner"):  # an experiment file's job: its runner, the file's folder
+            spec = JobSpec(Path(body["playbook"]), tuple(args), job_id, runner=str(body["runner"]))
+        else:
+            spec = make_spec(Path(body["playbook"]), args, job_id=job_id)
         env = {str(k): str(v) for k, v in dict(body["env"]).items()}
         spec = replace(
             spec,
