@@ -160,12 +160,12 @@ class Cluster(Place):
         return replace(spec, storage=job_env(self.target.inventory, spec.job_id))
 
     def submit(self, spec: JobSpec) -> Submitted:
-        from provisioner.jobs.submit import hand_over
+        from provisioner.jobs.submit import hand_over, keep_submitted
 
         spec = self.with_storage(spec)
-        return Submitted(
-            spec.job_id, self.name, upload=hand_over(self.target, spec, self.handlers, self.prepare)
-        )
+        upload = hand_over(self.target, spec, self.handlers, self.prepare)
+        keep_submitted(self.results_root, spec)
+        return Submitted(spec.job_id, self.name, upload=upload)
 
     def follow(self, job: Submitted) -> JobOutcome:
         from provisioner.jobs.repair import with_retries

@@ -63,6 +63,30 @@ class JobOutcome:
         }
 
 
+SUBMITTED_FILE = "submitted.json"  # in results/JOB/: the job as it was handed over
+
+
+def keep_submitted(results_root: Path, spec: JobSpec) -> None:
+    """results/JOB/submitted.json: the playbook (or experiment file) and its arguments as
+    handed to the cluster, kept with the run's results here (a run repeated from them)."""
+    import json
+
+    from provisioner.remote.receive import ensure_directory, write_file
+
+    home = results_root / spec.job_id
+    ensure_directory(home)
+    body = {
+        "job_id": spec.job_id,
+        "playbook": spec.playbook.name,
+        "args": list(spec.args),
+        "runner": spec.runner or None,
+        "attempt": spec.attempt,
+        "resumed_from": spec.resumed_from or None,
+        "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_file(home, SUBMITTED_FILE, (json.dumps(body, indent=1) + "\n").encode())
+
+
 def upload_for(spec: JobSpec) -> Upload:
     """What Ray will send of the playbook's directory (obvious secrets left out)."""
     return plan_upload(spec.working_dir, [*EXCLUDES, *spec.excludes], state_root())
@@ -140,6 +164,7 @@ def submit(
     h = handlers or Handlers()
     home = results_root / spec.job_id
     upload = hand_over(target, spec, h, prepare)
+    keep_submitted(results_root, spec)
     if detach:
         return JobOutcome(spec.job_id, "PENDING", Results(home), detached=True, upload=upload)
     outcome = follow_to_end(target, spec.job_id, results_root, h)

@@ -370,3 +370,44 @@ def test_the_command_refuses_a_bad_file_with_exit_2_and_sends_nothing(
     assert good.returncode not in (0, 2), good.stderr[-2000:]
     assert "refused" in good.stderr.lower() and "cartpole.yaml:" not in good.stderr
     assert not (tmp_path / "results").exists()  # kept only once the cluster judged it
+
+
+# --- a playbook's run keeps its arguments, and rlrun its whole config -----------------------------
+
+
+def test_a_playbook_runs_arguments_are_kept_with_its_results(tmp_path: Path) -> None:
+    from provisioner.jobs.spec import make_spec
+    from provisioner.jobs.submit import SUBMITTED_FILE, keep_submitted
+
+    book = tmp_path / "ppo_cartpole.py"
+    book.write_text("print(1)\n")
+    spec = make_spec(book, ["--lr", "0.001", "--max-iterations", "3"], job_id="ppo-1")
+    keep_submitted(tmp_path / "results", replace(spec, resumed_from="ppo-0"))
+    kept = json.loads((tmp_path / "results" / "ppo-1" / SUBMITTED_FILE).read_text())
+    assert {k: v for k, v in kept.items() if k != "submitted_at"} == {
+        "job_id": "ppo-1",
+        "playbook": "ppo_cartpole.py",
+        "args": ["--lr", "0.001", "--max-iterations", "3"],
+        "runner": None,
+        "attempt": 1,
+        "resumed_from": "ppo-0",
+    }
+
+
+def test_rlruns_config_json_is_the_algorithm_config_as_the_facts_write_it() -> None:
+    """rlrun (the cluster's side: no provisioner there) writes config.json as the
+    experiment facts' capture writes a config: the same JSON for the same config."""
+    from ray._common.deprecation import DEPRECATED_VALUE
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    from provisioner.experiment.capture_facts import plain
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "playbooks"))
+    import rlrun
+
+    config = PPOConfig().environment("CartPole-v1").training(lr=0.001, num_epochs=3)
+    kept = json.loads(json.dumps(rlrun.resolved_config(config)))
+    real = config.to_dict()
+    assert kept == {k: plain(v) for k, v in real.items() if v is not DEPRECATED_VALUE}
+    assert kept["lr"] == 0.001 and kept["num_epochs"] == 3 and kept["env"] == "CartPole-v1"
+    assert kept["callbacks"] == "ray.rllib.callbacks.callbacks.RLlibCallback"  # by its name
