@@ -84,8 +84,8 @@ def submit_cmd(
     playbook: Annotated[
         Path,
         typer.Argument(
-            help="The playbook, a Python file; or an experiment file (.yaml, .yml).",
-            metavar="PLAYBOOK|EXPERIMENT.yaml",
+            help="The playbook (a Python file) or an experiment file (.yaml, .yml).",
+            metavar="FILE",
         ),
     ],
     args: Annotated[

@@ -411,3 +411,12 @@ def test_rlruns_config_json_is_the_algorithm_config_as_the_facts_write_it() -> N
     assert kept == {k: plain(v) for k, v in real.items() if v is not DEPRECATED_VALUE}
     assert kept["lr"] == 0.001 and kept["num_epochs"] == 3 and kept["env"] == "CartPole-v1"
     assert kept["callbacks"] == "ray.rllib.callbacks.callbacks.RLlibCallback"  # by its name
+
+
+def test_the_readmes_example_file_passes() -> None:
+    from provisioner.experiment import load_experiment, validate
+
+    example = Path(__file__).resolve().parents[2] / "examples/experiments/cartpole-ppo.yaml"
+    exp = load_experiment(example)
+    assert exp.run == "PPO" and exp.env == "CartPole-v1"
+    assert validate(exp, FACTS, ClusterCapacity((NodeCapacity(2.0), NodeCapacity(2.0)))) == []
