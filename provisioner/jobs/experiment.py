@@ -16,6 +16,7 @@ that `submit -i INV results/JOB/experiment.yaml` runs it again.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from provisioner.experiment import (
 from provisioner.experiment.resolve import overrides
 from provisioner.jobs.link import Target
 from provisioner.jobs.spec import JobSpec, check_job_id, job_id_for
+from provisioner.jobs.submit import SUBMITTED_FILE
 
 SUFFIXES = (".yaml", ".yml")
 RUNNER_NAME = "_provisioner_experiment.py"  # the runner, in the job's working_dir
@@ -79,11 +81,26 @@ def runner_args(exp: Experiment) -> tuple[str, str]:
 
 
 def experiment_spec(exp: Experiment, job_id: str | None = None) -> JobSpec:
-    """The job of an experiment file (pure): its folder the working_dir, the runner its
-    driver, the job id from the file's name (`cartpole-ppo-20261206-101500-a1b2c3d4e5f6`)."""
+    """The job of an experiment file: its folder the working_dir, the runner its driver,
+    the job id from the experiment's name (`cartpole-ppo-20261206-101500-a1b2c3d4e5f6`). A file
+    kept in a job's results (results/JOB/experiment.yaml, run again) travels alone: not
+    the earlier run's Tune folder and checkpoints beside it."""
     path = exp.path.expanduser().resolve()
-    job = check_job_id(job_id) if job_id else job_id_for(path)
-    return JobSpec(playbook=path, args=runner_args(exp), job_id=job, runner=RUNNER_NAME)
+    job = check_job_id(job_id) if job_id else job_id_for(Path(f"{exp.name}.yaml"))
+    excludes = alone(path) if (path.parent / SUBMITTED_FILE).is_file() else ()
+    return JobSpec(
+        playbook=path, args=runner_args(exp), job_id=job, runner=RUNNER_NAME, excludes=excludes
+    )
+
+
+def alone(path: Path) -> tuple[str, ...]:
+    """Ray's `excludes` that leave out everything in the file's folder but the file."""
+
+    def pattern(entry: Path) -> str:
+        name = re.sub(r"([\[\]*?!#\\])", r"\\\1", entry.name)
+        return f"/{name}/" if entry.is_dir() else f"/{name}"
+
+    return tuple(pattern(e) for e in sorted(path.parent.iterdir()) if e.name != path.name)
 
 
 def kept_files(exp: Experiment, written: bytes, facts: Facts) -> dict[str, bytes]:

@@ -214,8 +214,25 @@ def test_the_job_runs_the_runner_in_the_files_folder(tmp_path: Path) -> None:
     book.write_text("print(1)\n")
     assert "base64.b64decode(sys.argv[2])" not in make_spec(book).entrypoint()
     assert "base64.b64decode(sys.argv[2])" in entry
-    # the job id is the file's name
-    assert experiment_spec(spec_exp(path)).job_id.startswith("cartpole-")
+    # the job id is the experiment's name (the file's is `cartpole.yaml`)
+    assert experiment_spec(spec_exp(path)).job_id.startswith("cartpole-ppo-")
+    assert spec.excludes == ()  # the file's folder travels (as a script's does)
+
+
+def test_a_file_run_again_from_its_results_travels_alone(tmp_path: Path) -> None:
+    """results/JOB/experiment.yaml, submitted again: only the file is sent, not the earlier
+    run's Tune folder, checkpoints and logs beside it (Ray's own walk says what goes)."""
+    from provisioner.jobs.submit import upload_for
+
+    home = tmp_path / "results" / "cartpole-ppo-1"
+    (home / "ray_results" / "cartpole-ppo" / "trial").mkdir(parents=True)
+    (home / "ray_results" / "cartpole-ppo" / "trial" / "result.json").write_text("{}\n")
+    for name in ("experiment.yaml", "config.json", "submitted.json", "job.log", "odd[1]*.txt"):
+        (home / name).write_text(SHORT if name == "experiment.yaml" else "x\n")
+    again = experiment_spec(spec_exp(home / "experiment.yaml"))
+    assert again.job_id.startswith("cartpole-ppo-") and again.runner == RUNNER_NAME
+    assert upload_for(again).files == ["experiment.yaml"]
+    assert len(upload_for(replace(again, excludes=())).files) == 6  # the positive control
 
 
 def spec_exp(path: Path) -> Any:
@@ -403,9 +420,10 @@ def test_rlruns_config_json_is_the_algorithm_config_as_the_facts_write_it() -> N
     from provisioner.experiment.capture_facts import plain
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "playbooks"))
-    import rlrun
+    import rlrun  # type: ignore[import-not-found]
 
-    config = PPOConfig().environment("CartPole-v1").training(lr=0.001, num_epochs=3)
+    config = PPOConfig().environment("CartPole-v1")  # type: ignore[no-untyped-call]
+    config = config.training(lr=0.001, num_epochs=3)
     kept = json.loads(json.dumps(rlrun.resolved_config(config)))
     real = config.to_dict()
     assert kept == {k: plain(v) for k, v in real.items() if v is not DEPRECATED_VALUE}
