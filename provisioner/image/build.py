@@ -22,7 +22,13 @@ from docker.errors import APIError, ImageNotFound
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError, ProvisionerError
-from provisioner.image.facts import FACTS_KEY, capture_in_image, login_capture_command, write_facts
+from provisioner.image.facts import (
+    FACTS_KEY,
+    capture_in_image,
+    login_capture_command,
+    pin_facts,
+    write_facts,
+)
 from provisioner.image.lock import index_urls, lock_sha256, parse_lock, without_indexes
 from provisioner.image.pin import BUILD_TAG, Pin, Versions, layer_sizes_from_history, write_pin
 from provisioner.image.wheelhouse import ensure_wheels
@@ -206,6 +212,10 @@ def capture_facts(
     """The experiment facts (`image.facts`), captured with the image's Python and written
     beside the pin: the pin's entry for them. A capture that fails does not fail the
     build: it is said, and `submit FILE.yaml` captures them from the head instead."""
+    kept = kept_facts(image_id, pin_path)
+    if kept is not None:
+        report(f"experiment facts: {pin_path.parent / kept['file']} (this image's, kept)")
+        return kept
     report("capturing the experiment facts with the image's Python (RLlib, gymnasium)")
     try:
         data = capture_in_image(image_id, command)
@@ -215,6 +225,20 @@ def capture_facts(
     entry = write_facts(data, pin_path)
     report(f"experiment facts: {pin_path.parent / entry['file']} ({len(data) // 1024} KiB)")
     return entry
+
+
+def kept_facts(image_id: str, pin_path: Path) -> dict[str, str] | None:
+    """The facts entry of the pin already at `pin_path` when it pins this very image and
+    its facts file is intact (a rebuild from the cache captures nothing again)."""
+    from provisioner.image.pin import read_pin
+
+    try:
+        pin = read_pin(pin_path)
+    except InputError:
+        return None
+    if pin.image_id != image_id or pin_facts(pin, pin_path).facts is None:
+        return None
+    return dict(pin.extra[FACTS_KEY])
 
 
 def build_image(opts: BuildOptions, report: Reporter = quiet) -> BuildResult:

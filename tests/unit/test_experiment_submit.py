@@ -145,6 +145,20 @@ def test_facts_that_are_not_the_pins_are_not_taken(tmp_path: Path) -> None:
     assert pin_facts(elsewhere, pin_path).path == tmp_path / "passwd"
 
 
+def test_a_rebuild_of_the_same_image_keeps_its_facts_and_another_image_does_not(
+    tmp_path: Path,
+) -> None:
+    from provisioner.image.build import kept_facts
+
+    pin_path = pin_with_facts(tmp_path)
+    entry = read_pin(pin_path).extra[FACTS_KEY]
+    assert kept_facts("sha256:" + "a" * 64, pin_path) == entry  # the pin's own image
+    assert kept_facts("sha256:" + "f" * 64, pin_path) is None  # another image: captured
+    assert kept_facts("sha256:" + "a" * 64, tmp_path / "none.lock.json") is None  # no pin
+    (tmp_path / "image.facts.json").write_text("{}")
+    assert kept_facts("sha256:" + "a" * 64, pin_path) is None  # not the pin's facts
+
+
 def test_a_capture_that_is_no_facts_document_is_refused() -> None:
     from provisioner.errors import OperationError
 
