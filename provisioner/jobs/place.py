@@ -267,19 +267,19 @@ class Sbatch(Place):
         """The sbatch script that runs `spec` on Ray across the allocation."""
         from provisioner.slurm.sbatch import SbatchJob, pack_playbook, render_sbatch
 
-        inv = self.inventory
-        if inv.slurm is None:
-            raise InputError(
-                "the inventory has no scheduler section",
-                "add scheduler: {type: slurm, login: ADDRESS, nodes: N, ...}",
-                where=str(inv.path),
-            )
         if spec.runner:
             raise InputError(
                 "an experiment file is validated against a running cluster and run by it: "
                 "it has no sbatch script",
                 "start Ray on the allocation (`provisioner up -i INVENTORY`), then "
                 f"`provisioner submit -i INVENTORY {spec.playbook.name}`",
+            )
+        inv = self.inventory
+        if inv.slurm is None:
+            raise InputError(
+                "the inventory has no scheduler section",
+                "add scheduler: {type: slurm, login: ADDRESS, nodes: N, ...}",
+                where=str(inv.path),
             )
         if not spec.playbook.is_file():
             raise InputError(f"no playbook at {spec.playbook}", "pass the path of a Python file")

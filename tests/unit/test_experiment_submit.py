@@ -452,3 +452,20 @@ def test_the_readmes_example_file_passes() -> None:
     exp = load_experiment(example)
     assert exp.run == "PPO" and exp.env == "CartPole-v1"
     assert validate(exp, FACTS, ClusterCapacity((NodeCapacity(2.0), NodeCapacity(2.0)))) == []
+
+
+def test_an_experiment_file_has_no_sbatch_script(tmp_path: Path) -> None:
+    """SLURM runs a script without a cluster to validate against: refused, with the way
+    that works (up on the allocation, then submit); a playbook gets past this check."""
+    from provisioner.jobs.place import Sbatch
+    from provisioner.jobs.spec import make_spec
+
+    inventory = make_inventory(tmp_path)
+    spec = experiment_spec(spec_exp(short(tmp_path)))
+    with pytest.raises(InputError, match="has no sbatch script") as raised:
+        Sbatch(inventory).submit(spec)
+    assert "provisioner submit -i INVENTORY cartpole.yaml" in (raised.value.fix or "")
+    book = tmp_path / "train.py"
+    book.write_text("print(1)\n")
+    with pytest.raises(InputError, match="no scheduler section"):  # the next check's
+        Sbatch(inventory).submit(make_spec(book))
