@@ -59,6 +59,15 @@ def checked_capture(data: bytes, where: str) -> bytes:
     return (text + "\n").encode()
 
 
+def with_facts(pin: Pin, entry: dict[str, str] | None) -> Pin:
+    """`pin` naming `entry` as its facts; none (a failed capture) names none, never facts
+    of another image (a project pin copies its base pin's extra data)."""
+    from dataclasses import replace
+
+    extra = {k: v for k, v in pin.extra.items() if k != FACTS_KEY}
+    return replace(pin, extra={**extra, **({FACTS_KEY: entry} if entry else {})})
+
+
 def capture_command(python: str) -> list[str]:
     """`PYTHON -c SOURCE`: the capture, run inside the image (argv, no shell)."""
     return [python, "-c", capture_source().decode()]

@@ -29,7 +29,7 @@ import tempfile
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -41,7 +41,7 @@ from packaging.utils import canonicalize_name
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError
 from provisioner.image.build import BuildOptions, _docker_build, capture_facts
-from provisioner.image.facts import FACTS_KEY, capture_command
+from provisioner.image.facts import capture_command, with_facts
 from provisioner.image.lock import (
     LockedWheel,
     file_sha256,
@@ -674,8 +674,7 @@ def build_project(opts: ProjectOptions, report: Reporter = quiet) -> ProjectResu
         )
         # its own capture (the project's envs), never the base's file
         facts = capture_facts(image_id, capture_command(PYTHON), opts.lock_path, report)
-        extra = {k: v for k, v in pin.extra.items() if k != FACTS_KEY}
-        pin = replace(pin, extra={**extra, **({FACTS_KEY: facts} if facts else {})})
+        pin = with_facts(pin, facts)
         write_pin(pin, opts.lock_path)
     return ProjectResult(
         pin, opts.lock_path, time.monotonic() - t0, project.directory / PROJECT_LOCK

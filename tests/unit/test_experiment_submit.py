@@ -159,6 +159,17 @@ def test_a_rebuild_of_the_same_image_keeps_its_facts_and_another_image_does_not(
     assert kept_facts("sha256:" + "a" * 64, pin_path) is None  # not the pin's facts
 
 
+def test_a_project_pin_names_its_own_capture_never_its_bases(tmp_path: Path) -> None:
+    from provisioner.image.facts import with_facts
+
+    base = read_pin(pin_with_facts(tmp_path))
+    inherited = replace(base, extra={**base.extra, "project": {"name": "gridcells"}})
+    own = {"file": "image.facts.json", "sha256": "1" * 64}
+    assert with_facts(inherited, own).extra == {"project": {"name": "gridcells"}, FACTS_KEY: own}
+    assert with_facts(inherited, None).extra == {"project": {"name": "gridcells"}}
+    assert inherited.extra[FACTS_KEY] != own  # the base's: what is replaced
+
+
 def test_a_capture_that_is_no_facts_document_is_refused() -> None:
     from provisioner.errors import OperationError
 
