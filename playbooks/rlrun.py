@@ -13,7 +13,8 @@ the target return or the step budget, and writes into the results directory
   return, steps/s, the time left), also printed as a `PROVISIONER-PROGRESS` line;
 - `runners.json`: the node address and host each env runner ran on;
 - `summary.json`: what the run reached, why it stopped, its node-hours and their cost
-  (where `$PROVISIONER_PRICE_PER_NODE_HOUR` gives a price).
+  (where `$PROVISIONER_PRICE_PER_NODE_HOUR` gives a price);
+- `config.json`: the run's whole algorithm config (`AlgorithmConfig.to_dict()` as JSON).
 
 `--resume-from CHECKPOINT` (or `$PROVISIONER_RESUME_FROM`, relative to the results
 directory) continues a run: `Algorithm.restore_from_path` brings back the learner's
@@ -358,6 +359,37 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".tmp-{path.name}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    """A config value as JSON (as provisioner's experiment facts write it): containers
+    kept, a class or function by its dotted name, any other object by its type."""
+    import inspect
+
+    if depth > 20:
+        return "<too deep>"
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
+        return [jsonable(v, depth + 1) for v in items]
+    if inspect.isclass(value) or inspect.isfunction(value) or inspect.ismethod(value):
+        return f"{value.__module__}.{value.__qualname__}"
+    kind = type(value)
+    return f"<{kind.__module__}.{kind.__qualname__}>"
+
+
+def resolved_config(config: Any) -> dict[str, Any]:
+    """The algorithm config that runs, as config.json keeps it: `to_dict()` made JSON,
+    without the keys RLlib keeps only as deprecated."""
+    from ray._common.deprecation import DEPRECATED_VALUE
+
+    found = sorted(config.to_dict().items())
+    return {k: jsonable(v) for k, v in found if v is not DEPRECATED_VALUE}
 
 
 def checkpoint_name(iteration: int) -> str:
@@ -765,6 +797,8 @@ def train(
 ) -> dict[str, Any]:
     """Train until the budget says stop; write every result file; return the summary."""
     saving = saving or Saving()
+    # the run's whole algorithm config, kept with its results (a run repeated from them)
+    write_atomic(results / "config.json", json.dumps(resolved_config(config), indent=1) + "\n")
     algo = config.build_algo()
     resume = resume_path(results, saving.resume_from)
     if resume is not None:

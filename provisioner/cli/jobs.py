@@ -16,6 +16,7 @@ from rich.text import Text
 
 from provisioner.cli.common import JsonOption, output
 from provisioner.console import Output, plain, sgr_only
+from provisioner.errors import InputError
 from provisioner.jobs.place import (
     Cluster,
     Handlers,
@@ -24,9 +25,13 @@ from provisioner.jobs.place import (
     Place,
     Upload,
     asks_for_help,
+    experiment_spec,
+    is_experiment,
     local_help,
     make_spec,
+    prepare_experiment,
     priced,
+    read_experiment,
     read_rows,
     target_for,
     upload_for,
@@ -76,7 +81,13 @@ VerboseOption = Annotated[
 
 
 def submit_cmd(
-    playbook: Annotated[Path, typer.Argument(help="The playbook, a Python file.")],
+    playbook: Annotated[
+        Path,
+        typer.Argument(
+            help="The playbook (a Python file) or an experiment file (.yaml, .yml).",
+            metavar="FILE",
+        ),
+    ],
     args: Annotated[
         list[str] | None, typer.Argument(help="Arguments for the playbook, after `--`.")
     ] = None,
@@ -122,13 +133,26 @@ def submit_cmd(
 ) -> None:
     """Run PLAYBOOK on the cluster as a Ray job; its directory travels as the working_dir.
 
+    An experiment file (EXPERIMENT.yaml, RLlib's tuned-example shape: NAME with env, run,
+    stop, config) is validated first against the image and the cluster (exit 2 naming each
+    bad line), then run through Tune; RESULTS/JOB/ keeps experiment.yaml and config.json.
+
     Follows the job (its own output and one live progress line, read from the
     playbook's progress lines or from Tune's results; --verbose adds Ray's noise) and brings its
     results home as they appear, into RESULTS/JOB/. Ctrl-C stops following, not the job:
     `provisioner jobs logs JOB --follow` picks it up again. Exit 1 if the job failed.
     """
     out = output(json_)
-    spec = make_spec(playbook, args or [])
+    experiment = is_experiment(playbook)
+    if experiment:
+        if args:
+            raise InputError(
+                f"an experiment file takes no arguments (given: {' '.join(args)})",
+                f"set them in {playbook.name} (its config, stop, seeds, resources)",
+            )
+        spec = experiment_spec(read_experiment(playbook)[0])
+    else:
+        spec = make_spec(playbook, args or [])
     if show_upload:
         _show_upload(out, upload_for(spec), json_)
         return
@@ -138,14 +162,11 @@ def submit_cmd(
             out.stdout.write(usage)
             return
     target = target_for(inventory, address, token_file)
+    handlers = make_handlers(out, json_, verbose)
+    if experiment:  # validated before anything is sent (exit 2); kept in RESULTS/JOB/
+        spec = prepare_experiment(target, playbook, results, handlers.report)
     spec = priced(spec, price, target.inventory.price_per_node_hour if target.inventory else None)
-    place = Cluster(
-        target,
-        results,
-        make_handlers(out, json_, verbose),
-        detach=detach,
-        retries=retries or None,
-    )
+    place = Cluster(target, results, handlers, detach=detach, retries=retries or None)
     if resume is not None:
         spec = place.resume(spec, resume)
     show_outcome(out, json_, place, place.run(spec))

@@ -21,7 +21,14 @@ from typing import IO, Any
 from docker.errors import APIError, ImageNotFound
 
 from provisioner.console import Reporter, quiet
-from provisioner.errors import InputError, OperationError
+from provisioner.errors import InputError, OperationError, ProvisionerError
+from provisioner.image.facts import (
+    FACTS_KEY,
+    capture_in_image,
+    login_capture_command,
+    pin_facts,
+    write_facts,
+)
 from provisioner.image.lock import index_urls, lock_sha256, parse_lock, without_indexes
 from provisioner.image.pin import BUILD_TAG, Pin, Versions, layer_sizes_from_history, write_pin
 from provisioner.image.wheelhouse import ensure_wheels
@@ -199,6 +206,41 @@ def read_versions(image_id: str) -> tuple[Versions, str | None]:
     return versions, (str(data["cuda"]) if data.get("cuda") else None)
 
 
+def capture_facts(
+    image_id: str, command: list[str], pin_path: Path, report: Reporter
+) -> dict[str, str] | None:
+    """The experiment facts (`image.facts`), captured with the image's Python and written
+    beside the pin: the pin's entry for them. A capture that fails does not fail the
+    build: it is said, and `submit FILE.yaml` captures them from the head instead."""
+    kept = kept_facts(image_id, pin_path)
+    if kept is not None:
+        report(f"experiment facts: {pin_path.parent / kept['file']} (this image's, kept)")
+        return kept
+    report("capturing the experiment facts with the image's Python (RLlib, gymnasium)")
+    try:
+        data = capture_in_image(image_id, command)
+    except ProvisionerError as exc:
+        report(f"no experiment facts: {exc}; `submit FILE.yaml` will ask the head for them")
+        return None
+    entry = write_facts(data, pin_path)
+    report(f"experiment facts: {pin_path.parent / entry['file']} ({len(data) // 1024} KiB)")
+    return entry
+
+
+def kept_facts(image_id: str, pin_path: Path) -> dict[str, str] | None:
+    """The facts entry of the pin already at `pin_path` when it pins this very image and
+    its facts file is intact (a rebuild from the cache captures nothing again)."""
+    from provisioner.image.pin import read_pin
+
+    try:
+        pin = read_pin(pin_path)
+    except InputError:
+        return None
+    if pin.image_id != image_id or pin_facts(pin, pin_path).facts is None:
+        return None
+    return dict(pin.extra[FACTS_KEY])
+
+
 def build_image(opts: BuildOptions, report: Reporter = quiet) -> BuildResult:
     """Build the image from the lock and the wheelhouse; write the pin for the full image.
     One build at a time on this machine (`build_lock`): another waits."""
@@ -237,6 +279,10 @@ def _build_image(opts: BuildOptions, report: Reporter) -> BuildResult:
             f"make {lock_file.name} again (`provisioner image lock --cuda`): pip picked a "
             "CPU build of torch",
         )
+    extra: dict[str, Any] = {"variant": "cuda", "cuda": cuda} if opts.variant == "cuda" else {}
+    facts = capture_facts(image_id, login_capture_command(), opts.lock_path, report)
+    if facts:
+        extra[FACTS_KEY] = facts
     attrs = client().api.inspect_image(image_id)
     layers = tuple(str(d) for d in attrs["RootFS"]["Layers"])
     pin = Pin(
@@ -250,7 +296,7 @@ def _build_image(opts: BuildOptions, report: Reporter) -> BuildResult:
         layer_sizes=layer_sizes_from_history(client().api.history(image_id), layers),
         built_at=datetime.now(UTC).isoformat(timespec="seconds"),
         tag=opts.tag,
-        extra={"variant": "cuda", "cuda": cuda} if opts.variant == "cuda" else {},
+        extra=extra,
     )
     write_pin(pin, opts.lock_path)
     return BuildResult(pin, image_id, time.monotonic() - t0, opts.lock_path)

@@ -140,12 +140,16 @@ def read_pin(path: Path) -> Pin:
 
 def write_pin(pin: Pin, path: Path) -> None:
     """Write the pin atomically (a reader never sees half a file)."""
+    write_atomically(path, (json.dumps(pin_to_dict(pin), indent=2) + "\n").encode())
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` as `path` through a temporary file in its folder and one rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=".image.lock.", dir=path.parent)
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(handle, "w") as f:
-            json.dump(pin_to_dict(pin), f, indent=2)
-            f.write("\n")
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -40,7 +40,8 @@ from packaging.utils import canonicalize_name
 
 from provisioner.console import Reporter, quiet
 from provisioner.errors import InputError, OperationError
-from provisioner.image.build import BuildOptions, _docker_build
+from provisioner.image.build import BuildOptions, _docker_build, capture_facts
+from provisioner.image.facts import capture_command, with_facts
 from provisioner.image.lock import (
     LockedWheel,
     file_sha256,
@@ -56,6 +57,7 @@ from provisioner.local import build_lock
 from provisioner.local import docker_client as client
 
 PROJECT_LOCK = "provisioner.lock"
+PYTHON = "/opt/ray/bin/python"  # the image's Python
 PROJECT_PIN = "image.lock.json"
 REQUIREMENTS = "requirements.txt"
 _APT_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+")  # Debian policy's package names
@@ -481,7 +483,7 @@ def check_inside(image_id: str, names: Sequence[str]) -> dict[str, str | None]:
     try:
         raw = client().containers.run(
             image_id,
-            ["/opt/ray/bin/python", "-c", _CHECK, json.dumps(list(names))],
+            [PYTHON, "-c", _CHECK, json.dumps(list(names))],
             remove=True,
             network_disabled=True,
             stdout=True,
@@ -670,6 +672,9 @@ def build_project(opts: ProjectOptions, report: Reporter = quiet) -> ProjectResu
             requirements_sha,
             bool(locked),
         )
+        # its own capture (the project's envs), never the base's file
+        facts = capture_facts(image_id, capture_command(PYTHON), opts.lock_path, report)
+        pin = with_facts(pin, facts)
         write_pin(pin, opts.lock_path)
     return ProjectResult(
         pin, opts.lock_path, time.monotonic() - t0, project.directory / PROJECT_LOCK

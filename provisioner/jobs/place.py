@@ -30,6 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from provisioner.errors import InputError
+from provisioner.jobs.experiment import (
+    experiment_spec,
+    is_experiment,
+    prepare_experiment,
+    read_experiment,
+)
 from provisioner.jobs.home import Results, finish
 from provisioner.jobs.link import Link, Target, target_for
 from provisioner.jobs.noise import NoiseFilter
@@ -154,12 +160,12 @@ class Cluster(Place):
         return replace(spec, storage=job_env(self.target.inventory, spec.job_id))
 
     def submit(self, spec: JobSpec) -> Submitted:
-        from provisioner.jobs.submit import hand_over
+        from provisioner.jobs.submit import hand_over, keep_submitted
 
         spec = self.with_storage(spec)
-        return Submitted(
-            spec.job_id, self.name, upload=hand_over(self.target, spec, self.handlers, self.prepare)
-        )
+        upload = hand_over(self.target, spec, self.handlers, self.prepare)
+        keep_submitted(self.results_root, spec)
+        return Submitted(spec.job_id, self.name, upload=upload)
 
     def follow(self, job: Submitted) -> JobOutcome:
         from provisioner.jobs.repair import with_retries
@@ -261,6 +267,13 @@ class Sbatch(Place):
         """The sbatch script that runs `spec` on Ray across the allocation."""
         from provisioner.slurm.sbatch import SbatchJob, pack_playbook, render_sbatch
 
+        if spec.runner:
+            raise InputError(
+                "an experiment file is validated against a running cluster and run by it: "
+                "it has no sbatch script",
+                "start Ray on the allocation (`provisioner up -i INVENTORY`), then "
+                f"`provisioner submit -i INVENTORY {spec.playbook.name}`",
+            )
         inv = self.inventory
         if inv.slurm is None:
             raise InputError(
@@ -320,10 +333,14 @@ __all__ = [
     "Upload",
     "asks_for_help",
     "check_job_id",
+    "experiment_spec",
     "finish",
+    "is_experiment",
     "local_help",
     "make_spec",
+    "prepare_experiment",
     "priced",
+    "read_experiment",
     "read_rows",
     "target_for",
     "upload_for",

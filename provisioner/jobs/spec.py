@@ -5,12 +5,14 @@ Pure functions; `submit` sends what they build to Ray's Jobs API.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
 import secrets
 import shlex
 import time
+import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -71,10 +73,18 @@ class JobSpec:
     # the Tune experiment (its folder's name) this run continues, under TUNE_RESUME_DIR:
     # the script's first Tuner(...) is it, restored (jobs.tune_resume)
     tune_experiment: str = ""
+    # an experiment file's job (`playbook` the file): the driver is provisioner's runner,
+    # written under this name into the job's working_dir by the entrypoint
+    runner: str = ""
 
     @property
     def working_dir(self) -> Path:
         return self.playbook.parent
+
+    @property
+    def script(self) -> str:
+        """The Python file the driver runs, in the working_dir: the playbook, or the runner."""
+        return self.runner or self.playbook.name
 
     def entrypoint(self) -> str:
         """The shell command the head runs: this job's results directory made, then the
@@ -84,14 +94,15 @@ class JobSpec:
         missing = "this Ray container has no results directory; run provisioner down, then up"
         root = f'"${{{RESULTS_ROOT_ENV}:?{missing}}}"'
         results = f"{root}/{self.job_id}"
-        argv = ["python3", "-u", self.playbook.name, *self.args]
+        argv = ["python3", "-u", self.script, *self.args]
         if self.tune_experiment:
-            argv = tune_resume_argv("python3", self.playbook.name, self.args)
+            argv = tune_resume_argv("python3", self.script, self.args)
         run = shlex.join(argv)
         watch = watcher_command("python3", "$$")  # $$: the shell's pid, which execs the driver
+        placed = f"{runner_command('python3', self.runner)} && " if self.runner else ""
         return (
             f'export {RESULTS_ENV}={results} && mkdir -p "${RESULTS_ENV}" '
-            f"&& {{ {watch} & }} && exec {run}"
+            f"&& {placed}{{ {watch} & }} && exec {run}"
         )
 
     def runtime_env(self) -> dict[str, Any]:
@@ -113,6 +124,19 @@ class JobSpec:
             META_RUN: self.run or self.job_id,
             META_RESUMED: self.resumed_from,
         }
+
+
+def runner_command(python: str, name: str) -> str:
+    """`PYTHON -I -S -c '...' NAME BLOB`: provisioner's experiment runner written as NAME
+    into the current folder (the job's working_dir on the head), carried in the command."""
+    from provisioner.experiment.facts import runner_source
+
+    blob = base64.b64encode(zlib.compress(runner_source(), 9)).decode()
+    write = (
+        "import base64,sys,zlib;"
+        "open(sys.argv[1],'wb').write(zlib.decompress(base64.b64decode(sys.argv[2])))"
+    )
+    return shlex.join([python, "-I", "-S", "-c", write, name, blob])
 
 
 def priced(spec: JobSpec, flag: float | None, inventory: float | None) -> JobSpec:

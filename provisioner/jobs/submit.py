@@ -63,6 +63,30 @@ class JobOutcome:
         }
 
 
+SUBMITTED_FILE = "submitted.json"  # in results/JOB/: the job as it was handed over
+
+
+def keep_submitted(results_root: Path, spec: JobSpec) -> None:
+    """results/JOB/submitted.json: the playbook (or experiment file) and its arguments as
+    handed to the cluster, kept with the run's results here (a run repeated from them)."""
+    import json
+
+    from provisioner.remote.receive import ensure_directory, write_file
+
+    home = results_root / spec.job_id
+    ensure_directory(home)
+    body = {
+        "job_id": spec.job_id,
+        "playbook": spec.playbook.name,
+        "args": list(spec.args),
+        "runner": spec.runner or None,
+        "attempt": spec.attempt,
+        "resumed_from": spec.resumed_from or None,
+        "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_file(home, SUBMITTED_FILE, (json.dumps(body, indent=1) + "\n").encode())
+
+
 def upload_for(spec: JobSpec) -> Upload:
     """What Ray will send of the playbook's directory (obvious secrets left out)."""
     return plan_upload(spec.working_dir, [*EXCLUDES, *spec.excludes], state_root())
@@ -140,6 +164,7 @@ def submit(
     h = handlers or Handlers()
     home = results_root / spec.job_id
     upload = hand_over(target, spec, h, prepare)
+    keep_submitted(results_root, spec)
     if detach:
         return JobOutcome(spec.job_id, "PENDING", Results(home), detached=True, upload=upload)
     outcome = follow_to_end(target, spec.job_id, results_root, h)
@@ -362,6 +387,7 @@ def remember(
     body = {
         "playbook": str(spec.playbook),
         "args": list(spec.args),
+        "runner": spec.runner,
         "env": spec.env,
         "run": spec.run,
         "attempt": spec.attempt,
@@ -382,7 +408,11 @@ def retry_spec(results_root: Path, job_id: str) -> tuple[JobSpec, int]:
     path = results_root / job_id / RETRY_FILE
     try:
         body = json.loads(path.read_text())
-        spec = make_spec(Path(body["playbook"]), [str(a) for a in body["args"]], job_id=job_id)
+        args = [str(a) for a in body["args"]]
+        if body.get("runner"):  # an experiment file's job: its runner, the file's folder
+            spec = JobSpec(Path(body["playbook"]), tuple(args), job_id, runner=str(body["runner"]))
+        else:
+            spec = make_spec(Path(body["playbook"]), args, job_id=job_id)
         env = {str(k): str(v) for k, v in dict(body["env"]).items()}
         spec = replace(
             spec,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from provisioner.lab.config import LabNode
 from provisioner.lab.nodes import LabInfo
 from tests.e2e.helpers import (  # noqa: F401 (the fixtures lab, inventory)
     cli,
+    cli_json,
     data_cluster_for_module,
     data_lab_for_module,
 )
@@ -205,3 +207,119 @@ def test_a_tune_trainables_trials_and_metrics_are_its_progress(
         (i, s, round(x, 4)) for i, s, x in written
     }
     assert "Trial status:" not in shown  # Tune's tables: under --verbose
+
+
+# --- an experiment file (issue 45): validated before anything is sent, run through Tune,
+# its file and resolved config kept with its results
+
+EXPERIMENT = """\
+# CartPole PPO in the tuned example's shape, stopped early (CI time)
+cartpole-ppo:
+    env: CartPole-v1
+    run: PPO
+    stop: {training_iteration: 2}
+    config:
+        lr: 0.0003
+        num_epochs: 2
+        minibatch_size: 128
+        train_batch_size_per_learner: 500
+    seeds: [3]
+    checkpoint_frequency: 1
+    resources: {env_runners: 2}
+"""
+
+
+def without_facts(inventory: str, tmp_path: Path) -> Path:
+    """A copy of the inventory (beside it: its relative paths hold) whose pin names no
+    experiment facts, as a pin built before them."""
+    import yaml
+
+    from provisioner.image.pin import pin_from_dict, pin_to_dict, write_pin
+
+    source = Path(inventory)
+    doc = yaml.safe_load(source.read_text())
+    pin_path = Path(doc["image"]["lock"])
+    data = json.loads(pin_path.read_text())
+    assert "facts" in data.get("extra", {}), data  # the build kept them: the control
+    data["extra"].pop("facts")
+    older = tmp_path / "older.lock.json"
+    write_pin(pin_from_dict(data, str(pin_path)), older)
+    assert "facts" not in pin_to_dict(pin_from_dict(data, str(pin_path))).get("extra", {})
+    doc["image"]["lock"] = str(older)
+    copy = source.with_name(f".{source.stem}-older-pin.yaml")
+    copy.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return copy
+
+
+def test_an_experiment_file_runs_through_tune_and_keeps_its_file_and_config(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    """A bad file (an old-stack key) exits 2 naming its line with nothing submitted (its
+    facts captured on the head: the pin is older than them); the tuned-example CartPole
+    PPO file succeeds through Tune: result.json home, experiment.yaml and config.json
+    home as sent and resolved (config.json is what the trial ran, key for key); `jobs
+    list` shows the good job and none of the bad file; the kept file is submitted again."""
+    book = tmp_path / "book"
+    book.mkdir()
+    good, bad = book / "cartpole-ppo.yaml", book / "old-keys.yaml"
+    good.write_text(EXPERIMENT)
+    bad.write_text(EXPERIMENT.replace("num_epochs: 2", "num_sgd_iter: 2"))
+    older = without_facts(inventory, tmp_path)
+    try:
+        code, shown = submit_as_a_user(str(older), tmp_path / "bad", bad)
+    finally:
+        older.unlink()
+    assert code == 2, shown[-3000:]
+    assert f"{bad}:8" in shown and "num_sgd_iter" in shown and "num_epochs" in shown, shown
+    assert "capturing them on the head" in shown and "Traceback" not in shown, shown
+    assert not (tmp_path / "bad").exists()
+
+    code, shown = submit_as_a_user(inventory, tmp_path / "r", good)
+    assert code == 0 and "SUCCEEDED" in shown, shown[-3000:]
+    assert "capturing them on the head" not in shown  # the pin's own facts
+    (home,) = (tmp_path / "r").iterdir()
+    assert home.name.startswith("cartpole-ppo-")
+    results = tune_results_home(home)
+    assert max(r["training_iteration"] for r in results) == 2, results[-1]
+    assert (home / "experiment.yaml").read_text() == EXPERIMENT
+    config = json.loads((home / "config.json").read_text())
+    ran = results[-1]["config"]  # the trial's config, as Tune recorded it
+    assert config["seed"] == ran["seed"] == 3
+    # every number and switch (a class is written by name here, by repr in Tune's file)
+    numbers = {k: v for k, v in config.items() if isinstance(v, int | float | bool)}
+    assert len(numbers) > 100 and numbers["_train_batch_size_per_learner"] == 500
+    differ = {k: (v, ran.get(k)) for k, v in numbers.items() if v != ran.get(k)}
+    assert not differ, differ
+    assert config["env"] == ran["env"] == "CartPole-v1" and config["lr"] == 0.0003
+    (trial,) = {p.parent for p in home.glob("ray_results/cartpole-ppo/*/result.json")}
+    assert sorted(p.name for p in trial.glob("checkpoint_*")), sorted(os.listdir(trial))
+    submitted = json.loads((home / "submitted.json").read_text())
+    assert submitted["playbook"] == "cartpole-ppo.yaml" and submitted["runner"]
+
+    code, listed, err = cli_json("jobs", "list", "-i", inventory)
+    assert code == 0, err[-2000:]
+    names = {j["job_id"]: j["playbook"] for j in listed["jobs"]}
+    assert names.get(home.name) == "cartpole-ppo.yaml", names  # the positive control
+    assert "old-keys.yaml" not in names.values(), names
+
+    # repeated from its results: the kept file, alone, validated and running again
+    code, out, err = cli_json(
+        "submit", "-i", inventory, "--results", str(tmp_path / "again"), "--detach",
+        str(home / "experiment.yaml"),
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    again = out["job_id"]
+    try:
+        assert again.startswith("cartpole-ppo-") and again != home.name
+        assert out["upload"]["files"] == 1, out["upload"]
+        deadline = time.monotonic() + 180
+        log = ""
+        while "provisioner: experiment cartpole-ppo" not in log and time.monotonic() < deadline:
+            time.sleep(2)
+            log = cli("jobs", "logs", again, "-i", inventory)[1]
+        assert "provisioner: experiment cartpole-ppo (experiment.yaml): PPO" in log, log[-2000:]
+    finally:
+        cli("jobs", "stop", again, "-i", inventory)
+    kept = tmp_path / "again" / again
+    assert (kept / "experiment.yaml").read_text() == EXPERIMENT
+    assert json.loads((kept / "config.json").read_text()) == config
