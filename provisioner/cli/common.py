@@ -59,6 +59,9 @@ def _thread_crashed(args: threading.ExceptHookArgs) -> None:
     print(f"the full traceback is in {name}; please report it", file=sys.stderr)
 
 
+ResultsOption = Annotated[
+    Path, typer.Option("--results", help="Where results/JOB/ directories are made.")
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 InventoryOption = Annotated[
     Path,

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from provisioner.cli.common import JsonOption, output
+from provisioner.cli.common import JsonOption, ResultsOption, output
 from provisioner.console import Output, plain, sgr_only
 from provisioner.errors import InputError
 from provisioner.jobs.place import (
@@ -60,9 +60,6 @@ AddressOption = Annotated[
 TokenOption = Annotated[
     Path | None,
     typer.Option("--token-file", help="The cluster's token (default: the inventory's)."),
-]
-ResultsOption = Annotated[
-    Path, typer.Option("--results", help="Where results/JOB/ directories are made.")
 ]
 
 

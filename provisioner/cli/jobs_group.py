@@ -10,11 +10,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from provisioner.cli.common import JsonOption, output
+from provisioner.cli.common import JsonOption, ResultsOption, output
 from provisioner.cli.jobs import (
     AddressOption,
     InventoryFile,
-    ResultsOption,
     TokenOption,
     VerboseOption,
     duration_text,

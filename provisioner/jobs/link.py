@@ -65,6 +65,13 @@ class Target:
     def cluster(self) -> str:
         return self.inventory.cluster if self.inventory else ""
 
+    @property
+    def node_count(self) -> int | None:
+        """The inventory's nodes (None: a cluster named by its address only, or a SLURM
+        inventory whose allocation is not read here)."""
+        inv = self.inventory
+        return len(inv.nodes) if inv is not None and inv.allocated else None
+
     @contextmanager
     def link(self) -> Iterator[Link]:
         from provisioner.cluster.tunnel import check_local_listener, tunnel

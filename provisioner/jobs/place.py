@@ -164,7 +164,7 @@ class Cluster(Place):
 
         spec = self.with_storage(spec)
         upload = hand_over(self.target, spec, self.handlers, self.prepare)
-        keep_submitted(self.results_root, spec)
+        keep_submitted(self.results_root, spec, self.target.node_count)
         return Submitted(spec.job_id, self.name, upload=upload)
 
     def follow(self, job: Submitted) -> JobOutcome:

@@ -8,12 +8,14 @@ must start fast (matplotlib costs about 0.4 s to import).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from provisioner.jobs.tables import column, read_rows
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from provisioner.jobs.compare import Band, Comparison
 
 TRAINING_PNG = "training.png"
 SCALING_PNG = "scaling.png"
@@ -58,6 +60,42 @@ def scaling_plot(scaling_csv: Path, out: Path) -> Path:
         ax.grid(alpha=0.3)
     fig.savefig(out, dpi=100)
     return out
+
+
+def compare_plot(comparison: Comparison, out: Path) -> Path:
+    """Mean return against env steps and against wall time: one line and its 95% band
+    per group (seeds of one config), each seed's own curve faint beneath."""
+    fig = _figure(12, 4.5)
+    by_steps, by_time = fig.subplots(1, 2, sharey=True)
+    for i, group in enumerate(comparison.groups):
+        colour = f"C{i % 10}"
+        for ax, axis, band in (
+            (by_steps, "env_steps", group.by_steps),
+            (by_time, "wall_s", group.by_time),
+        ):
+            for curve in group.curves:
+                ax.plot(getattr(curve, axis), curve.returns, color=colour, alpha=0.25, lw=0.8)
+            _band(ax, band, colour, f"{group.label} (n={len(group.curves)})")
+    by_steps.set_xlabel("env steps")
+    by_time.set_xlabel("wall time (s)")
+    by_steps.set_ylabel("mean episode return")
+    for ax in (by_steps, by_time):
+        ax.grid(alpha=0.3)
+        targets = {g.target for g in comparison.groups if g.target is not None}
+        for target in targets:
+            ax.axhline(target, color="grey", ls="--", lw=0.8)
+    by_steps.legend(fontsize="small", loc="best")
+    fig.suptitle("runs compared: mean and 95% interval over seeds")
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def _band(ax: Any, band: Band | None, colour: str, label: str) -> None:
+    if band is None:
+        return
+    ax.plot(band.x, band.mean, color=colour, lw=2, label=label)
+    if any(lo != hi for lo, hi in zip(band.low, band.high, strict=True)):
+        ax.fill_between(band.x, band.low, band.high, color=colour, alpha=0.2, lw=0)
 
 
 def plot_results(job_dir: Path, out: Path | None = None) -> list[Path]:

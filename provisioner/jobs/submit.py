@@ -66,9 +66,10 @@ class JobOutcome:
 SUBMITTED_FILE = "submitted.json"  # in results/JOB/: the job as it was handed over
 
 
-def keep_submitted(results_root: Path, spec: JobSpec) -> None:
+def keep_submitted(results_root: Path, spec: JobSpec, nodes: int | None = None) -> None:
     """results/JOB/submitted.json: the playbook (or experiment file) and its arguments as
-    handed to the cluster, kept with the run's results here (a run repeated from them)."""
+    handed to the cluster, kept with the run's results here (a run repeated from them),
+    and the number of nodes the cluster had (the inventory's; `compare`'s node-hours)."""
     import json
 
     from provisioner.remote.receive import ensure_directory, write_file
@@ -82,6 +83,7 @@ def keep_submitted(results_root: Path, spec: JobSpec) -> None:
         "runner": spec.runner or None,
         "attempt": spec.attempt,
         "resumed_from": spec.resumed_from or None,
+        "nodes": nodes,
         "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     write_file(home, SUBMITTED_FILE, (json.dumps(body, indent=1) + "\n").encode())
@@ -164,7 +166,7 @@ def submit(
     h = handlers or Handlers()
     home = results_root / spec.job_id
     upload = hand_over(target, spec, h, prepare)
-    keep_submitted(results_root, spec)
+    keep_submitted(results_root, spec, target.node_count)
     if detach:
         return JobOutcome(spec.job_id, "PENDING", Results(home), detached=True, upload=upload)
     outcome = follow_to_end(target, spec.job_id, results_root, h)

@@ -424,7 +424,7 @@ def test_a_playbook_runs_arguments_are_kept_with_its_results(tmp_path: Path) -> 
     book = tmp_path / "ppo_cartpole.py"
     book.write_text("print(1)\n")
     spec = make_spec(book, ["--lr", "0.001", "--max-iterations", "3"], job_id="ppo-1")
-    keep_submitted(tmp_path / "results", replace(spec, resumed_from="ppo-0"))
+    keep_submitted(tmp_path / "results", replace(spec, resumed_from="ppo-0"), nodes=3)
     kept = json.loads((tmp_path / "results" / "ppo-1" / SUBMITTED_FILE).read_text())
     assert {k: v for k, v in kept.items() if k != "submitted_at"} == {
         "job_id": "ppo-1",
@@ -433,6 +433,7 @@ def test_a_playbook_runs_arguments_are_kept_with_its_results(tmp_path: Path) -> 
         "runner": None,
         "attempt": 1,
         "resumed_from": "ppo-0",
+        "nodes": 3,  # the cluster's (the inventory's): compare's node-hours
     }
 
 
