@@ -43,7 +43,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "jobs": ("submit",),
     "jobs_group": ("jobs",),
     "sagemaker": ("sagemaker",),
-    "analysis": ("compare",),
+    "analysis": ("compare", "eval"),
 }
 
 

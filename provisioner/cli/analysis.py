@@ -1,18 +1,21 @@
-"""`provisioner compare`: runs home in RESULTS/ compared (plot and table); no cluster needed."""
+"""`provisioner compare` (runs home in RESULTS/ compared: plot and table; no cluster needed)
+and `provisioner eval` (a checkpoint evaluated on the cluster, with videos)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from provisioner.cli.common import JsonOption, ResultsOption, output
+from provisioner.console import Output
 
 
 def register(parent: typer.Typer) -> None:
     parent.command("compare")(compare_cmd)
+    parent.command("eval")(eval_cmd)
 
 
 RunsArgument = Annotated[
@@ -75,3 +78,90 @@ def compare_cmd(
     out.out.print(table)
     out.say("± : the half-width of the 95% interval of the mean over seeds (Student's t)")
     out.say(f"plot: {drawn}")
+
+
+SourceArgument = Annotated[
+    str,
+    typer.Argument(
+        help="A job whose results are home under --results, or a folder holding a checkpoint.",
+        metavar="JOB|PATH",
+        show_default=False,
+    ),
+]
+
+
+def eval_cmd(
+    source: SourceArgument,
+    inventory: Annotated[
+        Path | None,
+        typer.Option(
+            "-i",
+            "--inventory",
+            help="Inventory file (provisioner YAML, Ansible INI/YAML).",
+            envvar="PROVISIONER_INVENTORY",
+        ),
+    ] = None,
+    episodes: Annotated[
+        int, typer.Option("--episodes", "-n", help="Episodes run on the cluster's env runners.")
+    ] = 20,
+    video: Annotated[
+        int, typer.Option("--video", help="Episodes recorded as MP4 (rgb_array, headless).")
+    ] = 0,
+    results: ResultsOption = Path("results"),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Ray's noise too.")] = False,
+    json_: JsonOption = False,
+) -> None:
+    """Evaluate a trained checkpoint on the cluster: restore it with RLlib's
+    Algorithm.from_checkpoint, run N episodes without exploration on its env runners and
+    record K more as MP4; per-episode returns with mean, std and a 95% interval, and the
+    videos, home in RESULTS/JOB/eval-*/. JOB: its latest checkpoint (of its best trial)."""
+    import tempfile
+
+    from provisioner.cli.jobs import make_handlers, show_outcome
+    from provisioner.jobs.evaluate import check_counts, eval_spec, find_checkpoint, read_eval
+    from provisioner.jobs.place import Cluster, target_for
+
+    out = output(json_)
+    check_counts(episodes, video)
+    found = find_checkpoint(source, results)
+    target = target_for(inventory, None, None)
+    handlers = make_handlers(out, json_, verbose)
+    trained = (
+        f"; training return there {found.training_return:.2f}"
+        if found.training_return is not None
+        else ""
+    )
+    handlers.report(
+        f"evaluating {found.label} of {found.source}"
+        + (f" (best of {found.trials} trials)" if found.trials > 1 else "")
+        + trained
+    )
+    place = Cluster(target, found.home, handlers)
+    with tempfile.TemporaryDirectory(prefix="provisioner-eval-") as work:
+        spec = eval_spec(found, episodes, video, Path(work))
+        outcome = place.run(spec)
+    figures = read_eval(outcome.results.directory)
+    if json_:
+        out.emit({**outcome.to_json(), "eval": figures})
+        if not outcome.ok:
+            raise typer.Exit(1)
+        return
+    if figures is not None:
+        _say_figures(out, figures, outcome.results.directory)
+    show_outcome(out, json_, place, outcome)
+
+
+def _say_figures(out: Output, figures: dict[str, Any], home: Path) -> None:
+    ci = figures.get("ci95")
+    interval = f"; 95% interval of the mean [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+    out.say(
+        f"return {figures['mean']:.2f} ± {figures['std']:.2f} (std) over "
+        f"{figures['episodes']} episodes{interval}"
+    )
+    training = figures.get("training_return")
+    if isinstance(training, int | float):
+        out.say(f"training return at the checkpoint {training:.2f}")
+    for video in figures.get("videos") or []:
+        out.say(f"video: {home / video['file']} (return {video['return']:.2f})")
+    if figures.get("video_error"):
+        out.say(f"no video: {figures['video_error']}")

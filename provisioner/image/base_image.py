@@ -43,6 +43,9 @@ BASE_PACKAGES = (
     "ca-certificates",
     "iproute2",
     "procps",
+    # software OpenGL (Mesa's OSMesa): MuJoCo renders headless with it in the cluster image
+    # (`provisioner eval --video`; MUJOCO_GL=osmesa there)
+    "libosmesa6",
 )
 # The base `image build` takes, without --base, where it cannot build the Debian one (not
 # root, or no debootstrap) and it is on this machine: the official Python image of the
