@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_doctor
+import bench_experiments
 import bench_link
 import bench_project
 import bench_push
@@ -52,7 +53,8 @@ from provisioner.runtime.docker.push import PushOptions, push_image
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = (
-    "bring-up", "fan-out", "latency", "ssh", "push", "link", "training", "tls", "project", "scale"
+    "bring-up", "fan-out", "latency", "ssh", "push", "link", "training", "tls", "project",
+    "experiments", "scale"
 )  # fmt: skip
 DEFAULT_GROUPS = GROUPS[:-1]  # scale makes labs of its own (minutes, GBs): `--rows all`
 SCRIPT = ".venv/bin/python scripts/bench.py"
@@ -1156,6 +1158,69 @@ def rows_project(ctx: Context) -> list[Row]:
     ]
 
 
+def rows_experiments(ctx: Context) -> list[Row]:
+    """Issue 45's learning thresholds through the CLI: SAC on Pendulum reaches -400 or
+    better; CartPole PPO's evaluation returns at least 0.9 of its training return."""
+    subprocess.run(
+        [sys.executable, "-m", "provisioner", "up", "-i", str(ctx.inventory)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    log_file = ctx.args.out / "experiments.log"
+    log_file.write_text("")
+    try:
+        sac = ctx.rep.run(
+            "sac", lambda: bench_experiments.sac_pendulum(ctx.inventory, ctx.workdir, log_file)
+        )
+        seeds = ctx.rep.run(
+            "cartpole",
+            lambda: bench_experiments.cartpole_seeds(
+                ctx.inventory, ctx.workdir, ctx.args.out, log_file
+            ),
+        )
+    finally:
+        ctx.down()
+    best = ctx.fig("best return", "return", "sac", [sac["best_return"] if sac else None])
+    ratio_fig = ctx.fig("eval / training", "ratio", "cartpole", [seeds["ratio"] if seeds else None])
+    return [
+        Row(
+            "experiments",
+            "SAC on Pendulum-v1: best training return",
+            best,
+            None,
+            None,
+            "the best episode_return_mean of the run",
+            "≥ -400",
+            meets(best.median, lambda r: r >= -400) if best.runs else None,
+            "examples/experiments/pendulum-sac.yaml (RLlib's tuned example: stop at -250 or "
+            "20,000 env steps) through `provisioner submit`, on the lab cluster",
+            {"run": sac},
+            id="sac-pendulum-return",
+            value=best.median if best.runs else None,
+            value_unit="return",
+        ),
+        Row(
+            "experiments",
+            "CartPole PPO: evaluation over training return",
+            ratio_fig,
+            None,
+            None,
+            "eval's mean return over 20 episodes / the training return at the checkpoint",
+            "≥ 0.9",
+            meets(ratio_fig.median, lambda r: r >= 0.9) if ratio_fig.runs else None,
+            "examples/experiments/cartpole-ppo.yaml with seeds 0, 1, 2 stopped at return "
+            f"{bench_experiments.CARTPOLE_STOP:g}; `provisioner eval` of the best trial's last "
+            "checkpoint (no exploration, on the cluster's env runners); the three seeds "
+            "compared in bench-results/compare-cartpole-seeds.png, the recorded episode in "
+            "bench-results/eval-cartpole.mp4",
+            {"run": seeds},
+            id="eval-return-ratio",
+            value=ratio_fig.median if ratio_fig.runs else None,
+            value_unit="ratio",
+        ),
+    ]
+
+
 def rows_scale(ctx: Context) -> list[Row]:
     """Labs of each --scale-nodes size, one at a time (made here, removed after)."""
     args = ctx.args
@@ -1351,6 +1416,7 @@ ROWS: dict[str, Callable[[Context], list[Row]]] = {
     "training": rows_training,
     "tls": rows_tls,
     "project": rows_project,
+    "experiments": rows_experiments,
     "scale": rows_scale,
 }
 
@@ -1490,7 +1556,8 @@ def main(argv: list[str]) -> int:
         order = sorted(args.groups, key=lambda g: (g != "push", GROUPS.index(g)))
         try:
             for group in order:
-                if group in ("bring-up", "latency", "training", "tls", "project") and not pinned:
+                needs_pin = ("bring-up", "latency", "training", "tls", "project", "experiments")
+                if group in needs_pin and not pinned:
                     log("the pin on every node")
                     ctx.ensure_pin()
                     pinned = True

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # What `make demo`, `make test` and .ci/run need from the system, in one place:
 # Debian packages (docker.io, debootstrap, iproute2, openssh-client, rsync, iptables, make,
-# python3-venv, docker-compose, zstd and pigz: the push's compressors) and a Docker engine that answers. As root on Debian it installs and starts
+# python3-venv, docker-compose, zstd and pigz: the push's compressors; ffmpeg: the tests
+# check `eval --video`'s MP4s with its ffprobe) and a Docker engine that answers. As root on Debian it installs and starts
 # what is missing; anywhere else it prints the exact commands to run and exits 1.
 set -euo pipefail
 
 need=()
 for pair in docker:docker.io dockerd:docker.io debootstrap:debootstrap ip:iproute2 \
-            ssh:openssh-client rsync:rsync iptables:iptables make:make zstd:zstd pigz:pigz; do
+            ssh:openssh-client rsync:rsync iptables:iptables make:make zstd:zstd pigz:pigz \
+            ffprobe:ffmpeg; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)

@@ -2,7 +2,9 @@
 examples and a plain Tune script submitted as they are, their progress shown live from
 Tune's own results, their own lines, Ray's noise only under `--verbose`, no escape sequence
 off a terminal, Tune's folder home from the storage every node shares, a checkpoint made
-on a worker loaded here by `Algorithm.from_checkpoint`.
+on a worker loaded here by `Algorithm.from_checkpoint`. Then experiment files (issue 45):
+validated and run through Tune, three seeds compared (`compare`), checkpoints evaluated on
+the cluster with videos (`eval`: CartPole, and MuJoCo's humanoid rendered headless).
 
 On the two-network lab (conftest.data_lab: SSH on one network, Ray's traffic and the
 head's store on the other), in the second e2e process: the cluster is up for this module
@@ -11,6 +13,7 @@ and down at its end (the data network's own tests start from no cluster).
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import os
@@ -323,3 +326,137 @@ def test_an_experiment_file_runs_through_tune_and_keeps_its_file_and_config(
     kept = tmp_path / "again" / again
     assert (kept / "experiment.yaml").read_text() == EXPERIMENT
     assert json.loads((kept / "config.json").read_text()) == config
+
+
+SEEDS = EXPERIMENT.replace("seeds: [3]", "seeds: [1, 2, 3]").replace(
+    "cartpole-ppo:", "cartpole-seeds:"
+)
+
+
+def ffprobe(video: Path) -> dict[str, Any]:
+    """What ffprobe (the reference decoder) reads of the video's first stream, frames
+    counted by decoding them."""
+    done = subprocess.run(
+        ["ffprobe", "-v", "error", "-count_frames", "-select_streams", "v:0", "-show_entries",
+         "stream=codec_name,width,height,nb_read_frames", "-of", "json", str(video)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    (stream,) = json.loads(done.stdout)["streams"]
+    return dict(stream)
+
+
+def test_three_seeds_are_compared_and_the_best_checkpoint_evaluated_with_a_video(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    """Three seeds of one experiment file: `compare` draws them as one group (n=3, its
+    figures from the trials' own result.json); `eval` restores the best trial's last
+    checkpoint on the cluster with RLlib's Algorithm.from_checkpoint, runs 20 episodes on its
+    env runners and records one as MP4: eval.json and episodes.csv agree, the training return
+    it names is the trial's own at the restored iteration, and ffprobe decodes the video with
+    the frames the episode had (the reset's, then one per step)."""
+    book = tmp_path / "book"
+    book.mkdir()
+    (book / "cartpole-seeds.yaml").write_text(SEEDS)
+    results = tmp_path / "r"
+    code, shown = submit_as_a_user(inventory, results, book / "cartpole-seeds.yaml")
+    assert code == 0 and "SUCCEEDED" in shown, shown[-3000:]
+    (home,) = results.iterdir()
+    trials = sorted(home.glob("ray_results/cartpole-seeds/*/result.json"))
+    assert len(trials) == 3, sorted(str(p) for p in home.rglob("*"))[:40]
+    submitted = json.loads((home / "submitted.json").read_text())
+    assert submitted["nodes"] == len(lab.nodes)
+
+    png = tmp_path / "compare.png"
+    code, doc, err = cli_json("compare", "--results", str(results), home.name, "-o", str(png))
+    assert code == 0, err[-3000:]
+    (group,) = doc["groups"]
+    assert sorted(group["seeds"]) == [1, 2, 3] and group["final_return"]["n"] == 3
+    finals = []
+    for path in trials:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        finals.append(rows[-1]["env_runners"]["episode_return_mean"])
+    assert abs(group["final_return"]["mean"] - sum(finals) / 3) < 1e-9
+    assert group["node_hours"] and group["node_hours"] > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    code, doc, err = cli_json(
+        "eval", "-i", inventory, "--results", str(results), home.name,
+        "--episodes", "20", "--video", "1",
+    )  # fmt: skip
+    assert code == 0, (err[-3000:], doc.get("log_tail"))
+    (evaluated,) = home.glob("eval-*/eval.json")
+    figures = json.loads(evaluated.read_text())
+    assert doc["eval"] == figures
+    assert figures["episodes"] == 20 and figures["algorithm"] == "PPO"
+    assert figures["env"] == "CartPole-v1" and figures["explore"] is False
+    with (evaluated.parent / "episodes.csv").open() as f:
+        episodes = list(csv.DictReader(f))
+    returns = [float(e["return"]) for e in episodes]
+    assert len(returns) == 20 and abs(figures["mean"] - sum(returns) / 20) < 1e-9
+    cluster = {ray_address(n) for n in lab.nodes}
+    assert set(figures["nodes"]) <= cluster and figures["nodes"], figures["nodes"]
+    # the checkpoint of the best trial (its last return), taken at its last iteration
+    best = max(range(3), key=lambda i: finals[i])
+    rows = [json.loads(line) for line in trials[best].read_text().splitlines() if line.strip()]
+    assert figures["checkpoint"].startswith(
+        f"ray_results/cartpole-seeds/{trials[best].parent.name}/"
+    )
+    assert figures["training_iteration"] == rows[-1]["training_iteration"] == 2
+    assert figures["training_return"] == rows[-1]["env_runners"]["episode_return_mean"]
+    (video,) = figures["videos"]
+    path = evaluated.parent / video["file"]
+    probed = ffprobe(path)
+    assert probed["codec_name"] == "h264" and (probed["width"], probed["height"]) == (600, 400)
+    assert int(probed["nb_read_frames"]) == video["frames"] == video["length"] + 1, probed
+
+
+HUMANOID = """\
+# MuJoCo's humanoid (the thesis's PyBullet humanoid's MuJoCo counterpart), a few iterations
+humanoid-ppo:
+    env: Humanoid-v5
+    run: PPO
+    stop: {training_iteration: 2}
+    config:
+        num_epochs: 1
+        minibatch_size: 128
+        train_batch_size_per_learner: 400
+    seeds: [0]
+    checkpoint_frequency: 1
+    resources: {env_runners: 2}
+"""
+
+
+def test_a_mujoco_humanoid_trains_and_its_evaluation_is_recorded_headless(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    """MuJoCo's Humanoid-v5 (continuous actions, 17 of them) from an experiment file trains
+    two iterations on the cluster; its checkpoint's evaluation renders the humanoid through
+    OSMesa in the head's container (no display, no GPU): an MP4 ffprobe decodes, one frame
+    per step and the reset's, and a return that is the episode's."""
+    book = tmp_path / "book"
+    book.mkdir()
+    (book / "humanoid-ppo.yaml").write_text(HUMANOID)
+    results = tmp_path / "r"
+    code, shown = submit_as_a_user(inventory, results, book / "humanoid-ppo.yaml")
+    assert code == 0 and "SUCCEEDED" in shown, shown[-3000:]
+    (home,) = results.iterdir()
+    rows = tune_results_home(home)
+    assert max(r["training_iteration"] for r in rows) == 2
+    assert rows[-1]["config"]["env"] == "Humanoid-v5"
+
+    code, doc, err = cli_json(
+        "eval", "-i", inventory, "--results", str(results), home.name,
+        "--episodes", "2", "--video", "1",
+    )  # fmt: skip
+    assert code == 0, (err[-3000:], doc.get("log_tail"))
+    (evaluated,) = home.glob("eval-*/eval.json")
+    figures = json.loads(evaluated.read_text())
+    assert figures["env"] == "Humanoid-v5" and figures["episodes"] == 2
+    assert figures["video_error"] is None
+    (video,) = figures["videos"]
+    probed = ffprobe(evaluated.parent / video["file"])
+    assert probed["codec_name"] == "h264" and (probed["width"], probed["height"]) == (480, 480)
+    assert int(probed["nb_read_frames"]) == video["frames"] == video["length"] + 1, probed
+    # Humanoid-v5 pays 5 for each step it stays up (not the last, where it falls), less a
+    # little for its controls: the return is about 5 per step
+    assert 4 * (video["length"] - 1) <= video["return"] <= 6 * video["length"], video

@@ -1,0 +1,111 @@
+"""The experiment rows of `make bench` (`--rows experiments`): what issue 45's learning
+thresholds ask, measured through the CLI as a user runs it, on the bench's lab cluster.
+
+- SAC on Pendulum-v1 (continuous actions), examples/experiments/pendulum-sac.yaml
+  (RLlib's tuned example): the best training return it reaches (target -400 or better);
+- CartPole PPO, examples/experiments/cartpole-ppo.yaml with three seeds and a stop at
+  return 200: `compare` of the three seeds (the plot kept as
+  bench-results/compare-cartpole-seeds.png) and `eval` of the best trial's last checkpoint
+  (20 episodes on the cluster, one video): its mean return over the training return at
+  that checkpoint (target >= 0.9).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "experiments"
+CLI = (sys.executable, "-m", "provisioner")
+CARTPOLE_STOP = 200.0  # the seeds' stop: a policy that has learned, in minutes
+
+
+def _run(args: list[str], log: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    with log.open("a") as f:
+        f.write(f"$ provisioner {' '.join(args)}\n{done.stdout}\n{done.stderr}\n")
+    return done
+
+
+def _submit(inventory: Path, file: Path, results: Path, log: Path) -> tuple[Path, float]:
+    """`submit FILE` to its end: the job's results home and the seconds it took."""
+    t0 = time.monotonic()
+    done = _run(["submit", "-i", str(inventory), "--results", str(results), str(file)], log, 7200)
+    seconds = time.monotonic() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"submit {file.name} failed: {done.stderr[-2000:]}")
+    homes = sorted(p for p in results.iterdir() if p.is_dir())
+    return homes[-1], seconds
+
+
+def _returns(home: Path) -> list[list[float]]:
+    """Each trial's training returns, in order (Tune's result.json)."""
+    found = []
+    for path in sorted(home.glob("ray_results/*/*/result.json")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        values = [r.get("env_runners", {}).get("episode_return_mean") for r in rows]
+        found.append([float(v) for v in values if isinstance(v, int | float) and v == v])
+    return found
+
+
+def sac_pendulum(inventory: Path, workdir: Path, log: Path) -> dict[str, Any]:
+    results = workdir / "sac"
+    results.mkdir(parents=True, exist_ok=True)
+    home, seconds = _submit(inventory, EXAMPLES / "pendulum-sac.yaml", results, log)
+    (returns,) = _returns(home)
+    return {
+        "job": home.name,
+        "seconds": round(seconds, 1),
+        "best_return": max(returns),
+        "final_return": returns[-1],
+        "iterations": len(returns),
+    }
+
+
+def cartpole_seeds(inventory: Path, workdir: Path, out: Path, log: Path) -> dict[str, Any]:
+    """Three seeds to return 200, compared; the best one's checkpoint evaluated."""
+    source = yaml.safe_load((EXAMPLES / "cartpole-ppo.yaml").read_text())
+    body = source["cartpole-ppo"]
+    body["seeds"] = [0, 1, 2]
+    body["stop"] = {"env_runners/episode_return_mean": CARTPOLE_STOP, "training_iteration": 60}
+    book = workdir / "book"
+    book.mkdir(parents=True, exist_ok=True)
+    file = book / "cartpole-ppo-seeds.yaml"
+    file.write_text(yaml.safe_dump({"cartpole-ppo-seeds": body}, sort_keys=False))
+    results = workdir / "cartpole"
+    results.mkdir(parents=True, exist_ok=True)
+    home, seconds = _submit(inventory, file, results, log)
+    png = out / "compare-cartpole-seeds.png"
+    compared = _run(
+        ["compare", "--results", str(results), home.name, "-o", str(png), "--json"], log, 600
+    )
+    if compared.returncode != 0:
+        raise RuntimeError(f"compare failed: {compared.stderr[-2000:]}")
+    evaluated = _run(
+        ["eval", "-i", str(inventory), "--results", str(results), home.name,
+         "--episodes", "20", "--video", "1", "--json"],
+        log, 1800,
+    )  # fmt: skip
+    if evaluated.returncode != 0:
+        raise RuntimeError(f"eval failed: {evaluated.stderr[-2000:]}")
+    figures = json.loads(evaluated.stdout)["eval"]
+    video = figures["videos"][0] if figures.get("videos") else None
+    if video is not None:  # the recorded episode, kept beside the plot
+        shutil.copy(next(home.glob("eval-*")) / video["file"], out / "eval-cartpole.mp4")
+    return {
+        "job": home.name,
+        "seconds": round(seconds, 1),
+        "compare": json.loads(compared.stdout),
+        "eval": figures,
+        "ratio": figures["ratio_to_training"],
+    }
