@@ -118,6 +118,15 @@ def submit_cmd(
             "(default: the inventory's price_per_node_hour).",
         ),
     ] = None,
+    max_concurrent: Annotated[
+        int | None,
+        typer.Option(
+            "--max-concurrent",
+            min=1,
+            help="An experiment file's sweep: at most N trials at once (default: as many as "
+            "the cluster's resources allow).",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
     show_upload: Annotated[
         bool,
@@ -147,8 +156,14 @@ def submit_cmd(
                 f"an experiment file takes no arguments (given: {' '.join(args)})",
                 f"set them in {playbook.name} (its config, stop, seeds, resources)",
             )
-        spec = experiment_spec(read_experiment(playbook)[0])
+        spec = experiment_spec(read_experiment(playbook)[0], max_concurrent=max_concurrent)
     else:
+        if max_concurrent is not None:
+            raise InputError(
+                "--max-concurrent bounds the trials of an experiment file's sweep; "
+                f"{playbook.name} is a script",
+                "set it in your script (tune.TuneConfig(max_concurrent_trials=N)), or drop it",
+            )
         spec = make_spec(playbook, args or [])
     if show_upload:
         _show_upload(out, upload_for(spec), json_)
@@ -161,7 +176,9 @@ def submit_cmd(
     target = target_for(inventory, address, token_file)
     handlers = make_handlers(out, json_, verbose)
     if experiment:  # validated before anything is sent (exit 2); kept in RESULTS/JOB/
-        spec = prepare_experiment(target, playbook, results, handlers.report)
+        spec = prepare_experiment(
+            target, playbook, results, handlers.report, max_concurrent=max_concurrent
+        )
     spec = priced(spec, price, target.inventory.price_per_node_hour if target.inventory else None)
     place = Cluster(target, results, handlers, detach=detach, retries=retries or None)
     if resume is not None:

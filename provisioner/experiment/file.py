@@ -12,6 +12,11 @@
       checkpoint_frequency: 10    # a checkpoint every N iterations
       evaluation: {episodes: 20, video: 2}
       resources: {env_runners: 4, cpus_per_env_runner: 1, learners: 1, gpus_per_learner: 0}
+      # a sweep (`experiment.search`): Tune's search spaces in `config`, and
+      num_samples: 4              # samples of its random spaces (default 1)
+      scheduler: {type: asha, max_t: 50, grace_period: 5}
+      metric: env_runners/episode_return_mean   # the best trial's (default), and
+      mode: max
 
 `load_experiment` refuses only what makes the file no experiment at all (not YAML, not one
 name mapping to keys); every other mistake is found by `validate` with its file and line.
@@ -32,7 +37,8 @@ from provisioner.errors import InputError
 # The keys under the experiment's name: RLlib's own, then what a cluster run adds.
 RLLIB_KEYS = ("env", "run", "stop", "config")
 EXTRA_KEYS = ("seeds", "checkpoint_frequency", "evaluation", "resources")
-TOP_KEYS = RLLIB_KEYS + EXTRA_KEYS
+SWEEP_KEYS = ("num_samples", "scheduler", "metric", "mode")
+TOP_KEYS = RLLIB_KEYS + EXTRA_KEYS + SWEEP_KEYS
 DEFAULT_SEEDS = (0,)
 
 Path_ = tuple[str, ...]  # a key's place: ("config", "lr")
@@ -65,6 +71,10 @@ class Experiment:
     checkpoint_frequency: Any = None
     evaluation: Any = None
     resources: Any = None
+    num_samples: Any = 1
+    scheduler: Any = None
+    metric: Any = None
+    mode: Any = None
     written: frozenset[str] = frozenset()  # the keys the file has under the name
     unknown: Mapping[str, Any] = field(default_factory=dict)  # keys not in TOP_KEYS
     lines: Mapping[Path_, int] = field(default_factory=dict)
@@ -182,6 +192,10 @@ def parse_experiment(path: Path, text: str) -> Experiment:
         checkpoint_frequency=known.get("checkpoint_frequency"),
         evaluation=known.get("evaluation"),
         resources=known.get("resources"),
+        num_samples=known.get("num_samples", 1),
+        scheduler=known.get("scheduler"),
+        metric=known.get("metric"),
+        mode=known.get("mode"),
         written=frozenset(known),
         unknown={k: v for k, v in body.items() if k not in TOP_KEYS},
         lines=own,

@@ -12,6 +12,16 @@ from provisioner.errors import InputError
 from provisioner.experiment.facts import Algorithm, Facts
 from provisioner.experiment.file import TOP_KEYS, Experiment
 from provisioner.experiment.resolve import RESOURCE_KEYS, bundles, resolved_config
+from provisioner.experiment.search import (
+    MODES,
+    RANDOM,
+    SCHEDULERS,
+    SPACES,
+    examples,
+    looks_like_a_space,
+    space_of,
+    space_problem,
+)
 
 EVALUATION_KEYS = ("episodes", "video")
 
@@ -193,16 +203,35 @@ def _config(j: _Judge, algorithm: Algorithm | None) -> None:
             )
             continue
         default = algorithm.defaults.get(algorithm.stored_as(key))
-        if (isinstance(default, bool) and not isinstance(value, bool)) or (
-            _number(default) and not (_number(value) or value is None)
-        ):
-            kind = "true or false" if isinstance(default, bool) else "a number"
+        typo = looks_like_a_space(value)
+        if typo is not None:
             j.add(
                 at,
-                f"config.{key}: {_shown(value)}, {algorithm.name}'s {key} is {kind} "
-                f"(default {default!r})",
-                f"write {kind}",
+                f"config.{key}: `{next(iter(value))}` is no search space",
+                f"did you mean '{typo}'? (the spaces: {', '.join(SPACES)})",
             )
+            continue
+        space = space_of(value)
+        if space is not None:
+            problem = space_problem(*space)
+            if problem is not None:
+                j.add(at, f"config.{key}: {problem}", "see README, 'Sweeps'")
+                continue
+            if key in RESOURCE_KEYS.values():
+                j.add(at, f"config.{key}: the resources are not swept", "give one value")
+                continue
+        for candidate in examples(*space) if space is not None else [value]:
+            if (isinstance(default, bool) and not isinstance(candidate, bool)) or (
+                _number(default) and not (_number(candidate) or candidate is None)
+            ):
+                kind = "true or false" if isinstance(default, bool) else "a number"
+                j.add(
+                    at,
+                    f"config.{key}: {_shown(candidate)}, {algorithm.name}'s {key} is {kind} "
+                    f"(default {default!r})",
+                    f"write {kind}",
+                )
+                break
     if exp.env is not None and "env" in config and config["env"] != exp.env:
         j.add(
             ("config", "env"),
@@ -301,6 +330,95 @@ def _evaluation(j: _Judge) -> None:
             f"evaluation.video: {video} recorded episodes of {episodes} evaluated",
             f"record at most {episodes}",
         )
+
+
+def _sweep(j: _Judge, algorithm: Algorithm | None) -> None:
+    exp = j.exp
+    n = exp.num_samples
+    if not (_integer(n) and n >= 1):
+        j.add(
+            ("num_samples",),
+            f"num_samples: {_shown(n)}, not a whole number >= 1",
+            "write how many samples of the random spaces to run, e.g. 4",
+        )
+    elif n > 1 and not any(
+        (s := space_of(v)) is not None and s[0] in RANDOM
+        for v in (exp.config.values() if isinstance(exp.config, dict) else ())
+    ):
+        j.add(
+            ("num_samples",),
+            f"num_samples: {n} with no random space in config (each sample would repeat the "
+            "same trials)",
+            "add a choice/uniform/loguniform/randint to config, or more seeds instead",
+        )
+    if exp.metric is not None and not (isinstance(exp.metric, str) and exp.metric):
+        j.add(("metric",), f"metric: {_shown(exp.metric)}, not a metric's name", "write e.g. "
+              "`metric: env_runners/episode_return_mean`")  # fmt: skip
+    if exp.mode is not None and exp.mode not in MODES:
+        j.add(("mode",), f"mode: {_shown(exp.mode)}", "write `mode: max` or `mode: min`")
+    sched = exp.scheduler
+    if sched is None:
+        return
+    if not isinstance(sched, dict) or "type" not in sched:
+        j.add(
+            ("scheduler",),
+            f"scheduler: {_shown(sched)}, not a mapping with a type",
+            f"write e.g. `scheduler: {{type: asha, max_t: 50}}` (types: {', '.join(SCHEDULERS)})",
+        )
+        return
+    kind = str(sched["type"]).lower()
+    if kind not in SCHEDULERS:
+        j.add(
+            ("scheduler", "type"),
+            f"scheduler type `{sched['type']}` is not one provisioner runs",
+            _did_you_mean(kind, SCHEDULERS, f"the types: {', '.join(SCHEDULERS)}"),
+        )
+        return
+    allowed = SCHEDULERS[kind]
+    for key, value in sched.items():
+        if key == "type":
+            continue
+        if key not in allowed:
+            j.add(
+                ("scheduler", key),
+                f"unknown key `scheduler.{key}` for {kind}",
+                _did_you_mean(key, allowed, f"{kind} takes: {', '.join(allowed)}"),
+            )
+        elif key in ("max_t", "grace_period", "perturbation_interval") and not (
+            _integer(value) and value >= 1
+        ):
+            j.add(("scheduler", key), f"scheduler.{key}: {_shown(value)}", "a whole number >= 1")
+    if kind == "pbt":
+        mutations = sched.get("hyperparam_mutations")
+        if not isinstance(mutations, dict) or not mutations:
+            j.add(
+                ("scheduler",),
+                "pbt needs hyperparam_mutations: the config keys it perturbs",
+                "write e.g. `hyperparam_mutations: {lr: {uniform: [1.0e-5, 1.0e-3]}}`",
+            )
+        elif algorithm is not None:
+            for key, value in mutations.items():
+                if key not in algorithm.keys:
+                    j.add(
+                        ("scheduler", "hyperparam_mutations", key),
+                        f"pbt mutates `{key}`, which is no config key of {algorithm.name}",
+                        _did_you_mean(key, algorithm.keys, "name a config key"),
+                    )
+                space = space_of(value)
+                if not (isinstance(value, list) and value) and not (
+                    space is not None and space_problem(*space) is None
+                ):
+                    j.add(
+                        ("scheduler", "hyperparam_mutations", key),
+                        f"pbt's values for `{key}`: {_shown(value)}",
+                        "a list of values, or a space such as {uniform: [low, high]}",
+                    )
+        if not exp.checkpoint_frequency:
+            j.add(
+                ("scheduler",),
+                "pbt copies the best trials' checkpoints into the others: the file makes none",
+                "add checkpoint_frequency (at most the perturbation_interval)",
+            )
 
 
 def _resources(j: _Judge) -> None:
@@ -414,6 +532,7 @@ def validate(
     _checkpoint_frequency(j)
     _evaluation(j)
     _resources(j)
+    _sweep(j, algorithm)
     if cluster is not None and algorithm is not None and not j.problems:
         _fits(j, exp, facts, cluster)
     return sorted(j.problems, key=lambda p: p.line)

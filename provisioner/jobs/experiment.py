@@ -34,6 +34,7 @@ from provisioner.experiment import (
     validate,
 )
 from provisioner.experiment.resolve import overrides
+from provisioner.experiment.search import trial_count
 from provisioner.jobs.link import Target
 from provisioner.jobs.spec import JobSpec, check_job_id, job_id_for
 from provisioner.jobs.submit import SUBMITTED_FILE
@@ -65,10 +66,11 @@ def read_experiment(path: Path) -> tuple[Experiment, bytes]:
     return parse_experiment(path, text), data
 
 
-def runner_args(exp: Experiment) -> tuple[str, str]:
+def runner_args(exp: Experiment, max_concurrent: int | None = None) -> tuple[str, str]:
     """The runner's arguments (pure): the file's name, then what it runs as one JSON
     argument (the keys the file sets as AlgorithmConfig keys, without the seed: the runner
-    grids over `seeds`). For a file `validate` passes."""
+    grids over `seeds`; a sweep's spaces as written, its samples, scheduler, metric and
+    mode; the bound on trials at once). For a file `validate` passes."""
     body = {
         "name": exp.name,
         "run": exp.run,
@@ -77,10 +79,20 @@ def runner_args(exp: Experiment) -> tuple[str, str]:
         "seeds": list(exp.seeds),
         "checkpoint_frequency": exp.checkpoint_frequency,
     }
+    sweep = {
+        "num_samples": exp.num_samples if exp.num_samples != 1 else None,
+        "scheduler": exp.scheduler,
+        "metric": exp.metric,
+        "mode": exp.mode,
+        "max_concurrent": max_concurrent,
+    }
+    body.update({k: v for k, v in sweep.items() if v is not None})  # a sweep's, when set
     return exp.path.name, json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
-def experiment_spec(exp: Experiment, job_id: str | None = None) -> JobSpec:
+def experiment_spec(
+    exp: Experiment, job_id: str | None = None, max_concurrent: int | None = None
+) -> JobSpec:
     """The job of an experiment file: its folder the working_dir, the runner its driver,
     the job id from the experiment's name (`cartpole-ppo-20261206-101500-a1b2c3d4e5f6`). A file
     kept in a job's results (results/JOB/experiment.yaml, run again) travels alone: not
@@ -89,7 +101,11 @@ def experiment_spec(exp: Experiment, job_id: str | None = None) -> JobSpec:
     job = check_job_id(job_id) if job_id else job_id_for(Path(f"{exp.name}.yaml"))
     excludes = alone(path) if (path.parent / SUBMITTED_FILE).is_file() else ()
     return JobSpec(
-        playbook=path, args=runner_args(exp), job_id=job, runner=RUNNER_NAME, excludes=excludes
+        playbook=path,
+        args=runner_args(exp, max_concurrent),
+        job_id=job,
+        runner=RUNNER_NAME,
+        excludes=excludes,
     )
 
 
@@ -193,7 +209,11 @@ def cluster_capacity(target: Target) -> ClusterCapacity:
 
 
 def prepare_experiment(
-    target: Target, path: Path, results_root: Path, report: Reporter = quiet
+    target: Target,
+    path: Path,
+    results_root: Path,
+    report: Reporter = quiet,
+    max_concurrent: int | None = None,
 ) -> JobSpec:
     """Read and validate the experiment file (facts, then the cluster's capacity), keep it
     and its resolved config in results/JOB/, and return its job. Nothing is sent to the
@@ -217,10 +237,13 @@ def prepare_experiment(
         raise_problems(validate(exp, facts))
     capacity = cluster_capacity(target)
     check(exp, facts, capacity)
+    trials = trial_count(exp.config, len(exp.seeds), int(exp.num_samples))
     report(
-        f"{exp.path.name}: {exp.run} on {exp.env}, {len(exp.seeds)} seed(s); the cluster has "
-        f"{capacity.cpus:g} CPUs and {capacity.gpus:g} GPUs on {len(capacity.nodes)} node(s)"
+        f"{exp.path.name}: {exp.run} on {exp.env}, {len(exp.seeds)} seed(s)"
+        + (f", {trials} trials" if trials > len(exp.seeds) else "")
+        + f"; the cluster has {capacity.cpus:g} CPUs and {capacity.gpus:g} GPUs on "
+        f"{len(capacity.nodes)} node(s)"
     )
-    spec = experiment_spec(exp)
+    spec = experiment_spec(exp, max_concurrent=max_concurrent)
     keep(results_root / spec.job_id, kept_files(exp, written, facts))
     return spec
