@@ -662,3 +662,30 @@ def test_a_sweep_of_eight_trials_survives_a_lost_worker_and_names_the_best(
     for trial in kept:  # run once: each iteration once
         assert iterations[trial] == [1, 2, 3, 4, 5, 6], (trial, iterations[trial])
     assert (home / "trials.csv").read_text().count("\n") == 9
+
+
+def test_asha_stops_the_weak_trials_of_a_sweep_early(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    """The same sweep under ASHA (max_t 6, grace 1, halving): trials below the median at a
+    rung end there; every trial ends well, some before six iterations (said in sweep.json),
+    at least one goes to six, and the best one is named."""
+    book = tmp_path / "book"
+    book.mkdir()
+    asha = SWEEP.replace("cartpole-sweep:", "cartpole-asha:") + (
+        "    scheduler: {type: asha, max_t: 6, grace_period: 1, reduction_factor: 2}\n"
+    )
+    (book / "cartpole-asha.yaml").write_text(asha)
+    code, out, err = cli(
+        "submit", "-i", inventory, "--results", str(tmp_path / "r"), "--json",
+        "--max-concurrent", "4", str(book / "cartpole-asha.yaml"),
+    )  # fmt: skip
+    doc = json.loads(out)
+    assert code == 0 and doc["status"] == "SUCCEEDED", err[-4000:]
+    sweep = json.loads((tmp_path / "r" / doc["job_id"] / "sweep.json").read_text())
+    trials = sweep["trials"]
+    assert len(trials) == 8 and all(t["status"] == "TERMINATED" for t in trials), trials
+    early = [t for t in trials if t["stopped_early"]]
+    assert early and all(t["iterations"] < 6 for t in early), trials
+    assert any(t["iterations"] == 6 for t in trials), trials
+    assert sweep["best"] == max(trials, key=lambda t: t["final"])["trial"]
