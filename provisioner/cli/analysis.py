@@ -4,13 +4,12 @@ and `provisioner eval` (a checkpoint evaluated on the cluster, with videos)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from provisioner.cli.common import JsonOption, ResultsOption, output
-from provisioner.console import Output
 
 
 def register(parent: typer.Typer) -> None:
@@ -115,31 +114,23 @@ def eval_cmd(
     Algorithm.from_checkpoint, run N episodes without exploration on its env runners and
     record K more as MP4; per-episode returns with mean, std and a 95% interval, and the
     videos, home in RESULTS/JOB/eval-*/. JOB: its latest checkpoint (of its best trial)."""
-    import tempfile
-
-    from provisioner.cli.jobs import make_handlers, show_outcome
-    from provisioner.jobs.evaluate import check_counts, eval_spec, find_checkpoint, read_eval
-    from provisioner.jobs.place import Cluster, target_for
+    from provisioner.cli.jobs import make_handlers, say_figures, show_outcome
+    from provisioner.jobs.place import (
+        Cluster,
+        check_counts,
+        evaluate,
+        find_checkpoint,
+        read_eval,
+        target_for,
+    )
 
     out = output(json_)
     check_counts(episodes, video)
-    found = find_checkpoint(source, results)
+    found = find_checkpoint(source, results)  # bad input before any connection
     target = target_for(inventory, None, None)
     handlers = make_handlers(out, json_, verbose)
-    trained = (
-        f"; training return there {found.training_return:.2f}"
-        if found.training_return is not None
-        else ""
-    )
-    handlers.report(
-        f"evaluating {found.label} of {found.source}"
-        + (f" (best of {found.trials} trials)" if found.trials > 1 else "")
-        + trained
-    )
+    outcome = evaluate(target, found, episodes, video, handlers)
     place = Cluster(target, found.home, handlers)
-    with tempfile.TemporaryDirectory(prefix="provisioner-eval-") as work:
-        spec = eval_spec(found, episodes, video, Path(work))
-        outcome = place.run(spec)
     figures = read_eval(outcome.results.directory)
     if json_:
         out.emit({**outcome.to_json(), "eval": figures})
@@ -147,21 +138,5 @@ def eval_cmd(
             raise typer.Exit(1)
         return
     if figures is not None:
-        _say_figures(out, figures, outcome.results.directory)
+        say_figures(out, figures, outcome.results.directory)
     show_outcome(out, json_, place, outcome)
-
-
-def _say_figures(out: Output, figures: dict[str, Any], home: Path) -> None:
-    ci = figures.get("ci95")
-    interval = f"; 95% interval of the mean [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
-    out.say(
-        f"return {figures['mean']:.2f} ± {figures['std']:.2f} (std) over "
-        f"{figures['episodes']} episodes{interval}"
-    )
-    training = figures.get("training_return")
-    if isinstance(training, int | float):
-        out.say(f"training return at the checkpoint {training:.2f}")
-    for video in figures.get("videos") or []:
-        out.say(f"video: {home / video['file']} (return {video['return']:.2f})")
-    if figures.get("video_error"):
-        out.say(f"no video: {figures['video_error']}")

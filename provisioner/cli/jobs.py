@@ -23,14 +23,18 @@ from provisioner.jobs.place import (
     JobOutcome,
     NoiseFilter,
     Place,
+    Target,
     Upload,
     asks_for_help,
+    evaluate,
     experiment_spec,
+    find_checkpoint,
     is_experiment,
     local_help,
     make_spec,
     prepare_experiment,
     priced,
+    read_eval,
     read_experiment,
     read_rows,
     target_for,
@@ -183,7 +187,38 @@ def submit_cmd(
     place = Cluster(target, results, handlers, detach=detach, retries=retries or None)
     if resume is not None:
         spec = place.resume(spec, resume)
-    show_outcome(out, json_, place, place.run(spec))
+    outcome = place.run(spec)
+    evaluation = read_experiment(playbook)[0].evaluation if experiment else None
+    evaluated = True
+    if isinstance(evaluation, dict) and outcome.ok and not outcome.detached:
+        evaluated = _evaluate_after(out, json_, target, results, outcome, evaluation, handlers)
+    show_outcome(out, json_, place, outcome)
+    if not evaluated:
+        out.err.print("[bold red]the evaluation failed[/bold red]", markup=True)
+        raise typer.Exit(1)
+
+
+def _evaluate_after(
+    out: Output,
+    json_: bool,
+    target: Target,
+    results: Path,
+    trained: JobOutcome,
+    evaluation: dict[str, Any],
+    handlers: Handlers,
+) -> bool:
+    """An experiment file's `evaluation:` once its training ended well: `provisioner eval`
+    of the job (its figures shown, and in the job's JSON as `evaluation`); whether it
+    ended well (a failed one fails the submit: exit 1, the training's results kept)."""
+    episodes = int(evaluation.get("episodes") or 20)
+    video = int(evaluation.get("video") or 0)
+    found = find_checkpoint(trained.job_id, results)
+    outcome = evaluate(target, found, episodes, video, handlers)
+    figures = read_eval(outcome.results.directory)
+    trained.evaluation = {"job_id": outcome.job_id, "status": outcome.status, "eval": figures}
+    if figures is not None and not json_:
+        say_figures(out, figures, outcome.results.directory)
+    return outcome.ok
 
 
 def _show_upload(out: Output, upload: Upload, json_: bool) -> None:
@@ -197,6 +232,23 @@ def _show_upload(out: Output, upload: Upload, json_: bool) -> None:
         "(control it with .gitignore or .rayignore in that directory; "
         "see docs/guide.md, 'What is sent')"
     )
+
+
+def say_figures(out: Output, figures: dict[str, Any], home: Path) -> None:
+    """An evaluation's figures (eval.json) as lines."""
+    ci = figures.get("ci95")
+    interval = f"; 95% interval of the mean [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+    out.say(
+        f"return {figures['mean']:.2f} ± {figures['std']:.2f} (std) over "
+        f"{figures['episodes']} episodes{interval}"
+    )
+    training = figures.get("training_return")
+    if isinstance(training, int | float):
+        out.say(f"training return at the checkpoint {training:.2f}")
+    for video in figures.get("videos") or []:
+        out.say(f"video: {home / video['file']} (return {video['return']:.2f})")
+    if figures.get("video_error"):
+        out.say(f"no video: {figures['video_error']}")
 
 
 def make_handlers(out: Output, json_: bool, verbose: bool) -> Handlers:

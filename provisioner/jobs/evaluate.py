@@ -7,7 +7,7 @@ SageMaker job's files), with the training return at it (Tune's result for that
 checkpoint, or the playbook's metrics.csv row of its iteration). Where a run holds several
 trials (seeds, a sweep), the latest checkpoint of the trial whose last return is best.
 
-Then a job like any other, through the place it runs (`jobs.place.Cluster`): its
+Then a job like any other, through the place it runs (`jobs.place.evaluate`): its
 working_dir a folder of the checkpoint and the runner (`experiment/eval_runner.py`),
 its results home under results/JOB/eval-*/ (eval.json, episodes.csv, videos/*.mp4).
 """

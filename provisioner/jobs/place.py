@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from provisioner.errors import InputError
+from provisioner.jobs.evaluate import Found, check_counts, eval_spec, find_checkpoint, read_eval
 from provisioner.jobs.experiment import (
     experiment_spec,
     is_experiment,
@@ -246,6 +247,30 @@ class Cluster(Place):
             return control.stop(link, job_id)
 
 
+def evaluate(
+    target: Target, found: Found, episodes: int, video: int, handlers: Handlers
+) -> JobOutcome:
+    """`provisioner eval`: the checkpoint `found` evaluated by a job on the cluster (its
+    runner and the checkpoint's copy the working_dir), followed to its end; its results
+    home in RESULTS/NAME/eval-*/ (`read_eval` of the outcome's folder: the figures)."""
+    import tempfile
+
+    check_counts(episodes, video)
+    trained = (
+        f"; training return there {found.training_return:.2f}"
+        if found.training_return is not None
+        else ""
+    )
+    handlers.report(
+        f"evaluating {found.label} of {found.source}"
+        + (f" (best of {found.trials} trials)" if found.trials > 1 else "")
+        + trained
+    )
+    place = Cluster(target, found.home, handlers)
+    with tempfile.TemporaryDirectory(prefix="provisioner-eval-") as work:
+        return place.run(eval_spec(found, episodes, video, Path(work)))
+
+
 # what the scheduler runs, where its output and results are (`slurm.sbatch`'s script)
 SBATCH_OUTPUT = "NAME-JOBID.out in the folder sbatch ran in"
 SBATCH_RESULTS = "$RESULTS_DIR (default $HOME/provisioner-results/NAME-JOBID) of the batch host"
@@ -322,6 +347,7 @@ class Sbatch(Place):
 __all__ = [
     "Cluster",
     "Cost",
+    "Found",
     "Handlers",
     "JobOutcome",
     "JobSpec",
@@ -330,16 +356,21 @@ __all__ = [
     "Results",
     "Sbatch",
     "Submitted",
+    "Target",
     "Upload",
     "asks_for_help",
+    "check_counts",
     "check_job_id",
+    "evaluate",
     "experiment_spec",
+    "find_checkpoint",
     "finish",
     "is_experiment",
     "local_help",
     "make_spec",
     "prepare_experiment",
     "priced",
+    "read_eval",
     "read_experiment",
     "read_rows",
     "target_for",

@@ -43,6 +43,8 @@ class JobOutcome:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     upload: Upload | None = None  # what was sent of the playbook's directory
     lost_node: bool = False  # the job's log shows a node, worker or head going away
+    # an experiment file's evaluation after it (its job, status and eval.json's figures)
+    evaluation: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -60,6 +62,7 @@ class JobOutcome:
             "log_tail": self.log_tail,
             "attempts": self.attempts,
             "upload": self.upload.to_json() if self.upload else None,
+            **({"evaluation": self.evaluation} if self.evaluation is not None else {}),
         }
 
 

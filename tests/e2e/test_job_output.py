@@ -423,6 +423,7 @@ humanoid-ppo:
     seeds: [0]
     checkpoint_frequency: 1
     resources: {env_runners: 2}
+    evaluation: {episodes: 2, video: 1}
 """
 
 
@@ -430,27 +431,26 @@ def test_a_mujoco_humanoid_trains_and_its_evaluation_is_recorded_headless(
     inventory: str, lab: LabInfo, tmp_path: Path
 ) -> None:
     """MuJoCo's Humanoid-v5 (continuous actions, 17 of them) from an experiment file trains
-    two iterations on the cluster; its checkpoint's evaluation renders the humanoid through
-    OSMesa in the head's container (no display, no GPU): an MP4 ffprobe decodes, one frame
-    per step and the reset's, and a return that is the episode's."""
+    two iterations on the cluster; the file's `evaluation:` then evaluates its checkpoint,
+    rendering the humanoid through OSMesa in the head's container (no display, no GPU): an
+    MP4 ffprobe decodes, one frame per step and the reset's, and a return that is the
+    episode's."""
     book = tmp_path / "book"
     book.mkdir()
     (book / "humanoid-ppo.yaml").write_text(HUMANOID)
     results = tmp_path / "r"
-    code, shown = submit_as_a_user(inventory, results, book / "humanoid-ppo.yaml")
-    assert code == 0 and "SUCCEEDED" in shown, shown[-3000:]
-    (home,) = results.iterdir()
+    code, doc, err = cli_json(
+        "submit", "-i", inventory, "--results", str(results), str(book / "humanoid-ppo.yaml")
+    )
+    assert code == 0 and doc["status"] == "SUCCEEDED", (err[-3000:], doc.get("log_tail"))
+    home = results / doc["job_id"]
     rows = tune_results_home(home)
     assert max(r["training_iteration"] for r in rows) == 2
     assert rows[-1]["config"]["env"] == "Humanoid-v5"
-
-    code, doc, err = cli_json(
-        "eval", "-i", inventory, "--results", str(results), home.name,
-        "--episodes", "2", "--video", "1",
-    )  # fmt: skip
-    assert code == 0, (err[-3000:], doc.get("log_tail"))
+    assert doc["evaluation"]["status"] == "SUCCEEDED", doc["evaluation"]
     (evaluated,) = home.glob("eval-*/eval.json")
     figures = json.loads(evaluated.read_text())
+    assert doc["evaluation"]["eval"] == figures
     assert figures["env"] == "Humanoid-v5" and figures["episodes"] == 2
     assert figures["video_error"] is None
     (video,) = figures["videos"]
