@@ -798,6 +798,7 @@ def train(
     """Train until the budget says stop; write every result file; return the summary."""
     saving = saving or Saving()
     # the run's whole algorithm config, kept with its results (a run repeated from them)
+    results.mkdir(parents=True, exist_ok=True)
     write_atomic(results / "config.json", json.dumps(resolved_config(config), indent=1) + "\n")
     algo = config.build_algo()
     resume = resume_path(results, saving.resume_from)
