@@ -112,9 +112,11 @@ def write_mp4(path: Path, frames: list[Any], fps: float) -> None:
         macro_block_size=2,
         ffmpeg_log_level="error",
     )
+    import numpy as np
+
     writer.send(None)
     for frame in frames:
-        writer.send(frame)
+        writer.send(np.ascontiguousarray(frame))  # MuJoCo's frames are a flipped view
     writer.close()
 
 
