@@ -132,7 +132,8 @@ def summary(grid: Any, spec: dict[str, Any], swept: list[str]) -> dict[str, Any]
                 "status": "ERROR" if result.error is not None else "TERMINATED",
                 "error": str(result.error) if result.error is not None else None,
                 "iterations": last.get("training_iteration"),
-                "params": {k: config.get(k) for k in swept},
+                # a settable property is stored under its private name (RLlib's to_dict)
+                "params": {k: config.get(k, config.get(f"_{k}")) for k in swept},
                 "seed": config.get("seed"),
                 "final": final if isinstance(final, int | float) else None,
                 "best": better(history) if history else None,

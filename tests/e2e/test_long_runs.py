@@ -591,83 +591,13 @@ cartpole-sweep:
     checkpoint_frequency: 1
     resources: {env_runners: 0}
 """
-TERMINATED = re.compile(r"\b(\d+) TERMINATED\b")
-
-
-def trials_terminated(log: Path) -> int:
-    """The most trials Tune's status lines (echoed under --verbose) said had ended."""
-    found = [int(m.group(1)) for m in TERMINATED.finditer(log.read_text(errors="replace"))]
-    return max(found, default=0)
-
-
-def test_a_sweep_of_eight_trials_survives_a_lost_worker_and_names_the_best(
-    inventory: str, lab: LabInfo, tmp_path: Path
-) -> None:
-    """2 learning rates x 2 batch sizes x 2 seeds from an experiment file, over the three
-    nodes; a worker's Ray container killed once some trials have ended. With --retries 1 the
-    cluster is repaired and the sweep restored: every trial ends with its six iterations,
-    the trials that had ended are not run again (their iterations once each), those cut off
-    go on from their checkpoints (said in sweep.json), and the best one is named."""
-    book = tmp_path / "book"
-    book.mkdir()
-    (book / "cartpole-sweep.yaml").write_text(SWEEP)
-    results = tmp_path / "results"
-    log = tmp_path / "submit.log"
-    proc = provisioner_process(
-        "submit", "-i", inventory, "--results", str(results), "--json", "--verbose",
-        "--retries", "1", str(book / "cartpole-sweep.yaml"), log=log,
-    )  # fmt: skip
-    worker = lab.nodes[2]
-    name = ray_container(load_inventory(Path(inventory)))
-    try:
-        ended_before = wait_for(lambda: trials_terminated(log), 600, "a trial's end")
-        stopped = ssh(lab, worker, f"docker kill {name}")  # mid-sweep
-        assert stopped.returncode == 0, stopped.stderr
-        proc.wait(900)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        ssh(lab, worker, f"docker start {name}")  # undone in any case
-    text = log.read_text(errors="replace")
-    doc = json.loads(log.with_suffix(".out").read_text())
-    assert proc.returncode == 0 and doc["status"] == "SUCCEEDED", text[-4000:]
-    home = results / doc["job_id"]
-    sweep = json.loads((home / "sweep.json").read_text())
-    trials = sweep["trials"]
-    assert len(trials) == 8 and all(t["status"] == "TERMINATED" for t in trials), trials
-    assert all(t["iterations"] == 6 for t in trials), [t["iterations"] for t in trials]
-    values = {(t["params"]["lr"], t["params"]["train_batch_size_per_learner"], t["seed"])
-              for t in trials}  # fmt: skip
-    assert len(values) == 8, values
-    # the best by the file's metric (its default: the return, highest)
-    best = max(trials, key=lambda t: t["final"])
-    assert sweep["best"] == best["trial"] and best["best_trial"]
-    assert sum(t["best_trial"] for t in trials) == 1
-    # every trial home in its own folder; the nodes they ran on: all three
-    nodes: set[str] = set()
-    iterations: dict[str, list[int]] = {}
-    for path in home.glob("ray_results/cartpole-sweep/*/result.json"):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        nodes |= {r["node_ip"] for r in rows}
-        iterations[path.parent.name] = [r["training_iteration"] for r in rows]
-    assert set(iterations) == {t["trial"] for t in trials}, sorted(iterations)
-    assert len(nodes) == 3, nodes
-    # ended before the kill: run once (no iteration twice); cut off: restored from a checkpoint
-    attempts = json.loads((home / "attempts.json").read_text())
-    assert [a["status"] for a in attempts] == ["FAILED", "SUCCEEDED"], attempts
-    restored = [t["trial"] for t in trials if t["restored"]]
-    kept = [t["trial"] for t in trials if not t["restored"]]
-    assert restored, trials  # the ones the lost worker held went on from checkpoints
-    assert len(kept) >= ended_before, (kept, ended_before)
-    for trial in kept:  # run once: each iteration once
-        assert iterations[trial] == [1, 2, 3, 4, 5, 6], (trial, iterations[trial])
-    assert (home / "trials.csv").read_text().count("\n") == 9
 
 
 def test_asha_stops_the_weak_trials_of_a_sweep_early(
     inventory: str, lab: LabInfo, tmp_path: Path
 ) -> None:
-    """The same sweep under ASHA (max_t 6, grace 1, halving): trials below the median at a
+    """2 learning rates x 2 batch sizes x 2 seeds from an experiment file under ASHA (max_t
+    6, grace 1, halving), at most 4 at once: trials below the median at a
     rung end there; every trial ends well, some before six iterations (said in sweep.json),
     at least one goes to six, and the best one is named."""
     book = tmp_path / "book"
@@ -689,3 +619,7 @@ def test_asha_stops_the_weak_trials_of_a_sweep_early(
     assert early and all(t["iterations"] < 6 for t in early), trials
     assert any(t["iterations"] == 6 for t in trials), trials
     assert sweep["best"] == max(trials, key=lambda t: t["final"])["trial"]
+    combos = {(t["params"]["lr"], t["params"]["train_batch_size_per_learner"], t["seed"])
+              for t in trials}  # fmt: skip
+    assert len(combos) == 8 and all(None not in c for c in combos), combos
+    assert sum(t["best_trial"] for t in trials) == 1
