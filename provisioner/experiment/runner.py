@@ -165,8 +165,10 @@ def _reached(trial: dict[str, Any], spec: dict[str, Any]) -> bool:
     stop = spec.get("stop") or {}
     if (trial["iterations"] or 0) >= stop.get("training_iteration", float("inf")):
         return True
-    target = stop.get(metric_of(spec))
-    return target is not None and trial["final"] is not None and trial["final"] >= target
+    target, final = stop.get(metric_of(spec)), trial["final"]
+    if target is None or final is None:
+        return False
+    return bool(final >= target if mode_of(spec) == "max" else final <= target)
 
 
 def write_summary(body: dict[str, Any]) -> None:

@@ -167,3 +167,36 @@ def test_space_problems() -> None:
     assert space_problem("choice", []) is not None
     assert space_problem("uniform", [0.1, 0.2]) is None
     assert space_problem("randint", [1, 1]) is not None
+
+
+class _Result:
+    """What the runner reads of one of Tune's Result objects (pure logic under test)."""
+
+    def __init__(self, name: str, iterations: int, final: float, since: int, **config: object):
+        self.path = f"/storage/exp/{name}"
+        self.error = None
+        self.config = config
+        self.metrics_dataframe = None
+        self.metrics = {
+            "training_iteration": iterations,
+            "iterations_since_restore": since,
+            "env_runners": {"episode_return_mean": final},
+            "node_ip": "10.250.77.11",
+        }
+
+
+def test_the_sweeps_summary_marks_the_best_the_early_stopped_and_the_restored() -> None:
+    grid = [
+        _Result("t0", 6, 40.0, 6, lr=1e-4, _train_batch_size_per_learner=200, seed=1),
+        _Result("t1", 2, 20.0, 2, lr=3e-4, _train_batch_size_per_learner=200, seed=1),
+        _Result("t2", 6, 90.0, 3, lr=3e-4, _train_batch_size_per_learner=400, seed=1),
+    ]
+    spec = {"stop": {"training_iteration": 6}, "scheduler": {"type": "asha", "max_t": 6}}
+    body = runner_module.summary(grid, spec, ["lr", "train_batch_size_per_learner"])
+    by = {t["trial"]: t for t in body["trials"]}
+    assert body["best"] == "t2" and by["t2"]["best_trial"] and not by["t0"]["best_trial"]
+    assert by["t1"]["stopped_early"] and not by["t0"]["stopped_early"]
+    assert by["t2"]["restored"] and not by["t0"]["restored"]
+    assert by["t2"]["params"] == {"lr": 3e-4, "train_batch_size_per_learner": 400}
+    lowest = runner_module.summary(grid, {**spec, "mode": "min"}, ["lr"])
+    assert lowest["best"] == "t1"
