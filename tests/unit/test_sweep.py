@@ -200,3 +200,14 @@ def test_the_sweeps_summary_marks_the_best_the_early_stopped_and_the_restored() 
     assert by["t2"]["params"] == {"lr": 3e-4, "train_batch_size_per_learner": 400}
     lowest = runner_module.summary(grid, {**spec, "mode": "min"}, ["lr"])
     assert lowest["best"] == "t1"
+
+
+@pytest.mark.parametrize(
+    "example", sorted((ROOT / "examples" / "experiments").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_every_example_experiment_file_passes(example: Path) -> None:
+    from provisioner.experiment import load_experiment
+
+    exp = load_experiment(example)
+    assert validate(exp, FACTS) == [], validate(exp, FACTS)
+    assert exp.run in ("PPO", "SAC") and exp.checkpoint_frequency
