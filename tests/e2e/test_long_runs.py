@@ -606,6 +606,8 @@ def test_asha_stops_the_weak_trials_of_a_sweep_early(
         "    scheduler: {type: asha, max_t: 6, grace_period: 1, reduction_factor: 2}\n"
     )
     (book / "cartpole-asha.yaml").write_text(asha)
+    code, _, err = cli("up", "-i", inventory)  # the test before takes the cluster down
+    assert code == 0, err[-3000:]
     code, out, err = cli(
         "submit", "-i", inventory, "--results", str(tmp_path / "r"), "--json",
         "--max-concurrent", "4", str(book / "cartpole-asha.yaml"),
