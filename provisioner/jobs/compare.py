@@ -322,35 +322,51 @@ def _target_of(root: Path) -> float | None:
             found = None
         if found is not None:
             return found
-    path = root / "submitted.json"
-    try:
-        args = json.loads(path.read_text()).get("args") if path.is_file() else None
-    except (ValueError, OSError, AttributeError):
-        return None
-    return _argument(args, "--target-return")
+    return _argument(_field(root / "submitted.json", "args"), "--target-return")
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _submitted_nodes(root: Path) -> int | None:
-    path = root / "submitted.json"
+def _field(path: Path, key: str) -> Any:
+    """`key` of the JSON object in `path` (None: no file, not JSON, not an object)."""
     try:
-        nodes = json.loads(path.read_text()).get("nodes") if path.is_file() else None
-    except (ValueError, OSError, AttributeError):
+        found = json.loads(path.read_text()) if path.is_file() else None
+    except (ValueError, OSError):
         return None
-    return nodes if isinstance(nodes, int) and nodes > 0 else None
+    return found.get(key) if isinstance(found, dict) else None
+
+
+def _submitted_nodes(root: Path) -> int | None:
+    nodes = _field(root / "submitted.json", "nodes")
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 0 else None
 
 
 def _summary_node_hours(root: Path) -> float | None:
-    path = root / "summary.json"
-    try:
-        cost = json.loads(path.read_text()).get("cost") if path.is_file() else None
-    except (ValueError, OSError, AttributeError):
-        return None
+    cost = _field(root / "summary.json", "cost")
     hours = cost.get("hours") if isinstance(cost, dict) else None
     return float(hours) if isinstance(hours, int | float) and not isinstance(hours, bool) else None
+
+
+def return_of(result: dict[str, Any]) -> float | None:
+    """The mean episode return in one Tune result (RLlib's new stack, then the old)."""
+    return _dig(result, RETURN_KEYS)
+
+
+def result_lines(path: Path) -> list[dict[str, Any]]:
+    """Tune's result.json as its results (a line cut short by a trial still writing, or
+    one that is no object, passed over); [] when there is none."""
+    found = []
+    if path.is_file():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                found.append(row)
+    return found
 
 
 def read_run(label: str, root: Path) -> Run:

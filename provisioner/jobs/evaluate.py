@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from provisioner.errors import InputError
+from provisioner.jobs.compare import result_lines, return_of
 from provisioner.jobs.spec import JOB_ID, JobSpec, check_job_id, job_id_for
 
 RUNNER_NAME = "_provisioner_eval.py"  # the runner, in the eval job's working_dir
@@ -62,37 +63,14 @@ def _number(name: str) -> int:
     return int(digits[-1]) if digits else -1
 
 
-def _result_lines(trial: Path) -> list[dict[str, object]]:
-    path = trial / "result.json"
-    rows = []
-    if path.is_file():
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-    return rows
-
-
-def _return_of(row: dict[str, object]) -> float | None:
-    runners = row.get("env_runners")
-    value = runners.get("episode_return_mean") if isinstance(runners, dict) else None
-    if value is None:
-        value = row.get("episode_return_mean")
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and value == value
-    return float(value) if ok else None  # type: ignore[arg-type]
-
-
 def returns_by_iteration(checkpoint: Path) -> dict[int, float]:
     """The training return of each iteration of the run `checkpoint` belongs to: its
     trial's Tune results (result.json), or its playbook's metrics.csv (checkpoints/ beside
     it). The runner picks the iteration the restored algorithm says it was taken at."""
     found: dict[int, float] = {}
-    rows = _result_lines(checkpoint.parent)
+    rows = result_lines(checkpoint.parent / "result.json")
     for row in rows:
-        iteration, value = row.get("training_iteration"), _return_of(row)
+        iteration, value = row.get("training_iteration"), return_of(row)
         if isinstance(iteration, int) and value is not None:
             found[iteration] = value
     metrics = checkpoint.parent.parent / "metrics.csv"
@@ -113,10 +91,10 @@ def training_return_at(checkpoint: Path) -> float | None:
     """The training return when `checkpoint` was taken, as far as the files here say:
     Tune's result naming it (`checkpoint_dir_name`), or a playbook's `iter-NNNNNN` row;
     else the run's last (the runner corrects it with the restored iteration)."""
-    rows = _result_lines(checkpoint.parent)
+    rows = result_lines(checkpoint.parent / "result.json")
     named = [r for r in rows if r.get("checkpoint_dir_name") == checkpoint.name]
     for row in reversed(named):
-        if (value := _return_of(row)) is not None:
+        if (value := return_of(row)) is not None:
             return value
     by_iteration = returns_by_iteration(checkpoint)
     wanted = _number(checkpoint.name) if not rows else None
@@ -134,8 +112,8 @@ def choose(candidates: list[Path]) -> tuple[Path, int]:
     latest = {t: max(ps, key=lambda p: (_number(p.name), p.name)) for t, ps in by_trial.items()}
 
     def score(trial: Path) -> float:
-        rows = _result_lines(trial)
-        values = [v for r in rows if (v := _return_of(r)) is not None]
+        rows = result_lines(trial / "result.json")
+        values = [v for r in rows if (v := return_of(r)) is not None]
         return values[-1] if values else float("-inf")
 
     best = max(latest, key=lambda t: (score(t), str(t)))
