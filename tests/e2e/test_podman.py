@@ -16,22 +16,26 @@ and the same user's own process outside the container, on that port, is refused.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from provisioner.cluster.tunnel import listeners_command, parse_listeners_output, refusal
-from provisioner.image.pin import read_pin
+from provisioner.image.pin import read_pin, write_pin
 from provisioner.inventory import load_inventory
 from provisioner.lab.config import LabNode
-from provisioner.lab.engine import exec_rc
+from provisioner.lab.engine import client, exec_rc
 from provisioner.lab.nodes import LabInfo
 from provisioner.node.delivery import DeliveryReport
 from provisioner.remote import Pool
 from provisioner.runtime import runtime_for
 from provisioner.runtime.podman.delivery import LoadOptions, deliver
+from tests.e2e.faults.lab import edited_inventory
 from tests.e2e.faults.record import scenario
 from tests.e2e.helpers import RECORDER, cli, cli_json, ssh, tune_checkpoints_come_home
 
@@ -202,32 +206,71 @@ def test_the_pin_goes_into_each_podmans_load_in_a_stream_it_reads(
         s.measured = "{sent}"
 
 
+SMALL_TAG = "provisioner-podman/small:test"
+
+
+def small_pin(inventory: str, work: Path) -> Path:
+    """A lock naming a small one-layer image (16 MB of random bytes) pinned as the real pin
+    is: `image push` delivers it as it delivers the real one, without 2.4 GB per node
+    (the real pin's delivery is the test before and `up`'s, after)."""
+    ctx = work / "small"
+    ctx.mkdir()
+    (ctx / "blob").write_bytes(os.urandom(16 << 20))
+    (ctx / "Dockerfile").write_text("FROM scratch\nCOPY blob /blob\n")
+    subprocess.run(["docker", "build", "-q", "-t", SMALL_TAG, str(ctx)], check=True, timeout=300)
+    attrs = client().api.inspect_image(SMALL_TAG)
+    pin = read_pin(load_inventory(Path(inventory)).image_lock)  # type: ignore[arg-type]
+    small = replace(
+        pin,
+        image_id=attrs["Id"],
+        layers=tuple(attrs["RootFS"]["Layers"]),
+        layer_sizes=(int(attrs["Size"]),),
+        size=int(attrs["Size"]),
+        tag=SMALL_TAG,
+    )
+    lock = work / "small.lock.json"
+    write_pin(small, lock)
+    return lock
+
+
 def test_image_push_loads_the_pin_into_podman(
-    inventory: str, podman_lab: LabInfo, image_pin: Path
+    inventory: str, podman_lab: LabInfo, tmp_path: Path
 ) -> None:
     """`image push` delivers as `up` does: on this inventory, through each node's `podman
-    load` (the nodes have no Docker). One node's Podman lacks the pin: it gets it, under
-    its ID; the others, holding it, are sent nothing."""
-    pin = read_pin(image_pin)
-    bare = pin.image_id.removeprefix("sha256:")
+    load` (the nodes have no Docker). Every node gets the pin, under its ID; then one
+    node's Podman loses it: it gets it again, and the others, holding it, are sent nothing."""
+    lock = small_pin(inventory, tmp_path)
+    small = read_pin(lock)
+    bare = small.image_id.removeprefix("sha256:")
+    inv = str(edited_inventory(Path(inventory), tmp_path / "inv.yaml", image={"lock": str(lock)}))
     target = podman_lab.nodes[-1]
 
     def holds(node: LabNode) -> str:
         out = ssh(podman_lab, node, f"podman image inspect --format '{{{{.Id}}}}' {bare}")
         return out.stdout.strip()
 
-    ssh(podman_lab, target, f"podman rmi -f {bare} >/dev/null 2>&1; true")
-    before = {node.name: holds(node) for node in podman_lab.nodes}
-    assert before[target.name] == ""  # the control: this node lacks it now
-    code, doc, err = cli_json("image", "push", "-i", inventory)
-    assert code == 0, (doc, err)
-    for node in podman_lab.nodes:
-        assert holds(node) == bare, node.name  # in the user's Podman, by its ID
-    actions = {n["host"]: n["action"] for n in doc["nodes"]}
-    assert actions == {name: "none" if held == bare else "send" for name, held in before.items()}, (
-        actions,
-        before,
-    )
+    try:
+        assert {holds(node) for node in podman_lab.nodes} == {""}  # the control: none has it
+        code, doc, err = cli_json("image", "push", "-i", inv)
+        assert code == 0, (doc, err)
+        assert {n["host"]: n["action"] for n in doc["nodes"]} == {
+            n.name: "send" for n in podman_lab.nodes
+        }, doc
+        ssh(podman_lab, target, f"podman rmi -f {bare} >/dev/null 2>&1; true")
+        before = {node.name: holds(node) for node in podman_lab.nodes}
+        assert before[target.name] == ""  # the control: this node lacks it now
+        code, doc, err = cli_json("image", "push", "-i", inv)
+        assert code == 0, (doc, err)
+        for node in podman_lab.nodes:
+            assert holds(node) == bare, node.name  # in the user's Podman, by its ID
+        actions = {n["host"]: n["action"] for n in doc["nodes"]}
+        assert actions == {
+            name: "none" if held == bare else "send" for name, held in before.items()
+        }, (actions, before)
+    finally:
+        for node in podman_lab.nodes:
+            ssh(podman_lab, node, f"podman rmi -f {bare} >/dev/null 2>&1; true")
+        subprocess.run(["docker", "image", "rm", "-f", SMALL_TAG], capture_output=True)
 
 
 def test_up_train_status_logs_down(
