@@ -17,6 +17,7 @@ from rich.text import Text
 from provisioner.cli.common import JsonOption, ResultsOption, output
 from provisioner.console import Output, plain, sgr_only
 from provisioner.errors import InputError
+from provisioner.experiment.search import DEFAULT_METRIC
 from provisioner.jobs.place import (
     Cluster,
     Handlers,
@@ -290,28 +291,90 @@ def job_line(console: Console, text: str) -> None:
 class ProgressLine:
     """The one live line of a followed job: rewritten in place on a terminal, one line
     per iteration otherwise, unless the job's own lines are echoed (`--verbose`, `--json`):
-    those already say each iteration once, and a log file or CI shows it once."""
+    those already say each iteration once, and a log file or CI shows it once.
+
+    A sweep (several trials, `jobs.tune_watch`'s sweep figures): on a terminal the line
+    is the sweep's counts and best so far, then the latest trial's figures; otherwise one
+    line each time the counts or the best trial change, not one per trial's iteration."""
 
     def __init__(self, out: Output, *, echoing: bool = False) -> None:
         self.out = out
         self.live = out.err.is_terminal and not out.json_mode
         self.echoing = echoing
         self.shown = False
+        self.sweep: str | None = None  # the sweep's text, once one was said
+        self.sweep_key: tuple[Any, ...] | None = None
+        self.trial = ""  # the latest trial's text (a terminal's line)
 
     def show(self, figures: dict[str, Any]) -> None:
+        sweep = figures.get("sweep")
+        if isinstance(sweep, dict):
+            self.sweep = sweep_text(sweep)
+            key = sweep_key(sweep)
+            if self.live:
+                self._draw()
+            elif not self.echoing and key != self.sweep_key:
+                self.out.progress(self.sweep)
+            self.sweep_key = key
+            return
         text = progress_text(figures)
         if self.live:
-            self.out.stderr.write("\r\033[2K" + text)
-            self.out.stderr.flush()
-            self.shown = True
-        elif not self.echoing:
+            self.trial = text
+            self._draw()
+        elif not self.echoing and self.sweep is None:
             self.out.progress(text)
+
+    def _draw(self) -> None:
+        text = self.trial if self.sweep is None else f"{self.sweep}  |  {self.trial}"
+        width = max(20, self.out.err.width - 1)  # one screen line: \r rewrites it whole
+        self.out.stderr.write("\r\033[2K" + text.rstrip(" |")[:width])
+        self.out.stderr.flush()
+        self.shown = True
 
     def clear(self) -> None:
         if self.shown:
             self.out.stderr.write("\r\033[2K")
             self.out.stderr.flush()
             self.shown = False
+
+
+SWEEP_COUNTS = ("running", "pending", "paused", "done", "failed")
+TRIAL_TAG = re.compile(r"[A-Za-z0-9_.,=:+-]{1,80}")  # as the watcher sends it
+
+
+def sweep_key(s: dict[str, Any]) -> tuple[Any, ...]:
+    """What a change of makes a new line where the output is not a terminal: the counts
+    and which trial is best (not its value, which moves with every result)."""
+    best = s.get("best")
+    tag = best.get("trial") if isinstance(best, dict) else None
+    counts = tuple(_number(s.get(k)) for k in ("trials", *SWEEP_COUNTS, "repeated"))
+    return (*counts, tag)
+
+
+def sweep_text(s: dict[str, Any]) -> str:
+    """`trials 8: 2 running, 3 pending, 3 done (1 run again)  best return 187.30
+    (3_lr=0.0003,seed=2)`: the sweep's figures (checked again here: the line may be written
+    to a terminal as it is)."""
+    trials = _number(s.get("trials"))
+    counts = [
+        f"{n:.0f} {key}" for key in SWEEP_COUNTS if (n := _number(s.get(key))) is not None and n
+    ]
+    text = f"trials {trials or 0:.0f}: {', '.join(counts) or 'none started'}"
+    repeated = _number(s.get("repeated"))
+    if repeated:
+        text += f" ({repeated:.0f} run again)"
+    best, metric = s.get("best"), s.get("metric")
+    value = _number(best.get("value")) if isinstance(best, dict) else None
+    if isinstance(best, dict) and value is not None:
+        if metric == DEFAULT_METRIC:
+            text += f"  best return {value:.2f}"
+        else:
+            name = metric if isinstance(metric, str) and METRIC_NAME.fullmatch(metric) else "metric"
+            text += f"  best {name} {_figure(value)}"
+        tag = best.get("trial")
+        if isinstance(tag, str) and TRIAL_TAG.fullmatch(tag):
+            text += f" ({tag})"
+    return text
 
 
 def _number(value: Any) -> float | None:
@@ -326,7 +389,8 @@ def progress_text(p: dict[str, Any]) -> str:
     Tune's results (`jobs.tune_watch`): `trial 2/4  iter 3  steps 12000  return 85.3`, or
     a plain trainable's own figures, `iter 3  score 2  loss 0.33`."""
     if p.get("source") == "tune":
-        return tune_text(p)
+        sweep = p.get("sweep")
+        return sweep_text(sweep) if isinstance(sweep, dict) else tune_text(p)
     it, steps, budget = (_number(p.get(k)) for k in ("iteration", "env_steps", "max_env_steps"))
     ret, rate = _number(p.get("episode_return_mean")), _number(p.get("env_steps_per_s"))
     share = f" ({100 * steps / budget:.0f}%)" if steps is not None and budget else ""

@@ -34,10 +34,11 @@ from provisioner.experiment import (
     validate,
 )
 from provisioner.experiment.resolve import overrides
-from provisioner.experiment.search import trial_count
+from provisioner.experiment.search import DEFAULT_METRIC, trial_count
 from provisioner.jobs.link import Target
 from provisioner.jobs.spec import JobSpec, check_job_id, job_id_for
 from provisioner.jobs.submit import SUBMITTED_FILE
+from provisioner.jobs.tune_watch import METRIC_ENV, MODE_ENV, TRIALS_ENV
 
 SUFFIXES = (".yaml", ".yml")
 RUNNER_NAME = "_provisioner_experiment.py"  # the runner, in the job's working_dir
@@ -104,9 +105,23 @@ def experiment_spec(
         playbook=path,
         args=runner_args(exp, max_concurrent),
         job_id=job,
+        env=sweep_env(exp),
         runner=RUNNER_NAME,
         excludes=excludes,
     )
+
+
+def sweep_env(exp: Experiment) -> dict[str, str]:
+    """What the job's watcher of Tune's results (`jobs.tune_watch`) needs to say a sweep's
+    progress: how many trials the file makes, and what the best one is judged by."""
+    trials = trial_count(exp.config, len(exp.seeds), int(exp.num_samples))
+    if trials < 2:
+        return {}
+    return {
+        TRIALS_ENV: str(trials),
+        METRIC_ENV: str(exp.metric or DEFAULT_METRIC),
+        MODE_ENV: str(exp.mode or "max"),
+    }
 
 
 def alone(path: Path) -> tuple[str, ...]:

@@ -11,6 +11,15 @@ no other's, wherever Ray's session lives), reads their new whole lines twice a s
 prints each trial's latest as the playbooks' `PROVISIONER-PROGRESS {json}` line into the
 job's output, which the follower shows as the live line and job.log leaves out.
 
+A sweep (more than one trial): Tune's own experiment state
+(`experiment_state-*.json`, which Tune's controller writes into the same staging folder
+every few seconds) says each trial's status and last result; from it, a mark
+`{"sweep": {...}}` each time the trials' counts or the best so far change: running,
+pending (with the job's `PROVISIONER_TRIALS`, the trials an experiment file makes, those
+Tune has not created yet), paused, done, failed, the best trial by `PROVISIONER_METRIC`
+and `PROVISIONER_MODE` (default: the mean return, highest), and the trials Tune ran again
+after a failure. The same figures go to the job's `progress.json` for `jobs list`.
+
 It ends with the driver (the process it watches is gone or a zombie; Ray's stop ends the
 driver's children with it), reads what was left once more, and never fails the job: any
 error ends it quietly, and the driver's exit code is the job's (the shell execs it).
@@ -28,6 +37,23 @@ from typing import Any
 
 MARK = "PROVISIONER-PROGRESS"
 RESULT_FILE = "result.json"
+STATE_FILE = re.compile(r"^experiment_state-.*\.json\Z")  # Tune's controller's state
+MAX_STATE = 32 * 1024 * 1024  # the most of one experiment state file read
+TRIALS_ENV = "PROVISIONER_TRIALS"  # how many trials the experiment file makes
+METRIC_ENV = "PROVISIONER_METRIC"  # what the best trial is judged by
+MODE_ENV = "PROVISIONER_MODE"  # max or min
+RESULTS_ENV = "PROVISIONER_RESULTS_DIR"  # the job's results directory: progress.json there
+DEFAULT_METRIC = "env_runners/episode_return_mean"
+# Tune's trial statuses, as the sweep's mark counts them
+COUNTED = {
+    "RUNNING": "running",
+    "PENDING": "pending",
+    "PAUSED": "paused",
+    "TERMINATED": "done",
+    "ERROR": "failed",
+}
+TAG = re.compile(r"[^A-Za-z0-9_.,=:+-]")  # what of a trial's tag is shown
+MAX_TAG = 80
 POLL_S = 0.5
 MAX_METRICS = 4  # a plain trainable's scalars shown on the line, in the order it reports them
 MAX_READ = 4 * 1024 * 1024  # the most read of one file per poll
@@ -110,14 +136,75 @@ def figures(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class Watcher:
-    """Tune's result files of one driver, read as they grow."""
+def _better(value: float, than: float, mode: str) -> bool:
+    return value < than if mode == "min" else value > than
 
-    def __init__(self, driver: int) -> None:
+
+def sweep_of(
+    state: Any, total: int | None = None, metric: str = DEFAULT_METRIC, mode: str = "max"
+) -> dict[str, Any] | None:
+    """A sweep's figures from Tune's experiment state (the parsed file): how many trials
+    are running, pending, paused, done and failed, how many Tune ran again after a
+    failure, and the best so far by `metric` (its last result) under `mode`. `total`: the
+    trials the job makes, of which Tune may not have created all yet (pending). None for
+    fewer than two trials."""
+    entries = state.get("trial_data") if isinstance(state, dict) else None
+    if not isinstance(entries, list):
+        return None
+    counts = dict.fromkeys(COUNTED.values(), 0)
+    best: tuple[float, str] | None = None
+    known = repeated = 0
+    for entry in entries:
+        try:
+            trial, meta = json.loads(entry[0]), json.loads(entry[1])
+        except (ValueError, TypeError, IndexError, KeyError):
+            continue
+        if not isinstance(trial, dict) or not isinstance(meta, dict):
+            continue
+        status = COUNTED.get(str(trial.get("status")))
+        if status is None:
+            continue
+        known += 1
+        counts[status] += 1
+        failures = meta.get("num_failures")
+        if isinstance(failures, int) and not isinstance(failures, bool):
+            # run again after a failure: a trial that failed and goes on (or ended well),
+            # or one that failed again after its second start
+            repeated += failures > (1 if status == "failed" else 0)
+        last = meta.get("last_result")
+        value = _first(last, metric) if isinstance(last, dict) else None
+        if value is not None and (best is None or _better(value, best[0], mode)):
+            best = (float(value), str(trial.get("experiment_tag") or trial.get("trial_id") or ""))
+    if total is not None and total > known:
+        counts["pending"] += total - known
+    trials = max(known, total or 0)
+    if trials < 2:
+        return None
+    out: dict[str, Any] = {"trials": trials, **counts, "repeated": repeated}
+    if best is not None:
+        out["best"] = {"value": best[0], "trial": TAG.sub("", best[1])[:MAX_TAG]}
+        out["metric"] = metric if NAME.match(metric) else "metric"
+    return out
+
+
+class Watcher:
+    """Tune's result files of one driver, read as they grow, and its experiment state."""
+
+    def __init__(
+        self,
+        driver: int,
+        total: int | None = None,
+        metric: str = DEFAULT_METRIC,
+        mode: str = "max",
+        results: str | None = None,
+    ) -> None:
         self.driver = driver
+        self.total, self.metric, self.mode, self.results = total, metric, mode, results
         self.experiments: set[str] = set()  # driver_artifacts folders seen open
         self.offsets: dict[str, int] = {}  # result file -> bytes read (whole lines)
         self.trials: dict[str, dict[str, Any]] = {}  # result file -> its latest figures
+        self.state_read: tuple[str, float, int] | None = None  # the state file last read
+        self.sweep: dict[str, Any] | None = None  # the sweep's figures last said
 
     def open_results(self) -> list[str]:
         """The result files the driver holds open now."""
@@ -191,7 +278,59 @@ class Watcher:
             for path, mark in new.items():
                 mark["trial"] = order.index(path) + 1
                 mark["trials"] = len(order)
-        return list(new.values())
+        marks = list(new.values())
+        sweep = self.read_sweep()
+        if sweep is not None and sweep != self.sweep:
+            self.sweep = sweep
+            marks.append({"source": "tune", "sweep": sweep})
+            self.keep(marks[-1])
+        return marks
+
+    def state_file(self) -> str | None:
+        """The newest experiment state file of the driver's experiments."""
+        found: list[tuple[float, str]] = []
+        for folder in self.experiments:
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            for name in names:
+                if STATE_FILE.match(name):
+                    path = os.path.join(folder, name)
+                    try:
+                        found.append((os.stat(path).st_mtime, path))
+                    except OSError:
+                        continue
+        return max(found)[1] if found else None
+
+    def read_sweep(self) -> dict[str, Any] | None:
+        """The sweep's figures from the newest state file when it changed (a file read
+        while Tune writes it is read again at the next look); else the last ones."""
+        path = self.state_file()
+        if path is None:
+            return self.sweep
+        try:
+            st = os.stat(path)
+            if (path, st.st_mtime, st.st_size) == self.state_read or st.st_size > MAX_STATE:
+                return self.sweep
+            with open(path, "rb") as f:
+                state = json.loads(f.read(MAX_STATE))
+        except (OSError, ValueError):
+            return self.sweep
+        self.state_read = (path, st.st_mtime, st.st_size)
+        return sweep_of(state, self.total, self.metric, self.mode) or self.sweep
+
+    def keep(self, mark: dict[str, Any]) -> None:
+        """The sweep's figures into the job's progress.json (`jobs list`), replaced whole."""
+        if not self.results:
+            return
+        path = os.path.join(self.results, "progress.json")
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump(mark, f)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
 
 
 def emit(marks: list[dict[str, Any]]) -> None:
@@ -220,7 +359,14 @@ def main() -> None:
         driver = int(sys.argv[1])
         if driver == os.getpid():  # a pid taken in the wrong process: nothing to watch
             return
-        watcher = Watcher(driver)
+        total = os.environ.get(TRIALS_ENV, "")
+        watcher = Watcher(
+            driver,
+            total=int(total) if total.isdigit() else None,
+            metric=os.environ.get(METRIC_ENV) or DEFAULT_METRIC,
+            mode=os.environ.get(MODE_ENV) or "max",
+            results=os.environ.get(RESULTS_ENV) or None,
+        )
         first = started(driver)
         while first is not None and started(driver) == first:
             emit(watcher.poll())

@@ -625,3 +625,11 @@ def test_asha_stops_the_weak_trials_of_a_sweep_early(
               for t in trials}  # fmt: skip
     assert len(combos) == 8 and all(None not in c for c in combos), combos
     assert sum(t["best_trial"] for t in trials) == 1
+    # the sweep's progress, read by the job's watcher from Tune's own experiment state on
+    # the head: what `jobs list` shows (progress.json) once the sweep ended
+    code, listed, err = jobs_json("list", "-i", inventory)
+    assert code == 0, err[-2000:]
+    progress = {j["job_id"]: j for j in listed["jobs"]}[doc["job_id"]]["progress"]["sweep"]
+    counts = [progress[k] for k in ("trials", "done", "running", "pending", "failed")]
+    assert counts == [8, 8, 0, 0, 0], progress
+    assert progress["best"]["value"] == pytest.approx(max(t["final"] for t in trials)), progress
