@@ -38,7 +38,14 @@ def test_a_run_goes_on_through_a_short_storm_of_faults(
     inventory: Path, lab: LabInfo, tmp_path: Path
 ) -> None:
     args = ["--env-runners", "2", "--train-batch", "1000", "--checkpoint-every", str(EVERY)]
-    args += ["--target-return", "1e9", "--max-env-steps", "100000000", "--max-iterations", str(LAST)]
+    args += [
+        "--target-return",
+        "1e9",
+        "--max-env-steps",
+        "100000000",
+        "--max-iterations",
+        str(LAST),
+    ]
     storm = Storm(
         lab=lab,
         inventory=inventory,
