@@ -54,7 +54,7 @@ from provisioner.runtime.docker.push import PushOptions, push_image
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = (
     "bring-up", "fan-out", "latency", "ssh", "push", "link", "training", "tls", "project",
-    "experiments", "scale"
+    "experiments", "sweeps", "scale"
 )  # fmt: skip
 DEFAULT_GROUPS = GROUPS[:-1]  # scale makes labs of its own (minutes, GBs): `--rows all`
 SCRIPT = ".venv/bin/python scripts/bench.py"
@@ -1221,6 +1221,65 @@ def rows_experiments(ctx: Context) -> list[Row]:
     ]
 
 
+def rows_sweeps(ctx: Context) -> list[Row]:
+    """Issue 46's sweep figures: how fully a sweep keeps the cluster's CPUs busy, and how
+    long a trial takes from a free slot to its first iteration."""
+    subprocess.run(
+        [sys.executable, "-m", "provisioner", "up", "-i", str(ctx.inventory)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    log_file = ctx.args.out / "sweeps.log"
+    log_file.write_text("")
+    try:
+        got = ctx.rep.run(
+            "sweep", lambda: bench_experiments.sweep(ctx.inventory, ctx.workdir, log_file)
+        )
+    finally:
+        ctx.down()
+    use = ctx.fig("used / offered", "ratio", "sweep", [got["utilization"] if got else None])
+    starts = ctx.fig("trial start", "s", "sweep", list(got["trial_start_s"]) if got else [None])
+    what = (
+        "a sweep from an experiment file through `provisioner submit`: PPO on CartPole, "
+        "one learning rate per CPU of the lab cluster x 2 seeds (two waves of trials of one "
+        f"length, {bench_experiments.SWEEP_ITERATIONS} iterations, 1 CPU each), Tune placing "
+        "them; from each trial's own result.json home"
+    )
+    return [
+        Row(
+            "sweeps",
+            "sweep: CPU-seconds trained over CPU-seconds offered",
+            use,
+            None,
+            None,
+            "the trials' CPUs x their training time / the cluster's CPUs x the sweep's time",
+            "≥ 0.85",
+            meets(use.median, lambda r: r >= 0.85) if use.runs else None,
+            what,
+            {"run": got},
+            id="sweep-utilization",
+            value=use.median if use.runs else None,
+            value_unit="ratio",
+        ),
+        Row(
+            "sweeps",
+            "sweep: from a free slot to a trial's first iteration",
+            starts,
+            None,
+            None,
+            "seconds, median (min and max in the figure) over the trials that waited",
+            "as short as Tune allows",
+            None,
+            what + "; a trial's start: the latest trial end before its training began, to "
+            "its first result (Tune placing it, its actor and algorithm built, one iteration)",
+            {"run": got},
+            id="trial-start-s",
+            value=starts.median if starts.runs else None,
+            value_unit="s",
+        ),
+    ]
+
+
 def rows_scale(ctx: Context) -> list[Row]:
     """Labs of each --scale-nodes size, one at a time (made here, removed after)."""
     args = ctx.args
@@ -1417,6 +1476,7 @@ ROWS: dict[str, Callable[[Context], list[Row]]] = {
     "tls": rows_tls,
     "project": rows_project,
     "experiments": rows_experiments,
+    "sweeps": rows_sweeps,
     "scale": rows_scale,
 }
 
@@ -1556,7 +1616,9 @@ def main(argv: list[str]) -> int:
         order = sorted(args.groups, key=lambda g: (g != "push", GROUPS.index(g)))
         try:
             for group in order:
-                needs_pin = ("bring-up", "latency", "training", "tls", "project", "experiments")
+                needs_pin = (
+                    "bring-up", "latency", "training", "tls", "project", "experiments", "sweeps"
+                )  # fmt: skip
                 if group in needs_pin and not pinned:
                     log("the pin on every node")
                     ctx.ensure_pin()

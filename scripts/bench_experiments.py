@@ -109,3 +109,93 @@ def cartpole_seeds(inventory: Path, workdir: Path, out: Path, log: Path) -> dict
         "eval": figures,
         "ratio": figures["ratio_to_training"],
     }
+
+
+# --- sweeps (issue 46) ---------------------------------------------------------------------
+
+SWEEP_ITERATIONS = 8
+
+
+def sweep_file(slots: int) -> str:
+    """Two waves of trials of one length: as many learning rates as the cluster has
+    slots, times two seeds (a sweep whose last wave fills the cluster: what is measured is
+    the placing of trials, not the tail a sweep of another size leaves idle)."""
+    rates = [round(1e-4 * 10 ** (i / max(1, slots - 1)), 6) for i in range(slots)]
+    return (
+        "bench-sweep:\n"
+        "    env: CartPole-v1\n"
+        "    run: PPO\n"
+        f"    stop: {{training_iteration: {SWEEP_ITERATIONS}}}\n"
+        "    config:\n"
+        f"        lr: {{grid_search: {json.dumps(rates)}}}\n"
+        "        train_batch_size_per_learner: 500\n"
+        "        minibatch_size: 250\n"
+        "        num_epochs: 2\n"
+        "    seeds: [1, 2]\n"
+        "    checkpoint_frequency: 4\n"
+        "    resources: {env_runners: 0}\n"
+    )
+
+
+TRIAL_CPUS = 1.0  # a PPO trial without remote env runners: Tune's one bundle of 1 CPU
+
+
+def trial_spans(home: Path) -> list[tuple[float, float, float]]:
+    """Each trial's (training began, first iteration ended, last iteration ended), in
+    seconds since the epoch, from Tune's own result.json: the first result's timestamp
+    less its time_this_iter_s is when its training began."""
+    spans = []
+    for path in sorted(home.glob("ray_results/*/*/result.json")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if not rows:
+            continue
+        first, last = rows[0], rows[-1]
+        began = float(first["timestamp"]) - float(first.get("time_this_iter_s") or 0.0)
+        spans.append((began, float(first["timestamp"]), float(last["timestamp"])))
+    return spans
+
+
+def sweep_figures(
+    spans: list[tuple[float, float, float]], cluster_cpus: float, trial_cpus: float = TRIAL_CPUS
+) -> dict[str, Any]:
+    """sweep-utilization: the CPU-seconds the trials trained (their CPUs x from training
+    began to their last result) over the CPU-seconds the cluster offered from the first
+    trial's start to the last one's end. trial-start-s: for each trial that waited for a
+    slot (began after another trial ended), from the latest end before it began to its
+    first iteration's result: Tune placing it, its actor and algorithm built, one iteration."""
+    if not spans:
+        raise ValueError("no trial results")
+    start = min(s[0] for s in spans)
+    end = max(s[2] for s in spans)
+    used = sum(trial_cpus * (last - began) for began, _, last in spans)
+    offered = cluster_cpus * (end - start)
+    starts = []
+    for began, first, _ in spans:
+        freed = [last for _, _, last in spans if last <= began]
+        if freed:
+            starts.append(first - max(freed))
+    return {
+        "trials": len(spans),
+        "seconds": round(end - start, 1),
+        "cluster_cpus": cluster_cpus,
+        "utilization": used / offered if offered > 0 else None,
+        "trial_start_s": sorted(round(s, 2) for s in starts),
+    }
+
+
+def sweep(inventory: Path, workdir: Path, log: Path) -> dict[str, Any]:
+    """A sweep of two trials per CPU of the cluster (`sweep_file`), as many at once as its
+    CPUs allow; its figures from the trials' results home."""
+    from provisioner.jobs.experiment import cluster_capacity
+    from provisioner.jobs.link import target_for
+
+    cpus = cluster_capacity(target_for(inventory, None, None)).cpus
+    book = workdir / "sweep-book"
+    book.mkdir(parents=True, exist_ok=True)
+    file = book / "bench-sweep.yaml"
+    file.write_text(sweep_file(int(cpus // TRIAL_CPUS)))
+    results = workdir / "sweep"
+    results.mkdir(parents=True, exist_ok=True)
+    home, seconds = _submit(inventory, file, results, log)
+    figures = sweep_figures(trial_spans(home), float(cpus))
+    return {"job": home.name, "submit_seconds": round(seconds, 1), **figures}
