@@ -161,7 +161,9 @@ def submit_cmd(
                 f"an experiment file takes no arguments (given: {' '.join(args)})",
                 f"set them in {playbook.name} (its config, stop, seeds, resources)",
             )
-        spec = experiment_spec(read_experiment(playbook)[0], max_concurrent=max_concurrent)
+        spec = experiment_spec(
+            read_experiment(playbook)[0], max_concurrent=max_concurrent, max_failures=retries
+        )
     else:
         if max_concurrent is not None:
             raise InputError(
@@ -182,7 +184,7 @@ def submit_cmd(
     handlers = make_handlers(out, json_, verbose)
     if experiment:  # validated before anything is sent (exit 2); kept in RESULTS/JOB/
         spec = prepare_experiment(
-            target, playbook, results, handlers.report, max_concurrent=max_concurrent
+            target, playbook, results, handlers.report, max_concurrent, max_failures=retries
         )
     spec = priced(spec, price, target.inventory.price_per_node_hour if target.inventory else None)
     place = Cluster(target, results, handlers, detach=detach, retries=retries or None)

@@ -74,7 +74,11 @@ def build(spec: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
     config = config.update_from_dict({k: to_tune(v) for k, v in dict(spec["config"]).items()})
     seeds = [int(s) for s in spec["seeds"]]
     config = config.debugging(seed=tune.grid_search(seeds) if len(seeds) > 1 else seeds[0])
-    return run, config, {"name": str(spec["name"]), "stop": dict(spec["stop"])}
+    run_args: dict[str, Any] = {"name": str(spec["name"]), "stop": dict(spec["stop"])}
+    if spec.get("max_failures"):  # `submit --retries N`: a trial cut off by a lost node
+        # goes on from its latest checkpoint on the nodes that remain, within this run
+        run_args["failure_config"] = tune.FailureConfig(max_failures=int(spec["max_failures"]))
+    return run, config, run_args
 
 
 def tune_config(spec: dict[str, Any]) -> Any:
@@ -210,6 +214,7 @@ def main(argv: list[str]) -> int:
     print(
         f"{MARK} experiment {run_args['name']} ({argv[0]}): {run} on {config.env}, "
         f"seeds {spec['seeds']}, stop {run_args['stop']}"
+        + (f", a trial retried {spec['max_failures']} time(s)" if spec.get("max_failures") else "")
         + (f", sweeping {', '.join(swept)}" if swept else ""),
         flush=True,
     )

@@ -67,11 +67,14 @@ def read_experiment(path: Path) -> tuple[Experiment, bytes]:
     return parse_experiment(path, text), data
 
 
-def runner_args(exp: Experiment, max_concurrent: int | None = None) -> tuple[str, str]:
+def runner_args(
+    exp: Experiment, max_concurrent: int | None = None, max_failures: int | None = None
+) -> tuple[str, str]:
     """The runner's arguments (pure): the file's name, then what it runs as one JSON
     argument (the keys the file sets as AlgorithmConfig keys, without the seed: the runner
     grids over `seeds`; a sweep's spaces as written, its samples, scheduler, metric and
-    mode; the bound on trials at once). For a file `validate` passes."""
+    mode; the bound on trials at once; how many times Tune starts a failed trial again
+    from its latest checkpoint, `submit --retries`). For a file `validate` passes."""
     body = {
         "name": exp.name,
         "run": exp.run,
@@ -86,13 +89,17 @@ def runner_args(exp: Experiment, max_concurrent: int | None = None) -> tuple[str
         "metric": exp.metric,
         "mode": exp.mode,
         "max_concurrent": max_concurrent,
+        "max_failures": max_failures or None,
     }
     body.update({k: v for k, v in sweep.items() if v is not None})  # a sweep's, when set
     return exp.path.name, json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
 def experiment_spec(
-    exp: Experiment, job_id: str | None = None, max_concurrent: int | None = None
+    exp: Experiment,
+    job_id: str | None = None,
+    max_concurrent: int | None = None,
+    max_failures: int | None = None,
 ) -> JobSpec:
     """The job of an experiment file: its folder the working_dir, the runner its driver,
     the job id from the experiment's name (`cartpole-ppo-20261206-101500-a1b2c3d4e5f6`). A file
@@ -103,7 +110,7 @@ def experiment_spec(
     excludes = alone(path) if (path.parent / SUBMITTED_FILE).is_file() else ()
     return JobSpec(
         playbook=path,
-        args=runner_args(exp, max_concurrent),
+        args=runner_args(exp, max_concurrent, max_failures),
         job_id=job,
         env=sweep_env(exp),
         runner=RUNNER_NAME,
@@ -229,6 +236,7 @@ def prepare_experiment(
     results_root: Path,
     report: Reporter = quiet,
     max_concurrent: int | None = None,
+    max_failures: int | None = None,
 ) -> JobSpec:
     """Read and validate the experiment file (facts, then the cluster's capacity), keep it
     and its resolved config in results/JOB/, and return its job. Nothing is sent to the
@@ -259,6 +267,6 @@ def prepare_experiment(
         + f"; the cluster has {capacity.cpus:g} CPUs and {capacity.gpus:g} GPUs on "
         f"{len(capacity.nodes)} node(s)"
     )
-    spec = experiment_spec(exp, max_concurrent=max_concurrent)
+    spec = experiment_spec(exp, max_concurrent=max_concurrent, max_failures=max_failures)
     keep(results_root / spec.job_id, kept_files(exp, written, facts))
     return spec

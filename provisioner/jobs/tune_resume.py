@@ -88,6 +88,33 @@ def install(path: str) -> None:
         _say(f"Tune's experiment restored from {path}")
 
     tune.Tuner.__init__ = init  # type: ignore[method-assign]
+    forget_saves_in_flight()
+
+
+def forget_saves_in_flight() -> None:
+    """Restore Tune's controller without the decisions it held for saves in flight.
+
+    Ray 2.60's TuneController keeps a decision for each trial whose checkpoint is being
+    saved (`_cached_trial_decisions`), to apply once the save resolves, and writes that
+    dict into the experiment state. A trial whose node was lost during a save is left
+    with a cached STOP; `Tuner.restore(resume_errored=True)` brings it back, and the
+    restored trial stops after its first save, short of the run's stop (seen on the lab:
+    8-trial sweep, a worker killed; one iteration after the restore, then TERMINATED).
+    In a new session no save is in flight, so none of those decisions can apply: they
+    are dropped as the controller's state is read. Tune's own in-run retry
+    (`FailureConfig`) drops a failed trial's entry the same way (`_try_recover`)."""
+    try:
+        from ray.tune.execution.tune_controller import TuneController
+    except ImportError:  # another Ray: nothing to mend
+        return
+    original = TuneController.__setstate__
+
+    def setstate(self: Any, state: dict[str, Any]) -> None:
+        if isinstance(state, dict) and state.get("_cached_trial_decisions"):
+            state = {**state, "_cached_trial_decisions": {}}
+        original(self, state)  # type: ignore[no-untyped-call]
+
+    TuneController.__setstate__ = setstate  # type: ignore[method-assign]
 
 
 def main(argv: list[str]) -> None:

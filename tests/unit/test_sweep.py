@@ -163,6 +163,19 @@ def test_the_runner_args_carry_a_sweep_only_when_there_is_one() -> None:
     assert overrides(parse_experiment(FILE, SWEEP))["lr"] == {"grid_search": [0.0001, 0.001]}
 
 
+def test_retries_let_tune_start_a_cut_off_trial_again_within_the_run() -> None:
+    """`submit --retries N` of an experiment file: Tune's FailureConfig(max_failures=N), so
+    a trial a lost node ended goes on from its latest checkpoint on the nodes that remain."""
+    exp = parse_experiment(FILE, SWEEP)
+    assert "max_failures" not in json.loads(runner_args(exp, max_failures=0)[1])
+    spec = json.loads(runner_args(exp, max_failures=2)[1])
+    assert spec["max_failures"] == 2
+    _, _, run_args = runner_module.build(spec)
+    assert run_args["failure_config"].max_failures == 2
+    _, _, plain = runner_module.build(json.loads(runner_args(exp)[1]))
+    assert "failure_config" not in plain
+
+
 def test_space_problems() -> None:
     assert space_problem("choice", []) is not None
     assert space_problem("uniform", [0.1, 0.2]) is None

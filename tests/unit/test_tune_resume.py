@@ -120,3 +120,113 @@ def test_the_restorer_runs_an_unchanged_script_as_python_would(tmp_path: Path) -
     assert done.returncode == 3, done.stderr
     assert "__main__ ['--x', 'a b'] 7" in done.stdout
     assert "no experiment at ./resume/tune/absent: the script starts afresh" in done.stdout
+
+
+TUNE_SCRIPT = """
+import json, os, signal, time
+from ray import tune
+
+
+class Counter(tune.Trainable):
+    def setup(self, config):
+        self.n = 0
+
+    def step(self):
+        self.n += 1
+        time.sleep(0.1)
+        return {"n": self.n}
+
+    def save_checkpoint(self, folder):
+        with open(os.path.join(folder, "n"), "w") as f:
+            f.write(str(self.n))
+
+    def load_checkpoint(self, folder):
+        with open(os.path.join(folder, "n")) as f:
+            self.n = int(f.read())
+
+
+class LoseTheNode(tune.Callback):
+    # trial x=2's actor killed as its third result comes in, with its save in flight
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if os.environ.get("KILL") == "1" and trial.config["x"] == 2:
+            if result["training_iteration"] == 3:
+                os.kill(result["pid"], signal.SIGKILL)
+
+
+def say(grid):
+    got = sorted([r.config["x"], r.metrics["training_iteration"], r.metrics["n"]] for r in grid)
+    print("RESULT " + json.dumps(got), flush=True)
+
+
+if __name__ == "__main__":
+    import ray
+    ray.init(num_cpus=2, include_dashboard=False)
+    run = tune.RunConfig(
+        name="s", storage_path=os.environ["STORE"], stop={"training_iteration": 6},
+        checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
+        callbacks=[LoseTheNode()],
+    )
+    say(tune.Tuner(Counter, param_space={"x": tune.grid_search([1, 2])}, run_config=run).fit())
+"""
+
+RESTORE_ONLY = """
+import sys, ray
+from ray import tune
+sys.path.insert(0, sys.argv[2])
+import train
+ray.init(num_cpus=2, include_dashboard=False)
+tuner = tune.Tuner.restore(sys.argv[1], train.Counter, resume_unfinished=True, resume_errored=True)
+train.say(tuner.fit())
+"""
+
+
+def _result(done: subprocess.CompletedProcess[str]) -> list[list[int]]:
+    import json
+
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stdout[-3000:] + done.stderr[-3000:]
+    found: list[list[int]] = json.loads(lines[-1][len("RESULT ") :])
+    return found
+
+
+def test_a_trial_lost_during_a_save_goes_on_to_the_stop_after_the_restore(
+    tmp_path: Path,
+) -> None:
+    """Ray 2.60 writes a STOP it held for a save in flight into the experiment state; a
+    trial whose node was lost during a save is restored with it and stops after one
+    iteration (the control: Tuner.restore alone). Through the restorer, which drops
+    those decisions, it goes on to the run's stop. A real Tune run (a class trainable
+    with checkpoints every iteration), its trial's actor killed at its third result."""
+    import shutil
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(TUNE_SCRIPT)
+    env = {**os.environ, "STORE": str(tmp_path / "store"), "RAY_DEDUP_LOGS": "0"}
+    first = subprocess.run(
+        [sys.executable, "-u", str(script)], cwd=tmp_path, env={**env, "KILL": "1"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert _result(first) == [[1, 6, 6], [2, 3, 3]]  # x=2 lost at its third iteration
+    assert "ActorDiedError" in first.stdout + first.stderr
+    experiment = tmp_path / "store" / "s"
+    control = tmp_path / "control" / "s"
+    shutil.copytree(experiment, control)
+    alone = subprocess.run(
+        [sys.executable, "-u", "-c", RESTORE_ONLY, str(control), str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    # the control: Tune's own restore stops the restored trial one iteration on (2 -> 3)
+    assert _result(alone) == [[1, 6, 6], [2, 3, 3]]
+    results = tmp_path / "results"
+    shutil.copytree(experiment, results / "resume" / "tune" / "s")
+    mended = subprocess.run(
+        [sys.executable, "-u", "-c", compact_source(RESUME_SOURCE), "train.py"],
+        cwd=tmp_path,
+        env={**env, "STORE": str(tmp_path / "fresh"), "RAY_STORAGE": str(tmp_path / "shared"),
+             TUNE_RESUME_ENV: "resume/tune/s", "PROVISIONER_RESULTS_DIR": str(results)},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert "Tune's experiment restored from" in mended.stdout, mended.stderr[-3000:]
+    assert mended.returncode == 0, mended.stderr[-3000:]
+    assert _result(mended) == [[1, 6, 6], [2, 6, 6]]  # on from its checkpoint to the stop
