@@ -9,6 +9,7 @@ sleeps). Budgets stay small: the lab's nodes share two cores.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -593,13 +594,27 @@ cartpole-sweep:
 """
 
 
-def test_asha_stops_the_weak_trials_of_a_sweep_early(
+SWEEP_LINE = re.compile(r"trials 8: .*?\b(\d+) done")
+
+
+def sweep_done(log: Path) -> int:
+    """The most trials the sweep's progress lines (not a terminal: one per change) said
+    had ended."""
+    found = [int(m.group(1)) for m in SWEEP_LINE.finditer(log.read_text(errors="replace"))]
+    return max(found, default=0)
+
+
+def test_a_sweep_under_asha_survives_a_lost_worker_and_names_the_best(
     inventory: str, lab: LabInfo, tmp_path: Path
 ) -> None:
     """2 learning rates x 2 batch sizes x 2 seeds from an experiment file under ASHA (max_t
-    6, grace 1, halving), at most 4 at once: trials below the median at a
-    rung end there; every trial ends well, some before six iterations (said in sweep.json),
-    at least one goes to six, and the best one is named."""
+    6, grace 1, halving), at most 4 at once, with --retries 1; a worker's Ray container
+    killed once a trial has ended and the worker runs one. Every trial ends well: those
+    below the median at a rung early (said in sweep.json), at least one with six
+    iterations; those the lost worker held go on from their checkpoints on the nodes that
+    remain (Tune's retry: said in sweep.json and in the progress), the others run once;
+    trials ran on all three nodes; the best is named. The progress, not a terminal: one
+    line per change of the sweep's counts, the last one all 8 done; `jobs list` the same."""
     book = tmp_path / "book"
     book.mkdir()
     asha = SWEEP.replace("cartpole-sweep:", "cartpole-asha:") + (
@@ -608,28 +623,78 @@ def test_asha_stops_the_weak_trials_of_a_sweep_early(
     (book / "cartpole-asha.yaml").write_text(asha)
     code, _, err = cli("up", "-i", inventory)  # the test before takes the cluster down
     assert code == 0, err[-3000:]
-    code, out, err = cli(
-        "submit", "-i", inventory, "--results", str(tmp_path / "r"), "--json",
-        "--max-concurrent", "4", str(book / "cartpole-asha.yaml"),
+    results = tmp_path / "r"
+    log = tmp_path / "submit.log"
+    proc = provisioner_process(
+        "submit", "-i", inventory, "--results", str(results), "--retries", "1",
+        "--max-concurrent", "4", str(book / "cartpole-asha.yaml"), log=log,
     )  # fmt: skip
-    doc = json.loads(out)
-    assert code == 0 and doc["status"] == "SUCCEEDED", err[-4000:]
-    sweep = json.loads((tmp_path / "r" / doc["job_id"] / "sweep.json").read_text())
+    worker = lab.nodes[2]
+    name = ray_container(load_inventory(Path(inventory)))
+
+    def worker_trains() -> bool:
+        found = ssh(lab, worker, f"docker exec {name} pgrep -f 'ray::PPO'")
+        return found.returncode == 0 and bool(found.stdout.strip())
+
+    try:
+        wait_for(lambda: sweep_done(log) >= 1 and worker_trains(), 600, "a trial on the worker")
+        ended_before = sweep_done(log)
+        stopped = ssh(lab, worker, f"docker kill {name}")  # mid-sweep
+        assert stopped.returncode == 0, stopped.stderr
+        proc.wait(900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ssh(lab, worker, f"docker start {name}")  # undone in any case
+    text = log.read_text(errors="replace")
+    assert proc.returncode == 0, text[-4000:]
+    job = job_id_in(log)
+    assert job is not None, text[-3000:]
+    home = results / job
+    sweep = json.loads((home / "sweep.json").read_text())
     trials = sweep["trials"]
     assert len(trials) == 8 and all(t["status"] == "TERMINATED" for t in trials), trials
     early = [t for t in trials if t["stopped_early"]]
     assert early and all(t["iterations"] < 6 for t in early), trials
     assert any(t["iterations"] == 6 for t in trials), trials
     assert sweep["best"] == max(trials, key=lambda t: t["final"])["trial"]
+    assert sum(t["best_trial"] for t in trials) == 1
     combos = {(t["params"]["lr"], t["params"]["train_batch_size_per_learner"], t["seed"])
               for t in trials}  # fmt: skip
     assert len(combos) == 8 and all(None not in c for c in combos), combos
-    assert sum(t["best_trial"] for t in trials) == 1
-    # the sweep's progress, read by the job's watcher from Tune's own experiment state on
-    # the head: what `jobs list` shows (progress.json) once the sweep ended
+    # every trial home in its own folder; the nodes they ran on: all three
+    nodes: set[str] = set()
+    iterations: dict[str, list[int]] = {}
+    for path in home.glob("ray_results/cartpole-asha/*/result.json"):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        nodes |= {r["node_ip"] for r in rows}
+        iterations[path.parent.name] = [r["training_iteration"] for r in rows]
+    assert set(iterations) == {t["trial"] for t in trials}, sorted(iterations)
+    assert len(nodes) == 3, nodes
+    # cut off by the lost worker: on from a checkpoint (at most the iteration in flight
+    # again); the others ran once, each iteration once
+    restored = [t["trial"] for t in trials if t["restored"]]
+    assert restored, trials
+    for trial, seen in iterations.items():
+        if trial in restored:
+            back = [i for i, (a, b) in enumerate(itertools.pairwise(seen)) if b <= a]
+            assert len(back) <= 1, (trial, seen)  # one restart, from its latest checkpoint
+            assert all(seen[i] - seen[i + 1] <= 1 for i in back), (trial, seen)
+            assert seen[-1] == max(seen), (trial, seen)
+        else:
+            assert seen == list(range(1, len(seen) + 1)), (trial, seen)
+    assert len(trials) - len(restored) >= ended_before
+    assert (home / "trials.csv").read_text().count("\n") == 9
+    # the progress a person read: one line per change, the last one every trial done,
+    # with the trials run again; no line per iteration once the sweep's lines came
+    lines = [line for line in text.splitlines() if "trials 8: " in line]
+    assert len(lines) >= 3 and "8 done" in lines[-1] and "run again" in lines[-1], lines
+    after = text[text.index(lines[0]) :]
+    assert not re.search(r"trial \d+/\d+ +iter", after), after[-3000:]
+    # `jobs list`: the same figures, from the job's progress.json on the head
     code, listed, err = jobs_json("list", "-i", inventory)
     assert code == 0, err[-2000:]
-    progress = {j["job_id"]: j for j in listed["jobs"]}[doc["job_id"]]["progress"]["sweep"]
+    progress = {j["job_id"]: j for j in listed["jobs"]}[job]["progress"]["sweep"]
     counts = [progress[k] for k in ("trials", "done", "running", "pending", "failed")]
-    assert counts == [8, 8, 0, 0, 0], progress
+    assert counts == [8, 8, 0, 0, 0] and progress["repeated"] >= 1, progress
     assert progress["best"]["value"] == pytest.approx(max(t["final"] for t in trials)), progress
