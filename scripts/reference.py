@@ -66,6 +66,15 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
         "your script",
         "the earlier Tune experiment its first `Tuner(...)` restores (`--resume`, `--retries`)",
     ),
+    "PROVISIONER_TRIALS": (
+        "the job's watcher",
+        "how many trials an experiment file's sweep makes (its progress: those pending)",
+    ),
+    "PROVISIONER_METRIC": (
+        "the job's watcher",
+        "what a sweep's best trial is judged by (the file's `metric`)",
+    ),
+    "PROVISIONER_MODE": ("the job's watcher", "`max` or `min` (the file's `mode`)"),
     "PROVISIONER_RETRIES": ("your playbook", "how many retries `submit --retries` allows"),
     "PROVISIONER_PRICE_PER_NODE_HOUR": (
         "your playbook",

@@ -17,8 +17,8 @@ from rich.text import Text
 from provisioner.cli.common import JsonOption, ResultsOption, output
 from provisioner.console import Output, plain, sgr_only
 from provisioner.errors import InputError
-from provisioner.experiment.search import DEFAULT_METRIC
 from provisioner.jobs.place import (
+    DEFAULT_METRIC,
     Cluster,
     Handlers,
     JobOutcome,

@@ -44,6 +44,7 @@ from provisioner.jobs.spec import JobSpec, asks_for_help, check_job_id, make_spe
 from provisioner.jobs.stream import Handlers
 from provisioner.jobs.submit import JobOutcome, local_help, upload_for, upload_line
 from provisioner.jobs.tables import read_rows
+from provisioner.jobs.tune_watch import DEFAULT_METRIC
 from provisioner.jobs.upload import Upload
 from provisioner.jobs.watch import watcher_command
 
@@ -345,6 +346,7 @@ class Sbatch(Place):
 
 
 __all__ = [
+    "DEFAULT_METRIC",
     "Cluster",
     "Cost",
     "Found",
