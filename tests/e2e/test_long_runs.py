@@ -594,6 +594,35 @@ cartpole-sweep:
 """
 
 
+def hparams_of(trial: Path) -> dict[str, Any]:
+    """The hyperparameters TensorBoard's HParams view shows for a trial: Tune's TBX logger
+    writes them into the trial's event file (its session start) at the trial's end. The
+    event file is a TFRecord stream; tensorboardX's protobufs read it."""
+    import struct
+
+    from tensorboardX.proto import event_pb2, plugin_hparams_pb2
+
+    found: dict[str, Any] = {}
+    for path in sorted(trial.glob("events.out.tfevents.*")):
+        data, at = path.read_bytes(), 0
+        while at + 12 <= len(data):
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            record = data[at + 12 : at + 12 + length]
+            at += 12 + length + 4
+            for value in event_pb2.Event.FromString(record).summary.value:
+                if value.metadata.plugin_data.plugin_name != "hparams":
+                    continue
+                got = plugin_hparams_pb2.HParamsPluginData.FromString(
+                    value.metadata.plugin_data.content
+                )
+                if got.HasField("session_start_info"):
+                    for key, v in got.session_start_info.hparams.items():
+                        found[key] = (
+                            v.number_value if v.HasField("number_value") else v.string_value
+                        )
+    return found
+
+
 SWEEP_LINE = re.compile(r"trials 8: .*?\b(\d+) done")
 
 
@@ -671,6 +700,12 @@ def test_a_sweep_under_asha_survives_a_lost_worker_and_names_the_best(
         iterations[path.parent.name] = [r["training_iteration"] for r in rows]
     assert set(iterations) == {t["trial"] for t in trials}, sorted(iterations)
     assert len(nodes) == 3, nodes
+    # TensorBoard's HParams view of the sweep (`tunnel` serves the head's results, these
+    # files): each trial's own values of the swept keys
+    for t in trials:
+        hp = hparams_of(home / "ray_results" / "cartpole-asha" / t["trial"])
+        swept = {k: hp.get(k) for k in ("lr", "train_batch_size_per_learner")}
+        assert swept == {k: t["params"][k] for k in swept}, (t["trial"], hp)
     # cut off by the lost worker: on from a checkpoint (at most the iteration in flight
     # again); the others ran once, each iteration once
     restored = [t["trial"] for t in trials if t["restored"]]
