@@ -706,6 +706,15 @@ def test_a_sweep_under_asha_survives_a_lost_worker_and_names_the_best(
         hp = hparams_of(home / "ray_results" / "cartpole-asha" / t["trial"])
         swept = {k: hp.get(k) for k in ("lr", "train_batch_size_per_learner")}
         assert swept == {k: t["params"][k] for k in swept}, (t["trial"], hp)
+    # `compare` draws the sweep: one group per grid point, its two seeds the band
+    png = tmp_path / "sweep.png"
+    code, out, err = cli(
+        "compare", "--results", str(results), job, "-o", str(png), "--json"
+    )  # fmt: skip
+    assert code == 0, err[-2000:]
+    groups = json.loads(out)["groups"]
+    assert len(groups) == 4 and all(sorted(g["seeds"]) == [1, 2] for g in groups), groups
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # cut off by the lost worker: on from a checkpoint (at most the iteration in flight
     # again); the others ran once, each iteration once
     restored = [t["trial"] for t in trials if t["restored"]]
