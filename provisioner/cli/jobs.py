@@ -296,8 +296,9 @@ class ProgressLine:
     those already say each iteration once, and a log file or CI shows it once.
 
     A sweep (several trials, `jobs.tune_watch`'s sweep figures): on a terminal the line
-    is the sweep's counts and best so far, then the latest trial's figures; otherwise one
-    line each time the counts or the best trial change, not one per trial's iteration."""
+    is the sweep's counts and best so far, then the latest trial's figures; otherwise a
+    line of the sweep each time its counts or its best trial change, beside each trial's
+    own line per iteration."""
 
     def __init__(self, out: Output, *, echoing: bool = False) -> None:
         self.out = out
@@ -323,7 +324,7 @@ class ProgressLine:
         if self.live:
             self.trial = text
             self._draw()
-        elif not self.echoing and self.sweep is None:
+        elif not self.echoing:
             self.out.progress(text)
 
     def _draw(self) -> None:

@@ -623,14 +623,24 @@ def hparams_of(trial: Path) -> dict[str, Any]:
     return found
 
 
-SWEEP_LINE = re.compile(r"trials 8: .*?\b(\d+) done")
-
-
-def sweep_done(log: Path) -> int:
-    """The most trials the sweep's progress lines (not a terminal: one per change) said
-    had ended."""
-    found = [int(m.group(1)) for m in SWEEP_LINE.finditer(log.read_text(errors="replace"))]
-    return max(found, default=0)
+def running_on(lab: LabInfo, container: str, address: str) -> int:
+    """The most iterations a trial still running on the node at Ray `address` has reported:
+    the last line of each trial's result.json in the head's Tune staging folder."""
+    found = ssh(
+        lab,
+        lab.nodes[0],
+        f"docker exec {container} sh -c 'for f in /tmp/ray/session_latest/artifacts/*/"
+        'cartpole-asha/driver_artifacts/*/result.json; do tail -n 1 "$f"; echo; done\'',
+    )
+    most = 0
+    for line in found.stdout.splitlines():
+        try:
+            result = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(result, dict) and result.get("node_ip") == address and not result.get("done"):
+            most = max(most, int(result.get("training_iteration") or 0))
+    return most
 
 
 def test_a_sweep_under_asha_survives_a_lost_worker_and_names_the_best(
@@ -638,12 +648,13 @@ def test_a_sweep_under_asha_survives_a_lost_worker_and_names_the_best(
 ) -> None:
     """2 learning rates x 2 batch sizes x 2 seeds from an experiment file under ASHA (max_t
     6, grace 1, halving), at most 4 at once, with --retries 1; a worker's Ray container
-    killed once a trial has ended and the worker runs one. Every trial ends well: those
-    below the median at a rung early (said in sweep.json), at least one with six
-    iterations; those the lost worker held go on from their checkpoints on the nodes that
-    remain (Tune's retry: said in sweep.json and in the progress), the others run once;
-    trials ran on all three nodes; the best is named. The progress, not a terminal: one
-    line per change of the sweep's counts, the last one all 8 done; `jobs list` the same."""
+    killed once a trial on it has passed its first checkpoint. Every trial ends well:
+    those below the median at a rung early (said in sweep.json), at least one with six
+    iterations; those the lost worker held go on from their latest checkpoints on the
+    nodes that remain (Tune's retry: said in sweep.json and in the progress), the others
+    run once; trials ran on all three nodes; the best is named; TensorBoard's HParams and
+    `compare` show the sweep. The progress, not a terminal: a line per change of the
+    sweep's counts, the last one all 8 done; `jobs list` the same."""
     book = tmp_path / "book"
     book.mkdir()
     asha = SWEEP.replace("cartpole-sweep:", "cartpole-asha:") + (
@@ -659,15 +670,11 @@ def test_a_sweep_under_asha_survives_a_lost_worker_and_names_the_best(
         "--max-concurrent", "4", str(book / "cartpole-asha.yaml"), log=log,
     )  # fmt: skip
     worker = lab.nodes[2]
+    address = worker.data_address or worker.address  # where its Ray runs
     name = ray_container(load_inventory(Path(inventory)))
-
-    def worker_trains() -> bool:
-        found = ssh(lab, worker, f"docker exec {name} pgrep -f 'ray::PPO'")
-        return found.returncode == 0 and bool(found.stdout.strip())
-
     try:
-        wait_for(lambda: sweep_done(log) >= 1 and worker_trains(), 600, "a trial on the worker")
-        ended_before = sweep_done(log)
+        # a trial on the worker past its first checkpoint: it has one to go on from
+        wait_for(lambda: running_on(lab, name, address) >= 2, 600, "a trial on the worker")
         stopped = ssh(lab, worker, f"docker kill {name}")  # mid-sweep
         assert stopped.returncode == 0, stopped.stderr
         proc.wait(900)
@@ -715,26 +722,33 @@ def test_a_sweep_under_asha_survives_a_lost_worker_and_names_the_best(
     groups = json.loads(out)["groups"]
     assert len(groups) == 4 and all(sorted(g["seeds"]) == [1, 2] for g in groups), groups
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # cut off by the lost worker: on from a checkpoint (at most the iteration in flight
-    # again); the others ran once, each iteration once
+    # cut off by the lost worker: on from its latest checkpoint (at most the iteration in
+    # flight again; from the start when it had none yet); the others ran once, each
+    # iteration once, and a trial that went on from a checkpoint had run on the worker
     restored = [t["trial"] for t in trials if t["restored"]]
     assert restored, trials
+    on_worker = {
+        path.parent.name
+        for path in home.glob("ray_results/cartpole-asha/*/result.json")
+        if address in path.read_text()
+    }
+    assert set(restored) <= on_worker, (restored, on_worker)
     for trial, seen in iterations.items():
-        if trial in restored:
-            back = [i for i, (a, b) in enumerate(itertools.pairwise(seen)) if b <= a]
-            assert len(back) <= 1, (trial, seen)  # one restart, from its latest checkpoint
-            assert all(seen[i] - seen[i + 1] <= 1 for i in back), (trial, seen)
-            assert seen[-1] == max(seen), (trial, seen)
-        else:
+        back = [i for i, (a, b) in enumerate(itertools.pairwise(seen)) if b <= a]
+        if trial not in on_worker:
             assert seen == list(range(1, len(seen) + 1)), (trial, seen)
-    assert len(trials) - len(restored) >= ended_before
+            continue
+        assert len(back) <= 1, (trial, seen)  # one restart
+        assert all(seen[i] - seen[i + 1] <= 1 for i in back), (trial, seen)
+        assert seen[-1] == max(seen), (trial, seen)
     assert (home / "trials.csv").read_text().count("\n") == 9
-    # the progress a person read: one line per change, the last one every trial done,
-    # with the trials run again; no line per iteration once the sweep's lines came
+    # the progress a person read: one line per change of the sweep, the last one every
+    # trial done, with the trials run again; each trial's own lines beside them
     lines = [line for line in text.splitlines() if "trials 8: " in line]
     assert len(lines) >= 3 and "8 done" in lines[-1] and "run again" in lines[-1], lines
-    after = text[text.index(lines[0]) :]
-    assert not re.search(r"trial \d+/\d+ +iter", after), after[-3000:]
+    said = [line.split("trials 8: ", 1)[1] for line in lines]
+    assert all(a != b for a, b in itertools.pairwise(said)), said  # each line a change
+    assert re.search(r"trial \d/8 +iter \d", text), text[-3000:]
     # `jobs list`: the same figures, from the job's progress.json on the head
     code, listed, err = jobs_json("list", "-i", inventory)
     assert code == 0, err[-2000:]

@@ -161,23 +161,23 @@ def trial_mark(trial: int, iteration: int) -> dict[str, Any]:
     return {"source": "tune", "iteration": iteration, "trial": trial, "trials": 3}
 
 
-def test_elsewhere_one_line_per_change_of_the_counts_or_the_best_trial() -> None:
+def test_elsewhere_a_line_per_change_of_the_counts_or_the_best_trial() -> None:
     out = Output(stdout=io.StringIO(), stderr=io.StringIO())
     show = make_handlers(out, False, False).on_progress
-    show(trial_mark(1, 1))  # before Tune's first state: the trial's own line
+    show(trial_mark(1, 1))
     running = sweep_mark("running")
     show(running)
-    for i in range(2, 6):
-        show(trial_mark(1, i))  # a sweep's trials: no line per iteration
+    show(trial_mark(1, 2))  # each trial's own line per iteration, as before
     value = running["sweep"]["best"]["value"]
     moved = {**running["sweep"], "best": {**running["sweep"]["best"], "value": value + 1}}
-    show({"source": "tune", "sweep": moved})  # the best's value moved: no new line
+    show({"source": "tune", "sweep": moved})  # the best's value moved: no new sweep line
+    show(running)  # nor the same figures again
     show(sweep_mark("ended"))  # the counts changed: a line
     lines = [line for line in out.stderr.getvalue().splitlines() if line.strip()]  # type: ignore[attr-defined]
-    assert len(lines) == 3, lines
-    assert "trial 1/3  iter 1" in lines[0]
+    assert len(lines) == 4, lines
+    assert "trial 1/3  iter 1" in lines[0] and "trial 1/3  iter 2" in lines[2]
     assert "trials 6: " in lines[1] and "pending" in lines[1]
-    assert "trials 6: 4 done, 2 failed  best return" in lines[2]
+    assert "trials 6: 4 done, 2 failed  best return" in lines[3]
 
 
 def test_on_a_terminal_the_line_is_the_sweep_then_the_latest_trial(
