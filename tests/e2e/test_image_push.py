@@ -208,13 +208,14 @@ def push_killed_once(
         )
     )
     worker.start()
+    # once the node's `docker load` reads the stream (however fast the push goes)
+    kill = "pids=$(pgrep -f '^docker load$'); [ -n \"$pids\" ] && kill $pids"
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and not any(
-        line.startswith(f"{node.name}: ") and "MB sent" in line for line in lines
-    ):
-        time.sleep(0.2)
-    rc, out = on_node(node, "pids=$(pgrep -f '^docker load$'); [ -n \"$pids\" ] && kill $pids")
-    assert rc == 0, out
+    rc, out = on_node(node, kill)
+    while rc != 0 and time.monotonic() < deadline and worker.is_alive():
+        time.sleep(0.1)
+        rc, out = on_node(node, kill)
+    assert rc == 0, (out, lines[-5:])
     worker.join(600)
     assert result, lines[-5:]
     return result[0]
