@@ -221,18 +221,18 @@ def push_killed_once(
     return result[0]
 
 
-INTERRUPTED_TAG = f"{RELAY_REPO}:interrupted500"
+INTERRUPTED_TAG = f"{RELAY_REPO}:interrupted250"
 
 
 def test_an_interrupted_push_leaves_no_tagged_partial_image_and_a_rerun_completes(
     inventory: Inventory, pin: Pin
 ) -> None:
     """A push whose `docker load` dies mid-stream tags nothing; again with retries, the
-    node whose load died starts over and the others load once. Of a 500 MB image of
+    node whose load died starts over and the others load once. Of a 250 MB image of
     random bytes that no node holds: the claim is the push's, whatever the image's size,
     and the nodes keep the pin under the cluster tag throughout."""
     node = inventory.workers[0]
-    big = filler_image(pin, INTERRUPTED_TAG, 500)
+    big = filler_image(pin, INTERRUPTED_TAG, 250)
     drop = f"docker image ls -q '{RELAY_REPO}' | sort -u | xargs -r docker image rm -f"
     for n in inventory.nodes:
         on_node(n, drop)

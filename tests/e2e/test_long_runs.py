@@ -711,7 +711,8 @@ def test_a_sweep_under_asha_survives_a_lost_worker_and_names_the_best(
     # files): each trial's own values of the swept keys
     for t in trials:
         hp = hparams_of(home / "ray_results" / "cartpole-asha" / t["trial"])
-        swept = {k: hp.get(k) for k in ("lr", "train_batch_size_per_learner")}
+        # (RLlib keeps a settable property under its stored name: `_train_batch_...`)
+        swept = {k: hp.get(k, hp.get(f"_{k}")) for k in ("lr", "train_batch_size_per_learner")}
         assert swept == {k: t["params"][k] for k in swept}, (t["trial"], hp)
     # `compare` draws the sweep: one group per grid point, its two seeds the band
     png = tmp_path / "sweep.png"
