@@ -1166,6 +1166,7 @@ def rows_experiments(ctx: Context) -> list[Row]:
         check=True,
         stdout=subprocess.DEVNULL,
     )
+    ctx.args.out.mkdir(parents=True, exist_ok=True)
     log_file = ctx.args.out / "experiments.log"
     log_file.write_text("")
     try:
@@ -1229,6 +1230,7 @@ def rows_sweeps(ctx: Context) -> list[Row]:
         check=True,
         stdout=subprocess.DEVNULL,
     )
+    ctx.args.out.mkdir(parents=True, exist_ok=True)
     log_file = ctx.args.out / "sweeps.log"
     log_file.write_text("")
     try:

@@ -113,7 +113,7 @@ def cartpole_seeds(inventory: Path, workdir: Path, out: Path, log: Path) -> dict
 
 # --- sweeps (issue 46) ---------------------------------------------------------------------
 
-SWEEP_ITERATIONS = 8
+SWEEP_ITERATIONS = 20
 
 
 def sweep_file(slots: int) -> str:
@@ -140,17 +140,31 @@ def sweep_file(slots: int) -> str:
 TRIAL_CPUS = 1.0  # a PPO trial without remote env runners: Tune's one bundle of 1 CPU
 
 
+def trial_starts(home: Path) -> dict[str, float]:
+    """trial id -> when Tune set it RUNNING (its actor placed, holding its CPUs), from
+    Tune's own experiment state home (`run_metadata.start_time` of each trial)."""
+    starts: dict[str, float] = {}
+    for path in sorted(home.glob("ray_results/*/experiment_state-*.json")):
+        for state, meta in json.loads(path.read_text()).get("trial_data", []):
+            trial, run = json.loads(state), json.loads(meta)
+            if isinstance(run.get("start_time"), int | float):
+                starts[str(trial.get("trial_id"))] = float(run["start_time"])
+    return starts
+
+
 def trial_spans(home: Path) -> list[tuple[float, float, float]]:
-    """Each trial's (training began, first iteration ended, last iteration ended), in
-    seconds since the epoch, from Tune's own result.json: the first result's timestamp
-    less its time_this_iter_s is when its training began."""
+    """Each trial's (placed, first iteration ended, last iteration ended), in seconds
+    since the epoch: placed from Tune's experiment state (else the first result's
+    timestamp less its time_this_iter_s), the others from the trial's own result.json."""
+    starts = trial_starts(home)
     spans = []
     for path in sorted(home.glob("ray_results/*/*/result.json")):
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         if not rows:
             continue
         first, last = rows[0], rows[-1]
-        began = float(first["timestamp"]) - float(first.get("time_this_iter_s") or 0.0)
+        trained = float(first["timestamp"]) - float(first.get("time_this_iter_s") or 0.0)
+        began = starts.get(str(first.get("trial_id")), trained)
         spans.append((began, float(first["timestamp"]), float(last["timestamp"])))
     return spans
 
@@ -158,11 +172,12 @@ def trial_spans(home: Path) -> list[tuple[float, float, float]]:
 def sweep_figures(
     spans: list[tuple[float, float, float]], cluster_cpus: float, trial_cpus: float = TRIAL_CPUS
 ) -> dict[str, Any]:
-    """sweep-utilization: the CPU-seconds the trials trained (their CPUs x from training
-    began to their last result) over the CPU-seconds the cluster offered from the first
+    """sweep-utilization: the CPU-seconds the trials held (their CPUs x from Tune placing
+    them to their last result) over the CPU-seconds the cluster offered from the first
     trial's start to the last one's end. trial-start-s: for each trial that waited for a
-    slot (began after another trial ended), from the latest end before it began to its
-    first iteration's result: Tune placing it, its actor and algorithm built, one iteration."""
+    slot (placed after another trial ended), from the latest end before it was placed to
+    its first iteration's result: Tune placing it, its actor and algorithm built, one
+    iteration."""
     if not spans:
         raise ValueError("no trial results")
     start = min(s[0] for s in spans)

@@ -45,6 +45,20 @@ def test_two_waves_on_two_cpus(bench: ModuleType, tmp_path: Path) -> None:
     assert got["trial_start_s"] == [8, 10]  # from the slot freed at 120 to 128 and 130
 
 
+def test_a_trials_start_is_when_tune_placed_it(bench: ModuleType, tmp_path: Path) -> None:
+    write_trial(tmp_path, "a", [(110, 10), (120, 10)])
+    rows = (tmp_path / "ray_results" / "bench-sweep" / "a" / "result.json").read_text()
+    rows = rows.replace('"training_iteration"', '"trial_id": "t_00000", "training_iteration"')
+    (tmp_path / "ray_results" / "bench-sweep" / "a" / "result.json").write_text(rows)
+    state = {
+        "trial_data": [[json.dumps({"trial_id": "t_00000"}), json.dumps({"start_time": 95.5})]]
+    }
+    (tmp_path / "ray_results" / "bench-sweep" / "experiment_state-x.json").write_text(
+        json.dumps(state)
+    )
+    assert bench.trial_spans(tmp_path) == [(95.5, 110.0, 120.0)]
+
+
 def test_a_lone_wave_has_no_trial_start_and_no_results_is_an_error(
     bench: ModuleType, tmp_path: Path
 ) -> None:
