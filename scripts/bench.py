@@ -1250,11 +1250,12 @@ def rows_sweeps(ctx: Context) -> list[Row]:
     return [
         Row(
             "sweeps",
-            "sweep: CPU-seconds trained over CPU-seconds offered",
+            "sweep: CPU-seconds held by trials over CPU-seconds offered",
             use,
             None,
             None,
-            "the trials' CPUs x their training time / the cluster's CPUs x the sweep's time",
+            "the trials' CPUs x from Tune placing them to their last result / the cluster's CPUs "
+            "x the sweep's time",
             "≥ 0.85",
             meets(use.median, lambda r: r >= 0.85) if use.runs else None,
             what,
@@ -1272,7 +1273,7 @@ def rows_sweeps(ctx: Context) -> list[Row]:
             "seconds, median (min and max in the figure) over the trials that waited",
             "as short as Tune allows",
             None,
-            what + "; a trial's start: the latest trial end before its training began, to "
+            what + "; a trial's start: the latest trial end before Tune placed it, to "
             "its first result (Tune placing it, its actor and algorithm built, one iteration)",
             {"run": got},
             id="trial-start-s",
