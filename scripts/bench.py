@@ -1158,17 +1158,23 @@ def rows_project(ctx: Context) -> list[Row]:
     ]
 
 
-def rows_experiments(ctx: Context) -> list[Row]:
-    """Issue 45's learning thresholds through the CLI: SAC on Pendulum reaches -400 or
-    better; CartPole PPO's evaluation returns at least 0.9 of its training return."""
+def up_with_log(ctx: Context, name: str) -> Path:
+    """The lab cluster up (`provisioner up`), and an empty log file of the CLI runs in --out."""
     subprocess.run(
         [sys.executable, "-m", "provisioner", "up", "-i", str(ctx.inventory)],
         check=True,
         stdout=subprocess.DEVNULL,
     )
     ctx.args.out.mkdir(parents=True, exist_ok=True)
-    log_file = ctx.args.out / "experiments.log"
+    log_file = ctx.args.out / name
     log_file.write_text("")
+    return log_file
+
+
+def rows_experiments(ctx: Context) -> list[Row]:
+    """Issue 45's learning thresholds through the CLI: SAC on Pendulum reaches -400 or
+    better; CartPole PPO's evaluation returns at least 0.9 of its training return."""
+    log_file = up_with_log(ctx, "experiments.log")
     try:
         sac = ctx.rep.run(
             "sac", lambda: bench_experiments.sac_pendulum(ctx.inventory, ctx.workdir, log_file)
@@ -1225,14 +1231,7 @@ def rows_experiments(ctx: Context) -> list[Row]:
 def rows_sweeps(ctx: Context) -> list[Row]:
     """Issue 46's sweep figures: how fully a sweep keeps the cluster's CPUs busy, and how
     long a trial takes from a free slot to its first iteration."""
-    subprocess.run(
-        [sys.executable, "-m", "provisioner", "up", "-i", str(ctx.inventory)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    ctx.args.out.mkdir(parents=True, exist_ok=True)
-    log_file = ctx.args.out / "sweeps.log"
-    log_file.write_text("")
+    log_file = up_with_log(ctx, "sweeps.log")
     try:
         got = ctx.rep.run(
             "sweep", lambda: bench_experiments.sweep(ctx.inventory, ctx.workdir, log_file)

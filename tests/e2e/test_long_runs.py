@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from provisioner.inventory import load_inventory
+from provisioner.lab.config import LabNode
 from provisioner.lab.nodes import LabInfo
 from provisioner.node.token import ray_container
 from tests.e2e.faults.lab import edited_inventory
@@ -492,6 +493,29 @@ def test_tunnel_prints_the_lines_rays_own_cli_needs(inventory: str, tmp_path: Pa
         tunnel.wait(30)
 
 
+def lose_worker(
+    lab: LabInfo,
+    worker: LabNode,
+    inventory: str,
+    proc: subprocess.Popen[bytes],
+    when: Any,
+    what: str,
+    wait: float = 420,
+) -> None:
+    """Once `when()` holds, the worker's Ray container killed at once (a lost node, mid
+    run); then the submit `proc` to its end; the container started again in any case."""
+    name = ray_container(load_inventory(Path(inventory)))
+    try:
+        wait_for(when, 600, what)
+        stopped = ssh(lab, worker, f"docker kill {name}")
+        assert stopped.returncode == 0, stopped.stderr
+        proc.wait(wait)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ssh(lab, worker, f"docker start {name}")  # undone in any case
+
+
 def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
     inventory: str, lab: LabInfo, tmp_path: Path
 ) -> None:
@@ -504,19 +528,9 @@ def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
         "--retries", "1", str(PLAYBOOKS / "ppo_cartpole.py"), "--", "--max-iterations", "16",
         *args, log=log,
     )  # fmt: skip
-    worker = lab.nodes[1]
-    name = ray_container(load_inventory(Path(inventory)))
-    try:
-        # a checkpoint at iteration 8 is on the head: the retry resumes from what the
-        # failed attempt left there (its results come home when it ends)
-        wait_for(lambda: job_reached(log, 9), 400, "iteration 9")
-        stopped = ssh(lab, worker, f"docker kill {name}")  # at once, mid-run
-        assert stopped.returncode == 0, stopped.stderr
-        proc.wait(420)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        ssh(lab, worker, f"docker start {name}")  # undone in any case
+    # a checkpoint at iteration 8 is on the head: the retry resumes from what the failed
+    # attempt left there (its results come home when it ends)
+    lose_worker(lab, lab.nodes[1], inventory, proc, lambda: job_reached(log, 9), "iteration 9")
     text = log.read_text(errors="replace")
     doc = json.loads(log.with_suffix(".out").read_text())
     assert proc.returncode == 0 and doc["status"] == "SUCCEEDED", text[-4000:]
@@ -672,16 +686,9 @@ def test_a_sweep_under_asha_survives_a_lost_worker_and_names_the_best(
     worker = lab.nodes[2]
     address = worker.data_address or worker.address  # where its Ray runs
     name = ray_container(load_inventory(Path(inventory)))
-    try:
-        # a trial on the worker past its first checkpoint: it has one to go on from
-        wait_for(lambda: running_on(lab, name, address) >= 2, 600, "a trial on the worker")
-        stopped = ssh(lab, worker, f"docker kill {name}")  # mid-sweep
-        assert stopped.returncode == 0, stopped.stderr
-        proc.wait(900)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        ssh(lab, worker, f"docker start {name}")  # undone in any case
+    # a trial on the worker past its first checkpoint: it has one to go on from
+    trial_there = lambda: running_on(lab, name, address) >= 2  # noqa: E731
+    lose_worker(lab, worker, inventory, proc, trial_there, "a trial on the worker", 900)
     text = log.read_text(errors="replace")
     assert proc.returncode == 0, text[-4000:]
     job = job_id_in(log)
