@@ -68,6 +68,27 @@ def split(total: int, parts: int) -> list[int]:
     return [base + (1 if i < rest else 0) for i in range(parts)]
 
 
+def trained_weights_everywhere(algo: Any) -> None:
+    """Every remote env runner with the learner's weights, the trained ones, before an
+    episode runs. Ray 2.60's `Algorithm.from_checkpoint` syncs them by weights sequence
+    number, and an env runner given the checkpoint's env runner state first already holds
+    that number: it keeps its initial weights (seen on the lab: of two env runners, one
+    ran the trained policy, 296-500 on CartPole, the other returned 9 an episode, which
+    one varying from run to run). Here the weights go without a sequence number, which
+    RLlib's `set_state` takes as "update", and the call waits for every env runner."""
+    import ray
+    from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
+
+    group = algo.env_runner_group
+    if not group.num_healthy_remote_env_runners():
+        return
+    state = algo.learner_group.get_state(
+        components=[f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}"], inference_only=True
+    )[COMPONENT_LEARNER]
+    weights = ray.put({COMPONENT_RL_MODULE: state[COMPONENT_RL_MODULE]})
+    group.foreach_env_runner(lambda r: r.set_state(ray.get(weights)), local_env_runner=False)
+
+
 def episodes_on_runners(algo: Any, total: int) -> list[dict[str, Any]]:
     """`total` episodes without exploration on the algorithm's env runners (the remote
     ones, spread evenly; the local one when it has none)."""
@@ -245,6 +266,7 @@ def main(argv: list[str]) -> int:
     say(f"restoring {spec.get('source') or checkpoint.name} with Algorithm.from_checkpoint")
     algo: Any = Algorithm.from_checkpoint(str(checkpoint))
     try:
+        trained_weights_everywhere(algo)
         env = algo.config.env
         runners = algo.env_runner_group.num_healthy_remote_env_runners()
         say(
