@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from provisioner.jobs.compare import result_lines
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "experiments"
 CLI = (sys.executable, "-m", "provisioner")
@@ -52,7 +54,7 @@ def _returns(home: Path) -> list[list[float]]:
     """Each trial's training returns, in order (Tune's result.json)."""
     found = []
     for path in sorted(home.glob("ray_results/*/*/result.json")):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rows = result_lines(path)  # compare's one reader of Tune's result.json
         values = [r.get("env_runners", {}).get("episode_return_mean") for r in rows]
         found.append([float(v) for v in values if isinstance(v, int | float) and v == v])
     return found
@@ -159,7 +161,7 @@ def trial_spans(home: Path) -> list[tuple[float, float, float]]:
     starts = trial_starts(home)
     spans = []
     for path in sorted(home.glob("ray_results/*/*/result.json")):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rows = result_lines(path)  # compare's one reader of Tune's result.json
         if not rows:
             continue
         first, last = rows[0], rows[-1]
