@@ -143,7 +143,7 @@ TRIAL_CPUS = 1.0  # a PPO trial without remote env runners: Tune's one bundle of
 
 
 def trial_starts(home: Path) -> dict[str, float]:
-    """trial id -> when Tune set it RUNNING (its actor placed, holding its CPUs), from
+    """trial id -> when Tune set it RUNNING (its actor built: the algorithm set up), from
     Tune's own experiment state home (`run_metadata.start_time` of each trial)."""
     starts: dict[str, float] = {}
     for path in sorted(home.glob("ray_results/*/experiment_state-*.json")):
@@ -154,10 +154,78 @@ def trial_starts(home: Path) -> dict[str, float]:
     return starts
 
 
-def trial_spans(home: Path) -> list[tuple[float, float, float]]:
-    """Each trial's (placed, first iteration ended, last iteration ended), in seconds
-    since the epoch: placed from Tune's experiment state (else the first result's
-    timestamp less its time_this_iter_s), the others from the trial's own result.json."""
+# Run in the head's Ray container: every actor's creation task as Ray's state API keeps it
+# (created: when Tune, its trial's resources ready, asked for the actor: the trial's
+# CPUs held from there; a trial's algorithm is set up in it), with its worker's node
+# address, pid and exit (the CPUs freed).
+CREATION_TASKS = """
+import json
+from ray.util.state import list_tasks, list_workers
+address = ADDRESS
+def get(x, k):
+    return x.get(k) if isinstance(x, dict) else getattr(x, k, None)
+workers = {
+    get(w, "worker_id"): w
+    for w in list_workers(address=address, detail=True, limit=10000, raise_on_missing_output=False)
+}
+tasks = list_tasks(
+    address=address, filters=[("type", "=", "ACTOR_CREATION_TASK")], detail=True,
+    limit=10000, raise_on_missing_output=False,
+)
+found = []
+for t in tasks:
+    ran = get(t, "profiling_data") or {}
+    worker = workers.get(ran.get("component_id"))
+    found.append({
+        "ip": ran.get("node_ip_address"), "pid": get(t, "worker_pid"),
+        "created_ms": get(t, "creation_time_ms"), "worker_end_ms": get(worker, "end_time_ms"),
+        "name": get(t, "func_or_class_name"),
+    })
+print(json.dumps(found))
+"""
+
+# (node address, pid) -> (its actor asked for, its worker's exit or None), seconds
+Creations = dict[tuple[str, int], tuple[float, float | None]]
+
+
+def actor_creations(inventory: Path) -> Creations:
+    """(node address, pid) -> when the actor of that process was asked for, its resources
+    ready, and when its process exited (seconds since the epoch), from Ray's state API on
+    the head (its dashboard)."""
+    import shlex
+
+    from provisioner.inventory import load_inventory
+    from provisioner.node.token import ray_container
+    from provisioner.remote import Pool
+
+    inv = load_inventory(inventory)
+    script = CREATION_TASKS.replace("ADDRESS", repr(f"http://127.0.0.1:{inv.ports.dashboard}"))
+    name = shlex.quote(ray_container(inv))
+    with Pool(inv) as pool:
+        out = (
+            pool.session(inv.head)
+            .run(f"docker exec -i {name} python - 2>/dev/null", timeout=120, stdin=script.encode())
+            .stdout
+        )
+    found: Creations = {}
+    for line in reversed(out.splitlines()):
+        if line.startswith("["):
+            for t in json.loads(line):
+                if t["ip"] and t["pid"] and t["created_ms"]:
+                    ended = float(t["worker_end_ms"]) / 1000 if t["worker_end_ms"] else None
+                    found[(str(t["ip"]), int(t["pid"]))] = (float(t["created_ms"]) / 1000, ended)
+            break
+    return found
+
+
+def trial_spans(home: Path, creations: Creations | None = None) -> list[tuple[float, float, float]]:
+    """Each trial's (took its CPUs, first iteration ended, freed its CPUs), in seconds
+    since the epoch. From Ray's state API where it has the trial's actor (`creations`, by
+    the node address and pid its results name): took them when Tune asked for its actor,
+    its resources ready (the algorithm is set up after that, on them); freed them when
+    its process exited (after its last result: the final checkpoint, the actor's stop).
+    Else from Tune's own records: took them at Tune's RUNNING (after the set-up), else its
+    first result's timestamp less its time_this_iter_s; freed them at its last result."""
     starts = trial_starts(home)
     spans = []
     for path in sorted(home.glob("ray_results/*/*/result.json")):
@@ -167,7 +235,12 @@ def trial_spans(home: Path) -> list[tuple[float, float, float]]:
         first, last = rows[0], rows[-1]
         trained = float(first["timestamp"]) - float(first.get("time_this_iter_s") or 0.0)
         began = starts.get(str(first.get("trial_id")), trained)
-        spans.append((began, float(first["timestamp"]), float(last["timestamp"])))
+        ended = float(last["timestamp"])
+        actor = (creations or {}).get((str(first.get("node_ip")), int(first.get("pid") or 0)))
+        if actor is not None:
+            began = min(began, actor[0])
+            ended = max(ended, actor[1] or ended)
+        spans.append((began, float(first["timestamp"]), ended))
     return spans
 
 
@@ -214,5 +287,17 @@ def sweep(inventory: Path, workdir: Path, log: Path) -> dict[str, Any]:
     results = workdir / "sweep"
     results.mkdir(parents=True, exist_ok=True)
     home, seconds = _submit(inventory, file, results, log)
-    figures = sweep_figures(trial_spans(home), float(cpus))
-    return {"job": home.name, "submit_seconds": round(seconds, 1), **figures}
+    spans = trial_spans(home, actor_creations(inventory))
+    running = trial_spans(home)  # Tune's records alone: its RUNNING, after the set-up
+    return {
+        "job": home.name,
+        "submit_seconds": round(seconds, 1),
+        "trials_from_ray_state": sum(1 for a, b in zip(spans, running, strict=True) if a != b),
+        "set_up_s": sorted(round(b[0] - a[0], 1) for a, b in zip(spans, running, strict=True)),
+        "utilization_from_tune_running": sweep_figures(running, float(cpus))["utilization"],
+        # each trial's (took its CPUs, first result, last result), seconds from the first
+        "spans": [
+            [round(t - min(a for a, _, _ in spans), 1) for t in span] for span in sorted(spans)
+        ],
+        **sweep_figures(spans, float(cpus)),
+    }

@@ -96,29 +96,33 @@ def one_node(inv: Inventory, node: Node) -> Inventory:
     return replace(inv, head=replace(node, role="head"), workers=())
 
 
-def push_bytes(inv: Inventory, pin: Pin) -> tuple[int, int]:
-    """Bytes sent and layers sent to the inventory's one node."""
+def push_bytes(inv: Inventory, pin: Pin) -> tuple[int, int, str]:
+    """Bytes sent, layers sent and the codec ("" plain) to the inventory's one node."""
     report = push_image(inv, None, pin=pin, opts=PushOptions())
     if not report.ok:
         raise RuntimeError(f"push failed: {report.errors}")
     (node,) = report.nodes.values()
-    return node.bytes_sent, node.layers_sent
+    return node.bytes_sent, node.layers_sent, node.codec
 
 
 def measure(inv: Inventory, project: Path, images: Path, step: int) -> dict[str, Any]:
-    """One repeat: a one-line change (reward cost 0.1 + step/1000), rebuilt, pushed to the
-    node, which holds the build before it."""
+    """One repeat: a one-line change (the reward's cost, a value of this run's own: the
+    builds are reproducible, so a change an earlier run made builds the image the node
+    may hold already), rebuilt, pushed to the node, which holds the build before it."""
     env = project / "src" / "gridcells" / "env.py"
     before, _ = build(project, images)  # the node holds this one (pushed below)
     push_bytes(inv, before)
     text = env.read_text()
-    changed_line = f"reward = float(covered.sum()) - {0.1 + step / 1000:.3f}"
+    cost = 0.1 + step / 1000 + (time.time_ns() // 1000 % 10**6) / 1e10
+    changed_line = f"reward = float(covered.sum()) - {cost:.10f}"
     env.write_text(text.replace(LINE, changed_line))
     try:
         after, seconds = build(project, images)
     finally:
         env.write_text(text)
-    sent, layers = push_bytes(inv, after)
+    sent, layers, codec = push_bytes(inv, after)
+    if layers == 0:
+        raise RuntimeError(f"the node held {after.short_id()} already: nothing was sent")
     last = after.layer_sizes[-1] if after.layer_sizes else 0
     last_tar = last_layer_tar_bytes(after.image_id)
     same_below = after.layers[:-1] == before.layers[:-1] and after.layers[-1] != before.layers[-1]
@@ -126,6 +130,7 @@ def measure(inv: Inventory, project: Path, images: Path, step: int) -> dict[str,
         "rebuild_seconds": seconds,
         "bytes_sent": sent,
         "layers_sent": layers,
+        "codec": codec,
         "own_layer_bytes": last,  # its files' contents (docker history)
         "own_layer_tar_bytes": last_tar,  # the layer as docker save writes it
         "only_last_layer_differs": same_below,

@@ -218,6 +218,13 @@ def ensure(inventory: Inventory, pool: Pool, report: Reporter = quiet) -> StoreS
             "another name (cluster: in the inventory)",
             where=head.name,
         )
+    if started.exit_code == storage.BUSY_EXIT:
+        raise OperationError(
+            f"{started.stderr.strip()[-300:]}: this cluster's store was not started",
+            "another `provisioner up` of this cluster (or one interrupted a moment ago) is "
+            "starting it: let it finish, then run provisioner up again",
+            where=head.name,
+        )
     if not started.ok:
         raise OperationError(
             f"the head's store did not start (exit {started.exit_code}): "

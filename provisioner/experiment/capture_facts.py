@@ -211,6 +211,16 @@ def algorithms() -> dict[str, Any]:
     return result
 
 
+def model_config_keys() -> list[str]:
+    """The fields of RLlib's DefaultModelConfig: the keys `model_config` takes
+    (`AlgorithmConfig.rl_module(model_config=...)`)."""
+    import dataclasses
+
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    return sorted(f.name for f in dataclasses.fields(DefaultModelConfig))
+
+
 def envs() -> dict[str, Any]:
     import gymnasium
     from gymnasium.envs.registration import registry
@@ -248,6 +258,7 @@ def main() -> None:
             },
             "algorithms": algorithms(),
             "envs": envs(),
+            "model_config_keys": model_config_keys(),
         }
     sys.stdout.write(json.dumps(document, indent=1, sort_keys=True) + "\n")
 

@@ -22,6 +22,7 @@ from typing import Any
 from provisioner.errors import InputError
 
 SCHEMA = 1
+MODEL_CONFIG = "model_config"  # the new stack's model settings (`rl_module(model_config=)`)
 
 # Old keys RLlib 2.60 still recognises (it keeps them at DEPRECATED_VALUE) but names no
 # successor for. Each entry is applied only where RLlib's own capture gives no new-stack
@@ -64,11 +65,17 @@ class Algorithm:
 
     @property
     def keys(self) -> list[str]:
-        """Every flat key the algorithm's config takes (`update_from_dict`)."""
-        return sorted({*self.defaults, *self.properties})
+        """Every flat key the algorithm's config takes (`update_from_dict`; `model_config`
+        through `rl_module()`, RLlib's read-only property over `_model_config`)."""
+        if f"_{MODEL_CONFIG}" not in self.defaults:
+            return sorted({*self.defaults, *self.properties})
+        # the new stack: `model` (the old stack's ModelV2 settings) is read by nothing
+        return sorted({*self.defaults, *self.properties, MODEL_CONFIG} - {"model"})
 
     def stored_as(self, key: str) -> str:
         """The `to_dict()` key a flat key ends up in."""
+        if key == MODEL_CONFIG and f"_{MODEL_CONFIG}" in self.defaults:
+            return f"_{MODEL_CONFIG}"
         return self.properties.get(key, key)
 
 
@@ -84,6 +91,9 @@ class Facts:
     versions: Mapping[str, str]
     algorithms: Mapping[str, Algorithm]
     envs: Mapping[str, Env] = field(default_factory=dict)
+    # DefaultModelConfig's fields: what `config.model_config` takes (empty: facts captured
+    # before they were kept; its keys are then left to RLlib)
+    model_config_keys: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Facts:
@@ -108,7 +118,8 @@ class Facts:
             env_id: Env(env_id, str(e["entry_point"]), e.get("error"))
             for env_id, e in data["envs"].items()
         }
-        return cls(dict(data["versions"]), algorithms, envs)
+        model = tuple(str(k) for k in data.get("model_config_keys", ()))
+        return cls(dict(data["versions"]), algorithms, envs, model)
 
 
 def load_facts(path: Path) -> Facts:

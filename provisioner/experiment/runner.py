@@ -63,6 +63,17 @@ def scheduler_of(spec: dict[str, Any]) -> Any:
     return PopulationBasedTraining(hyperparam_mutations=mutations, **sched)
 
 
+def with_keys(config: Any, keys: dict[str, Any]) -> Any:
+    """RLlib's `config` with the file's flat keys: `update_from_dict`, and `model_config`
+    (a read-only property on the config) through `rl_module(model_config=...)`."""
+    keys = dict(keys)
+    model = keys.pop("model_config", None)
+    config = config.update_from_dict(keys)
+    if model is not None:
+        config = config.rl_module(model_config=dict(model))
+    return config
+
+
 def build(spec: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
     """The algorithm's name, its config (defaults + the file's keys, its search spaces as
     Tune's, a grid over the seeds) and Tune's RunConfig arguments."""
@@ -71,7 +82,7 @@ def build(spec: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
 
     run = str(spec["run"])
     config = get_trainable_cls(run).get_default_config()  # type: ignore[no-untyped-call]
-    config = config.update_from_dict({k: to_tune(v) for k, v in dict(spec["config"]).items()})
+    config = with_keys(config, {k: to_tune(v) for k, v in dict(spec["config"]).items()})
     seeds = [int(s) for s in spec["seeds"]]
     config = config.debugging(seed=tune.grid_search(seeds) if len(seeds) > 1 else seeds[0])
     run_args: dict[str, Any] = {"name": str(spec["name"]), "stop": dict(spec["stop"])}

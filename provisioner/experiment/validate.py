@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provisioner.errors import InputError
-from provisioner.experiment.facts import Algorithm, Facts
+from provisioner.experiment.facts import MODEL_CONFIG, Algorithm, Facts
 from provisioner.experiment.file import TOP_KEYS, Experiment
 from provisioner.experiment.resolve import RESOURCE_KEYS, bundles, resolved_config
 from provisioner.experiment.search import (
@@ -168,7 +168,34 @@ def _env(j: _Judge, facts: Facts) -> None:
         )
 
 
-def _config(j: _Judge, algorithm: Algorithm | None) -> None:
+def _model_config(j: _Judge, value: Any, facts: Facts) -> None:
+    """`config.model_config`: a mapping of DefaultModelConfig's fields, one value each."""
+    at = ("config", MODEL_CONFIG)
+    if not isinstance(value, dict) or space_of(value) is not None:
+        j.add(
+            at,
+            f"config.model_config: {_shown(value)}, not a mapping of the model's settings",
+            "write `model_config:` then one `key: value` per line (RLlib's DefaultModelConfig "
+            "fields, e.g. `fcnet_hiddens: [256, 256]`); it is not swept",
+        )
+        return
+    for key, inner in value.items():
+        where = (*at, str(key))
+        if facts.model_config_keys and key not in facts.model_config_keys:
+            j.add(
+                where,
+                f"unknown key `model_config.{key}`",
+                _did_you_mean(str(key), facts.model_config_keys, "see RLlib's DefaultModelConfig"),
+            )
+        elif space_of(inner) is not None or looks_like_a_space(inner) is not None:
+            j.add(
+                where,
+                f"config.model_config.{key}: the model's settings are not swept",
+                "give one value",
+            )
+
+
+def _config(j: _Judge, algorithm: Algorithm | None, facts: Facts) -> None:
     exp = j.exp
     config = exp.config
     if not isinstance(config, dict):
@@ -183,6 +210,18 @@ def _config(j: _Judge, algorithm: Algorithm | None) -> None:
     valid = set(algorithm.keys)
     for key, value in config.items():
         at = ("config", key)
+        if key == MODEL_CONFIG and algorithm.stored_as(key) != key:
+            _model_config(j, value, facts)
+            continue
+        if key == "model" and "model" not in valid:
+            j.add(
+                at,
+                "config.model is the old API stack's model settings (ModelV2): the new "
+                "stack's RLModule does not read it",
+                "write `model_config:` instead, with RLlib's DefaultModelConfig fields "
+                "(e.g. `fcnet_hiddens: [256, 256]`, `fcnet_activation: relu`)",
+            )
+            continue
         old = algorithm.old_keys.get(key)
         if old is not None:
             said = "; ".join(old.rllib)
@@ -527,7 +566,7 @@ def validate(
             f"stop: {_shown(exp.stop)}, not a mapping of metric: number",
             "write e.g. `stop: {training_iteration: 100}`",
         )
-    _config(j, algorithm)
+    _config(j, algorithm, facts)
     _seeds(j)
     _checkpoint_frequency(j)
     _evaluation(j)

@@ -16,14 +16,15 @@ Docker reads it; else pigz, else gzip (any Docker reads gzip). Each layer is com
 once per codec into a cache on this machine (`<saved images dir>/layers/<diff-id>.<codec>`),
 so a second cluster's push of the same pin compresses nothing.
 
-Whether to compress: `choose` compares the estimated times, from a measured link rate
-(the best of two probes, random data sent to the node for about PROBE_SECONDS each, timed
-from the first chunk) and a
-measured compressor rate and ratio (a sample of the image): plain takes S/link;
-compressed takes max(S_uncached/cpu, S/decode, ratio*S/link), since the stages overlap
-(decode: an assumed rate of Docker's decompressor, DECODE_BPS). Compression is chosen
-when it is at least 1/MARGIN faster: on a link faster than the compressor (or than the
-node's decompressor, for cached layers), plain goes.
+Whether to compress: a send of at most SMALL_BYTES is compressed unmeasured
+(`small_send`: its compression costs milliseconds). Above it, `choose` compares the
+estimated times, from a measured link rate (the best of two probes, random data sent to
+the node for about PROBE_SECONDS each, timed from the first chunk) and a measured
+compressor rate and ratio (a sample of the image): plain takes S/link; compressed takes
+max(S_uncached/cpu, S/decode, ratio*S/link), since the stages overlap (decode: an assumed
+rate of Docker's decompressor, DECODE_BPS). Compression is chosen when it is at least
+1/MARGIN faster: on a link faster than the compressor (or than the node's decompressor,
+for cached layers), plain goes.
 
 A node that holds none of the image gets it as one stream, `docker save` piped through
 the compressor (`savepipe`), which `docker load` decompresses whole. For it the rule
@@ -68,6 +69,11 @@ PROBE_BYTES = 32 << 20  # at most this much is sent to the node to measure the l
 PROBE_SECONDS = 1.0  # ... for at most about this long (each of two probes)
 CALIBRATE_BYTES = 8 << 20  # compressed here once, to bound the compressor's rate
 MIN_AUTO_BYTES = 256 << 20  # auto leaves smaller sends plain: little to win, a probe to pay
+# ... except the smallest: auto compresses a send of at most this many bytes without a probe
+# (a project's own code after a one-line change: a layer of kilobytes, where the image's
+# config and the tar's headers weigh as much as the change). Python's zlib at level 1
+# compresses it in about 50 ms on one core, zstd in less: on no link is that worth a probe.
+SMALL_BYTES = 4 << 20
 DECODE_BPS = {"gz": 100e6, "zst": 400e6}  # the node's docker load decompressing (assumed)
 ZSTD_SINCE = (23, 0)  # Docker 20.10 refuses a zstd layer ("invalid tar header", seen in the lab)
 GRAPH_DRIVERS = frozenset(
@@ -145,6 +151,14 @@ class Estimate:
         cpu = self.uncached_bytes / max(self.cpu_bps, 1.0)
         decode = self.send_bytes / max(self.decode_bps, 1.0)
         return max(cpu, decode, self.ratio * self.send_bytes / max(self.link_bps, 1.0))
+
+
+def small_send(total: int) -> str | None:
+    """Why auto compresses a send of `total` bytes without measuring anything, or None
+    when it is too big for that (the link and the compressor decide: `choose`)."""
+    if total > SMALL_BYTES:
+        return None
+    return f"{total / 1e3:,.0f} kB: compressed unmeasured (milliseconds of CPU, no probe)"
 
 
 def choose(mode: Mode, est: Estimate | None) -> tuple[bool, str]:
@@ -305,11 +319,15 @@ def _unzstd(path: Path) -> Iterator[bytes]:
         stderr=subprocess.DEVNULL,
     )
     assert proc.stdout is not None
+    ended = False
     try:
         while block := proc.stdout.read(CHUNK):
             yield block
+        ended = True
     finally:
-        if proc.poll() is None:
+        # read to its end: zstd's exit is waited for (its output ends before it exits);
+        # left early (the reader stopped): zstd is ended
+        if not ended and proc.poll() is None:
             proc.kill()
         proc.stdout.close()
         code = proc.wait()

@@ -63,6 +63,18 @@ def connect(dashboard_url: str, token_path: Path | None) -> Any:
             f"cannot reach Ray's Jobs API at {dashboard_url}",
             "check that the cluster is up (`provisioner status`) and the tunnel is open",
         ) from exc
+    except (RuntimeError, ValueError, KeyError, TypeError, OSError) as exc:
+        # Ray's client reads the answers to its version probe and its first request
+        # without a guard: an HTTP error, a body that is not JSON or JSON without
+        # "ray_version" (a dashboard still starting, or another server on that port);
+        # requests' errors are OSErrors
+        raise OperationError(
+            f"Ray's Jobs API at {dashboard_url} gave an answer Ray's client cannot read "
+            f"({type(exc).__name__}: {str(exc)[:200]})",
+            "check that the cluster is up (`provisioner status`) and that the inventory's "
+            "dashboard port is Ray's dashboard; a head that has just started answers in a "
+            "few seconds: try again",
+        ) from exc
     return client
 
 

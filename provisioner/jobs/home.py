@@ -48,6 +48,13 @@ class Results:
     refused: ReceiveError | None = None  # files refused as unsafe
     unreadable: list[str] = field(default_factory=list)  # files that could not be read
 
+    def problems(self) -> list[str]:
+        """What did not come home, a line each: files that could not be read, files refused
+        (over the caps or this disk), and why none came (a refusal as unsafe included)."""
+        said = [f"could not read {problem}" for problem in self.unreadable]
+        said += [f"refused: {line}" for line in (self.pulled.refused if self.pulled else [])]
+        return [*said, *([self.missing] if self.missing else [])]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "results_dir": str(self.directory),

@@ -72,6 +72,21 @@ def with_retries(
     def resume_from(
         following: JobSpec, previous: Path
     ) -> tuple[JobSpec, Callable[[Link], None] | None]:
+        from provisioner.jobs.home import bring_home
+
+        # What came home of the lost attempt was brought while its node was down: with the
+        # head's Ray container lost, Tune's folder in the store (which runs beside it and
+        # kept every trial's results and checkpoints) could not be copied to the head's
+        # results, a copy made in that container. The cluster repaired, it can: the
+        # attempt's results come home again, Tune's folder from the store with them, so
+        # the next attempt goes on from the latest state, not from the head's older copy.
+        try:
+            again = bring_home(target, previous.name, previous)
+        except ProvisionerError as exc:
+            handlers.report(f"{previous.name}: its results could not come home again ({exc})")
+        else:  # said, not dropped: the next attempt goes on from what is here
+            for problem in again.problems():
+                handlers.report(f"{previous.name}: {problem}")
         if latest_checkpoint(previous) is None and latest_experiment(previous) is None:
             handlers.report("no checkpoint came home: the next attempt starts afresh")
             return following, prepare

@@ -22,6 +22,7 @@ standard library and Ray only.
 
 from __future__ import annotations
 
+import copy
 import os
 import runpy
 import sys
@@ -89,6 +90,7 @@ def install(path: str) -> None:
 
     tune.Tuner.__init__ = init  # type: ignore[method-assign]
     forget_saves_in_flight()
+    new_trials_in_the_new_place()
 
 
 def forget_saves_in_flight() -> None:
@@ -115,6 +117,44 @@ def forget_saves_in_flight() -> None:
         original(self, state)  # type: ignore[no-untyped-call]
 
     TuneController.__setstate__ = setstate  # type: ignore[method-assign]
+
+
+def new_trials_in_the_new_place() -> None:
+    """Give a trial made after the restore the restored experiment's storage.
+
+    `Tuner.restore` at another path (the next attempt's own storage) moves the trials it
+    restores there (`TuneController._restore_trials`), but the search algorithm's state,
+    restored with it, keeps the experiment's spec with the first storage: a trial it makes
+    afterwards (a sweep's trial not started before the loss) wrote its checkpoints into the
+    first attempt's folder, where they did not come home (seen on the lab: a 4-trial sweep
+    whose head was lost; its last trial's result.json home, its checkpoints not). Each new
+    trial is moved as Tune moves the restored ones: the experiment's filesystem, root and
+    name."""
+    try:
+        from ray.tune.execution.tune_controller import TuneController
+    except ImportError:  # another Ray: nothing to mend
+        return
+    original = TuneController.resume
+
+    def resume(self: Any, *args: Any, **kwargs: Any) -> Any:
+        done = original(self, *args, **kwargs)
+        search, storage = self._search_alg, self._storage
+        made = search.next_trial
+
+        def next_trial() -> Any:
+            trial = made()
+            if trial is not None and getattr(trial, "storage", None) is not None:
+                moved = copy.copy(trial.storage)
+                moved.storage_filesystem = storage.storage_filesystem
+                moved.storage_fs_path = storage.storage_fs_path
+                moved.experiment_dir_name = storage.experiment_dir_name
+                trial.set_storage(moved)
+            return trial
+
+        search.next_trial = next_trial
+        return done
+
+    TuneController.resume = resume  # type: ignore[method-assign]
 
 
 def main(argv: list[str]) -> None:

@@ -284,6 +284,8 @@ class Watcher:
             self.sweep = sweep
             marks.append({"source": "tune", "sweep": sweep})
             self.keep(marks[-1])
+        elif self.sweep is None and marks:  # one trial (no sweep): its latest figures
+            self.keep(marks[-1])
         return marks
 
     def state_file(self) -> str | None:

@@ -154,6 +154,10 @@ def _dir(store: HeadStore, *parts: str) -> str:
 # `start_command` refuses to touch the store of a namesake cluster (the same name from
 # another state folder: the node folder is shared by name)
 FOREIGN_EXIT = 6
+# `start_command`'s wait for another start on the head: one start's longest path (stop a
+# store, check the binary, wait 60 s for its port), with room
+BUSY_EXIT = 7
+LOCK_WAIT_S = 100
 FOREIGN = (
     "a store of another cluster of this name (another state folder, other keys) runs in "
     "this cluster's node folder on the head"
@@ -215,31 +219,41 @@ def owned_test(store: HeadStore) -> str:
     return f'[ ! -f {owner} ] || [ "$(cat {owner})" = {shlex.quote(store.access_key)} ]'
 
 
-def server_command(store: HeadStore, sha256: str) -> str:
-    """The server's own command line (bound to the head's address only)."""
+def server_flags(store: HeadStore) -> list[str]:
+    """The server's options (bound to the head's address only)."""
     addr = shlex.quote(store.address)
-    return " ".join(
-        [
-            binary_path(sha256),
-            "server",
-            f"-dir={_dir(store, 'data')}",
-            f"-ip={addr}",
-            f"-ip.bind={addr}",
-            "-s3",
-            f"-s3.config={_dir(store, 's3.json')}",
-            "-master.volumeSizeLimitMB=256",
-            "-volume.preStopSeconds=0",  # else 10 s of heartbeat-less wait on every stop
-            "-master.electionTimeout=1s",  # one master: a restart over its data waited 10 s+
-            *(f"{flag}={store.port(name)}" for name, flag in PORT_FLAGS),
-        ]
-    )
+    return [
+        f"-dir={_dir(store, 'data')}",
+        f"-ip={addr}",
+        f"-ip.bind={addr}",
+        "-s3",
+        f"-s3.config={_dir(store, 's3.json')}",
+        "-master.volumeSizeLimitMB=256",
+        # as many volumes as the head's free disk holds: SeaweedFS's default, 8 volumes,
+        # of 256 MB here, capped the store at 2 GB, past which an upload fails ("When
+        # uploading part for key ...": seen once on the lab after a module's jobs, and
+        # reproduced with 1 MB volumes: 8 of 20 MB written; with 0, all 20); its 1%
+        # free-disk floor stays
+        "-volume.max=0",
+        "-volume.preStopSeconds=0",  # else 10 s of heartbeat-less wait on every stop
+        "-master.electionTimeout=1s",  # one master: a restart over its data waited 10 s+
+        *(f"{flag}={store.port(name)}" for name, flag in PORT_FLAGS),
+    ]
+
+
+def server_command(store: HeadStore, sha256: str) -> str:
+    """The server's own command line."""
+    return " ".join([binary_path(sha256), "server", *server_flags(store)])
 
 
 def signature(store: HeadStore) -> str:
-    """What a running store must match to be kept: its address, ports and keys."""
+    """What a running store must match to be kept: its address, ports, keys and options
+    (a store started by an earlier version with other options is started again, its data
+    kept)."""
     import hashlib
 
-    return hashlib.sha256(json.dumps(store.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+    text = json.dumps({**store.to_json(), "flags": server_flags(store)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def start_command(store: HeadStore, sha256: str, timeout: float = 60) -> str:
@@ -249,7 +263,13 @@ def start_command(store: HeadStore, sha256: str, timeout: float = 60) -> str:
     missing or damaged: send it, then this again), the identities written (0600) and the
     server started in a session of its own (`setsid`, its pid recorded); then wait until
     its S3 port answers (exit 3: it stopped, its log's tail on stderr), and make the
-    bucket (idempotent)."""
+    bucket (idempotent).
+
+    One start at a time on the head (`flock` on the store's folder, exit 7 after
+    LOCK_WAIT_S): an `up` interrupted while its start ran on the head leaves that start
+    running there, and a second `up` beside it would start a second server over the
+    first's ports and pid file (seen in CI: the second's server lost the ports, its pid
+    recorded, exit 3). The server itself does not hold the lock (`9>&-`)."""
     from provisioner.node.commands import wait_for_port_command
 
     log, shell_log = _dir(store, "server.log"), _dir(store, "shell.log")
@@ -258,7 +278,11 @@ def start_command(store: HeadStore, sha256: str, timeout: float = 60) -> str:
     wait = wait_for_port_command(store.address, store.port("s3"), timeout, running_test(store))
     master = f"{store.address}:{store.port('master')}.{store.port('master.grpc')}"
     bucket = shlex.quote(f"s3.bucket.create -name {BUCKET}")
+    busy = f"another start of this cluster's store on the head held it for {LOCK_WAIT_S} s"
     return (
+        f"umask 077 && mkdir -p {_dir(store)} && {{ "
+        f"{{ ! command -v flock >/dev/null || flock -w {LOCK_WAIT_S} 9 || "
+        f"{{ echo {shlex.quote(busy)} >&2; exit {BUSY_EXIT}; }}; }}; "
         f'if {{ {running_test(store)}; }} && [ "$(cat {sig} 2>/dev/null)" = {signature(store)} ]; '
         "then exit 0; fi; "
         f"if {{ {running_test(store)}; }} && ! {{ {owned_test(store)}; }}; then "
@@ -269,12 +293,12 @@ def start_command(store: HeadStore, sha256: str, timeout: float = 60) -> str:
         f"printf '%s' {shlex.quote(store.access_key)} > {_dir(store, 'server.owner')} && "
         f"printf '%s' {shlex.quote(s3_config(store))} > {_dir(store, 's3.json')} && "
         f"echo {signature(store)} > {sig} && "
-        f"{{ setsid {server_command(store, sha256)} > {log} 2>&1 < /dev/null & }} && "
+        f"{{ setsid {server_command(store, sha256)} > {log} 2>&1 < /dev/null 9>&- & }} && "
         f"echo $! > {_dir(store, 'server.pid')} && "
         f"( {wait} ); rc=$?; if [ $rc != 0 ]; then tail -20 {log} >&2; exit $rc; fi; "
         f"echo {bucket} | {binary_path(sha256)} shell -master={shlex.quote(master)} "
         f"> {shell_log} 2>&1 || grep -q 'already exists' {shell_log} || "
-        f"{{ tail -5 {shell_log} >&2; exit 5; }}"
+        f"{{ tail -5 {shell_log} >&2; exit 5; }}; }} 9>>{_dir(store, 'server.lock')}"
     )
 
 

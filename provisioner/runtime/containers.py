@@ -212,7 +212,13 @@ def run_command(
     `gpus`: the node's GPUs for Ray, handed over in the runtime's words; `cluster_id` labels it
     and names it (`layout.container_name`); it refuses to start (exit 3) over a container
     of that name that is not provably this cluster's, or beside a container of another
-    cluster of the same name (`words.start_guard`)."""
+    cluster of the same name (`words.start_guard`).
+
+    A run refused because a container of that name exists that carries this cluster's id
+    removes it and runs once more (`replace_ours`): `up` starts a node it saw without this
+    cluster's container, and an `up` interrupted a moment before can still be creating one
+    there (its `run` outlives the connection; seen: "Conflict. The container name ... is
+    already in use" on the next `up`)."""
     cluster = inventory.cluster
     name = layout.container_name(cluster, cluster_id)
     parts = [
@@ -242,8 +248,20 @@ def run_command(
         shlex.join(ray_start_args(inventory, node, gpus=gpus)),
     ]
     prepare = f"mkdir -p {layout.node_ray_dir(cluster)} {layout.node_results_dir(cluster)}"
-    guard = f"{words.start_guard(cluster, name, cluster_id)}; " if cluster_id else ""
-    return f"{guard}{prepare} && " + " ".join(parts)
+    run = " ".join(parts)
+    if not cluster_id:
+        return f"{prepare} && {run}"
+    guard = words.start_guard(cluster, name, cluster_id)
+    return f"{guard}; {prepare} && {{ {run} || {replace_ours(words, name, cluster_id, run)}; }}"
+
+
+def replace_ours(words: Words, name: str, cluster_id: str, run: str) -> str:
+    """Shell, after `run` failed ("$?" its status): when a container called `name` exists
+    carrying this cluster's id, remove it and `run` again; else exit with that status."""
+    return (
+        f'{{ rc=$?; {owner(words, name)}; if [ "$o" = {_id(cluster_id)} ]; then '
+        f"{words.remove} {shlex.quote(name)} >/dev/null 2>&1; {run}; else exit $rc; fi; }}"
+    )
 
 
 def remove_command(words: Words, cluster: str, cluster_id: str = "") -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from provisioner.inventory import Inventory, load_inventory
 from provisioner.lab.engine import exec_rc
 from provisioner.lab.nodes import LabInfo
 from provisioner.node.delivery import DeliveryReport
+from provisioner.runtime.delivery_options import PushOptions
 from provisioner.runtime.docker.direct import SavedCache
 from provisioner.runtime.docker.push import push_image
 from tests.e2e.helpers import cli, cli_json
@@ -55,19 +57,41 @@ def check_push(report: DeliveryReport, layers: int, most: int) -> None:
         assert 0 < node.bytes_sent <= most * 1.1 + TAR_SLACK, node
 
 
-def loader_bytes(pin: Pin, tmp: Path) -> int:
+def loader_bytes(pin: Pin, cache: Path) -> tuple[int, dict[str, int]]:
     """The bytes of a send of `pin`'s last layer to a classic-store node holding the rest,
-    counted from the image's `docker save` file: what `docker load` reads of it (the
-    manifest.json, the config, the layer's file), each member's header and blocks, and the
-    two end blocks. The save's other members (the legacy layer directories, their json
-    and VERSION) must not travel."""
-    saved = SavedCache(pin, tmp).get(print)
+    counted from the image's `docker save` file in the push's cache: what `docker load`
+    reads of it (the manifest.json, the config, the layer's file), each member's header
+    and blocks, and the two end blocks; sent plain, and by codec family ("zst", "gz") with
+    the layer's file replaced by its compressed copy in the push's layer cache (a
+    one-line change is a send small enough to compress unmeasured). The save's other
+    members (the legacy layer directories, their json and VERSION) must not travel."""
+    saved_cache = SavedCache(pin, cache)
+    saved = saved_cache.get(print)
     hexd = pin.image_id.removeprefix("sha256:")
-    read = {"manifest.json", f"{hexd}.json", f"blobs/sha256/{hexd}", saved.layer_files[-1]}
+    layer = saved.layer_files[-1]
+    read = {"manifest.json", f"{hexd}.json", f"blobs/sha256/{hexd}", layer}
     kept = [m for m in saved.members if m.name.removeprefix("./") in read]
     assert len(kept) == 3, [m.name for m in kept]
     assert len(saved.members) > len(kept) + 1  # positive control: the save holds more
-    return sum(m.offset_data - m.offset + m.size + (-m.size % 512) for m in kept) + 1024
+    plain = sum(m.offset_data - m.offset + m.size + (-m.size % 512) for m in kept) + 1024
+    member = next(m for m in kept if m.name.removeprefix("./") == layer)
+    rest = plain - (member.offset_data - member.offset + member.size + (-member.size % 512))
+    compressed = {}
+    for packed in saved_cache.layers.directory.glob(f"{pin.layers[-1].removeprefix('sha256:')}.*"):
+        size = packed.stat().st_size
+        compressed[packed.suffix[1:]] = (
+            rest + len(member_header(member, size)) + size + (-size % 512)
+        )
+    return plain, compressed
+
+
+def member_header(member: tarfile.TarInfo, size: int) -> bytes:
+    """The header the push writes for a layer file replaced by its compressed copy."""
+    info = tarfile.TarInfo(member.name)
+    info.size = size
+    info.mode, info.mtime, info.uid, info.gid = member.mode, member.mtime, member.uid, member.gid
+    info.uname, info.gname = member.uname, member.gname
+    return info.tobuf(tarfile.PAX_FORMAT)
 
 
 def forget_project(inv: Inventory, base: Pin, deps_layer: str) -> None:
@@ -152,13 +176,18 @@ def test_the_project_image_is_pushed_trained_on_every_node_and_rebuilt_by_its_la
     assert changed.layers[:-1] == pin.layers[:-1] and changed.layers[-1] != pin.layers[-1]
     last = changed.layer_sizes[-1] if changed.layer_sizes else 0
     assert 0 < last < own_bytes(pin, base)
-    report = push_image(inv, None, print, pin=changed)
+    cache = tmp_path / "push-cache"
+    report = push_image(inv, None, print, pin=changed, opts=PushOptions(cache_dir=cache))
     check_push(report, 1, last)
-    # a node on Docker's classic store gets what its `docker load` reads, and nothing else
+    # a node on Docker's classic store gets what its `docker load` reads, and nothing else:
+    # the layer compressed (a send this small is, unmeasured), so fewer bytes than plain
     classic = [n for n in report.nodes.values() if n.store == "classic"]
     assert classic, report.nodes
-    exact = loader_bytes(changed, tmp_path / "saved")
-    assert all(n.bytes_sent == exact for n in classic), (exact, report.nodes)
+    plain, exact = loader_bytes(changed, cache)
+    assert exact and all(n < plain for n in exact.values()), (plain, exact)
+    for n in classic:
+        assert n.codec in exact and n.bytes_sent == exact[n.codec], (exact, n)
+    print(f"one-line change: {exact} B sent by codec (plain: {plain} B), layer {last} B")
     # the nodes' cluster tag back on the base pin, as later modules expect
     forget_project(inv, base, info["layers"]["deps"])
 

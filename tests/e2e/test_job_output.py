@@ -4,7 +4,8 @@ Tune's own results, their own lines, Ray's noise only under `--verbose`, no esca
 off a terminal, Tune's folder home from the storage every node shares, a checkpoint made
 on a worker loaded here by `Algorithm.from_checkpoint`. Then experiment files (issue 45):
 validated and run through Tune, three seeds compared (`compare`), checkpoints evaluated on
-the cluster with videos (`eval`: CartPole, and MuJoCo's humanoid rendered headless).
+the cluster with videos (`eval`: CartPole, and MuJoCo's humanoid rendered headless), and
+APPO, IMPALA, DQN and SAC (continuous actions) each trained from a file, all four at once.
 
 On the two-network lab (conftest.data_lab: SSH on one network, Ray's traffic and the
 head's store on the other), in the second e2e process: the cluster is up for this module
@@ -304,6 +305,9 @@ def test_an_experiment_file_runs_through_tune_and_keeps_its_file_and_config(
     names = {j["job_id"]: j["playbook"] for j in listed["jobs"]}
     assert names.get(home.name) == "cartpole-ppo.yaml", names  # the positive control
     assert "old-keys.yaml" not in names.values(), names
+    # its one trial's latest figures, kept on the head by the job's Tune watcher
+    row = {j["job_id"]: j for j in listed["jobs"]}[home.name]
+    assert row["progress"]["iteration"] == 2 and row["progress"]["env_steps"] > 0, row
 
     # repeated from its results: the kept file, alone, validated and running again
     code, out, err = cli_json(
@@ -460,3 +464,100 @@ def test_a_mujoco_humanoid_trains_and_its_evaluation_is_recorded_headless(
     # Humanoid-v5 pays 5 for each step it stays up (not the last, where it falls), less a
     # little for its controls: the return is about 5 per step
     assert 4 * (video["length"] - 1) <= video["return"] <= 6 * video["length"], video
+
+
+# RLlib's other new-stack algorithms, each from a file, stopped once its learner trained
+# (APPO's and IMPALA's first iterations may end before their env runner's first samples
+# come: they do not wait for them); their defaults shortened: an iteration's minimum time,
+# the steps before learning
+ALGORITHMS = {
+    "appo-cartpole": """\
+appo-cartpole:
+    env: CartPole-v1
+    run: APPO
+    stop: {learners/__all_modules__/num_env_steps_trained_lifetime: 1, training_iteration: 30}
+    config: {min_time_s_per_iteration: 2}
+    checkpoint_frequency: 1
+    resources: {env_runners: 1}
+""",
+    "impala-cartpole": """\
+impala-cartpole:
+    env: CartPole-v1
+    run: IMPALA
+    stop: {learners/__all_modules__/num_env_steps_trained_lifetime: 1, training_iteration: 30}
+    config: {min_time_s_per_iteration: 2}
+    checkpoint_frequency: 1
+    resources: {env_runners: 1}
+""",
+    "dqn-cartpole": """\
+dqn-cartpole:
+    env: CartPole-v1
+    run: DQN
+    stop: {learners/__all_modules__/num_env_steps_trained_lifetime: 1, training_iteration: 30}
+    config:
+        num_steps_sampled_before_learning_starts: 200
+        min_sample_timesteps_per_iteration: 400
+    checkpoint_frequency: 1
+    resources: {env_runners: 0}
+""",
+    "sac-pendulum": """\
+sac-pendulum:
+    env: Pendulum-v1
+    run: SAC
+    stop: {learners/__all_modules__/num_env_steps_trained_lifetime: 1, training_iteration: 30}
+    config:
+        num_steps_sampled_before_learning_starts: 50
+        model_config: {fcnet_hiddens: [64, 64]}
+    checkpoint_frequency: 1
+    resources: {env_runners: 0}
+""",
+}
+
+
+def losses(result: dict[str, Any]) -> dict[str, float]:
+    """The learner's losses in one of Tune's results (RLlib's `learners/default_policy`)."""
+    learned = (result.get("learners") or {}).get("default_policy") or {}
+    return {k: v for k, v in learned.items() if "loss" in k and isinstance(v, int | float)}
+
+
+def test_appo_impala_dqn_and_sac_each_train_from_a_file_at_once(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    """Four experiment files submitted at once, as from four terminals (their 6 CPUs are
+    the cluster's): APPO, IMPALA and DQN on CartPole (discrete actions), SAC on Pendulum
+    (continuous, with its model's layers from `model_config`). Each SUCCEEDED; Tune's
+    results home say its algorithm sampled and its learner trained (the file's stop,
+    reached before its iteration bound; the learner's losses); its checkpoint is home;
+    the file kept is the one sent."""
+    book = tmp_path / "book"
+    book.mkdir()
+    running = {}
+    for name, text in ALGORITHMS.items():
+        (book / f"{name}.yaml").write_text(text)
+        command = [sys.executable, "-m", "provisioner", "submit", "-i", inventory, "--json"]
+        command += ["--results", str(tmp_path / name), str(book / f"{name}.yaml")]
+        running[name] = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    done = {name: proc.communicate(timeout=600) for name, proc in running.items()}
+    for name, (out, err) in done.items():
+        assert running[name].returncode == 0, (name, err[-3000:])
+        doc = json.loads(out)
+        assert doc["status"] == "SUCCEEDED", (name, doc.get("log_tail"))
+        home = tmp_path / name / doc["job_id"]
+        rows = tune_results_home(home)
+        last = max(rows, key=lambda r: r["training_iteration"])
+        trained = last["learners"]["__all_modules__"]["num_env_steps_trained_lifetime"]
+        assert trained >= 1 and last["training_iteration"] < 30, (name, trained)
+        algorithm = ALGORITHMS[name].split("run: ")[1].split("\n")[0]
+        assert last["config"]["env"] in ("CartPole-v1", "Pendulum-v1"), last["config"]
+        assert last["num_env_steps_sampled_lifetime"] > 0, (name, last)
+        assert losses(last), (name, sorted(last.get("learners", {}).get("default_policy", {})))
+        config = json.loads((home / "config.json").read_text())
+        assert config["env"] == last["config"]["env"]
+        kept = (home / "experiment.yaml").read_text()
+        assert kept == ALGORITHMS[name] and f"run: {algorithm}" in kept
+        checkpoints = list(home.glob(f"ray_results/{name}/*/checkpoint_*/rllib_checkpoint.json"))
+        assert checkpoints, sorted(str(p.relative_to(home)) for p in home.rglob("*"))[:40]
+    sac = json.loads((next((tmp_path / "sac-pendulum").iterdir()) / "config.json").read_text())
+    assert sac["_model_config"] == {"fcnet_hiddens": [64, 64]}

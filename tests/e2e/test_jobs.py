@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 import secrets
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -336,6 +337,26 @@ def test_an_unchanged_tune_script_checkpointing_on_a_worker_succeeds_and_comes_h
     assert list(experiment.glob("*/result.json")) and list(experiment.glob("*/events.out.*"))
     # what came home is what the store holds, file by file (read on the head's Ray)
     assert all(p.stat().st_size > 0 for p in states)
+    # the store may fill the head's disk, not SeaweedFS's default 8 volumes (2 GB here,
+    # after which it refused uploads): its master's count of volumes, against the free disk
+    from provisioner.cluster.storage import read_store
+    from tests.e2e.helpers import ssh
+
+    store = read_store(load_inventory(Path(inventory)))
+    assert store is not None
+    data = f"$HOME/.provisioner/clusters/{store.cluster}/storage/data"
+    url = f"http://{store.address}:{store.port('master')}/dir/status"
+    got = ssh(
+        lab,
+        lab.nodes[0],
+        f"df -B1 --output=avail {data} | tail -1; python3 -c "
+        + shlex.quote(
+            "import json, urllib.request; t = json.load(urllib.request.urlopen("
+            f"{url!r}))['Topology']; print(t['Max'], t['Free'])"
+        ),
+    )
+    avail, most, free = (int(w) for w in got.stdout.split())
+    assert most > 8 and free >= 1 and most >= avail // (256 << 20) // 2, (avail, most, free)
 
 
 def test_a_folder_every_node_shares_is_tunes_storage_and_holds_the_checkpoints(

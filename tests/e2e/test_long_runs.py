@@ -163,7 +163,7 @@ def test_a_killed_submit_leaves_the_job_running_and_jobs_logs_follow_takes_over(
 ) -> None:
     log = tmp_path / "submit.log"
     results = tmp_path / "results"
-    args = ["--max-iterations", "40", "--max-env-steps", "100000", "--target-return", "1e9"]
+    args = ["--max-iterations", "24", "--max-env-steps", "100000", "--target-return", "1e9"]
     args += SMALL
     proc = provisioner_process(
         "submit", "-i", inventory, "--results", str(results),
@@ -201,7 +201,7 @@ def test_a_killed_submit_leaves_the_job_running_and_jobs_logs_follow_takes_over(
     assert "reconnecting" in text, text[-3000:]
     # every line of the job's output once, in order, across the reconnection
     iters = [int(m.group(1)) for m in map(JOB_LINE.search, text.splitlines()) if m]
-    assert iters == list(range(1, 41)), text[-3000:]
+    assert iters == list(range(1, 25)), text[-3000:]
     # and each iteration once: not a terminal, so no progress line beside the job's own
     # (without --json or --verbose the progress line is what shows: `submit`'s log above)
     assert "ETA" in log.read_text(errors="replace")
@@ -212,7 +212,7 @@ def test_a_killed_submit_leaves_the_job_running_and_jobs_logs_follow_takes_over(
     code, got, err = jobs_json("results", job, "-i", inventory, "--results", str(results))
     assert code == 0, err[-2000:]
     assert got["transfer"]["files_sent"] == [] and got["transfer"]["bytes_sent"] == 0
-    assert (home / "metrics.csv").read_text().count("\n") == 41
+    assert (home / "metrics.csv").read_text().count("\n") == 25
     assert list((home / "tensorboard").glob("events.out.tfevents.*"))
     assert (home / "training.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((home / "summary.json").read_text())
@@ -495,7 +495,7 @@ def test_tunnel_prints_the_lines_rays_own_cli_needs(inventory: str, tmp_path: Pa
 
 def lose_worker(
     lab: LabInfo,
-    worker: LabNode,
+    worker: LabNode | list[LabNode],
     inventory: str,
     proc: subprocess.Popen[bytes],
     when: Any,
@@ -503,17 +503,20 @@ def lose_worker(
     wait: float = 420,
 ) -> None:
     """Once `when()` holds, the worker's Ray container killed at once (a lost node, mid
-    run); then the submit `proc` to its end; the container started again in any case."""
+    run); then the submit `proc` to its end; the container started again in any case.
+    `worker` a list: the one `when()` put in it as it held."""
     name = ray_container(load_inventory(Path(inventory)))
+    chosen: list[LabNode] = worker if isinstance(worker, list) else [worker]
     try:
         wait_for(when, 600, what)
-        stopped = ssh(lab, worker, f"docker kill {name}")
+        stopped = ssh(lab, chosen[0], f"docker kill {name}")
         assert stopped.returncode == 0, stopped.stderr
         proc.wait(wait)
     finally:
         if proc.poll() is None:
             proc.kill()
-        ssh(lab, worker, f"docker start {name}")  # undone in any case
+        for node in chosen[:1]:
+            ssh(lab, node, f"docker start {name}")  # undone in any case
 
 
 def test_a_worker_stopped_mid_run_with_retries_1_is_repaired_and_resumed(
@@ -683,12 +686,22 @@ def test_a_sweep_under_asha_survives_a_lost_worker_and_names_the_best(
         "submit", "-i", inventory, "--results", str(results), "--retries", "1",
         "--max-concurrent", "4", str(book / "cartpole-asha.yaml"), log=log,
     )  # fmt: skip
-    worker = lab.nodes[2]
-    address = worker.data_address or worker.address  # where its Ray runs
     name = ray_container(load_inventory(Path(inventory)))
-    # a trial on the worker past its first checkpoint: it has one to go on from
-    trial_there = lambda: running_on(lab, name, address) >= 2  # noqa: E731
-    lose_worker(lab, worker, inventory, proc, trial_there, "a trial on the worker", 900)
+    # the worker lost: the first one found running a trial past its first checkpoint (it
+    # has one to go on from). Where Tune places the trials and which ones ASHA keeps past
+    # its first rungs is the run's own: either worker may be the one.
+    found: list[LabNode] = []
+
+    def trial_on_a_worker() -> bool:
+        for node in lab.nodes[1:]:
+            if running_on(lab, name, node.data_address or node.address) >= 2:
+                found.append(node)
+                return True
+        return False
+
+    lose_worker(lab, found, inventory, proc, trial_on_a_worker, "a trial on a worker", 900)
+    worker = found[0]
+    address = worker.data_address or worker.address  # where its Ray ran
     text = log.read_text(errors="replace")
     assert proc.returncode == 0, text[-4000:]
     job = job_id_in(log)
@@ -764,3 +777,137 @@ def test_a_sweep_under_asha_survives_a_lost_worker_and_names_the_best(
     counts = [progress[k] for k in ("trials", "done", "running", "pending", "failed")]
     assert counts == [8, 8, 0, 0, 0] and progress["repeated"] >= 1, progress
     assert progress["best"]["value"] == pytest.approx(max(t["final"] for t in trials)), progress
+
+
+STORED = """\
+import json, os, pyarrow.fs as pafs
+fs, base = pafs.FileSystem.from_uri(os.environ["RAY_STORAGE"])
+where = pafs.FileSelector(base + "/" + os.environ["EXPERIMENT"], allow_not_found=True)
+found = fs.get_file_info(where)
+states = sorted(i.path for i in found if i.base_name.startswith("experiment_state-"))
+out = []
+if states:
+    with fs.open_input_stream(states[-1]) as stream:
+        state = json.loads(stream.read())
+    for meta, run in state["trial_data"]:
+        meta = json.loads(meta) if isinstance(meta, str) else meta
+        run = json.loads(run) if isinstance(run, str) else run
+        last = run.get("last_result") or {}
+        out.append([meta["trial_id"], meta["status"], last.get("training_iteration", 0)])
+print(json.dumps(out))
+"""
+
+
+def stored_trials(
+    lab: LabInfo, inventory: str, container: str, job: str, experiment: str
+) -> list[tuple[str, str, int]]:
+    """(trial id, status, iterations) of each trial in the newest experiment state Tune
+    saved in the store: what a restore of the job's experiment starts from."""
+    from provisioner.cluster.storage import job_env
+
+    env = {**job_env(load_inventory(Path(inventory)), job), "EXPERIMENT": experiment}
+    flags = " ".join(f"-e {shlex.quote(f'{k}={v}')}" for k, v in env.items())
+    got = ssh(
+        lab, lab.nodes[0], f"docker exec {flags} {container} python3 -c {shlex.quote(STORED)}"
+    )
+    if got.returncode != 0:
+        return []
+    return [(t, status, int(i)) for t, status, i in json.loads(got.stdout.splitlines()[-1])]
+
+
+def test_a_sweep_whose_head_is_lost_goes_on_in_the_next_attempt_and_reruns_no_finished_trial(
+    inventory: str, lab: LabInfo, tmp_path: Path
+) -> None:
+    """2 learning rates x 2 seeds, 10 iterations of at least 3 s each, at most 2 at once,
+    with --retries 1; the head's Ray container killed once the experiment state Tune keeps
+    in the store (the state a restore starts from) has a trial finished and another past
+    its second checkpoint. The attempt is lost with the head's Ray; the next one repairs
+    the cluster (`up`), brings the lost attempt's Tune folder home again from the store
+    every node shares (it runs beside Ray on the head, not in its container) and restores
+    Tune's experiment from it: every trial ends with its 10 iterations; a trial that had
+    finished is not run again (each iteration once in its results); a trial cut off goes
+    on from its latest checkpoint (`restored`, at most the iteration in flight again);
+    the trials not started run once."""
+    book = tmp_path / "book"
+    book.mkdir()
+    text = (
+        SWEEP.replace("cartpole-sweep:", "cartpole-head:")
+        .replace("training_iteration: 6", "training_iteration: 10")
+        .replace(
+            "        train_batch_size_per_learner: {grid_search: [200, 400]}\n",
+            "        train_batch_size_per_learner: 200\n        min_time_s_per_iteration: 3\n",
+        )
+    )
+    (book / "cartpole-head.yaml").write_text(text)
+    results = tmp_path / "r"
+    log = tmp_path / "submit.log"
+    name = ray_container(load_inventory(Path(inventory)))
+    proc = provisioner_process(
+        "submit", "-i", inventory, "--results", str(results), "--retries", "1", "--json",
+        "--max-concurrent", "2", str(book / "cartpole-head.yaml"), log=log,
+    )  # fmt: skip
+    at_kill: list[list[tuple[str, str, int]]] = []
+
+    def one_done_one_past_two() -> bool:
+        job = job_id_in(log)
+        if job is None:
+            return False
+        stored = stored_trials(lab, inventory, name, job, "cartpole-head")
+        done = [t for t in stored if t[1] == "TERMINATED"]
+        going = [t for t in stored if t[1] == "RUNNING" and 3 <= t[2] < 10]
+        if done and going:
+            at_kill.append(stored)
+        return bool(at_kill)
+
+    try:
+        wait_for(one_done_one_past_two, 600, "a trial done and another past iteration 2")
+        killed = ssh(lab, lab.nodes[0], f"docker kill {name}")
+        assert killed.returncode == 0, killed.stderr
+        proc.wait(900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            cli("up", "-i", inventory)  # undone: the module's later tests need the cluster
+    said = log.read_text(errors="replace")
+    doc = json.loads(log.with_suffix(".out").read_text())
+    assert proc.returncode == 0 and doc["status"] == "SUCCEEDED", said[-4000:]
+    home = results / doc["job_id"]
+    attempts = json.loads((home / "attempts.json").read_text())
+    # the head's Ray forgot the job with its container: the attempt's status is unknown
+    assert [a["status"] for a in attempts] == ["UNKNOWN", "SUCCEEDED"], attempts
+    assert "head" in attempts[0]["message"], attempts
+    assert attempts[1]["resumed_from"] == attempts[0]["job_id"]
+    assert "Tune's experiment restored from" in said, said[-4000:]
+    sweep = json.loads((home / "sweep.json").read_text())
+    trials = sweep["trials"]
+    assert len(trials) == 4 and all(t["status"] == "TERMINATED" for t in trials), trials
+    assert all(t["iterations"] == 10 for t in trials), trials
+    seen: dict[str, list[int]] = {}
+    ids: dict[str, str] = {}
+    for path in home.glob("ray_results/cartpole-head/*/result.json"):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        seen[path.parent.name] = [r["training_iteration"] for r in rows]
+        ids[path.parent.name] = rows[0]["trial_id"]
+    assert set(seen) == {t["trial"] for t in trials}, sorted(seen)
+    state = {t: (status, i) for t, status, i in at_kill[0]}
+    finished = {t for t, (status, _) in state.items() if status == "TERMINATED"}
+    # (a trial running with no iteration yet has no checkpoint: it starts again, once)
+    cut = {t: i for t, (status, i) in state.items() if status == "RUNNING" and i >= 1}
+    again = {ids[t["trial"]] for t in trials if t["restored"]}
+    assert finished and cut and set(cut) <= again, (state, trials)  # the positive control
+    assert not finished & again, (state, trials)
+    for trial, iterations in seen.items():
+        tid = ids[trial]
+        # its checkpoints home (a trial made after the restore: in the new attempt's
+        # storage, which is what comes home)
+        held = len(list((home / "ray_results" / "cartpole-head" / trial).glob("checkpoint_*")))
+        if tid in finished or tid not in cut:  # done before the loss, or not yet started
+            assert iterations == list(range(1, 11)), (trial, state.get(tid), iterations)
+            assert held == 10, (trial, held)
+            continue
+        assert held >= 1, (trial, held)
+        # on from the checkpoint the state held (not from the start), to the stop
+        back = [i for i, (a, b) in enumerate(itertools.pairwise(iterations)) if b <= a]
+        assert len(back) <= 1 and iterations[-1] == 10, (trial, cut[tid], iterations)
+        assert all(iterations[i] - iterations[i + 1] <= 1 for i in back), (trial, iterations)
+        assert sorted(set(iterations)) == list(range(1, 11)), (trial, iterations)

@@ -73,3 +73,29 @@ def test_the_bench_sweep_fills_the_cluster_twice(bench: ModuleType) -> None:
     rates = body["config"]["lr"]["grid_search"]
     assert len(rates) == 6 and len(set(rates)) == 6 and len(body["seeds"]) == 2
     assert rates[0] == pytest.approx(1e-4) and rates[-1] == pytest.approx(1e-3)
+
+
+def test_a_trial_holds_its_cpus_from_its_actor_asked_for_to_its_process_exit(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    # Tune says RUNNING at 95.5, once the algorithm is built; Ray's state API says the
+    # actor of pid 7 on 10.0.0.2 was asked for at 90 and its process exited at 123
+    write_trial(tmp_path, "a", [(110, 10), (120, 10)])
+    path = tmp_path / "ray_results" / "bench-sweep" / "a" / "result.json"
+    path.write_text(
+        path.read_text().replace(
+            '"training_iteration"',
+            '"trial_id": "t_0", "node_ip": "10.0.0.2", "pid": 7, "training_iteration"',
+        )
+    )
+    state = {"trial_data": [[json.dumps({"trial_id": "t_0"}), json.dumps({"start_time": 95.5})]]}
+    (tmp_path / "ray_results" / "bench-sweep" / "experiment_state-x.json").write_text(
+        json.dumps(state)
+    )
+    got = bench.trial_spans(tmp_path, {("10.0.0.2", 7): (90.0, 123.0)})
+    assert got == [(90.0, 110.0, 123.0)]
+    # its exit not known: freed at its last result
+    assert bench.trial_spans(tmp_path, {("10.0.0.2", 7): (90.0, None)}) == [(90.0, 110.0, 120.0)]
+    # another process's actor, or none known: Tune's RUNNING and its last result
+    assert bench.trial_spans(tmp_path, {("10.0.0.2", 8): (90.0, 123.0)}) == [(95.5, 110.0, 120.0)]
+    assert bench.trial_spans(tmp_path, {}) == [(95.5, 110.0, 120.0)]

@@ -233,7 +233,9 @@ def test_the_container_is_named_and_labelled_by_the_clusters_id(
 def _fake_docker(work: Path, containers: dict[str, str]) -> dict[str, str]:
     """A `docker` run by a real shell, on a node holding `containers` (name -> its
     cluster id label, "" for none, all of cluster `demo`): `inspect` answers a container's
-    label, `ps` lists them, `rm` and `run` are logged, `exec` runs the command here."""
+    label, `ps` lists them, `rm` and `run` are logged, `exec` runs the command here; `run`
+    refuses a name in use (exit 125, as Docker does), else adds it (a file `broken` in
+    `work`: every run fails, exit 125)."""
     bin_ = work / "bin"
     bin_.mkdir(parents=True)
     table = work / "containers"
@@ -249,7 +251,11 @@ def _fake_docker(work: Path, containers: dict[str, str]) -> dict[str, str]:
         # ("-" for none); every container here carries this cluster's name (demo)
         'ps) awk \'{print $1, "demo", $2}\' "$t";;\n'
         f'rm) echo "$n" >> {work}/rm.log; grep -v "^$n " "$t" > "$t.new"; mv "$t.new" "$t";;\n'
-        f'run) echo "$@" >> {work}/run.log;;\n'
+        f"run) [ -e {work}/broken ] && exit 125;"
+        ' m=$(echo "$*" | sed "s/.*--name \\([^ ]*\\).*/\\1/");'
+        ' if awk -v n="$m" \'$1 == n {f=1} END {exit !f}\' "$t"; then'
+        ' echo "Conflict. The container name /$m is already in use" >&2; exit 125; fi;'
+        f' echo "$@" >> {work}/run.log; echo "$m {CID}" >> "$t";;\n'
         'exec) shift; shift; exec "$@";;\n'
         "esac\n"
     )
@@ -290,6 +296,31 @@ def test_up_never_runs_into_a_container_that_is_not_provably_this_clusters(
     guard = run[: run.index("docker run ")]
     assert guard.startswith("docker ps -a --format ") and guard.count("docker ps") == 1, guard
     assert "docker inspect" not in guard and "docker image" not in guard, guard
+
+
+def test_a_start_meeting_this_clusters_own_container_replaces_it_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """`up` starts a node where it saw none of this cluster's containers, while an `up`
+    interrupted a moment before may still be creating one there: the run that meets it
+    (Docker: "Conflict") removes that one, ours by its id, and runs again."""
+    inv = make_inventory(tmp_path)
+    run = docker.docker_run_command(inv, inv.head, "sha256:abc", cluster_id=CID)
+    work = tmp_path / "ours"
+    done = _sh(run, _fake_docker(work, {OURS: CID}))
+    assert done.returncode == 0, done.stderr
+    assert (work / "rm.log").read_text().split() == [OURS]
+    assert len((work / "run.log").read_text().splitlines()) == 1  # the second try ran
+    # a run failing for another reason: its status, nothing removed, no second try
+    broken = tmp_path / "broken"
+    env = _fake_docker(broken, {})
+    (broken / "broken").touch()
+    done = _sh(run, env)
+    assert done.returncode == 125 and not (broken / "rm.log").exists()
+    # another cluster's container of our name is never replaced (the guard refuses first)
+    other = tmp_path / "other"
+    done = _sh(run, _fake_docker(other, {OURS: OTHER}))
+    assert done.returncode == 3 and not (other / "rm.log").exists()
 
 
 def test_down_removes_only_containers_carrying_this_clusters_id(tmp_path: Path) -> None:

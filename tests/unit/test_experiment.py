@@ -39,6 +39,7 @@ from provisioner.experiment import (
 )
 from provisioner.experiment.facts import Facts, capture_source
 from provisioner.experiment.resolve import overrides
+from provisioner.experiment.runner import with_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "unit" / "golden" / "experiment" / "facts.json"
@@ -98,6 +99,9 @@ pendulum-sac:
             alpha: 1.0
             beta: 0.0
         num_steps_sampled_before_learning_starts: 256
+        model_config:
+            fcnet_hiddens: [256, 256]
+            fcnet_activation: relu
     resources:
         env_runners: 1
 """
@@ -262,6 +266,51 @@ BAD: list[tuple[str, str, list[tuple[int, str, str]]]] = [
                 "remove it: the new stack has no setting for it (RLlib: "
                 "PPOConfig.training(vf_share_layers=..): deprecated; "
                 "PPOConfig.vf_share_layers: DEPRECATED_VALUE)",
+            )
+        ],
+    ),
+    (
+        "the old API stack's model settings",
+        cartpole(**{"        _model_config:\n": "        model:\n"}),
+        [
+            (
+                17,
+                "config.model is the old API stack's model settings (ModelV2): the new "
+                "stack's RLModule does not read it",
+                "write `model_config:` instead, with RLlib's DefaultModelConfig fields "
+                "(e.g. `fcnet_hiddens: [256, 256]`, `fcnet_activation: relu`)",
+            )
+        ],
+    ),
+    (
+        "a misspelt model setting",
+        PENDULUM_SAC.replace("fcnet_hiddens: [256", "fcnet_hidens: [256"),
+        [(21, "unknown key `model_config.fcnet_hidens`", "did you mean 'fcnet_hiddens'?")],
+    ),
+    (
+        "a model setting swept",
+        PENDULUM_SAC.replace("fcnet_activation: relu", "fcnet_activation: {choice: [relu, tanh]}"),
+        [
+            (
+                22,
+                "config.model_config.fcnet_activation: the model's settings are not swept",
+                "give one value",
+            )
+        ],
+    ),
+    (
+        "model_config not a mapping",
+        PENDULUM_SAC.replace(
+            "model_config:\n            fcnet_hiddens: [256, 256]\n"
+            "            fcnet_activation: relu",
+            "model_config: [256, 256]",
+        ),
+        [
+            (
+                20,
+                "config.model_config: list [256, 256], not a mapping of the model's settings",
+                "write `model_config:` then one `key: value` per line (RLlib's DefaultModelConfig "
+                "fields, e.g. `fcnet_hiddens: [256, 256]`); it is not swept",
             )
         ],
     ),
@@ -664,10 +713,10 @@ def test_every_key_the_validator_accepts_for_ppo_is_taken_by_rllib(rllib: Any) -
     assert len(config) > 200
     numbers = 0
     for key, value in config.items():
-        rllib["PPO"].PPOConfig().update_from_dict({key: copy.deepcopy(value)})
+        with_keys(rllib["PPO"].PPOConfig(), {key: copy.deepcopy(value)})
         if isinstance(value, int | float) and not isinstance(value, bool):
             probe = value + 7 if isinstance(value, int) else value * 0.5 + 0.125
-            got = rllib["PPO"].PPOConfig().update_from_dict({key: probe}).to_dict()
+            got = with_keys(rllib["PPO"].PPOConfig(), {key: probe}).to_dict()
             assert got[ppo.stored_as(key)] == probe, key
             numbers += 1
     assert numbers > 50
@@ -700,7 +749,7 @@ def test_the_resolved_config_is_the_one_rllib_resolves(rllib: Any, text: str, na
     exp = parse(text)
     for seed in exp.seeds:
         config_class = getattr(rllib[name], f"{name}Config")
-        real = config_class().update_from_dict(copy.deepcopy(overrides(exp, seed))).to_dict()
+        real = with_keys(config_class(), copy.deepcopy(overrides(exp, seed))).to_dict()
         expected = {k: plain(v) for k, v in real.items() if v is not DEPRECATED_VALUE}
         assert resolved_config(exp, FACTS, seed) == expected
     assert resolved_config(exp, FACTS)["seed"] == exp.seeds[0]

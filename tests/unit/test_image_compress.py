@@ -18,6 +18,7 @@ import pytest
 
 from provisioner.errors import OperationError
 from provisioner.image.compress import (
+    SMALL_BYTES,
     ZLIB_CHUNK,
     CacheRecord,
     Codec,
@@ -26,11 +27,14 @@ from provisioner.image.compress import (
     best_level,
     choose,
     compress_argv,
+    compress_file,
     compress_range,
     compressed_stream,
+    content_digest,
     node_reads,
     pick_codec,
     sender_cores,
+    small_send,
     stream_zlib,
 )
 from provisioner.image.pin import Pin, Versions
@@ -82,6 +86,15 @@ def test_a_slow_link_gets_compressed_layers_and_a_fast_one_plain() -> None:
     assert choose("auto", estimate(MBIT_50, uncached=0))[0]
     # ...and still plain where the node's decompression would be slower than the link
     assert not choose("auto", estimate(1e9 / 8, uncached=0))[0]
+
+
+def test_a_send_of_a_few_megabytes_at_most_is_compressed_unmeasured_and_a_bigger_one_is_not() -> (
+    None
+):
+    why = small_send(24 * 1024)  # a project's own layer after a one-line change
+    assert why is not None and "25 kB" in why
+    assert small_send(SMALL_BYTES) is not None
+    assert small_send(SMALL_BYTES + 1) is None  # the link and the compressor decide
 
 
 def test_the_mode_overrides_the_rule_and_no_estimate_means_plain() -> None:
@@ -290,3 +303,23 @@ def test_a_cold_push_over_a_slow_link_takes_the_denser_zstd_level_and_a_fast_one
     assert slow_est.ratio < fast_est.ratio  # positive control: -9 is the denser
     # pigz and zlib have one level
     assert best_level(data, Codec("zlib", 1), MBIT_50, PIN_BYTES, 1)[0] == Codec("zlib", 1)
+
+
+def test_a_whole_zstd_file_is_read_to_its_end_and_its_digest_taken_every_time(
+    tmp_path: Path,
+) -> None:
+    """The checker reads zstd's output to its end and then waits for zstd's own exit: one
+    that killed zstd once its output ended (before zstd had exited) refused good files at
+    random, a 24 kB layer among them (seen in the project push on the lab)."""
+    for size in (0, 24 * 1024, 3 << 20):
+        data = os.urandom(size // 2) + bytes(size - size // 2)
+        path = tmp_path / f"{size}.zst"
+        with path.open("wb") as sink:
+            compress_file(io.BytesIO(data), size, Codec("zstd", 3), sink)
+        want = "sha256:" + hashlib.sha256(data).hexdigest()
+        for _ in range(30):
+            assert content_digest(path, "zst") == want
+    cut = tmp_path / "cut.zst"  # positive control: a stream cut short is still refused
+    cut.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(OperationError, match="not a whole zstd stream"):
+        content_digest(cut, "zst")

@@ -8,7 +8,8 @@ import shlex
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -249,31 +250,20 @@ def test_a_job_log_is_read_with_a_bound() -> None:
     assert read_bounded([b"abc", b"de"], 4) is None
 
 
-def test_job_log_goes_through_rays_own_client_with_a_bound() -> None:
-    """Ray's real JobSubmissionClient against a loopback server answering as the Jobs API
-    does (/api/version, /api/jobs/ID/logs): a log under the cap comes back whole; one over
-    it is refused after reading at most the cap."""
-    from ray.job_submission import JobSubmissionClient
-
-    from provisioner.jobs.client import job_log
-
-    big = "y" * 200_000
-    served: list[int] = []
+@contextmanager
+def jobs_api(answer: Callable[[str], tuple[int, str] | None]) -> Iterator[str]:
+    """A loopback HTTP server answering each GET as `answer(path)` says ((status, JSON
+    body), None: 404), as Ray's Jobs API would; yields its URL."""
 
     class Api(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path == "/api/version":
-                body = json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x"})
-            elif self.path == "/api/jobs/small/logs":
-                body = json.dumps({"logs": "line 1\nline 2\n"})
-            elif self.path == "/api/jobs/big/logs":
-                body = json.dumps({"logs": big})
-            else:
+            got = answer(self.path)
+            if got is None:
                 self.send_error(404)
                 return
-            data = body.encode()
-            served.append(len(data))
-            self.send_response(200)
+            code, text = got
+            data = text.encode()
+            self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -286,13 +276,31 @@ def test_job_log_goes_through_rays_own_client_with_a_bound() -> None:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        client = JobSubmissionClient(f"http://127.0.0.1:{server.server_address[1]}")
-        assert job_log(client, "small") == "line 1\nline 2\n"
-        assert job_log(client, "big", cap=50_000) is None
-        assert job_log(client, "big", cap=1_000_000) == big
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_job_log_goes_through_rays_own_client_with_a_bound() -> None:
+    """Ray's real JobSubmissionClient against a loopback server answering as the Jobs API
+    does (/api/version, /api/jobs/ID/logs): a log under the cap comes back whole; one over
+    it is refused after reading at most the cap."""
+    from ray.job_submission import JobSubmissionClient
+
+    from provisioner.jobs.client import job_log
+
+    big = "y" * 200_000
+    bodies = {
+        "/api/version": {"version": "4", "ray_version": "2.60.0", "ray_commit": "x"},
+        "/api/jobs/small/logs": {"logs": "line 1\nline 2\n"},
+        "/api/jobs/big/logs": {"logs": big},
+    }
+    with jobs_api(lambda path: (200, json.dumps(bodies[path])) if path in bodies else None) as url:
+        client = JobSubmissionClient(url)
+        assert job_log(client, "small") == "line 1\nline 2\n"
+        assert job_log(client, "big", cap=50_000) is None
+        assert job_log(client, "big", cap=1_000_000) == big
 
 
 def test_a_followed_job_ends_at_once_when_its_heads_ray_is_gone_or_not_running() -> None:
@@ -315,3 +323,31 @@ def test_a_followed_job_ends_at_once_when_its_heads_ray_is_gone_or_not_running()
     # the control: a running (or paused, or unknown) head is waited for, never given up
     for status in ("running", "paused", "unknown"):
         assert head_verdict(RayState(status=status)) is None, status
+
+
+@pytest.mark.parametrize(
+    "status, body",
+    [
+        (200, '{"version": "4"}'),  # JSON without "ray_version" (seen from a busy head)
+        (200, "<html>not Ray</html>"),  # another server on the dashboard's port
+        (503, '{"ray_version": "2.60.0"}'),  # an HTTP error
+        (404, "{}"),  # Ray's own "Version check returned 404"
+    ],
+)
+def test_an_answer_rays_client_cannot_read_is_an_operation_error_with_a_fix(
+    status: int, body: str
+) -> None:
+    """Ray's real JobSubmissionClient against a loopback server answering its version probe
+    badly: `connect` says so with a fix (once a crash: KeyError 'ray_version'); the control,
+    a server answering as Ray's does, connects."""
+    from provisioner.errors import OperationError
+    from provisioner.jobs.client import connect
+
+    answers = {"bad": (status, body), "good": (200, '{"ray_version": "2.60.0"}')}
+    which: list[str] = ["bad"]
+    with jobs_api(lambda path: answers[which[0]] if path == "/api/version" else (200, "[]")) as url:
+        with pytest.raises(OperationError) as caught:
+            connect(url, None)
+        assert url in str(caught.value) and "dashboard port" in (caught.value.fix or "")
+        which[0] = "good"
+        assert connect(url, None) is not None

@@ -31,6 +31,7 @@ from provisioner.jobs.submit import JobOutcome, lost_a_node, shows_a_lost_node
 from provisioner.node import layout
 from provisioner.remote.pull import (
     UNBOUNDED,
+    Pulled,
     RemoteFile,
     hash_command,
     list_command,
@@ -143,6 +144,21 @@ def test_unreadable_result_files_are_named_not_fatal(tmp_path: Path) -> None:
     found = finish(tmp_path, None)
     assert found.summary is None and found.refused is None
     assert any(u.startswith("summary.json") for u in found.unreadable)
+
+
+def test_what_did_not_come_home_is_said_a_line_each(tmp_path: Path) -> None:
+    """`problems()` (what a retry reports of the lost attempt's second pull): unreadable
+    files, files the pull refused, why nothing came; none for a whole pull (the control)."""
+    (tmp_path / "summary.json").write_bytes(b"[1,")
+    found = finish(tmp_path, None)
+    found.pulled = Pulled(tmp_path, refused=["big.bin: 70 GiB, over the 64 GiB cap"])
+    said = found.problems()
+    assert said[0].startswith("could not read summary.json"), said
+    assert said[1:] == ["refused: big.bin: 70 GiB, over the 64 GiB cap"], said
+    nothing = Results(tmp_path / "none", missing="the head holds no results directory")
+    assert nothing.problems() == ["the head holds no results directory"]
+    (tmp_path / "summary.json").write_text('{"iterations": 2}')
+    assert finish(tmp_path, None).problems() == []
 
 
 def test_the_log_kept_home_is_capped_and_split_on_newlines_only() -> None:

@@ -11,12 +11,19 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from provisioner.cluster import render
 from provisioner.node import layout
 from provisioner.runtime import names, runtime_for
 from provisioner.runtime.host import runtime as host
 from provisioner.runtime.protocol import RayState
 from tests.unit.inventories import make_inventory
+
+# Several tests here start processes named as the cluster "demo"'s and run its stop command,
+# which ends every such process on this machine: on two xdist workers at once, one test's stop
+# ended the other's processes (CI: "assert 0 >= 4"). They share one worker.
+pytestmark = pytest.mark.xdist_group("host-processes")
 
 
 def test_runtimes_are_found_by_module() -> None:
@@ -78,7 +85,9 @@ def test_stop_ends_only_this_clusters_processes_and_their_children(tmp_path: Pat
     )
     other = _spawn("raylet --session_dir=/tmp/prov-demo2/s")
     decoy = _spawn("raylet")
-    time.sleep(0.5)
+    deadline = time.monotonic() + 10
+    while len(_session(leader.pid)) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert len(_session(leader.pid)) >= 4  # the shell, the client server, the raylet, its child
     try:
         done = subprocess.run(["bash", "-c", host.stop_command("demo")], timeout=30, check=False)

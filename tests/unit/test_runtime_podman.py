@@ -31,6 +31,7 @@ from provisioner.gpu.assignment import GpuPlan
 from provisioner.inventory import Node, RayPorts, SSHSettings
 from provisioner.node import layout, tls, token
 from provisioner.runtime import judges, runtime_for
+from provisioner.runtime.containers import replace_ours
 from provisioner.runtime.podman import runtime as podman
 from provisioner.runtime.podman.delivery import (
     bare_id,
@@ -63,9 +64,15 @@ def test_worker_podman_run_mirrors_docker_mode_and_carries_no_token(tmp_path: Pa
     guard, _, rest = cmd.partition("; mkdir -p ")
     assert guard.startswith("o=$(podman container inspect --format ")
     assert "exit 3" in guard and "RAY_AUTH_TOKEN=" not in cmd  # by path, never by value
-    assert rest == (
-        '"$HOME"/.provisioner/clusters/demo/ray "$HOME"/.provisioner/clusters/demo/results '
-        f"&& podman run -d --name {OURS} --network host --pull=never "
+    prepare, _, attempts = rest.partition(" && { ")
+    run, _, again = attempts.partition(" || ")
+    assert prepare == (
+        '"$HOME"/.provisioner/clusters/demo/ray "$HOME"/.provisioner/clusters/demo/results'
+    )
+    # a container of this cluster's id in the way (an interrupted `up`'s) is replaced once
+    assert again == replace_ours(podman.WORDS, OURS, CID, run) + "; }"
+    assert run == (
+        f"podman run -d --name {OURS} --network host --pull=never "
         "--restart=unless-stopped --log-driver k8s-file --shm-size=1073741824 "
         '-v "$HOME"/.provisioner/clusters/demo/ray:/tmp/ray '
         '--mount type=bind,source="$HOME"/.provisioner/clusters/demo/auth_token,'

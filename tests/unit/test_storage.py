@@ -4,9 +4,12 @@ tested on the lab (tests/e2e/test_jobs.py: a Tune script checkpointing on a work
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
+import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -46,7 +49,12 @@ def test_start_checks_the_binary_binds_the_heads_address_and_makes_the_bucket() 
     # kept when it runs as recorded; else one running otherwise is stopped first
     # (one of a namesake cluster, whose folder is not ours, is refused: exit 6)
     owned = storage.owned_test(STORE)
-    assert cmd.startswith(
+    folder = layout.node_path("demo", "storage")
+    lock = layout.node_path("demo", "storage", "server.lock")
+    assert cmd.startswith(f"umask 077 && mkdir -p {folder} && {{ ")  # one start at a time:
+    assert f"flock -w {storage.LOCK_WAIT_S} 9 || " in cmd and cmd.endswith(f"; }} 9>>{lock}")
+    assert " < /dev/null 9>&- & " in cmd  # the server does not hold the lock
+    assert cmd[cmd.index("if {") :].startswith(
         f'if {{ {running}; }} && [ "$(cat {sig} 2>/dev/null)" = {storage.signature(STORE)} ]; '
         f"then exit 0; fi; if {{ {running}; }} && ! {{ {owned}; }}; then "
         f"echo {shlex.quote(storage.FOREIGN)} >&2; exit 6; fi; "
@@ -65,6 +73,23 @@ def test_start_checks_the_binary_binds_the_heads_address_and_makes_the_bucket() 
     assert shlex.quote("s3.bucket.create -name ray-results") in cmd
     other = storage.HeadStore("demo", "10.250.9.10", "AK", "SK2")
     assert storage.signature(other) != storage.signature(STORE)  # new keys: restarted
+
+
+def test_the_store_holds_as_many_volumes_as_the_disk_and_new_options_restart_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SeaweedFS's default of 8 volumes (of 256 MB here) capped the store at 2 GB; 0 lets
+    it size the count from the head's free disk. A store started with other options (an
+    earlier version's) does not match the signature: `up` starts it again."""
+    cmd = storage.start_command(STORE, SHA)
+    assert " -volume.max=0 " in cmd and " -master.volumeSizeLimitMB=256 " in cmd
+    before = storage.signature(STORE)
+    monkeypatch.setattr(
+        storage,
+        "server_flags",
+        lambda s: [f for f in [] if f],  # an earlier version's
+    )
+    assert storage.signature(STORE) != before
 
 
 def test_identities_carry_the_clusters_key_only() -> None:
@@ -129,6 +154,57 @@ def test_stop_ends_its_own_store_and_leaves_a_namesakes_and_a_reused_pid(tmp_pat
         for p in (store, stranger):
             p.kill()
             p.wait()
+
+
+FAKE_STORE = """#!/bin/sh
+# stands for the store's binary: `server` records its start and listens on the S3 port
+# (-s3.port=N) until ended; `shell` (the bucket) succeeds
+[ "$1" = server ] || exit 0
+echo "$$" >> "$HOME/starts"
+for a in "$@"; do case "$a" in -s3.port=*) port="${a#-s3.port=}";; esac; done
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); time.sleep(120)' "$port"
+"""
+
+
+def test_two_starts_at_once_on_the_head_start_one_store(tmp_path: Path) -> None:
+    """An `up` interrupted while its start runs on the head leaves that start running
+    there; the next `up`'s start beside it must not start a second server (seen in CI: the
+    second lost the ports with its pid recorded, exit 3). The binary's check is slowed to
+    a second (a 146 MiB sha256 on a loaded head), so both are past it at once."""
+    folder, env = _head(tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        s3 = probe.getsockname()[1]
+    store = storage.HeadStore("demo", "127.0.0.1", "AK", "SK", s3 - storage.PORT_NAMES.index("s3"))
+    fake = FAKE_STORE.encode()
+    sha = hashlib.sha256(fake).hexdigest()
+    binary = tmp_path / ".provisioner" / "bin" / f"weed-{sha}"
+    binary.parent.mkdir(parents=True)
+    binary.write_bytes(fake)
+    binary.chmod(0o700)
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    real = shutil.which("sha256sum")
+    (slow / "sha256sum").write_text(f'#!/bin/sh\nsleep 1\nexec {real} "$@"\n')
+    (slow / "sha256sum").chmod(0o755)
+    env = {**env, "PATH": f"{slow}:{env['PATH']}"}
+    command = ["sh", "-c", storage.start_command(store, sha, timeout=20)]
+    runs = [subprocess.Popen(command, env=env, stderr=subprocess.PIPE) for _ in range(2)]
+    try:
+        errors = [r.communicate(timeout=60)[1] for r in runs]
+        assert [r.returncode for r in runs] == [0, 0], errors
+        starts = (tmp_path / "starts").read_text().split()
+        assert len(starts) == 1, starts  # without the lock: 2
+        pid = (folder / "server.pid").read_text().strip()
+        assert subprocess.run(["sh", "-c", storage.running_test(store)], env=env).returncode == 0
+        # positive control: the running store is the one recorded, and a third start keeps it
+        again = subprocess.run(command, env=env, capture_output=True, timeout=60)
+        assert again.returncode == 0, again.stderr
+        assert (tmp_path / "starts").read_text().split() == starts
+        assert (folder / "server.pid").read_text().strip() == pid
+    finally:
+        subprocess.run(["sh", "-c", storage.stop_command(store)], env=env, timeout=30)
 
 
 def test_start_refuses_while_a_namesakes_store_runs(tmp_path: Path) -> None:

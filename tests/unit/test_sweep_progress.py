@@ -207,3 +207,34 @@ def test_an_experiment_sweep_tells_the_watcher_its_trials_and_metric(tmp_path: P
     one.write_text("o:\n  env: CartPole-v1\n  run: PPO\n  stop: {training_iteration: 2}\n")
     env = experiment_spec(parse_experiment(one, one.read_text())).runtime_env()["env_vars"]
     assert tune_watch.TRIALS_ENV not in env
+
+
+def test_one_trials_latest_figures_are_kept_for_jobs_list(tmp_path: Path) -> None:
+    """A run of one trial (an experiment file with one seed, an unchanged RLlib script) has
+    no sweep to say: `jobs list` shows its latest iteration, steps and return."""
+    experiment = tmp_path / "artifacts" / "exp" / "driver_artifacts"
+    first = {
+        "training_iteration": 1,
+        "num_env_steps_sampled_lifetime": 100,
+        "env_runners": {"episode_return_mean": -900.5},  # as Tune writes it: nested
+    }
+    write_trial(experiment, "trial_0", [first])
+    results = tmp_path / "results"
+    results.mkdir()
+    watcher = Watcher(driver=0, total=1, results=str(results))
+    watcher.experiments.add(str(experiment))
+    watcher.poll()
+    kept = json.loads((results / "progress.json").read_text())
+    assert kept == {
+        "source": "tune",
+        "iteration": 1,
+        "env_steps": 100,
+        RETURN.split("/")[1]: -900.5,
+    }
+    second = {**first, "training_iteration": 2, "num_env_steps_sampled_lifetime": 200}
+    second["env_runners"] = {"episode_return_mean": -700.0}
+    write_trial(experiment, "trial_0", [first, second])
+    (experiment / "experiment_state-x.json").write_text(json.dumps({"trial_data": []}))
+    watcher.poll()
+    text = progress_text(json.loads((results / "progress.json").read_text()))
+    assert "iter 2" in text and "200" in text and "-700.0" in text, text

@@ -158,14 +158,18 @@ def say(grid):
     print("RESULT " + json.dumps(got), flush=True)
 
 
-if __name__ == "__main__":
+def run_config(callback):
+    # 6 iterations, a checkpoint each, in $STORE/s; a local Ray of 2 CPUs
     import ray
     ray.init(num_cpus=2, include_dashboard=False)
-    run = tune.RunConfig(
+    return tune.RunConfig(
         name="s", storage_path=os.environ["STORE"], stop={"training_iteration": 6},
-        checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1),
-        callbacks=[LoseTheNode()],
+        checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1), callbacks=[callback],
     )
+
+
+if __name__ == "__main__":
+    run = run_config(LoseTheNode())
     say(tune.Tuner(Counter, param_space={"x": tune.grid_search([1, 2])}, run_config=run).fit())
 """
 
@@ -189,6 +193,34 @@ def _result(done: subprocess.CompletedProcess[str]) -> list[list[int]]:
     return found
 
 
+def _python(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`python3 -u ARGS` in `tmp_path` (a local Ray's Tune run, five minutes at most)."""
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-u", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+
+
+def _restored_alone(tmp_path: Path, env: dict[str, str], copy: Path) -> list[list[int]]:
+    """The control: Tune's own `Tuner.restore` of the experiment copied to `copy`."""
+    return _result(_python(tmp_path, env, "-c", RESTORE_ONLY, str(copy), str(tmp_path)))
+
+
+def _restored_through_the_restorer(
+    tmp_path: Path, env: dict[str, str], script: str, results: Path
+) -> list[list[int]]:
+    """`script` run as a resume runs it: the restorer's source, the experiment under
+    `results`/resume/tune/s, Tune's storage $RAY_STORAGE = `tmp_path`/shared."""
+    extra = {"RAY_STORAGE": str(tmp_path / "shared"), TUNE_RESUME_ENV: "resume/tune/s",
+             "PROVISIONER_RESULTS_DIR": str(results)}  # fmt: skip
+    done = _python(tmp_path, {**env, **extra}, "-c", compact_source(RESUME_SOURCE), script)
+    assert "Tune's experiment restored from" in done.stdout, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _result(done)
+
+
 def test_a_trial_lost_during_a_save_goes_on_to_the_stop_after_the_restore(
     tmp_path: Path,
 ) -> None:
@@ -198,35 +230,90 @@ def test_a_trial_lost_during_a_save_goes_on_to_the_stop_after_the_restore(
     those decisions, it goes on to the run's stop. A real Tune run (a class trainable
     with checkpoints every iteration), its trial's actor killed at its third result."""
     import shutil
-    import sys
 
     script = tmp_path / "train.py"
     script.write_text(TUNE_SCRIPT)
     env = {**os.environ, "STORE": str(tmp_path / "store"), "RAY_DEDUP_LOGS": "0"}
-    first = subprocess.run(
-        [sys.executable, "-u", str(script)], cwd=tmp_path, env={**env, "KILL": "1"},
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    first = _python(tmp_path, {**env, "KILL": "1"}, str(script))
     assert _result(first) == [[1, 6, 6], [2, 3, 3]]  # x=2 lost at its third iteration
     assert "ActorDiedError" in first.stdout + first.stderr
     experiment = tmp_path / "store" / "s"
     control = tmp_path / "control" / "s"
     shutil.copytree(experiment, control)
-    alone = subprocess.run(
-        [sys.executable, "-u", "-c", RESTORE_ONLY, str(control), str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
     # the control: Tune's own restore stops the restored trial one iteration on (2 -> 3)
-    assert _result(alone) == [[1, 6, 6], [2, 3, 3]]
+    assert _restored_alone(tmp_path, env, control) == [[1, 6, 6], [2, 3, 3]]
     results = tmp_path / "results"
     shutil.copytree(experiment, results / "resume" / "tune" / "s")
-    mended = subprocess.run(
-        [sys.executable, "-u", "-c", compact_source(RESUME_SOURCE), "train.py"],
-        cwd=tmp_path,
-        env={**env, "STORE": str(tmp_path / "fresh"), "RAY_STORAGE": str(tmp_path / "shared"),
-             TUNE_RESUME_ENV: "resume/tune/s", "PROVISIONER_RESULTS_DIR": str(results)},
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert "Tune's experiment restored from" in mended.stdout, mended.stderr[-3000:]
-    assert mended.returncode == 0, mended.stderr[-3000:]
-    assert _result(mended) == [[1, 6, 6], [2, 6, 6]]  # on from its checkpoint to the stop
+    mended = _restored_through_the_restorer(
+        tmp_path, {**env, "STORE": str(tmp_path / "fresh")}, "train.py", results
+    )
+    assert mended == [[1, 6, 6], [2, 6, 6]]  # on from its checkpoint to the stop
+
+
+SWEEP_SCRIPT = """
+import os, signal
+from ray import tune
+from train import Counter, run_config, say
+
+
+class StopAtTheSecondTrial(tune.Callback):
+    # the run interrupted (SIGINT: Tune saves its state and ends) at x=2's third result,
+    # x=1 finished, x=3 not made yet (one trial at a time)
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if os.environ.get("STOP") == "1" and trial.config["x"] == 2:
+            if result["training_iteration"] == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+if __name__ == "__main__":
+    run = run_config(StopAtTheSecondTrial())
+    space = {"x": tune.grid_search([1, 2, 3])}
+    config = tune.TuneConfig(max_concurrent_trials=1)
+    say(tune.Tuner(Counter, param_space=space, run_config=run, tune_config=config).fit())
+"""
+
+
+def _trial_checkpoints(experiment: Path) -> dict[int, int]:
+    """x -> how many checkpoints its trial's folder in `experiment` holds (a trial's
+    checkpoints may sit in a folder without its params.json: the folder's name says x)."""
+    import re
+
+    found: dict[int, int] = {}
+    for folder in experiment.glob("Counter_*"):
+        x = int(re.findall(r"_x=(\d+)_", folder.name)[0])
+        found[x] = found.get(x, 0) + len(list(folder.glob("checkpoint_*")))
+    return found
+
+
+def test_a_trial_made_after_a_restore_elsewhere_checkpoints_in_the_new_place(
+    tmp_path: Path,
+) -> None:
+    """A sweep of 3 trials, one at a time, interrupted at the second trial's third
+    iteration, restored at another path (the next attempt's storage): the third trial,
+    made after the restore, keeps its checkpoints there. The control: Tune's own restore
+    of a moved copy puts them in the first experiment's folder."""
+    import shutil
+
+    (tmp_path / "train.py").write_text(TUNE_SCRIPT)
+    script = tmp_path / "sweep.py"
+    script.write_text(SWEEP_SCRIPT)
+    env = {**os.environ, "STORE": str(tmp_path / "store"), "RAY_DEDUP_LOGS": "0"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    first = _python(tmp_path, {**env, "STOP": "1"}, str(script))
+    experiment = tmp_path / "store" / "s"
+    assert _trial_checkpoints(experiment) == {1: 6, 2: 3}, first.stdout[-2000:] + first.stderr
+    pristine = tmp_path / "pristine"
+    shutil.copytree(experiment, pristine)
+    control = tmp_path / "control" / "s"
+    shutil.copytree(pristine, control)
+    assert _restored_alone(tmp_path, env, control) == [[1, 6, 6], [2, 6, 6], [3, 6, 6]]
+    # the control: Tune's own restore puts x=3's checkpoints in the first folder
+    assert _trial_checkpoints(experiment).get(3) == 6 and not _trial_checkpoints(control)[3]
+    shutil.rmtree(experiment)
+    shutil.copytree(pristine, experiment)
+    results = tmp_path / "results"
+    shutil.copytree(pristine, results / "resume" / "tune" / "s")
+    mended = _restored_through_the_restorer(tmp_path, env, "sweep.py", results)
+    assert mended == [[1, 6, 6], [2, 6, 6], [3, 6, 6]]
+    assert _trial_checkpoints(tmp_path / "shared" / "s") == {1: 6, 2: 6, 3: 6}
+    assert 3 not in _trial_checkpoints(experiment)  # nothing of x=3 in the first folder

@@ -47,6 +47,7 @@ from provisioner.image.compress import (
     pick_codec,
     sample_rate,
     sender_cores,
+    small_send,
 )
 from provisioner.image.pin import Pin
 from provisioner.image.savepipe import (
@@ -567,6 +568,10 @@ def plan_codec(
         saved.get(report)
         return codec, "compression forced"
     total = pin.bytes_for(plan.first_missing)
+    small = small_send(total)
+    if small is not None:
+        saved.get(report)
+        return codec, small
     if total < MIN_AUTO_BYTES:
         return None, f"{total / 1e6:,.0f} MB: too little to be worth compressing"
     sizes = list(pin.layer_sizes or ())
@@ -623,6 +628,9 @@ def whole_codec(
     if mode == "always":
         return codec, "compression forced"
     total = pin.bytes_for(0)
+    small = small_send(total)
+    if small is not None:
+        return codec, small
     if total < MIN_AUTO_BYTES:
         return None, f"{total / 1e6:,.0f} MB: too little to be worth compressing"
     decode = DECODE_BPS[codec.family]
