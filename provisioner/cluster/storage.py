@@ -211,20 +211,21 @@ def ensure(inventory: Inventory, pool: Pool, report: Reporter = quiet) -> StoreS
             )
         sent = len(data)
         started = session.run(start, timeout=120)
-    if started.exit_code == storage.FOREIGN_EXIT:
-        raise OperationError(
-            f"{storage.FOREIGN}: this cluster's store was not started",
+    refused = {  # start_command's refusals: what, and the fix
+        storage.FOREIGN_EXIT: (
+            storage.FOREIGN,
             "the other cluster's owner runs `provisioner down` for it, or give this cluster "
             "another name (cluster: in the inventory)",
-            where=head.name,
-        )
-    if started.exit_code == storage.BUSY_EXIT:
-        raise OperationError(
-            f"{started.stderr.strip()[-300:]}: this cluster's store was not started",
+        ),
+        storage.BUSY_EXIT: (
+            started.stderr.strip()[-300:],
             "another `provisioner up` of this cluster (or one interrupted a moment ago) is "
             "starting it: let it finish, then run provisioner up again",
-            where=head.name,
-        )
+        ),
+    }
+    if started.exit_code in refused:
+        what, fix = refused[started.exit_code]
+        raise OperationError(f"{what}: this cluster's store was not started", fix, where=head.name)
     if not started.ok:
         raise OperationError(
             f"the head's store did not start (exit {started.exit_code}): "

@@ -4,6 +4,7 @@ tested on the lab (tests/e2e/test_jobs.py: a Tune script checkpointing on a work
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -12,14 +13,17 @@ import shutil
 import socket
 import subprocess
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from provisioner.cluster import storage as lifecycle
-from provisioner.errors import InventoryError, ProvisionerError
+from provisioner.errors import InventoryError, OperationError, ProvisionerError
 from provisioner.inventory import RayPorts, load_inventory
 from provisioner.jobs.spec import JobSpec
 from provisioner.node import layout, storage
+from provisioner.remote.pool import Pool
+from provisioner.remote.results import Result
 from tests.unit.inventories import make_inventory
 
 STORE = storage.HeadStore("demo", "10.250.9.10", "AK", "SK")
@@ -205,6 +209,49 @@ def test_two_starts_at_once_on_the_head_start_one_store(tmp_path: Path) -> None:
         assert (folder / "server.pid").read_text().strip() == pid
     finally:
         subprocess.run(["sh", "-c", storage.stop_command(store)], env=env, timeout=30)
+
+
+class _HeadHere:
+    """A pool whose head runs each command here, in a shell, with HOME set."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def session(self, node: object) -> _HeadHere:
+        return self
+
+    def run(self, command: str, timeout: float, **_: object) -> Result:
+        done = _sh_env(command, self.env, timeout)
+        return Result("head", command, done.stdout, done.stderr, done.returncode)
+
+
+def _sh_env(command: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", "-c", command], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_a_start_held_up_by_another_is_an_error_with_its_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up` while another start of the store holds the head's lock past LOCK_WAIT_S (1 s
+    here): nothing started, the error says why and what to do."""
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(storage, "LOCK_WAIT_S", 1)
+    inv = make_inventory(tmp_path)
+    monkeypatch.setattr(lifecycle, "binary", lambda report: lifecycle.Binary(tmp_path, SHA))
+    folder, env = _head(tmp_path)
+    with (folder / "server.lock").open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another start holds it
+        with pytest.raises(OperationError) as caught:
+            lifecycle.ensure(inv, cast(Pool, _HeadHere(env)))
+    assert "another start of this cluster's store on the head held it" in caught.value.message
+    assert "let it finish, then run provisioner up again" in caught.value.fix
+    assert not (folder / "server.pid").exists()  # nothing started
+    # positive control: the lock free, the same start goes past it (to the binary's
+    # check: this head lacks it, exit 4)
+    done = _sh_env(storage.start_command(lifecycle.planned(inv), SHA), env, 30)
+    assert done.returncode == 4, done.stderr
 
 
 def test_start_refuses_while_a_namesakes_store_runs(tmp_path: Path) -> None:
