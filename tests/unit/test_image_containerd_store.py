@@ -178,6 +178,16 @@ def test_a_node_not_pushed_now_runs_the_pin_under_its_stores_id(tmp_path: Path) 
     assert with_image_fallback(command, own, []) == command
     picked = with_image_fallback(command, own, [alt])
     assert picked.endswith('docker run -d --name ray "$img" ray start')
+    # the start's run and its retry (a container of this cluster's in the way) run alike
+    from provisioner.runtime.docker.runtime import docker_run_command
+    from tests.unit.inventories import make_inventory
+
+    inv = make_inventory(tmp_path)
+    start = with_image_fallback(
+        docker_run_command(inv, inv.head, own, None, "01234567"), own, [alt]
+    )
+    # "$img": its lookup, the run, the retry; the ID itself only in the pick
+    assert start.count(' "$img" ') == 3 and start.count(own) == 1
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "docker").write_text(  # a node whose store holds only `held`
