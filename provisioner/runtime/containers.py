@@ -252,7 +252,11 @@ def run_command(
     if not cluster_id:
         return f"{prepare} && {run}"
     guard = words.start_guard(cluster, name, cluster_id)
-    return f"{guard}; {prepare} && {{ {run} || {replace_ours(words, name, cluster_id, run)}; }}"
+    again = replace_ours(words, name, cluster_id, RUN_RAY)
+    return f"{guard}; {prepare} && {RUN_RAY}() {{ {run}; }} && {{ {RUN_RAY} || {again}; }}"
+
+
+RUN_RAY = "run_ray"  # run_command's shell function: the `run`, written once, tried twice
 
 
 def replace_ours(words: Words, name: str, cluster_id: str, run: str) -> str:

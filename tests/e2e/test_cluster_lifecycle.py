@@ -135,6 +135,71 @@ def test_dead_worker_is_restarted_alone(inventory: str, lab: LabInfo) -> None:
     assert [(p["ok"], p.get("ran_on")) for p in placed] == [(True, worker.address)], placed
 
 
+def test_a_start_meeting_this_clusters_own_container_replaces_it(
+    inventory: str, lab: LabInfo
+) -> None:
+    """A worker's start (the command `up` sends) when a container of this cluster's id
+    already holds the name, as an interrupted `up`'s `docker run` leaves one (created, not
+    yet started) after the status round saw none: on the node's real Docker, the start
+    replaces it and Ray runs and joins; a container of that name without this cluster's
+    id is refused and left alone (the control)."""
+    from provisioner.cluster import headprobe
+    from provisioner.remote import Pool
+    from tests.e2e.helpers import ssh
+
+    assert cli_json("up", "-i", inventory)[0] == 0
+    inv = load_inventory(Path(inventory))
+    container = ray_container(inv)
+    worker = lab.nodes[2]
+    node = next(n for n in inv.nodes if n.address == worker.address)
+    image = ssh(lab, worker, f"docker inspect -f '{{{{.Image}}}}' {container}").stdout.strip()
+    cluster_id = ssh(
+        lab,
+        worker,
+        f"docker inspect -f '{{{{index .Config.Labels \"provisioner.cluster-id\"}}}}' {container}",
+    ).stdout.strip()
+    assert image and cluster_id
+    leftover = (
+        f"docker rm -f {container} >/dev/null && docker create --name {container} "
+        f"--label provisioner.cluster={inv.cluster} --label provisioner.cluster-id={cluster_id} "
+        f"{image} true"
+    )
+    made = ssh(lab, worker, leftover)
+    assert made.returncode == 0, made.stderr
+    with Pool(inv) as pool:
+        start = cluster_context(inv).runtime.start_command(node)
+        started = pool.session(node).run(start, timeout=120)
+        assert started.exit_code == 0, started.stderr[-2000:]
+        now = ssh(
+            lab, worker, f"docker inspect -f '{{{{.Id}}}} {{{{.State.Running}}}}' {container}"
+        )
+        new_id, running = now.stdout.split()
+        assert new_id != made.stdout.strip() and running == "true", now.stdout  # replaced
+        session = pool.session(inv.head)
+        deadline = time.monotonic() + 120
+        while True:  # the new raylet joins (the old one leaves after its health checks)
+            listed = headprobe.gcs_nodes(session, runtime_for(inv))
+            if any(n.alive and n.ip == worker.address for n in listed):
+                break
+            assert time.monotonic() < deadline, listed
+            time.sleep(2)
+        raylet = ssh(lab, worker, f"docker exec {container} pgrep -f raylet")
+        assert raylet.returncode == 0 and raylet.stdout.split(), raylet.stderr
+        # the control: a container of that name without this cluster's id is not replaced
+        stranger = ssh(
+            lab,
+            worker,
+            f"docker rm -f {container} >/dev/null && docker create --name {container} {image} true",
+        )
+        assert stranger.returncode == 0, stranger.stderr
+        refused = pool.session(node).run(start, timeout=120)
+        assert refused.exit_code == 3 and "carries no cluster id" in refused.stderr, refused.stderr
+        kept = ssh(lab, worker, f"docker inspect -f '{{{{.Id}}}}' {container}")
+        assert kept.stdout.strip() == stranger.stdout.strip()  # left alone
+    ssh(lab, worker, f"docker rm -f {container}")
+    assert cli_json("up", "-i", inventory)[0] == 0  # the worker back for the next tests
+
+
 # Every executable of the node's usual PATH linked into one directory, minus Python: a
 # node with no python3 on the plain PATH (the login shell still finds it, via /etc/profile).
 NO_PYTHON_PATH = (

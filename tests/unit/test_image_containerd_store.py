@@ -186,8 +186,9 @@ def test_a_node_not_pushed_now_runs_the_pin_under_its_stores_id(tmp_path: Path) 
     start = with_image_fallback(
         docker_run_command(inv, inv.head, own, None, "01234567"), own, [alt]
     )
-    # "$img": its lookup, the run, the retry; the ID itself only in the pick
-    assert start.count(' "$img" ') == 3 and start.count(own) == 1
+    # "$img": its lookup and the run (a function the retry calls); the ID only in the pick
+    assert start.count(' "$img" ') == 2 and start.count(own) == 1
+    assert start.count("docker run ") == 1 and start.count("run_ray") == 3
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "docker").write_text(  # a node whose store holds only `held`

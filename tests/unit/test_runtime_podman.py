@@ -64,13 +64,13 @@ def test_worker_podman_run_mirrors_docker_mode_and_carries_no_token(tmp_path: Pa
     guard, _, rest = cmd.partition("; mkdir -p ")
     assert guard.startswith("o=$(podman container inspect --format ")
     assert "exit 3" in guard and "RAY_AUTH_TOKEN=" not in cmd  # by path, never by value
-    prepare, _, attempts = rest.partition(" && { ")
-    run, _, again = attempts.partition(" || ")
+    prepare, _, function = rest.partition(" && run_ray() { ")
+    run, _, attempts = function.partition("; } && { run_ray || ")
     assert prepare == (
         '"$HOME"/.provisioner/clusters/demo/ray "$HOME"/.provisioner/clusters/demo/results'
     )
     # a container of this cluster's id in the way (an interrupted `up`'s) is replaced once
-    assert again == replace_ours(podman.WORDS, OURS, CID, run) + "; }"
+    assert attempts == replace_ours(podman.WORDS, OURS, CID, "run_ray") + "; }"
     assert run == (
         f"podman run -d --name {OURS} --network host --pull=never "
         "--restart=unless-stopped --log-driver k8s-file --shm-size=1073741824 "

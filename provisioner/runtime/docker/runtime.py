@@ -95,7 +95,7 @@ def with_image_fallback(command: str, image: str, alternatives: Sequence[str]) -
     pick = f"img={shlex.quote(image)}"
     for other in alternatives:
         pick += f'; docker image inspect "$img" >/dev/null 2>&1 || img={shlex.quote(other)}'
-    return pick + "; " + command.replace(word, ' "$img" ')  # the run and its retry
+    return pick + "; " + command.replace(word, ' "$img" ', 1)
 
 
 def container_sockets_command(cluster: str, cluster_id: str = "") -> str:
